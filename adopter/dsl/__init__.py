@@ -1,0 +1,43 @@
+"""The Adopter DSL: model-structure sequences and ``pattern => replacement`` rules."""
+
+from .errors import DslError, LocatedError
+from .parser import leading_comment, load_rule_file, parse_rules, parse_sequence
+from .syntax import (
+    DETECT_ONLY,
+    Call,
+    Index,
+    Keyword,
+    Literal,
+    Name,
+    Positional,
+    Rest,
+    Rule,
+    Section,
+    Step,
+    Var,
+    Wildcard,
+    format_sequence,
+)
+
+__all__ = [
+    "DETECT_ONLY",
+    "Call",
+    "DslError",
+    "Index",
+    "Keyword",
+    "Literal",
+    "LocatedError",
+    "Name",
+    "Positional",
+    "Rest",
+    "Rule",
+    "Section",
+    "Step",
+    "Var",
+    "Wildcard",
+    "format_sequence",
+    "leading_comment",
+    "load_rule_file",
+    "parse_rules",
+    "parse_sequence",
+]

@@ -1,0 +1,354 @@
+"""Parse DSL text into :mod:`adopter.dsl.syntax` trees, with errors located at ``file:line:col``."""
+
+from __future__ import annotations
+
+import ast
+from functools import lru_cache
+from pathlib import Path
+
+from lark import Lark, Token, Transformer, Tree, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+
+from .errors import DslError
+from .syntax import (
+    DETECT_ONLY,
+    Arg,
+    Call,
+    Expr,
+    Index,
+    Keyword,
+    Literal,
+    Name,
+    Positional,
+    Rest,
+    Rule,
+    Section,
+    Step,
+    Var,
+    Wildcard,
+)
+
+_GRAMMAR = Path(__file__).with_name("grammar.lark")
+_KEYWORD_LITERALS = {"True": True, "False": False, "None": None}
+_TOKEN_DESCRIPTIONS = {
+    "VAR": "a $variable",
+    "NAME": "a name",
+    "RULE_ID": "a rule id such as paper.1",
+    "STRING": "a quoted string",
+    "META_KEY": "name/description/kernel/message/site",
+    "SECTION_KIND": "init or forward",
+    "SEMICOLON": "';'",
+    "LBRACE": "'{'",
+    "RBRACE": "'}'",
+    "LPAR": "'('",
+    "RPAR": "')'",
+    "COLON": "':'",
+    "COMMA": "','",
+    "__ANON_0": "'->'",
+    "__ANON_1": "'=>'",
+}
+
+
+@lru_cache(maxsize=None)
+def _parser(start: str) -> Lark:
+    return Lark(
+        _GRAMMAR.read_text(encoding="utf-8"),
+        start=start,
+        parser="lalr",
+        propagate_positions=True,
+        maybe_placeholders=False,
+    )
+
+
+def _expected(error: UnexpectedInput) -> str:
+    names = sorted(getattr(error, "expected", None) or getattr(error, "allowed", None) or [])
+    words = sorted({_TOKEN_DESCRIPTIONS.get(name, name.strip("'\"").lower()) for name in names})
+    return ", ".join(words[:8]) if words else "something else"
+
+
+@v_args(inline=True)
+class _ToSyntax(Transformer):
+    """Turns Lark's parse tree into syntax dataclasses."""
+
+    def VAR(self, token: Token) -> Var:  # noqa: N802 - Lark names terminals in capitals
+        return Var(str(token)[1:])
+
+    def name(self, token: Token) -> Expr:
+        text = str(token)
+        if text in _KEYWORD_LITERALS:
+            return Literal(_KEYWORD_LITERALS[text])
+        return Name(text)
+
+    def literal(self, token: Token) -> Expr:
+        if token.type == "WILDCARD":
+            return Wildcard()
+        return Literal(ast.literal_eval(str(token)))
+
+    def positional(self, value: Expr) -> Arg:
+        return Positional(value)
+
+    def keyword(self, key: Token, value: Expr) -> Arg:
+        return Keyword(str(key), value)
+
+    def rest(self, _token: Token) -> Arg:
+        return Rest()
+
+    def call(self, *args: Arg) -> tuple[str, tuple[Arg, ...]]:
+        return ("call", tuple(a for a in args if a is not None))
+
+    def index(self, item: Arg) -> tuple[str, Expr]:
+        return ("index", item.value if isinstance(item, Positional) else Wildcard())
+
+    def attr(self, token: Token) -> tuple[str, str]:
+        return ("attr", str(token))
+
+    def expr(self, base: Expr, *trailers: tuple) -> Expr:
+        return _apply_trailers(base, list(trailers))
+
+
+def _apply_trailers(base: Expr, trailers: list[tuple]) -> Expr:
+    for kind, payload in trailers:
+        if kind == "attr":
+            if not isinstance(base, Name):
+                raise ValueError(f"attribute .{payload} only follows a dotted name")
+            base = Name(f"{base.dotted}.{payload}")
+        elif kind == "index":
+            base = Index(base, payload)
+        else:
+            base = Call(base, payload)
+    return base
+
+
+class RuleParser:
+    """Parses rule files; one instance per source text so errors can name the file."""
+
+    def __init__(self, text: str, path: str = "<string>") -> None:
+        self.text = text
+        self.path = path
+
+    def error(self, node: Tree | Token | None, message: str) -> DslError:
+        line = getattr(getattr(node, "meta", node), "line", 1) or 1
+        column = getattr(getattr(node, "meta", node), "column", 1) or 1
+        return DslError(self.path, line, column, message)
+
+    def _parse_tree(self, start: str) -> Tree:
+        try:
+            return _parser(start).parse(self.text)
+        except UnexpectedEOF as error:
+            lines = self.text.splitlines() or [""]
+            raise DslError(
+                self.path, len(lines), len(lines[-1]) + 1,
+                f"unexpected end of input; expected {_expected(error)}",
+            ) from None
+        except UnexpectedToken as error:
+            found = "end of input" if error.token.type == "$END" else repr(str(error.token))
+            raise DslError(
+                self.path, error.line, error.column,
+                f"unexpected {found}; expected {_expected(error)}",
+            ) from None
+        except UnexpectedCharacters as error:
+            char = self.text[error.pos_in_stream] if error.pos_in_stream < len(self.text) else ""
+            raise DslError(
+                self.path, error.line, error.column,
+                f"unexpected character {char!r}; expected {_expected(error)}",
+            ) from None
+
+    def rules(self) -> list[Rule]:
+        tree = self._parse_tree("rule_file")
+        rules = [self._rule(node) for node in tree.children]
+        seen: dict[str, Rule] = {}
+        for rule in rules:
+            if rule.id in seen:
+                raise DslError(self.path, rule.line, 1, f"rule id {rule.id!r} defined twice")
+            seen[rule.id] = rule
+        return rules
+
+    def sequence(self) -> list[Step]:
+        tree = self._parse_tree("sequence_file")
+        if not tree.children:
+            return []
+        return self._steps(tree.children[0])
+
+    def _steps(self, step_list: Tree) -> list[Step]:
+        return [self._step(node) for node in step_list.children]
+
+    def _step(self, node: Tree) -> Step:
+        children = list(node.children)
+        construct = bool(children) and isinstance(children[0], Token) and children[0].type == "AT"
+        if construct:
+            children = children[1:]
+        expr_node = children[0]
+        target_node = children[1] if len(children) > 1 else None
+        try:
+            expr = _ToSyntax().transform(expr_node)
+        except Exception as exc:  # Lark wraps transformer errors
+            raise self.error(node, str(getattr(exc, "orig_exc", exc))) from None
+        if isinstance(expr, Var) or not isinstance(expr, Call):
+            raise self.error(node, f"a step must be a call such as `f($x) -> $y`, got `{expr}`")
+        targets: tuple[Var, ...] = ()
+        if target_node is not None:
+            targets = tuple(Var(str(t)[1:]) for t in target_node.children if t.type == "VAR")
+        return Step(
+            callee=expr.base,
+            args=expr.args,
+            targets=targets,
+            construct=construct,
+            line=node.meta.line,
+            column=node.meta.column,
+        )
+
+    def _rule(self, node: Tree) -> Rule:
+        rule_id = str(node.children[0])
+        meta: dict[str, str] = {}
+        sections: dict[str, Section] = {}
+        for child in node.children[1:]:
+            if child.data == "meta":
+                key, value = str(child.children[0]), ast.literal_eval(str(child.children[1]))
+                if key in meta:
+                    raise self.error(child, f"{key!r} given twice in rule {rule_id}")
+                meta[key] = value
+            else:
+                section = self._section(child, rule_id)
+                if section.kind in sections:
+                    raise self.error(child, f"section {section.kind!r} given twice in {rule_id}")
+                sections[section.kind] = section
+        if "forward" not in sections and "init" not in sections:
+            raise self.error(node, f"rule {rule_id} has neither an init nor a forward section")
+        site = meta.get("site", "forward" if "forward" in sections else "init")
+        if site not in sections:
+            raise self.error(node, f"rule {rule_id}: site {site!r} names no section of the rule")
+        rule = Rule(
+            id=rule_id,
+            name=meta.get("name", rule_id),
+            description=meta.get("description", ""),
+            kernel=meta.get("kernel", ""),
+            message=meta.get("message", meta.get("description", "")),
+            site=site,
+            init=sections.get("init"),
+            forward=sections.get("forward"),
+            source=self.path,
+            line=node.meta.line,
+        )
+        self._check_variables(rule, node)
+        return rule
+
+    def _section(self, node: Tree, rule_id: str) -> Section:
+        kind = str(node.children[0])
+        steps: list[Step] = []
+        where: list[Step] = []
+        replacement: tuple[Step, ...] | str | None = None
+        for child in node.children[1:]:
+            if child.data == "step_list":
+                steps = self._steps(child)
+            elif child.data == "where_clause":
+                where = self._steps(child.children[0]) if child.children else []
+            elif child.data == "replacement":
+                inner = child.children[0] if child.children else None
+                if isinstance(inner, Token) and inner.type == "WILDCARD":
+                    replacement = DETECT_ONLY
+                else:
+                    replacement = tuple(self._steps(inner)) if inner is not None else ()
+        if not steps:
+            raise self.error(node, f"rule {rule_id}: section {kind!r} has no steps")
+        for step in steps + where:
+            if (kind == "init") != step.construct:
+                expect = "must" if kind == "init" else "must not"
+                raise DslError(
+                    self.path, step.line, step.column,
+                    f"rule {rule_id}: a step in {kind!r} {expect} be marked with '@'",
+                )
+        return Section(kind, tuple(steps), tuple(where), replacement)
+
+    def _check_variables(self, rule: Rule, node: Tree) -> None:
+        bound: set[str] = set()
+        for section in (rule.init, rule.forward):
+            if section is None:
+                continue
+            for step in section.steps + section.where:
+                bound.update(_vars_in_step(step))
+        for section in (rule.init, rule.forward):
+            if section is None or not isinstance(section.replacement, tuple):
+                continue
+            for step in section.replacement:
+                used = _vars_in_step(step, include_targets=False)
+                unknown = sorted(used - bound)
+                if unknown:
+                    raise DslError(
+                        self.path, step.line, step.column,
+                        f"rule {rule.id}: replacement uses unbound variable(s) "
+                        + ", ".join(f"${name}" for name in unknown),
+                    )
+
+
+def _vars_in_expr(expr: Expr) -> set[str]:
+    if isinstance(expr, Var):
+        return {expr.name}
+    if isinstance(expr, Index):
+        return _vars_in_expr(expr.base) | _vars_in_expr(expr.item)
+    if isinstance(expr, Call):
+        found = _vars_in_expr(expr.base)
+        for arg in expr.args:
+            if isinstance(arg, (Positional, Keyword)):
+                found |= _vars_in_expr(arg.value)
+        return found
+    return set()
+
+
+def _vars_in_step(step: Step, include_targets: bool = True) -> set[str]:
+    found = _vars_in_expr(Call(step.callee, step.args))
+    if include_targets:
+        found |= {t.name for t in step.targets}
+    return found
+
+
+def parse_rules(text: str, path: str = "<string>") -> list[Rule]:
+    """Parse the text of a rule file; raises :class:`DslError` with the place of any problem."""
+    return RuleParser(text, path).rules()
+
+
+def parse_sequence(text: str, path: str = "<string>") -> list[Step]:
+    """Parse a bare model-structure sequence, e.g. ``torch.nn.Linear($x) -> $h; ...``."""
+    return RuleParser(text, path).sequence()
+
+
+def load_rule_file(path: str | Path) -> list[Rule]:
+    """Read and parse one rule file, attaching its leading comment block as documentation."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DslError(str(path), 0, 0, "rule file not found") from None
+    except UnicodeDecodeError as error:
+        raise DslError(str(path), 1, error.start + 1, "rule file is not valid UTF-8") from None
+    except OSError as error:
+        raise DslError(str(path), 0, 0, f"cannot read rule file: {error.strerror}") from None
+    doc = leading_comment(text)
+    return [_with_doc(rule, doc) for rule in parse_rules(text, str(path))]
+
+
+def leading_comment(text: str) -> str:
+    """The ``#`` comment block at the top of a rule file, without the ``#`` markers."""
+    lines = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not stripped.startswith("#"):
+            if stripped:
+                break
+            lines.append("")
+            continue
+        lines.append(stripped[2:] if stripped.startswith("# ") else stripped[1:])
+    return "\n".join(lines).strip()
+
+
+def _with_doc(rule: Rule, doc: str) -> Rule:
+    from dataclasses import replace
+
+    return replace(rule, doc=doc)
+
+
+__all__ = [
+    "DETECT_ONLY",
+    "load_rule_file",
+    "parse_rules",
+    "parse_sequence",
+]

@@ -1,0 +1,166 @@
+"""The DSL's syntax tree: plain, immutable data shared by the parser, the matcher and printers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+
+@dataclass(frozen=True)
+class Var:
+    """A pattern variable, ``$name``."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return f"${self.name}"
+
+
+@dataclass(frozen=True)
+class Name:
+    """A dotted name such as ``torch.nn.Linear`` or ``config.hidden_act``."""
+
+    dotted: str
+
+    def __str__(self) -> str:
+        return self.dotted
+
+
+@dataclass(frozen=True)
+class Literal:
+    """A number, string, ``True``/``False``/``None`` (parsed as names, see ``literal_value``)."""
+
+    value: object
+
+    def __str__(self) -> str:
+        return repr(self.value) if isinstance(self.value, str) else str(self.value)
+
+
+@dataclass(frozen=True)
+class Wildcard:
+    """``_``: anything, bound to nothing."""
+
+    def __str__(self) -> str:
+        return "_"
+
+
+@dataclass(frozen=True)
+class Index:
+    """``base[item]``, e.g. ``ACT2FN[config.hidden_act]``."""
+
+    base: Expr
+    item: Expr
+
+    def __str__(self) -> str:
+        return f"{self.base}[{self.item}]"
+
+
+@dataclass(frozen=True)
+class Call:
+    """``base(args)`` used as a callee, e.g. ``factory(BertSelfAttention)(config)``."""
+
+    base: Expr
+    args: tuple[Arg, ...]
+
+    def __str__(self) -> str:
+        return f"{self.base}({', '.join(map(str, self.args))})"
+
+
+Expr = Union[Var, Name, Literal, Wildcard, Index, Call]
+
+
+@dataclass(frozen=True)
+class Positional:
+    value: Expr
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+@dataclass(frozen=True)
+class Keyword:
+    key: str
+    value: Expr
+
+    def __str__(self) -> str:
+        return f"{self.key}={self.value}"
+
+
+@dataclass(frozen=True)
+class Rest:
+    """``...``: any further arguments."""
+
+    def __str__(self) -> str:
+        return "..."
+
+
+Arg = Union[Positional, Keyword, Rest]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One call in a sequence: ``[@]callee(args) -> targets``.
+
+    ``construct`` marks an ``__init__`` construction (``@``). ``targets`` is empty for ``-> _``
+    or a step without a target.
+    """
+
+    callee: Expr
+    args: tuple[Arg, ...]
+    targets: tuple[Var, ...] = ()
+    construct: bool = False
+    line: int = 0
+    column: int = 0
+
+    def __str__(self) -> str:
+        text = f"{'@' if self.construct else ''}{self.callee}({', '.join(map(str, self.args))})"
+        if len(self.targets) == 1:
+            text += f" -> {self.targets[0]}"
+        elif self.targets:
+            text += f" -> ({', '.join(map(str, self.targets))})"
+        return text
+
+
+DETECT_ONLY = "detect-only"
+
+
+@dataclass(frozen=True)
+class Section:
+    """``init { ... }`` or ``forward { ... }``, with optional ``where`` context and replacement.
+
+    ``replacement`` is ``None`` when the section is left as it is, ``DETECT_ONLY`` for ``=> _``,
+    or the replacement steps.
+    """
+
+    kind: str
+    steps: tuple[Step, ...]
+    where: tuple[Step, ...] = ()
+    replacement: tuple[Step, ...] | str | None = None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A transformation rule: metadata plus its ``init`` and ``forward`` sections."""
+
+    id: str
+    name: str
+    description: str = ""
+    kernel: str = ""
+    message: str = ""
+    site: str = "forward"
+    init: Section | None = None
+    forward: Section | None = None
+    source: str = "<string>"
+    line: int = 0
+    doc: str = field(default="", compare=False)
+
+    @property
+    def detect_only(self) -> bool:
+        sections = [s for s in (self.init, self.forward) if s is not None]
+        replaced = [s.replacement for s in sections if s.replacement is not None]
+        return not replaced or all(r == DETECT_ONLY for r in replaced)
+
+
+def format_sequence(steps: list[Step] | tuple[Step, ...]) -> str:
+    """Render steps the way the DSL writes them: ``a($x) -> $h; b($h) -> $y``."""
+    return ";\n".join(str(step) for step in steps)

@@ -1,0 +1,298 @@
+"""``__init__`` analysis: which call builds each submodule attribute.
+
+Handles conditionals (each arm gives an alternative binding with its context), local aliases
+(``act = ACT2FN[...]; self.act = act``), ``nn.ModuleList``/``nn.ModuleDict``/``nn.Sequential``
+containers (list literals, comprehensions and ``append``), ``ACT2FN[...]`` lookups, helper
+methods called from ``__init__`` and module-level factory functions that return a module.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from .model import EMPTY_CONTEXT, NOT_CONSTANT, Construction, Context, Operand
+from .names import ImportTable, parameter_names
+
+MAX_FACTORY_DEPTH = 3
+LIST_CONTAINERS = {"torch.nn.ModuleList", "torch.nn.ModuleDict", "torch.nn.ParameterList"}
+SEQUENTIAL = "torch.nn.Sequential"
+
+
+def constant_value(node: ast.AST | None) -> object:
+    """The value of a literal expression (``-1``, ``"gelu"``, ``(1, 2)``), else NOT_CONSTANT."""
+    if node is None:
+        return NOT_CONSTANT
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, (ast.UnaryOp, ast.Tuple)):
+        try:
+            return ast.literal_eval(node)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return NOT_CONSTANT
+    return NOT_CONSTANT
+
+
+def normalise_arguments(
+    kind: str, positional: list[Operand], keywords: dict[str, Operand]
+) -> dict[str, Operand]:
+    """Map a call's arguments onto the callee's parameter names, filling known defaults."""
+    names, defaults = parameter_names(kind)
+    arguments = dict(keywords)
+    for name, operand in zip(names, positional):
+        arguments.setdefault(name, operand)
+    for name, default in defaults.items():
+        if name not in arguments:
+            arguments[name] = Operand(constant=default, label=repr(default))
+    return arguments
+
+
+def call_kind(node: ast.expr, imports: ImportTable) -> str | None:
+    """Canonical name of what a call calls: ``torch.nn.Linear``, ``ACT2FN[config.hidden_act]``."""
+    if isinstance(node, ast.Subscript):
+        base = imports.resolve(node.value)
+        if base is None:
+            return None
+        return f"{base}[{ast.unparse(node.slice)}]"
+    return imports.resolve(node)
+
+
+@dataclass
+class InitContext:
+    """What ``__init__`` analysis needs to know about the rest of the file."""
+
+    imports: ImportTable
+    path: str
+    functions: dict[str, ast.FunctionDef]
+    methods: Callable[[str], ast.FunctionDef | None]
+    next_branch: Callable[[], int]
+    branch_labels: dict[int, list[str]] = field(default_factory=dict)
+
+
+class InitAnalyzer:
+    """Walks one ``__init__`` (and the helpers it calls) and records attribute bindings."""
+
+    def __init__(self, ctx: InitContext, inherited: dict[str, list[Construction]]) -> None:
+        self.ctx = ctx
+        self.bindings: dict[str, list[Construction]] = {k: list(v) for k, v in inherited.items()}
+        self.locals: dict[str, list[Construction]] = {}
+        self.context: Context = EMPTY_CONTEXT
+        self.method_stack: list[str] = []
+
+    # -- statements --------------------------------------------------------------------------
+    def run(self, function: ast.FunctionDef) -> dict[str, list[Construction]]:
+        self.method_stack.append(function.name)
+        self.block(function.body)
+        self.method_stack.pop()
+        return self.bindings
+
+    def block(self, statements: list[ast.stmt]) -> None:
+        for statement in statements:
+            self.statement(statement)
+
+    def statement(self, node: ast.stmt) -> None:
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                self.assign(target, node.value)
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            self.assign(node.target, node.value)
+        elif isinstance(node, ast.If):
+            self.branch(node, [node.body, node.orelse], ast.unparse(node.test))
+        elif isinstance(node, (ast.For, ast.While)):
+            self.branch(node, [node.body + node.orelse, []], "loop")
+        elif isinstance(node, ast.Try):
+            arms = [node.body + node.orelse] + [h.body for h in node.handlers]
+            self.branch(node, arms, "try")
+            self.block(node.finalbody)
+        elif isinstance(node, ast.With):
+            self.block(node.body)
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+            self.expression_call(node.value)
+
+    def branch(self, node: ast.stmt, arms: list[list[ast.stmt]], label: str) -> None:
+        point = self.ctx.next_branch()
+        self.ctx.branch_labels[point] = [label] + [f"else#{i}" for i in range(1, len(arms))]
+        outer = self.context
+        for arm, statements in enumerate(arms):
+            self.context = outer | {(point, arm)}
+            self.block(statements)
+        self.context = outer
+
+    def expression_call(self, call: ast.Call) -> None:
+        func = call.func
+        # self.layers.append(Layer(...)) / self.layers.extend([...])
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr in ("append", "extend", "add_module", "insert")
+            and (attr := self_attribute(func.value)) is not None
+        ):
+            for container in self.bindings.get(attr, []):
+                if container.container is None:
+                    continue
+                values = call.args[-1:] if func.attr != "extend" else []
+                if func.attr == "extend" and call.args:
+                    values = list(_list_items(call.args[0]))
+                for value in values:
+                    container.elements.extend(self.construct(value))
+            return
+        # self._build_layers(config): a helper that binds attributes itself.
+        if (name := self_attribute(func)) is not None and len(self.method_stack) < 4:
+            method = self.ctx.methods(name)
+            if method is not None and name not in self.method_stack:
+                self.method_stack.append(name)
+                self.block(method.body)
+                self.method_stack.pop()
+
+    def assign(self, target: ast.expr, value: ast.expr) -> None:
+        if isinstance(target, (ast.Tuple, ast.List)):
+            if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts):
+                for sub_target, sub_value in zip(target.elts, value.elts):
+                    self.assign(sub_target, sub_value)
+            return
+        constructions = self.construct(value)
+        if isinstance(target, ast.Name):
+            if constructions:
+                self.locals[target.id] = constructions
+            else:
+                self.locals.pop(target.id, None)
+            return
+        attr = self_attribute(target)
+        if attr is None:
+            return
+        if not constructions:
+            if not self.context:
+                self.bindings.pop(attr, None)
+            return
+        if self.context:
+            self.bindings.setdefault(attr, []).extend(constructions)
+        else:
+            self.bindings[attr] = constructions
+
+    # -- expressions -------------------------------------------------------------------------
+    def construct(self, value: ast.expr, depth: int = 0) -> list[Construction]:
+        """The constructions an expression may evaluate to (empty when it is no module)."""
+        if isinstance(value, ast.Name):
+            return list(self.locals.get(value.id, []))
+        if (attr := self_attribute(value)) is not None:
+            return list(self.bindings.get(attr, []))
+        if isinstance(value, ast.IfExp):
+            point = self.ctx.next_branch()
+            self.ctx.branch_labels[point] = [ast.unparse(value.test), "else"]
+            outer = self.context
+            found = []
+            for arm, sub in enumerate((value.body, value.orelse)):
+                self.context = outer | {(point, arm)}
+                found += self.construct(sub, depth)
+            self.context = outer
+            return found
+        if isinstance(value, ast.Subscript):
+            kind = call_kind(value, self.ctx.imports)
+            if kind is None or isinstance(value.value, ast.Attribute) and self_attribute(
+                value.value
+            ):
+                return []
+            return [self.make(kind, value, [], {})]
+        if not isinstance(value, ast.Call):
+            return []
+        kind = call_kind(value.func, self.ctx.imports)
+        if kind is None:
+            return []
+        positional = [Operand(node=a, constant=constant_value(a)) for a in value.args]
+        keywords = {
+            k.arg: Operand(node=k.value, constant=constant_value(k.value))
+            for k in value.keywords
+            if k.arg is not None
+        }
+        if kind in LIST_CONTAINERS or kind == SEQUENTIAL:
+            container = self.make(kind, value, positional, keywords)
+            container.container = "sequential" if kind == SEQUENTIAL else "list"
+            items: Iterator[ast.expr]
+            if kind == SEQUENTIAL:
+                items = iter(value.args)
+                if len(value.args) == 1 and isinstance(value.args[0], ast.Call):
+                    inner = call_kind(value.args[0].func, self.ctx.imports)
+                    if inner == "collections.OrderedDict":
+                        items = _list_items(value.args[0].args[0]) if value.args[0].args else iter(())
+            else:
+                items = _list_items(value.args[0]) if value.args else iter(())
+            for item in items:
+                if isinstance(item, ast.Starred):
+                    continue
+                container.elements.extend(self.construct(item, depth) or [_opaque(item, self)])
+            return [container]
+        factory = self.factory(value, kind)
+        if factory is not None and depth < MAX_FACTORY_DEPTH:
+            returned = [
+                construction
+                for node in _returned_values(factory)
+                for construction in self.construct(node, depth + 1)
+            ]
+            if returned:
+                return returned
+        return [self.make(kind, value, positional, keywords)]
+
+    def factory(self, call: ast.Call, kind: str) -> ast.FunctionDef | None:
+        """A module-level function or own method that builds and returns a module."""
+        if (name := self_attribute(call.func)) is not None:
+            return self.ctx.methods(name)
+        if isinstance(call.func, ast.Name):
+            return self.ctx.functions.get(call.func.id)
+        return None
+
+    def make(
+        self,
+        kind: str,
+        node: ast.expr,
+        positional: list[Operand],
+        keywords: dict[str, Operand],
+    ) -> Construction:
+        return Construction(
+            kind=kind,
+            arguments=normalise_arguments(kind, positional, keywords),
+            positional=positional,
+            path=self.ctx.path,
+            line=node.lineno,
+            column=node.col_offset + 1,
+            context=self.context,
+            node=node,
+            method=self.method_stack[-1] if self.method_stack else "__init__",
+        )
+
+
+def _opaque(node: ast.expr, analyzer: InitAnalyzer) -> Construction:
+    return analyzer.make("?", node, [], {})
+
+
+def self_attribute(node: ast.expr) -> str | None:
+    """``x`` for ``self.x``."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+        if node.value.id == "self":
+            return node.attr
+    return None
+
+
+def _list_items(node: ast.expr) -> Iterator[ast.expr]:
+    if isinstance(node, (ast.List, ast.Tuple)):
+        yield from node.elts
+    elif isinstance(node, (ast.ListComp, ast.GeneratorExp)):
+        yield node.elt
+    elif isinstance(node, ast.Dict):
+        yield from (v for v in node.values if v is not None)
+    elif isinstance(node, ast.DictComp):
+        yield node.value
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        yield from itertools.chain(_list_items(node.left), _list_items(node.right))
+
+
+def _returned_values(function: ast.FunctionDef) -> Iterator[ast.expr]:
+    """Values of the ``return`` statements of a function, not of functions nested in it."""
+    pending: list[ast.AST] = list(function.body)
+    while pending:
+        node = pending.pop()
+        if isinstance(node, ast.Return):
+            if node.value is not None:
+                yield node.value
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            pending.extend(ast.iter_child_nodes(node))

@@ -1,0 +1,668 @@
+"""``forward`` analysis: the calls a method makes, in three-address form, linked by data flow.
+
+Every call, operator and subscript becomes a :class:`Step` with a fresh output value; variables
+map to the values that may reach them (several after an ``if``, each tagged with the branch arm
+it came through). Calls into other methods of the class, into module-level functions and into
+submodules whose class is defined in the same file are inlined up to a bounded depth, so a
+pattern can follow a value across them. Calls to methods that a rule names (``self._split_heads``)
+stay opaque steps so the rule can see them.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from .constructions import call_kind, constant_value, normalise_arguments, self_attribute
+from .model import (
+    EMPTY_CONTEXT,
+    NOT_CONSTANT,
+    ClassInfo,
+    Construction,
+    Context,
+    Flow,
+    FunctionFlow,
+    ModuleRef,
+    Operand,
+    Step,
+    Use,
+)
+from .names import canonical_function
+
+if TYPE_CHECKING:
+    from .structure import FileAnalysis
+
+MAX_CALL_DEPTH = 4  # nested inlined methods / functions
+MAX_CLASS_DEPTH = 2  # nested inlined submodule classes
+MAX_STEPS = 20000  # per analysed root; beyond it the flow is marked truncated
+
+BINARY_OPERATORS = {
+    ast.Add: "add",
+    ast.Sub: "sub",
+    ast.Mult: "mul",
+    ast.Div: "truediv",
+    ast.FloorDiv: "floordiv",
+    ast.Mod: "mod",
+    ast.Pow: "pow",
+    ast.MatMult: "matmul",
+    ast.BitAnd: "and_",
+    ast.BitOr: "or_",
+    ast.BitXor: "xor",
+    ast.LShift: "lshift",
+    ast.RShift: "rshift",
+}
+UNARY_OPERATORS = {ast.USub: "neg", ast.UAdd: "pos", ast.Not: "not_", ast.Invert: "invert"}
+
+
+class _Terminated(Exception):
+    """Raised inside a block after ``return``/``raise`` to skip the rest of it."""
+
+
+@dataclass
+class Frame:
+    """One function activation being analysed (the root or an inlined callee)."""
+
+    cls: ClassInfo | None
+    self_path: str | None
+    method: str
+    env: dict[str, tuple[Flow, ...]] = field(default_factory=dict)
+    modules: dict[str, ModuleRef] = field(default_factory=dict)
+    returns: list[Flow] = field(default_factory=list)
+    returned_tuples: list[list[Operand]] = field(default_factory=list)
+    class_depth: int = 0
+    inlined: bool = False
+
+
+class FlowBuilder:
+    """Builds the :class:`FunctionFlow` of one root method or function."""
+
+    def __init__(self, analysis: FileAnalysis, flow: FunctionFlow) -> None:
+        self.analysis = analysis
+        self.flow = flow
+        self.context: Context = EMPTY_CONTEXT
+        self.frames: list[Frame] = []
+        self.next_value = 0
+        self.active: list[ast.FunctionDef] = []
+        self.tuples: dict[int, list[Operand]] = {}
+        self.statement: ast.stmt | None = None
+
+    # -- entry -------------------------------------------------------------------------------
+    def build_root(self, cls: ClassInfo | None, function: ast.FunctionDef) -> FunctionFlow:
+        frame = Frame(cls=cls, self_path="self" if cls else None, method=function.name)
+        arguments = function.args
+        for arg in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]:
+            if cls is not None and arg is (arguments.posonlyargs + arguments.args)[:1][0]:
+                continue
+            frame.env[arg.arg] = (Flow(self.new_value(arg.arg)),)
+        for arg in (arguments.vararg, arguments.kwarg):
+            if arg is not None:
+                frame.env[arg.arg] = (Flow(self.new_value(arg.arg)),)
+        self.frames.append(frame)
+        self.active.append(function)
+        try:
+            self.block(function.body)
+        except _Terminated:
+            pass
+        except _Budget:
+            self.flow.truncated = True
+        return self.flow
+
+    @property
+    def frame(self) -> Frame:
+        return self.frames[-1]
+
+    def new_value(self, name: str | None = None) -> int:
+        self.next_value += 1
+        if name is not None:
+            self.flow.value_names.setdefault(self.next_value, name)
+        return self.next_value
+
+    # -- statements --------------------------------------------------------------------------
+    def block(self, statements: Iterable[ast.stmt]) -> None:
+        for statement in statements:
+            self.statement = statement
+            self.stmt(statement)
+
+    def stmt(self, node: ast.stmt) -> None:  # noqa: C901 - one dispatch over statement kinds
+        if isinstance(node, ast.Assign):
+            value = self.expr(node.value)
+            for target in node.targets:
+                self.assign(target, value, node.value)
+        elif isinstance(node, ast.AnnAssign):
+            if node.value is not None:
+                self.assign(node.target, self.expr(node.value), node.value)
+        elif isinstance(node, ast.AugAssign):
+            current = self.expr(node.target)
+            value = self.expr(node.value)
+            kind = BINARY_OPERATORS.get(type(node.op), "binop")
+            result = self.emit(kind, node, [current, value], {})
+            self.assign(node.target, result, node)
+        elif isinstance(node, ast.Expr):
+            self.expr(node.value)
+        elif isinstance(node, ast.Return):
+            if node.value is not None:
+                value = self.expr(node.value)
+                self.return_value(value, node.value)
+            raise _Terminated
+        elif isinstance(node, ast.Raise):
+            if node.exc is not None:
+                self.escape(self.expr(node.exc), "raise")
+            raise _Terminated
+        elif isinstance(node, ast.If):
+            self.escape(self.expr(node.test), "condition")
+            self.branches([node.body, node.orelse], [ast.unparse(node.test), "else"])
+        elif isinstance(node, (ast.For, ast.AsyncFor)):
+            self.loop_target(node.target, node.iter)
+            self.branches([node.body, []], [f"loop over {ast.unparse(node.iter)}", "no iteration"])
+            if node.orelse:
+                self.block(node.orelse)
+        elif isinstance(node, ast.While):
+            self.escape(self.expr(node.test), "condition")
+            self.branches([node.body, []], [f"while {ast.unparse(node.test)}", "no iteration"])
+            self.block(node.orelse)
+        elif isinstance(node, (ast.With, ast.AsyncWith)):
+            for item in node.items:
+                value = self.expr(item.context_expr)
+                if item.optional_vars is not None:
+                    self.assign(item.optional_vars, value, item.context_expr)
+            self.block(node.body)
+        elif isinstance(node, ast.Try):
+            arms = [node.body + node.orelse] + [handler.body for handler in node.handlers]
+            self.branches(arms, ["try"] + ["except"] * len(node.handlers))
+            self.block(node.finalbody)
+        elif isinstance(node, ast.Assert):
+            self.escape(self.expr(node.test), "assert")
+        elif isinstance(node, (ast.Break, ast.Continue)):
+            raise _Terminated
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            self.frame.env[node.name] = (Flow(self.new_value(node.name)),)
+        elif isinstance(node, ast.Delete):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    self.frame.env.pop(target.id, None)
+        elif isinstance(node, ast.Match):
+            self.escape(self.expr(node.subject), "match")
+            self.branches([case.body for case in node.cases], ["case"] * len(node.cases))
+
+    def branches(self, arms: list[list[ast.stmt]], labels: list[str]) -> None:
+        """Analyse alternative arms from the same state, then merge what flows out of them."""
+        point = self.analysis.next_branch()
+        self.flow.branch_labels[point] = labels
+        frame = self.frame
+        outer_context = self.context
+        entry_env, entry_modules = dict(frame.env), dict(frame.modules)
+        survivors: list[tuple[int, dict[str, tuple[Flow, ...]], dict[str, ModuleRef]]] = []
+        for arm, statements in enumerate(arms):
+            frame.env, frame.modules = dict(entry_env), dict(entry_modules)
+            self.context = outer_context | {(point, arm)}
+            try:
+                self.block(statements)
+            except _Terminated:
+                continue
+            survivors.append((arm, frame.env, frame.modules))
+        if not survivors:
+            self.context = outer_context
+            raise _Terminated
+        if len(survivors) == 1:
+            arm, frame.env, frame.modules = survivors[0]
+            self.context = outer_context | {(point, arm)}
+            return
+        self.context = outer_context
+        merged: dict[str, tuple[Flow, ...]] = {}
+        names = {name for _, env, _ in survivors for name in env}
+        for name in names:
+            versions = [(arm, env.get(name)) for arm, env, _ in survivors]
+            first = versions[0][1]
+            if all(version == first for _, version in versions):
+                if first is not None:
+                    merged[name] = first
+                continue
+            flows: list[Flow] = []
+            for arm, version in versions:
+                for flow in version or ():
+                    flows.append(Flow(flow.value, flow.context | {(point, arm)}))
+            merged[name] = tuple(dict.fromkeys(flows))
+        frame.env = merged
+        frame.modules = {
+            name: ref
+            for name, ref in survivors[0][2].items()
+            if all(modules.get(name) is ref for _, _, modules in survivors)
+        }
+
+    def loop_target(self, target: ast.expr, iterable: ast.expr) -> None:
+        """Bind the loop variable; iterating a ModuleList binds it to the list's elements."""
+        source = iterable
+        element_target = target
+        if (
+            isinstance(iterable, ast.Call)
+            and isinstance(iterable.func, ast.Name)
+            and iterable.func.id == "enumerate"
+            and iterable.args
+            and isinstance(target, ast.Tuple)
+            and len(target.elts) == 2
+        ):
+            source, element_target = iterable.args[0], target.elts[1]
+            self.assign(target.elts[0], Operand(flows=(Flow(self.new_value()),)), iterable)
+        ref = self.module_ref(source)
+        if ref is not None and isinstance(element_target, ast.Name):
+            elements = [e for c in ref.constructions for e in c.elements]
+            self.frame.modules[element_target.id] = ModuleRef(f"{ref.path}[*]", elements)
+            self.frame.env.pop(element_target.id, None)
+            return
+        value = self.expr(iterable)
+        element = self.emit("iter", iterable, [value], {})
+        self.assign(target, element, iterable)
+
+    def assign(self, target: ast.expr, value: Operand, value_node: ast.AST) -> None:
+        frame = self.frame
+        if isinstance(target, ast.Name):
+            if value.module is not None:
+                frame.modules[target.id] = value.module
+                frame.env.pop(target.id, None)
+                return
+            frame.modules.pop(target.id, None)
+            frame.env[target.id] = value.flows
+            for flow in value.flows:
+                self.flow.value_names.setdefault(flow.value, target.id)
+            return
+        if isinstance(target, (ast.Tuple, ast.List)):
+            elements = self.tuple_elements(value, len(target.elts), value_node)
+            for index, sub_target in enumerate(target.elts):
+                if isinstance(sub_target, ast.Starred):
+                    sub_target = sub_target.value
+                self.assign(sub_target, elements[index], value_node)
+            return
+        if isinstance(target, ast.Starred):
+            self.assign(target.value, value, value_node)
+            return
+        # self.x = value, obj[i] = value: the value escapes into state we do not follow.
+        self.escape(value, "store")
+        if isinstance(target, ast.Subscript):
+            self.escape(self.expr(target.value), "store")
+            self.escape(self.expr(target.slice), "store")
+        elif isinstance(target, ast.Attribute) and self_attribute(target) is None:
+            self.escape(self.expr(target.value), "store")
+
+    def tuple_elements(self, value: Operand, count: int, node: ast.AST) -> list[Operand]:
+        """Elements of a value unpacked into ``count`` targets."""
+        if len(value.flows) == 1 and value.flows[0].value in self.tuples:
+            elements = self.tuples[value.flows[0].value]
+            if len(elements) == count and not any(e is None for e in elements):
+                return elements
+        return [
+            self.emit("getitem", node, [value], {"index": Operand(constant=i, label=str(i))})
+            for i in range(count)
+        ]
+
+    def return_value(self, value: Operand, node: ast.AST) -> None:
+        frame = self.frame
+        if frame.inlined:
+            frame.returns.extend(Flow(f.value, f.context | self.context) for f in value.flows)
+            if len(value.flows) == 1 and value.flows[0].value in self.tuples:
+                frame.returned_tuples.append(self.tuples[value.flows[0].value])
+        else:
+            self.escape(value, "return")
+
+    # -- uses --------------------------------------------------------------------------------
+    def escape(self, operand: Operand, where: str) -> None:
+        for flow in operand.flows:
+            self.flow.uses.setdefault(flow.value, []).append(
+                Use(None, self.context | flow.context, where)
+            )
+
+    def emit(
+        self,
+        kind: str,
+        node: ast.AST,
+        positional: list[Operand],
+        arguments: dict[str, Operand],
+        *,
+        module: ModuleRef | None = None,
+        transparent: bool = False,
+        synthetic_at: Construction | None = None,
+    ) -> Operand:
+        if len(self.flow.steps) >= MAX_STEPS:
+            raise _Budget
+        output = self.new_value()
+        frame = self.frame
+        location = synthetic_at.node if synthetic_at is not None else node
+        step = Step(
+            id=len(self.flow.steps),
+            kind=kind,
+            positional=positional,
+            arguments=arguments,
+            output=output,
+            line=getattr(location, "lineno", 0),
+            column=getattr(location, "col_offset", -1) + 1,
+            context=self.context,
+            cls=frame.cls.name if frame.cls else None,
+            method=frame.method,
+            path=self.flow.path,
+            node=node,
+            statement=self.statement,
+            module=module.path if module else None,
+            construction=module.constructions[0] if module and module.constructions else None,
+            alternatives=list(module.constructions) if module else [],
+            transparent=transparent,
+            synthetic=synthetic_at is not None,
+            inline_chain=tuple(f.method for f in self.frames[1:]),
+        )
+        self.flow.steps.append(step)
+        self.flow.producers[output] = step.id
+        for operand in step.operands():
+            for flow in operand.flows:
+                self.flow.uses.setdefault(flow.value, []).append(
+                    Use(step.id, self.context | flow.context)
+                )
+        return Operand(node=node, flows=(Flow(output),))
+
+    # -- expressions -------------------------------------------------------------------------
+    def expr(self, node: ast.expr) -> Operand:  # noqa: C901 - one dispatch over expression kinds
+        if isinstance(node, ast.Constant):
+            return Operand(node=node, constant=node.value)
+        if isinstance(node, ast.Name):
+            frame = self.frame
+            if node.id in frame.modules:
+                return Operand(node=node, module=frame.modules[node.id])
+            return Operand(node=node, flows=frame.env.get(node.id, ()))
+        if isinstance(node, ast.Attribute):
+            ref = self.module_ref(node)
+            if ref is not None:
+                return Operand(node=node, module=ref)
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "config"):
+                return Operand(node=node)
+            base = self.expr(node.value)
+            if not base.flows:
+                return Operand(node=node)
+            return self.emit(f"getattr.{node.attr}", node, [base], {})
+        if isinstance(node, ast.Call):
+            return self.call(node)
+        if isinstance(node, ast.BinOp):
+            left, right = self.expr(node.left), self.expr(node.right)
+            return self.emit(BINARY_OPERATORS.get(type(node.op), "binop"), node, [left, right], {})
+        if isinstance(node, ast.UnaryOp):
+            constant = constant_value(node)
+            if constant is not NOT_CONSTANT:
+                return Operand(node=node, constant=constant)
+            operand = self.expr(node.operand)
+            return self.emit(UNARY_OPERATORS.get(type(node.op), "unary"), node, [operand], {})
+        if isinstance(node, ast.Subscript):
+            ref = self.module_ref(node)
+            if ref is not None:
+                return Operand(node=node, module=ref)
+            base = self.expr(node.value)
+            index = self.expr(node.slice)
+            if (
+                index.is_constant
+                and isinstance(index.constant, int)
+                and len(base.flows) == 1
+                and base.flows[0].value in self.tuples
+            ):
+                elements = self.tuples[base.flows[0].value]
+                if -len(elements) <= index.constant < len(elements):
+                    return elements[index.constant]
+            return self.emit("getitem", node, [base], {"index": index})
+        if isinstance(node, (ast.Tuple, ast.List)):
+            elements = [self.expr(e.value if isinstance(e, ast.Starred) else e) for e in node.elts]
+            constant = constant_value(node) if isinstance(node, ast.Tuple) else NOT_CONSTANT
+            if constant is not NOT_CONSTANT:
+                return Operand(node=node, constant=constant)
+            result = self.emit("tuple" if isinstance(node, ast.Tuple) else "list", node, elements, {})
+            if not any(isinstance(e, ast.Starred) for e in node.elts):
+                self.tuples[result.flows[0].value] = elements
+            return result
+        if isinstance(node, ast.IfExp):
+            self.escape(self.expr(node.test), "condition")
+            point = self.analysis.next_branch()
+            self.flow.branch_labels[point] = [ast.unparse(node.test), "else"]
+            outer = self.context
+            flows: list[Flow] = []
+            for arm, sub in enumerate((node.body, node.orelse)):
+                self.context = outer | {(point, arm)}
+                value = self.expr(sub)
+                flows += [Flow(f.value, f.context | {(point, arm)}) for f in value.flows]
+            self.context = outer
+            return Operand(node=node, flows=tuple(flows))
+        if isinstance(node, ast.NamedExpr):
+            value = self.expr(node.value)
+            self.assign(node.target, value, node.value)
+            return value
+        # Anything else (comparisons, comprehensions, f-strings, lambdas...): one opaque step
+        # that uses every variable the expression reads, so no use goes unnoticed.
+        operands = [self.expr(child) for child in _read_names(node)]
+        return self.emit(type(node).__name__.lower(), node, operands, {})
+
+    def module_ref(self, node: ast.expr) -> ModuleRef | None:
+        """The submodule an expression names: ``self.dense``, ``self.layers[0]``, ``layer``."""
+        frame = self.frame
+        if isinstance(node, ast.Name):
+            return frame.modules.get(node.id)
+        if isinstance(node, ast.Attribute):
+            if isinstance(node.value, ast.Name) and node.value.id == "self" and frame.cls:
+                constructions = frame.cls.bindings.get(node.attr)
+                if constructions:
+                    return ModuleRef(f"{frame.self_path}.{node.attr}", constructions)
+                return None
+            base = self.module_ref(node.value)
+            if base is not None:
+                owners = [self.analysis.local_class(c.kind) for c in base.constructions]
+                if len(owners) == 1 and owners[0] is not None:
+                    constructions = owners[0].bindings.get(node.attr)
+                    if constructions:
+                        return ModuleRef(f"{base.path}.{node.attr}", constructions)
+            return None
+        if isinstance(node, ast.Subscript):
+            base = self.module_ref(node.value)
+            if base is None:
+                return None
+            containers = [c for c in base.constructions if c.container]
+            if not containers:
+                return None
+            index = constant_value(node.slice)
+            elements: list[Construction] = []
+            for container in containers:
+                if (
+                    container.container == "sequential"
+                    and isinstance(index, int)
+                    and -len(container.elements) <= index < len(container.elements)
+                ):
+                    elements.append(container.elements[index])
+                else:
+                    elements.extend(container.elements)
+            label = index if index is not NOT_CONSTANT else "*"
+            return ModuleRef(f"{base.path}[{label}]", elements)
+        return None
+
+    # -- calls -------------------------------------------------------------------------------
+    def arguments(self, node: ast.Call) -> tuple[list[Operand], dict[str, Operand]]:
+        positional = [
+            self.expr(a.value if isinstance(a, ast.Starred) else a) for a in node.args
+        ]
+        keywords: dict[str, Operand] = {}
+        for keyword in node.keywords:
+            keywords[keyword.arg or f"**{len(keywords)}"] = self.expr(keyword.value)
+        return positional, keywords
+
+    def call(self, node: ast.Call) -> Operand:  # noqa: C901 - the callee kinds
+        func = node.func
+        frame = self.frame
+        # super().forward(...) and friends: the parent's method, when the parent is ours.
+        if (
+            isinstance(func, ast.Attribute)
+            and isinstance(func.value, ast.Call)
+            and isinstance(func.value.func, ast.Name)
+            and func.value.func.id == "super"
+            and frame.cls is not None
+        ):
+            parent = self.analysis.parent_method(frame.cls, func.attr)
+            positional, keywords = self.arguments(node)
+            if parent is not None:
+                return self.inline(parent, frame.cls, frame.self_path, positional, keywords, node)
+            return self.emit(f"super.{func.attr}", node, positional, keywords)
+        ref = self.module_ref(func)
+        if ref is not None:
+            positional, keywords = self.arguments(node)
+            return self.call_module(ref, node, positional, keywords)
+        method_name = self_attribute(func)
+        if method_name is not None and frame.cls is not None:
+            positional, keywords = self.arguments(node)
+            if method_name in self.analysis.opaque_methods:
+                return self.emit(f"self.{method_name}", node, positional, keywords)
+            method = self.analysis.method(frame.cls, method_name)
+            if method is not None:
+                return self.inline(method, frame.cls, frame.self_path, positional, keywords, node)
+            return self.emit(f"self.{method_name}", node, positional, keywords)
+        if isinstance(func, ast.Attribute):
+            receiver = self.expr(func.value)
+            if receiver.flows:
+                positional, keywords = self.arguments(node)
+                kind = canonical_function(f"Tensor.{func.attr}")
+                arguments = normalise_arguments(
+                    f"Tensor.{func.attr}", [receiver, *positional], keywords
+                )
+                return self.emit(kind, node, [receiver, *positional], arguments)
+        kind = call_kind(func, self.analysis.imports)
+        positional, keywords = self.arguments(node)
+        if kind is None:
+            callee = self.expr(func)
+            return self.emit("call", node, [callee, *positional], keywords)
+        if isinstance(func, ast.Name) and func.id in self.analysis.functions:
+            function = self.analysis.functions[func.id]
+            return self.inline(function, None, None, positional, keywords, node)
+        canonical = canonical_function(kind)
+        return self.emit(canonical, node, positional, normalise_arguments(kind, positional, keywords))
+
+    def call_module(
+        self,
+        ref: ModuleRef,
+        node: ast.Call,
+        positional: list[Operand],
+        keywords: dict[str, Operand],
+    ) -> Operand:
+        frame = self.frame
+        if len(ref.constructions) == 1:
+            construction = ref.constructions[0]
+            if construction.container == "sequential" and construction.elements:
+                value = positional[0] if positional else Operand(node=node)
+                for index, element in enumerate(construction.elements):
+                    element_ref = ModuleRef(f"{ref.path}.{index}", [element])
+                    value = self.emit(
+                        element.kind, node, [value], {}, module=element_ref, synthetic_at=element
+                    )
+                return value
+            local = self.analysis.local_class(construction.kind)
+            if local is not None and frame.class_depth < MAX_CLASS_DEPTH:
+                forward = self.analysis.method(local, "forward")
+                if forward is not None:
+                    self.emit(
+                        construction.kind, node, positional, keywords, module=ref, transparent=True
+                    )
+                    return self.inline(
+                        forward, local, ref.path, positional, keywords, node, class_call=True
+                    )
+        kind = ref.constructions[0].kind if ref.constructions else "?"
+        return self.emit(kind, node, positional, keywords, module=ref)
+
+    def inline(
+        self,
+        function: ast.FunctionDef,
+        cls: ClassInfo | None,
+        self_path: str | None,
+        positional: list[Operand],
+        keywords: dict[str, Operand],
+        node: ast.Call,
+        class_call: bool = False,
+    ) -> Operand:
+        """Analyse a callee's body in place, its parameters bound to the call's arguments."""
+        depth = len(self.frames) - 1
+        qualified = f"{cls.name}.{function.name}" if cls else function.name
+        if depth >= MAX_CALL_DEPTH or function in self.active:
+            kind = f"self.{function.name}" if cls is not None and not class_call else qualified
+            return self.emit(kind, node, positional, keywords)
+        frame = Frame(
+            cls=cls,
+            self_path=self_path,
+            method=function.name,
+            class_depth=self.frame.class_depth + (1 if class_call else 0),
+            inlined=True,
+        )
+        self.bind_parameters(frame, function, positional, keywords, has_self=cls is not None)
+        saved_context, saved_statement = self.context, self.statement
+        self.frames.append(frame)
+        self.active.append(function)
+        try:
+            self.block(function.body)
+        except _Terminated:
+            pass
+        finally:
+            self.frames.pop()
+            self.active.pop()
+            self.context, self.statement = saved_context, saved_statement
+        result = Operand(node=node, flows=tuple(dict.fromkeys(frame.returns)))
+        if len(frame.returned_tuples) == 1 and len(frame.returns) == 1:
+            self.tuples[frame.returns[0].value] = frame.returned_tuples[0]
+        return result
+
+    def bind_parameters(
+        self,
+        frame: Frame,
+        function: ast.FunctionDef,
+        positional: list[Operand],
+        keywords: dict[str, Operand],
+        has_self: bool,
+    ) -> None:
+        arguments = function.args
+        params = [*arguments.posonlyargs, *arguments.args]
+        if has_self and params:
+            params = params[1:]
+        defaults = dict(
+            zip([p.arg for p in params][len(params) - len(arguments.defaults):], arguments.defaults)
+        )
+        for kw_param, kw_default in zip(arguments.kwonlyargs, arguments.kw_defaults):
+            if kw_default is not None:
+                defaults[kw_param.arg] = kw_default
+        for index, param in enumerate([*params, *arguments.kwonlyargs]):
+            if index < len(params) and index < len(positional):
+                operand = positional[index]
+            elif param.arg in keywords:
+                operand = keywords[param.arg]
+            elif param.arg in defaults:
+                default = defaults[param.arg]
+                operand = Operand(node=default, constant=constant_value(default))
+            else:
+                operand = Operand(flows=(Flow(self.new_value(param.arg)),))
+            if operand.module is not None:
+                frame.modules[param.arg] = operand.module
+            else:
+                frame.env[param.arg] = operand.flows
+        extra = positional[len(params):]
+        if arguments.vararg is not None:
+            frame.env[arguments.vararg.arg] = tuple(f for op in extra for f in op.flows)
+        if arguments.kwarg is not None:
+            names = {p.arg for p in [*params, *arguments.kwonlyargs]}
+            frame.env[arguments.kwarg.arg] = tuple(
+                f for key, op in keywords.items() if key not in names for f in op.flows
+            )
+
+
+class _Budget(Exception):
+    """The step budget of one root was spent."""
+
+
+def _read_names(node: ast.AST) -> list[ast.expr]:
+    """The variables an expression reads (names bound inside comprehensions excluded)."""
+    bound: set[str] = set()
+    for child in ast.walk(node):
+        if isinstance(child, ast.comprehension):
+            bound |= {n.id for n in ast.walk(child.target) if isinstance(n, ast.Name)}
+        elif isinstance(child, ast.Lambda):
+            bound |= {a.arg for a in child.args.args}
+    names: dict[str, ast.Name] = {}
+    for child in ast.walk(node):
+        if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Load):
+            if child.id not in bound:
+                names.setdefault(child.id, child)
+    return list(names.values())
+

@@ -1,0 +1,195 @@
+"""What structure extraction produces: constructions bound in ``__init__`` and call steps of
+``forward`` (and the other methods), connected by data flow.
+
+Control flow is kept as *contexts*: a context is a set of ``(branch_point, arm)`` pairs naming the
+arms of ``if``/loop/``try`` statements a step sits in. Two things can happen on one execution path
+exactly when their contexts agree on every shared branch point, so a single linear pass gives the
+same answers as enumerating every path (paper Fig. 3) without the exponential blow-up; paths are
+enumerated only to print them.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+Context = frozenset  # frozenset[tuple[int, int]]: (branch point id, arm index)
+EMPTY_CONTEXT: Context = frozenset()
+
+
+def consistent(*contexts: Context) -> bool:
+    """True when all contexts can hold on one execution path."""
+    arms: dict[int, int] = {}
+    for context in contexts:
+        for point, arm in context:
+            if arms.setdefault(point, arm) != arm:
+                return False
+    return True
+
+
+class _Missing:
+    def __repr__(self) -> str:
+        return "<not a constant>"
+
+
+NOT_CONSTANT = _Missing()
+
+
+@dataclass(frozen=True)
+class Flow:
+    """A value that may reach a use, and the branch arms it must have come through."""
+
+    value: int
+    context: Context = EMPTY_CONTEXT
+
+
+@dataclass(eq=False)
+class Operand:
+    """An argument as the analysis sees it: its expression, constant value, data-flow sources,
+    and the submodule it names when it names one (``self.dense``)."""
+
+    node: ast.AST | None = None
+    flows: tuple[Flow, ...] = ()
+    constant: object = NOT_CONSTANT
+    module: ModuleRef | None = None
+    label: str | None = None
+
+    @property
+    def is_constant(self) -> bool:
+        return self.constant is not NOT_CONSTANT
+
+    @property
+    def text(self) -> str:
+        if self.label is None:
+            self.label = ast.unparse(self.node) if self.node is not None else "?"
+        return self.label
+
+
+@dataclass
+class ModuleRef:
+    """A submodule reached from ``self``: its attribute path and how it may have been built."""
+
+    path: str
+    constructions: list[Construction]
+
+
+@dataclass
+class Construction:
+    """One way an attribute is built in ``__init__``: ``self.dense = nn.Linear(a, b)``."""
+
+    kind: str
+    arguments: dict[str, Operand]
+    positional: list[Operand]
+    path: str
+    line: int
+    column: int
+    context: Context = EMPTY_CONTEXT
+    node: ast.AST | None = None
+    elements: list[Construction] = field(default_factory=list)
+    container: str | None = None  # "list" (ModuleList/ModuleDict) or "sequential"
+    method: str = "__init__"
+    condition: str = ""
+
+    def describe(self) -> str:
+        args = [op.text for op in self.positional]
+        args += [f"{k}={op.text}" for k, op in self.arguments.items() if k not in _positional_names(self)]
+        return f"@{self.kind}({', '.join(args)})"
+
+
+def _positional_names(construction: Construction) -> set[str]:
+    return {key for key, op in construction.arguments.items() if op in construction.positional}
+
+
+@dataclass
+class Step:
+    """One call (or operator) executed by a method, in three-address form.
+
+    ``kind`` is the canonical callee: the constructor of the submodule called
+    (``torch.nn.Linear``), a canonical function (``torch.nn.functional.softmax``), an operator
+    (``add``), a tensor method (``Tensor.view``) or an opaque method (``self._split_heads``).
+    """
+
+    id: int
+    kind: str
+    positional: list[Operand]
+    arguments: dict[str, Operand]
+    output: int
+    line: int
+    column: int
+    context: Context
+    cls: str | None
+    method: str
+    path: str
+    node: ast.AST | None = None
+    statement: ast.stmt | None = None
+    module: str | None = None
+    construction: Construction | None = None
+    alternatives: list[Construction] = field(default_factory=list)
+    transparent: bool = False  # a summary of an inlined call: its uses are not counted
+    synthetic: bool = False  # no call text of its own (an element of an nn.Sequential)
+    inline_chain: tuple[str, ...] = ()
+
+    def operands(self) -> list[Operand]:
+        seen: list[Operand] = []
+        for operand in [*self.positional, *self.arguments.values()]:
+            if not any(operand is other for other in seen):
+                seen.append(operand)
+        return seen
+
+
+@dataclass(frozen=True)
+class Use:
+    """A use of a value: by a step, or by something that is not a step (``step`` is None), such
+    as a ``return``, a condition or an attribute store."""
+
+    step: int | None
+    context: Context
+    where: str = ""
+
+
+@dataclass
+class FunctionFlow:
+    """The analysed body of one method (or module-level function), callees inlined."""
+
+    cls: str | None
+    method: str
+    path: str
+    line: int
+    steps: list[Step] = field(default_factory=list)
+    uses: dict[int, list[Use]] = field(default_factory=dict)
+    producers: dict[int, int] = field(default_factory=dict)
+    branch_labels: dict[int, list[str]] = field(default_factory=dict)
+    value_names: dict[int, str] = field(default_factory=dict)
+    truncated: bool = False
+
+    def consumers(self, value: int) -> list[Use]:
+        return self.uses.get(value, [])
+
+
+@dataclass
+class ClassInfo:
+    """A class of the analysed file, with its ``__init__`` bindings when it is a module."""
+
+    name: str
+    path: str
+    line: int
+    bases: list[str]
+    is_module: bool
+    node: ast.ClassDef
+    bindings: dict[str, list[Construction]] = field(default_factory=dict)
+    methods: dict[str, ast.FunctionDef] = field(default_factory=dict)
+    flows: dict[str, FunctionFlow] = field(default_factory=dict)
+
+
+@dataclass
+class FileStructure:
+    """Everything extraction learned about one source file."""
+
+    path: str
+    classes: dict[str, ClassInfo] = field(default_factory=dict)
+    functions: dict[str, FunctionFlow] = field(default_factory=dict)
+    imports: dict[str, str] = field(default_factory=dict)
+
+    def all_flows(self) -> list[FunctionFlow]:
+        flows = [flow for info in self.classes.values() for flow in info.flows.values()]
+        return flows + list(self.functions.values())

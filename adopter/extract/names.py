@@ -1,0 +1,118 @@
+"""Canonical spellings: import aliases resolved to dotted names, equivalent functions folded into
+one name, and arguments of well-known callees normalised to their parameter names.
+
+Equivalent spellings folded together (the rule files match the canonical name):
+
+* ``torch.softmax``, ``torch.nn.functional.softmax``, ``Tensor.softmax`` (``x.softmax(dim)``)
+  -> ``torch.nn.functional.softmax``; likewise ``dropout``.
+* ``a + b``, ``torch.add(a, b)``, ``a.add(b)`` -> ``add``.
+* ``nn.functional`` through any import alias (``F``, ``nn.functional``, ``torch.nn.functional``).
+"""
+
+from __future__ import annotations
+
+import ast
+
+# Callee -> canonical callee.
+FUNCTION_ALIASES: dict[str, str] = {
+    "torch.softmax": "torch.nn.functional.softmax",
+    "torch.special.softmax": "torch.nn.functional.softmax",
+    "Tensor.softmax": "torch.nn.functional.softmax",
+    "torch.dropout": "torch.nn.functional.dropout",
+    "Tensor.add": "add",
+    "torch.add": "add",
+    "Tensor.matmul": "matmul",
+    "torch.matmul": "matmul",
+}
+
+# Parameter names, in order, of callees whose arguments rules look at. A trailing "=value" gives
+# the default, filled in when the call leaves the parameter out.
+SIGNATURES: dict[str, tuple[str, ...]] = {
+    "torch.nn.functional.softmax": ("input", "dim=None", "_stacklevel=3", "dtype=None"),
+    "torch.softmax": ("input", "dim", "dtype=None"),
+    "Tensor.softmax": ("input", "dim", "dtype=None"),
+    "torch.nn.functional.dropout": ("input", "p=0.5", "training=True", "inplace=False"),
+    "torch.nn.Linear": ("in_features", "out_features", "bias=True", "device=None", "dtype=None"),
+    "torch.nn.Conv1d": (
+        "in_channels", "out_channels", "kernel_size", "stride=1", "padding=0", "dilation=1",
+        "groups=1", "bias=True", "padding_mode='zeros'", "device=None", "dtype=None",
+    ),
+    "torch.nn.Conv2d": (
+        "in_channels", "out_channels", "kernel_size", "stride=1", "padding=0", "dilation=1",
+        "groups=1", "bias=True", "padding_mode='zeros'", "device=None", "dtype=None",
+    ),
+    "torch.nn.Conv3d": (
+        "in_channels", "out_channels", "kernel_size", "stride=1", "padding=0", "dilation=1",
+        "groups=1", "bias=True", "padding_mode='zeros'", "device=None", "dtype=None",
+    ),
+    "torch.nn.BatchNorm1d": (
+        "num_features", "eps=1e-05", "momentum=0.1", "affine=True", "track_running_stats=True",
+        "device=None", "dtype=None",
+    ),
+    "torch.nn.BatchNorm2d": (
+        "num_features", "eps=1e-05", "momentum=0.1", "affine=True", "track_running_stats=True",
+        "device=None", "dtype=None",
+    ),
+    "torch.nn.LayerNorm": (
+        "normalized_shape", "eps=1e-05", "elementwise_affine=True", "bias=True", "device=None",
+        "dtype=None",
+    ),
+    "torch.nn.Dropout": ("p=0.5", "inplace=False"),
+    "torch.nn.Softmax": ("dim=None",),
+    "add": ("input", "other"),
+}
+
+
+def parameter_names(callee: str) -> tuple[list[str], dict[str, object]]:
+    """Parameter names and defaults of a known callee (empty when unknown)."""
+    names: list[str] = []
+    defaults: dict[str, object] = {}
+    for entry in SIGNATURES.get(callee, ()):
+        name, _, default = entry.partition("=")
+        names.append(name)
+        if default:
+            defaults[name] = ast.literal_eval(default)
+    return names, defaults
+
+
+def canonical_function(name: str) -> str:
+    return FUNCTION_ALIASES.get(name, name)
+
+
+def dotted_suffix_match(pattern: str, kind: str) -> bool:
+    """``ACT2FN`` matches ``activations.ACT2FN``; ``torch.nn.Linear`` matches only itself."""
+    return kind == pattern or kind.endswith("." + pattern)
+
+
+class ImportTable:
+    """Resolves names of one module to dotted paths through its imports."""
+
+    def __init__(self) -> None:
+        self.aliases: dict[str, str] = {}
+
+    def add(self, node: ast.Import | ast.ImportFrom) -> None:
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.asname:
+                    self.aliases[alias.asname] = alias.name
+                else:
+                    top = alias.name.split(".")[0]
+                    self.aliases[top] = top
+            return
+        module = node.module or ""
+        for alias in node.names:
+            if alias.name == "*":
+                continue
+            full = f"{module}.{alias.name}" if module else alias.name
+            self.aliases[alias.asname or alias.name] = full
+
+    def resolve(self, node: ast.expr) -> str | None:
+        """Dotted name of ``a.b.c`` with its head resolved through the imports."""
+        parts: list[str] = []
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name):
+            return None
+        head = self.aliases.get(node.id, node.id)
+        return ".".join([head, *reversed(parts)])

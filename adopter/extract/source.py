@@ -1,0 +1,57 @@
+"""Reading and parsing Python source without ever executing it."""
+
+from __future__ import annotations
+
+import ast
+import io
+import tokenize
+from pathlib import Path
+
+from ..dsl.errors import LocatedError
+
+
+class SourceError(LocatedError):
+    """A source file that cannot be read or parsed."""
+
+
+def decode_source(data: bytes, path: str) -> str:
+    """Decode bytes as Python does: a PEP 263 coding cookie, else UTF-8."""
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    except SyntaxError as error:
+        raise SourceError(path, 1, 1, f"unreadable encoding declaration: {error}") from None
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
+        raise SourceError(
+            path, line, column, f"cannot decode byte 0x{data[error.start]:02x} as {encoding}"
+        ) from None
+    return text[1:] if text.startswith("\ufeff") else text
+
+
+def read_source(path: str | Path) -> str:
+    """Read a Python file; raises :class:`SourceError` with a location on any failure."""
+    name = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise SourceError(name, 0, 0, "no such file") from None
+    except IsADirectoryError:
+        raise SourceError(name, 0, 0, "is a directory, not a file") from None
+    except OSError as error:
+        raise SourceError(name, 0, 0, f"cannot read: {error.strerror}") from None
+    return decode_source(data, name)
+
+
+def parse_source(text: str, path: str) -> ast.Module:
+    """Parse with the standard library only; syntax errors become :class:`SourceError`."""
+    try:
+        return ast.parse(text, filename=path)
+    except SyntaxError as error:
+        raise SourceError(
+            path, error.lineno or 1, error.offset or 1, f"invalid Python: {error.msg}"
+        ) from None
+    except ValueError as error:  # e.g. null bytes
+        raise SourceError(path, 1, 1, f"invalid Python: {error}") from None

@@ -1,0 +1,183 @@
+"""Whole-file structure extraction: classes, which of them are modules, their ``__init__``
+bindings and the data flow of each method. Parses with :mod:`ast`; never imports the code."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+
+from .constructions import InitAnalyzer, InitContext
+from .flow import FlowBuilder
+from .model import ClassInfo, Construction, FileStructure, FunctionFlow
+from .names import ImportTable
+from .source import parse_source, read_source
+
+# Bases that make a class a module without seeing their source.
+MODULE_BASES = ("torch.nn.Module",)
+MODULE_BASE_SUFFIXES = ("PreTrainedModel", "Module", "Layer", "Block", "Model")
+
+
+class FileAnalysis:
+    """Analyses one parsed module; ``opaque_methods`` are method names kept as steps."""
+
+    def __init__(
+        self, tree: ast.Module, path: str, opaque_methods: Iterable[str] = ()
+    ) -> None:
+        self.tree = tree
+        self.path = path
+        self.opaque_methods = frozenset(name.removeprefix("self.") for name in opaque_methods)
+        self.imports = ImportTable()
+        self.functions: dict[str, ast.FunctionDef] = {}
+        self.class_nodes: dict[str, ast.ClassDef] = {}
+        self.classes: dict[str, ClassInfo] = {}
+        self._branch = 0
+        self._collect(tree.body)
+
+    def next_branch(self) -> int:
+        self._branch += 1
+        return self._branch
+
+    def _collect(self, statements: list[ast.stmt]) -> None:
+        for node in statements:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                self.imports.add(node)
+            elif isinstance(node, ast.FunctionDef):
+                self.functions[node.name] = node
+            elif isinstance(node, ast.ClassDef):
+                self.class_nodes[node.name] = node
+            elif isinstance(node, ast.If):
+                self._collect(node.body)
+                self._collect(node.orelse)
+            elif isinstance(node, ast.Try):
+                self._collect(node.body)
+                for handler in node.handlers:
+                    self._collect(handler.body)
+                self._collect(node.orelse)
+
+    # -- classes -----------------------------------------------------------------------------
+    def local_class(self, kind: str) -> ClassInfo | None:
+        info = self.classes.get(kind)
+        return info if info is not None and info.is_module else None
+
+    def _base_names(self, node: ast.ClassDef) -> list[str]:
+        return [name for base in node.bases if (name := self.imports.resolve(base)) is not None]
+
+    def _is_module(self, name: str, seen: set[str]) -> bool:
+        node = self.class_nodes.get(name)
+        if node is None or name in seen:
+            return False
+        seen.add(name)
+        for base in self._base_names(node):
+            if base in self.class_nodes:
+                if self._is_module(base, seen):
+                    return True
+            elif base.startswith("torch.nn.") or base in MODULE_BASES:
+                return True
+            elif base.split(".")[-1].endswith(MODULE_BASE_SUFFIXES) and "." in self.imports.aliases.get(
+                base.split(".")[0], base
+            ):
+                return True
+        return False
+
+    def local_parents(self, info: ClassInfo) -> list[ClassInfo]:
+        """The class's ancestors defined in this file, nearest first (a simple MRO)."""
+        order: list[ClassInfo] = []
+        pending = [b for b in info.bases if b in self.classes]
+        while pending:
+            name = pending.pop(0)
+            parent = self.classes[name]
+            if parent not in order:
+                order.append(parent)
+                pending.extend(b for b in parent.bases if b in self.classes)
+        return order
+
+    def method(self, info: ClassInfo, name: str) -> ast.FunctionDef | None:
+        if name in info.methods:
+            return info.methods[name]
+        for parent in self.local_parents(info):
+            if name in parent.methods:
+                return parent.methods[name]
+        return None
+
+    def parent_method(self, info: ClassInfo, name: str) -> ast.FunctionDef | None:
+        for parent in self.local_parents(info):
+            if name in parent.methods:
+                return parent.methods[name]
+        return None
+
+    def analyse(self) -> FileStructure:
+        for name, node in self.class_nodes.items():
+            self.classes[name] = ClassInfo(
+                name=name,
+                path=self.path,
+                line=node.lineno,
+                bases=self._base_names(node),
+                is_module=self._is_module(name, set()),
+                node=node,
+                methods={
+                    item.name: item
+                    for item in node.body
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+                },
+            )
+        done: set[str] = set()
+        for info in self.classes.values():
+            self._bind(info, done)
+        structure = FileStructure(path=self.path, classes=self.classes, imports=self.imports.aliases)
+        for info in self.classes.values():
+            for name, function in info.methods.items():
+                if name == "__init__" or not isinstance(function, ast.FunctionDef):
+                    continue
+                if _is_static_helper(function):
+                    continue
+                info.flows[name] = self._flow(info, function)
+        for name, function in self.functions.items():
+            structure.functions[name] = self._flow(None, function)
+        return structure
+
+    def _bind(self, info: ClassInfo, done: set[str]) -> None:
+        if info.name in done:
+            return
+        done.add(info.name)
+        inherited: dict[str, list[Construction]] = {}
+        for parent in reversed(self.local_parents(info)):
+            self._bind(parent, done)
+            inherited.update(parent.bindings)
+        init = info.methods.get("__init__")
+        if not info.is_module or not isinstance(init, ast.FunctionDef):
+            info.bindings = inherited
+            return
+        context = InitContext(
+            imports=self.imports,
+            path=self.path,
+            functions=self.functions,
+            methods=lambda name: self.method(info, name),
+            next_branch=self.next_branch,
+        )
+        info.bindings = InitAnalyzer(context, inherited).run(init)
+
+    def _flow(self, info: ClassInfo | None, function: ast.FunctionDef) -> FunctionFlow:
+        flow = FunctionFlow(
+            cls=info.name if info else None,
+            method=function.name,
+            path=self.path,
+            line=function.lineno,
+        )
+        return FlowBuilder(self, flow).build_root(info, function)
+
+
+def _is_static_helper(function: ast.FunctionDef) -> bool:
+    names = {d.id for d in function.decorator_list if isinstance(d, ast.Name)}
+    return bool(names & {"staticmethod", "classmethod", "property"})
+
+
+def analyse_source(
+    text: str, path: str = "<string>", opaque_methods: Iterable[str] = ()
+) -> FileStructure:
+    """Extract the structure of Python source text (raises SourceError on invalid Python)."""
+    tree = parse_source(text, path)
+    return FileAnalysis(tree, path, opaque_methods).analyse()
+
+
+def analyse_file(path: str, opaque_methods: Iterable[str] = ()) -> FileStructure:
+    return analyse_source(read_source(path), path, opaque_methods)

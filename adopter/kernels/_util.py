@@ -1,0 +1,150 @@
+"""Shared helpers: "is this module stock?" checks and parameter-version keyed caches.
+
+The fused kernels only take their fast path when the modules they are handed behave exactly
+like the stock PyTorch class: the ``forward`` is not overridden (LoRA / quantised subclasses
+override it), no forward or backward hooks are registered (hooks would be skipped by the fused
+path) and the parameters are plain dense tensors (not tensor subclasses). Everything else goes
+through the original modules.
+
+Derived tensors (folded BatchNorm weights, concatenated QKV weights) are cached per owner module
+in a :class:`weakref.WeakKeyDictionary`. An entry is keyed on, for every source tensor, its
+identity, ``data_ptr``, ``_version`` counter, dtype, device and shape, plus the inference-mode
+flag. In-place updates through autograd-visible ops (``optimizer.step()``,
+``load_state_dict``, ``param.mul_()`` under ``no_grad``) bump ``_version`` and ``.to()`` /
+``param.data = ...`` change ``data_ptr``, so both invalidate the entry. Writes that bypass the
+version counter (``param.data.copy_(...)``) cannot be seen; call :func:`clear_caches` after
+those.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    "cached",
+    "clear_caches",
+    "grad_needed",
+    "has_hooks",
+    "is_plain",
+    "plain_tensors",
+]
+
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_GLOBAL_HOOK_DICTS = (
+    "_global_forward_hooks",
+    "_global_forward_pre_hooks",
+    "_global_backward_hooks",
+    "_global_backward_pre_hooks",
+)
+
+
+def has_hooks(module: nn.Module) -> bool:
+    """True when ``module`` (or the global module registry) has any forward/backward hook."""
+    for name in _HOOK_DICTS:
+        if getattr(module, name, None):
+            return True
+    registry = nn.modules.module
+    return any(getattr(registry, name, None) for name in _GLOBAL_HOOK_DICTS)
+
+
+def is_plain(module: object, *bases: type[nn.Module]) -> bool:
+    """True when ``module`` runs the stock ``forward`` of one of ``bases`` without hooks."""
+    if not isinstance(module, nn.Module):
+        return False
+    forward = type(module).forward
+    if not any(forward is base.forward for base in bases):
+        return False
+    return not has_hooks(module)
+
+
+_PLAIN_TENSOR_TYPES = (torch.Tensor, nn.Parameter)
+
+
+def plain_tensors(*tensors: torch.Tensor | None) -> bool:
+    """True when every non-``None`` argument is a dense, strided, non-subclass tensor."""
+    for t in tensors:
+        if t is None:
+            continue
+        if type(t) not in _PLAIN_TENSOR_TYPES or t.layout != torch.strided or t.is_meta:
+            return False
+    return True
+
+
+def grad_needed(*tensors: torch.Tensor | None) -> bool:
+    """Whether autograd will record an op on ``tensors`` (grad mode on and one requires grad)."""
+    if not torch.is_grad_enabled():
+        return False
+    return any(t is not None and t.requires_grad for t in tensors)
+
+
+_CACHE: weakref.WeakKeyDictionary[nn.Module, dict[str, tuple[Hashable, Any, tuple]]]
+_CACHE = weakref.WeakKeyDictionary()
+
+
+def clear_caches() -> None:
+    """Drop every cached derived tensor (folded BatchNorm weights, concatenated QKV weights)."""
+    _CACHE.clear()
+
+
+def _tensor_key(t: torch.Tensor | None) -> Hashable | None:
+    if t is None:
+        return ("none",)
+    if t.is_inference() and not torch.is_inference_mode_enabled():
+        return None
+    try:
+        version = t._version
+    except RuntimeError:  # inference tensors have no version counter
+        return None
+    return (id(t), t.data_ptr(), version, t.dtype, t.device, tuple(t.shape), tuple(t.stride()))
+
+
+def _cache_allowed() -> bool:
+    if torch.jit.is_tracing() or torch.jit.is_scripting():
+        return False
+    return not torch.compiler.is_compiling()
+
+
+def cached(
+    owner: nn.Module,
+    slot: str,
+    sources: Sequence[torch.Tensor | None],
+    extra: Hashable,
+    build: Callable[[], Any],
+) -> Any:
+    """Return ``build()``, memoised on ``owner`` while ``sources`` are unchanged.
+
+    The caller decides whether caching is legal (no autograd recording through ``sources``);
+    this function only handles keying and invalidation. ``extra`` carries non-tensor inputs
+    (``eps``, split sizes, ...) that must also match.
+    """
+    if not _cache_allowed():
+        return build()
+    keys = []
+    for t in sources:
+        key = _tensor_key(t)
+        if key is None:
+            return build()
+        keys.append(key)
+    full_key = (tuple(keys), extra, torch.is_inference_mode_enabled())
+    slots = _CACHE.get(owner)
+    if slots is not None:
+        entry = slots.get(slot)
+        if entry is not None and entry[0] == full_key:
+            return entry[1]
+    value = build()
+    if slots is None:
+        slots = {}
+        _CACHE[owner] = slots
+    # Keep the source tensors alive with the entry so their ids cannot be recycled.
+    slots[slot] = (full_key, value, tuple(sources))
+    return value
+
+
+def cache_size() -> int:
+    """Number of cached entries (for tests and diagnostics)."""
+    return sum(len(slots) for slots in list(_CACHE.values()))
