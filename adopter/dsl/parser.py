@@ -183,6 +183,12 @@ class RuleParser:
             expr = _ToSyntax().transform(expr_node)
         except Exception as exc:  # Lark wraps transformer errors
             raise self.error(node, str(getattr(exc, "orig_exc", exc))) from None
+        if construct and isinstance(expr, Index):
+            # `@ACT2FN[$name] -> $act`: a module looked up rather than constructed.
+            expr = Call(expr, (Rest(),))
+            lookup = True
+        else:
+            lookup = False
         if isinstance(expr, Var) or not isinstance(expr, Call):
             raise self.error(node, f"a step must be a call such as `f($x) -> $y`, got `{expr}`")
         targets: tuple[Var, ...] = ()
@@ -193,6 +199,7 @@ class RuleParser:
             args=expr.args,
             targets=targets,
             construct=construct,
+            lookup=lookup,
             line=node.meta.line,
             column=node.meta.column,
         )

@@ -109,11 +109,13 @@ class Step:
     args: tuple[Arg, ...]
     targets: tuple[Var, ...] = ()
     construct: bool = False
+    lookup: bool = False  # `@ACT2FN[$name]`: looked up by subscript, not called
     line: int = 0
     column: int = 0
 
     def __str__(self) -> str:
-        text = f"{'@' if self.construct else ''}{self.callee}({', '.join(map(str, self.args))})"
+        call = "" if self.lookup else f"({', '.join(map(str, self.args))})"
+        text = f"{'@' if self.construct else ''}{self.callee}{call}"
         if len(self.targets) == 1:
             text += f" -> {self.targets[0]}"
         elif self.targets:

@@ -1,0 +1,74 @@
+"""Folding an eval-mode BatchNorm into the weights of the preceding conv / linear layer.
+
+In eval mode ``BN(y) = (y - mean) / sqrt(var + eps) * gamma + beta`` is a per-channel affine map,
+so for ``y = W x + b``::
+
+    scale = gamma / sqrt(var + eps)
+    W'    = W * scale            (per output channel)
+    b'    = (b - mean) * scale + beta
+
+and ``BN(W x + b) == W' x + b'``. The fold costs O(weights); the unfused BatchNorm costs a full
+extra pass over the (usually much larger) activation. The arithmetic runs in at least fp32 and
+the result is cast to the layer's weight dtype. Every op is differentiable, so when autograd
+records through the parameters the fold is simply recomputed per call and gradients reach
+``W``, ``b``, ``gamma`` and ``beta``; otherwise the folded tensors are cached (see
+:mod:`adopter.kernels._util`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ._util import cached, grad_needed, is_plain, plain_tensors
+
+__all__ = ["bn_foldable", "folded_weight_bias"]
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def bn_foldable(bn: nn.Module, weight: torch.Tensor, out_channels: int) -> bool:
+    """Whether ``bn`` (following a layer with ``weight``) can be folded right now."""
+    if not is_plain(bn, nn.modules.batchnorm._BatchNorm):
+        return False
+    if bn.training or bn.running_mean is None or bn.running_var is None:
+        return False
+    if bn.num_features != out_channels:
+        return False
+    tensors = (bn.weight, bn.bias, bn.running_mean, bn.running_var)
+    if not plain_tensors(*tensors):
+        return False
+    for t in tensors:
+        if t is None:
+            continue
+        if t.device != weight.device:
+            return False
+        # Same dtype, or the mixed-precision layout F.batch_norm accepts (half data, fp32 stats).
+        if t.dtype != weight.dtype and not (weight.dtype in _HALF and t.dtype == torch.float32):
+            return False
+    return True
+
+
+def _fold(weight: torch.Tensor, bias: torch.Tensor | None,
+          bn: nn.modules.batchnorm._BatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    acc = torch.promote_types(torch.promote_types(weight.dtype, bn.running_var.dtype),
+                              torch.float32)
+    inv_std = torch.rsqrt(bn.running_var.to(acc) + bn.eps)
+    scale = inv_std if bn.weight is None else bn.weight.to(acc) * inv_std
+    centred = -bn.running_mean.to(acc) if bias is None else bias.to(acc) - bn.running_mean.to(acc)
+    new_bias = centred * scale
+    if bn.bias is not None:
+        new_bias = new_bias + bn.bias.to(acc)
+    view = (-1,) + (1,) * (weight.dim() - 1)
+    new_weight = weight.to(acc) * scale.view(view)
+    return new_weight.to(weight.dtype), new_bias.to(weight.dtype)
+
+
+def folded_weight_bias(owner: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None,
+                       bn: nn.modules.batchnorm._BatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(W', b')`` for ``bn(layer(x))``; cached on ``owner`` unless autograd needs the graph."""
+    if grad_needed(weight, bias, bn.weight, bn.bias):
+        return _fold(weight, bias, bn)
+    sources = (weight, bias, bn.weight, bn.bias, bn.running_mean, bn.running_var)
+    return cached(owner, f"bn_fold:{id(bn)}", sources, float(bn.eps),
+                  lambda: _fold(weight, bias, bn))

@@ -1,0 +1,57 @@
+"""``batch_norm(conv(x))`` with the BatchNorm folded into the convolution in eval mode.
+
+Why it is faster: an eval-mode BatchNorm is a per-channel affine map, so it can be absorbed
+into the convolution's weight and bias (see :mod:`adopter.kernels._fold`). The model then runs
+one convolution instead of a convolution plus a full read/write pass over its output; under
+``torch.no_grad`` / ``inference_mode`` the folded weights are cached and recomputed only when a
+parameter or running statistic changes (version counter / storage pointer).
+
+When it falls back (runs ``batch_norm(conv(x))`` unchanged):
+
+* training mode, or no running statistics (``track_running_stats=False``): the normalisation
+  statistics depend on the convolution output, so there is nothing to fold; the original
+  modules run, which keeps running-stat updates (momentum, cumulative average with
+  ``momentum=None``, ``num_batches_tracked``) exactly as before;
+* anything other than a stock ``nn.Conv1d/2d/3d`` followed by a stock ``_BatchNorm`` subclass
+  (overridden ``forward`` such as ``SyncBatchNorm``, hooks, tensor-subclass parameters);
+* unbatched input (``Conv1d`` on ``(C, L)`` would hand BatchNorm1d a 2-D tensor whose meaning
+  differs) or mismatched channel counts / dtypes / devices.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ._fold import bn_foldable, folded_weight_bias
+from ._util import is_plain, plain_tensors
+
+__all__ = ["conv_batch_norm"]
+
+_CONVS: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+_SPATIAL = {nn.Conv1d.forward: 1, nn.Conv2d.forward: 2, nn.Conv3d.forward: 3}
+_BN_FOR_DIMS: dict[int, type[nn.Module]] = {
+    1: nn.BatchNorm1d,
+    2: nn.BatchNorm2d,
+    3: nn.BatchNorm3d,
+}
+
+
+def conv_batch_norm(x: torch.Tensor, conv: nn.Module, batch_norm: nn.Module) -> torch.Tensor:
+    """Return ``batch_norm(conv(x))``, folding the BatchNorm into ``conv`` in eval mode.
+
+    Gradients w.r.t. ``x``, the conv weight/bias and the BatchNorm weight/bias are correct on
+    every path: with autograd recording, the fold is recomputed differentiably each call.
+    """
+    if not is_plain(conv, *_CONVS):
+        return batch_norm(conv(x))
+    weight, bias = conv.weight, conv.bias
+    spatial = _SPATIAL[type(conv).forward]
+    if x.dim() != spatial + 2 or not plain_tensors(x, weight, bias):
+        return batch_norm(conv(x))
+    if not isinstance(batch_norm, _BN_FOR_DIMS[spatial]):
+        return batch_norm(conv(x))
+    if not bn_foldable(batch_norm, weight, conv.out_channels):
+        return batch_norm(conv(x))
+    new_weight, new_bias = folded_weight_bias(conv, weight, bias, batch_norm)
+    return conv._conv_forward(x, new_weight, new_bias)

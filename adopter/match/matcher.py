@@ -1,0 +1,578 @@
+"""Sub-sequence matching of rule patterns against extracted structure, along data flow.
+
+A pattern's steps must be found in execution order, each consuming what the previous one
+produced where the pattern says so (``-> $h`` then ``f($h)``), on one feasible execution path.
+A ``$module`` callee ties a ``forward`` step to the ``__init__`` construction of the attribute it
+calls (scope analysis): the construction must match the rule's ``init`` pattern for that variable.
+A match whose intermediate value is also used elsewhere on the same path is kept, but marked not
+applicable: fusing it would remove a value the rest of the code still reads.
+
+Rules are indexed by the callee of their first step, so adding rules adds no per-rule pass over
+the code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from ..dsl.syntax import (
+    DETECT_ONLY,
+    Call,
+    Expr,
+    Index,
+    Keyword,
+    Literal,
+    Name,
+    Positional,
+    Rest,
+    Rule,
+    Step,
+    Var,
+    Wildcard,
+)
+from ..extract.model import (
+    EMPTY_CONTEXT,
+    Construction,
+    Context,
+    FileStructure,
+    Flow,
+    FunctionFlow,
+    Operand,
+    consistent,
+)
+from ..extract.model import Step as FlowStep
+from ..extract.names import dotted_suffix_match
+
+MAX_CANDIDATES = 2000  # per pattern step, a guard against pathological files
+
+
+@dataclass
+class Site:
+    """One place where a rule applies (or would, but for another use of a fused value)."""
+
+    rule: Rule
+    path: str
+    line: int
+    column: int
+    cls: str | None
+    method: str
+    applicable: bool = True
+    reason: str = ""
+    steps: list[FlowStep] = field(default_factory=list)
+    where_steps: list[FlowStep] = field(default_factory=list)
+    constructions: dict[str, Construction] = field(default_factory=dict)
+    bindings: dict[str, object] = field(default_factory=dict)
+    flow: FunctionFlow | None = None
+
+    @property
+    def key(self) -> tuple[str, str, int, int]:
+        return (self.rule.id, self.path, self.line, self.column)
+
+    @property
+    def message(self) -> str:
+        return self.rule.message or self.rule.description or self.rule.name
+
+    def as_record(self) -> dict[str, object]:
+        record: dict[str, object] = {
+            "rule": self.rule.id,
+            "name": self.rule.name,
+            "path": self.path,
+            "line": self.line,
+            "col": self.column,
+            "class": self.cls,
+            "method": self.method,
+            "message": self.message,
+        }
+        if not self.applicable:
+            record["applicable"] = False
+            record["reason"] = self.reason
+        return record
+
+
+@dataclass(frozen=True)
+class _Output:
+    """A pattern variable bound to a value produced by a matched step."""
+
+    value: int
+    step: FlowStep
+
+
+@dataclass(frozen=True)
+class _Module:
+    """A pattern variable bound to a submodule (``self.dense``)."""
+
+    path: str
+    construction: Construction
+
+
+@dataclass
+class _State:
+    bindings: dict[str, object]
+    steps: list[FlowStep]
+    context: Context
+    constructions: dict[str, Construction]
+
+    def copy(self) -> _State:
+        return _State(dict(self.bindings), list(self.steps), self.context, dict(self.constructions))
+
+
+class CompiledRule:
+    """A rule prepared for matching: init patterns keyed by the variable they bind."""
+
+    def __init__(self, rule: Rule) -> None:
+        self.rule = rule
+        self.forward: tuple[Step, ...] = rule.forward.steps if rule.forward else ()
+        self.where: tuple[Step, ...] = rule.forward.where if rule.forward else ()
+        self.init_by_var: dict[str, Step] = {}
+        if rule.init:
+            for step in rule.init.steps:
+                for target in step.targets:
+                    self.init_by_var[target.name] = step
+        replacement = rule.forward.replacement if rule.forward else None
+        kept: set[str] = set()
+        if isinstance(replacement, tuple):
+            kept = {t.name for step in replacement for t in step.targets}
+        final = {t.name for t in self.forward[-1].targets} if self.forward else set()
+        self.intermediates = [
+            t.name
+            for step in self.forward
+            for t in step.targets
+            if t.name not in kept and (replacement not in (None, DETECT_ONLY) or t.name not in final)
+        ]
+
+    @property
+    def first(self) -> Step | None:
+        return self.forward[0] if self.forward else None
+
+
+class Matcher:
+    """Matches a rule set against extracted files."""
+
+    def __init__(self, rules: list[Rule]) -> None:
+        self.rules = [CompiledRule(rule) for rule in rules]
+        self._kind_cache: dict[tuple[str, str], bool] = {}
+
+    @property
+    def opaque_methods(self) -> set[str]:
+        """Callees like ``self._split_heads`` that rules name, so extraction must not inline."""
+        names: set[str] = set()
+        for compiled in self.rules:
+            for step in compiled.forward + compiled.where:
+                if isinstance(step.callee, Name) and step.callee.dotted.startswith("self."):
+                    names.add(step.callee.dotted[len("self."):])
+        return names
+
+    # -- driver ------------------------------------------------------------------------------
+    def match_file(self, structure: FileStructure) -> list[Site]:
+        found: dict[tuple[str, str, int, int], Site] = {}
+        for flow in structure.all_flows():
+            index = self._index(flow)
+            for compiled in self.rules:
+                if compiled.first is None:
+                    continue
+                for site in self._match_flow(compiled, flow, index):
+                    previous = found.get(site.key)
+                    if previous is None or (previous.applicable and not site.applicable):
+                        found[site.key] = site
+        for compiled in self.rules:
+            if compiled.first is None:
+                for site in self._match_init_only(compiled, structure):
+                    found.setdefault(site.key, site)
+        return sorted(found.values(), key=lambda s: (s.path, s.line, s.column, s.rule.id))
+
+    def _index(self, flow: FunctionFlow) -> dict[str, list[FlowStep]]:
+        index: dict[str, list[FlowStep]] = {}
+        for step in flow.steps:
+            kinds = {step.kind} | {c.kind for c in step.alternatives}
+            for kind in kinds:
+                index.setdefault(kind, []).append(step)
+        return index
+
+    def _kinds_matching(self, pattern: str, index: dict[str, list[FlowStep]]) -> Iterator[str]:
+        for kind in index:
+            key = (pattern, kind)
+            hit = self._kind_cache.get(key)
+            if hit is None:
+                hit = self._kind_cache[key] = _kind_matches(pattern, kind)
+            if hit:
+                yield kind
+
+    # -- forward matching --------------------------------------------------------------------
+    def _match_flow(
+        self, compiled: CompiledRule, flow: FunctionFlow, index: dict[str, list[FlowStep]]
+    ) -> Iterator[Site]:
+        first = compiled.first
+        assert first is not None
+        for step in self._candidates(compiled, first, index, flow, None):
+            state = _State({}, [], EMPTY_CONTEXT, {})
+            new_state = self._unify(compiled, first, step, state, flow)
+            if new_state is None:
+                continue
+            for final in self._search(compiled, compiled.forward, 1, new_state, flow, index):
+                where_state = next(
+                    self._search(compiled, compiled.where, 0, final, flow, index), None
+                )
+                if compiled.where and where_state is None:
+                    continue
+                yield self._site(compiled, flow, final, where_state)
+                break
+
+    def _search(
+        self,
+        compiled: CompiledRule,
+        pattern: tuple[Step, ...],
+        position: int,
+        state: _State,
+        flow: FunctionFlow,
+        index: dict[str, list[FlowStep]],
+    ) -> Iterator[_State]:
+        if position == len(pattern):
+            yield state
+            return
+        pattern_step = pattern[position]
+        for step in self._candidates(compiled, pattern_step, index, flow, state):
+            if any(step is seen for seen in state.steps):
+                continue
+            if pattern is compiled.forward and state.steps and step.id <= state.steps[-1].id:
+                continue
+            new_state = self._unify(compiled, pattern_step, step, state, flow)
+            if new_state is not None:
+                yield from self._search(compiled, pattern, position + 1, new_state, flow, index)
+
+    def _candidates(
+        self,
+        compiled: CompiledRule,
+        pattern_step: Step,
+        index: dict[str, list[FlowStep]],
+        flow: FunctionFlow,
+        state: _State | None,
+    ) -> list[FlowStep]:
+        # Follow data flow when the step consumes a value the match already produced.
+        if state is not None:
+            for arg in pattern_step.args:
+                value = arg.value if isinstance(arg, (Positional, Keyword)) else None
+                if isinstance(value, Var) and isinstance(state.bindings.get(value.name), _Output):
+                    produced = state.bindings[value.name]
+                    assert isinstance(produced, _Output)
+                    steps = [
+                        flow.steps[use.step]
+                        for use in flow.consumers(produced.value)
+                        if use.step is not None
+                    ]
+                    return list({id(s): s for s in steps}.values())[:MAX_CANDIDATES]
+        callee = pattern_step.callee
+        if isinstance(callee, Var):
+            bound = state.bindings.get(callee.name) if state else None
+            if isinstance(bound, _Module):
+                kinds = [bound.construction.kind]
+            else:
+                init = compiled.init_by_var.get(callee.name)
+                if init is None or not isinstance(_callee_name(init.callee), str):
+                    return [s for s in flow.steps if s.module is not None][:MAX_CANDIDATES]
+                kinds = list(self._kinds_matching(_callee_name(init.callee), index))
+        else:
+            name = _callee_name(callee)
+            if name is None:
+                return []
+            kinds = list(self._kinds_matching(name, index))
+        steps: dict[int, FlowStep] = {}
+        for kind in kinds:
+            for step in index.get(kind, ()):
+                steps[step.id] = step
+        return [steps[k] for k in sorted(steps)][:MAX_CANDIDATES]
+
+    def _unify(
+        self,
+        compiled: CompiledRule,
+        pattern_step: Step,
+        step: FlowStep,
+        state: _State,
+        flow: FunctionFlow,
+    ) -> _State | None:
+        new = state.copy()
+        contexts = [new.context, step.context]
+        callee = pattern_step.callee
+        if isinstance(callee, Var):
+            if step.module is None:
+                return None
+            bound = new.bindings.get(callee.name)
+            if isinstance(bound, _Module):
+                if bound.path != step.module:
+                    return None
+            elif bound is not None:
+                return None
+            else:
+                init = compiled.init_by_var.get(callee.name)
+                chosen = None
+                for construction in step.alternatives:
+                    if init is None:
+                        chosen = construction
+                        break
+                    trial = new.copy()
+                    if self._unify_construction(init, construction, trial):
+                        chosen, new = construction, trial
+                        break
+                if chosen is None:
+                    return None
+                contexts.append(chosen.context)
+                new.bindings[callee.name] = _Module(step.module, chosen)
+                new.constructions[callee.name] = chosen
+        else:
+            matched_kind = False
+            for kind, context in _step_kinds(step):
+                if _callee_matches(callee, kind, new.bindings):
+                    matched_kind = True
+                    contexts.append(context)
+                    break
+            if not matched_kind:
+                return None
+        edges = self._unify_arguments(pattern_step.args, step, new)
+        if edges is None:
+            return None
+        contexts.extend(edges)
+        if not consistent(*contexts):
+            return None
+        for context in contexts:
+            new.context = new.context | context
+        for target in pattern_step.targets:
+            new.bindings[target.name] = _Output(step.output, step)
+        new.steps.append(step)
+        return new
+
+    def _unify_arguments(
+        self, args: tuple, step: FlowStep, state: _State
+    ) -> list[Context] | None:
+        edges: list[Context] = []
+        has_rest = any(isinstance(a, Rest) for a in args)
+        positional_patterns = [a for a in args if isinstance(a, Positional)]
+        if not has_rest and len(step.positional) > len(positional_patterns) + sum(
+            isinstance(a, Keyword) for a in args
+        ):
+            return None
+        commutative = step.kind in ("add", "mul") and len(positional_patterns) == 2
+        orders = [step.positional]
+        if commutative and len(step.positional) == 2:
+            orders.append(list(reversed(step.positional)))
+        for operands in orders:
+            trial = state.copy()
+            trial_edges: list[Context] = []
+            ok = True
+            for position, arg in enumerate(positional_patterns):
+                operand = operands[position] if position < len(operands) else None
+                if operand is None:
+                    names = _signature_names(step)
+                    if position < len(names):
+                        operand = step.arguments.get(names[position])
+                if operand is None or not _unify_value(arg.value, operand, trial, trial_edges):
+                    ok = False
+                    break
+            if ok:
+                for arg in args:
+                    if isinstance(arg, Keyword):
+                        operand = step.arguments.get(arg.key)
+                        if operand is None or not _unify_value(
+                            arg.value, operand, trial, trial_edges
+                        ):
+                            ok = False
+                            break
+            if ok:
+                state.bindings = trial.bindings
+                edges.extend(trial_edges)
+                return edges
+        return None
+
+    def _unify_construction(self, pattern: Step, construction: Construction, state: _State) -> bool:
+        name = _callee_name(pattern.callee)
+        if name is None or not _kind_matches(name, construction.kind):
+            if not (
+                isinstance(pattern.callee, Index)
+                and _callee_matches(pattern.callee, construction.kind, state.bindings)
+            ):
+                return False
+        if isinstance(pattern.callee, Index) and not _callee_matches(
+            pattern.callee, construction.kind, state.bindings
+        ):
+            return False
+        has_rest = any(isinstance(a, Rest) for a in pattern.args)
+        positional = [a for a in pattern.args if isinstance(a, Positional)]
+        if not has_rest and len(construction.positional) > len(positional) + sum(
+            isinstance(a, Keyword) for a in pattern.args
+        ):
+            return False
+        edges: list[Context] = []
+        for position, arg in enumerate(positional):
+            if position >= len(construction.positional):
+                return False
+            if not _unify_value(arg.value, construction.positional[position], state, edges):
+                return False
+        for arg in pattern.args:
+            if isinstance(arg, Keyword):
+                operand = construction.arguments.get(arg.key)
+                if operand is None or not _unify_value(arg.value, operand, state, edges):
+                    return False
+        return True
+
+    # -- results -----------------------------------------------------------------------------
+    def _site(
+        self,
+        compiled: CompiledRule,
+        flow: FunctionFlow,
+        state: _State,
+        where_state: _State | None,
+    ) -> Site:
+        rule = compiled.rule
+        first = state.steps[0]
+        if rule.site == "init":
+            variable = _first_module_var(compiled)
+            construction = state.constructions.get(variable) if variable else None
+            anchor_line = construction.line if construction else first.line
+            anchor_column = construction.column if construction else first.column
+        else:
+            anchor_line, anchor_column = first.line, first.column
+        matched = list(where_state.steps if where_state else state.steps)
+        site = Site(
+            rule=rule,
+            path=flow.path,
+            line=anchor_line,
+            column=anchor_column,
+            cls=first.cls,
+            method=first.method,
+            steps=state.steps,
+            where_steps=matched[len(state.steps):],
+            constructions=state.constructions,
+            bindings=dict((where_state or state).bindings),
+            flow=flow,
+        )
+        matched_ids = {step.id for step in matched}
+        context = (where_state or state).context
+        for name in compiled.intermediates:
+            produced = state.bindings.get(name)
+            if not isinstance(produced, _Output):
+                continue
+            for use in flow.consumers(produced.value):
+                if use.step is not None and (
+                    use.step in matched_ids or flow.steps[use.step].transparent
+                ):
+                    continue
+                if not consistent(context, use.context):
+                    continue
+                where = (
+                    f"line {flow.steps[use.step].line}" if use.step is not None else use.where
+                )
+                site.applicable = False
+                site.reason = (
+                    f"${name} (line {produced.step.line}) is also used elsewhere ({where})"
+                )
+                return site
+        return site
+
+    def _match_init_only(self, compiled: CompiledRule, structure: FileStructure) -> Iterator[Site]:
+        assert compiled.rule.init is not None
+        pattern = compiled.rule.init.steps[0]
+        for info in structure.classes.values():
+            for attribute, constructions in info.bindings.items():
+                for construction in constructions:
+                    state = _State({}, [], EMPTY_CONTEXT, {})
+                    if self._unify_construction(pattern, construction, state):
+                        yield Site(
+                            rule=compiled.rule,
+                            path=structure.path,
+                            line=construction.line,
+                            column=construction.column,
+                            cls=info.name,
+                            method=construction.method,
+                            constructions={attribute: construction},
+                            bindings=state.bindings,
+                        )
+
+
+def _first_module_var(compiled: CompiledRule) -> str | None:
+    for step in compiled.forward:
+        if isinstance(step.callee, Var) and step.callee.name in compiled.init_by_var:
+            return step.callee.name
+    return next(iter(compiled.init_by_var), None)
+
+
+def _signature_names(step: FlowStep) -> list[str]:
+    from ..extract.names import parameter_names
+
+    return parameter_names(step.kind)[0]
+
+
+def _step_kinds(step: FlowStep) -> Iterator[tuple[str, Context]]:
+    if step.alternatives:
+        for construction in step.alternatives:
+            yield construction.kind, construction.context
+    else:
+        yield step.kind, EMPTY_CONTEXT
+
+
+def _callee_name(callee: Expr) -> str | None:
+    if isinstance(callee, Name):
+        return callee.dotted
+    if isinstance(callee, Index) and isinstance(callee.base, Name):
+        return callee.base.dotted
+    return None
+
+
+def _kind_matches(pattern: str, kind: str) -> bool:
+    base = kind.split("[", 1)[0] if "[" in kind and "[" not in pattern else kind
+    return dotted_suffix_match(pattern, base)
+
+
+def _callee_matches(callee: Expr, kind: str, bindings: dict[str, object]) -> bool:
+    if isinstance(callee, Name):
+        return "[" not in kind and dotted_suffix_match(callee.dotted, kind)
+    if isinstance(callee, Index) and isinstance(callee.base, Name):
+        base, bracket, rest = kind.partition("[")
+        if not bracket or not dotted_suffix_match(callee.base.dotted, base):
+            return False
+        item = rest[:-1]
+        if isinstance(callee.item, Var):
+            bound = bindings.get(callee.item.name)
+            if bound is None:
+                bindings[callee.item.name] = item
+                return True
+            return bound == item
+        if isinstance(callee.item, Wildcard):
+            return True
+        return str(callee.item) == item
+    return False
+
+
+def _unify_value(pattern: Expr, operand: Operand, state: _State, edges: list[Context]) -> bool:
+    if isinstance(pattern, Wildcard):
+        return True
+    if isinstance(pattern, Literal):
+        return operand.is_constant and operand.constant == pattern.value and type(
+            operand.constant
+        ) is type(pattern.value)
+    if isinstance(pattern, Name):
+        return operand.text == pattern.dotted
+    if isinstance(pattern, (Index, Call)):
+        return operand.text == str(pattern)
+    assert isinstance(pattern, Var)
+    bound = state.bindings.get(pattern.name)
+    if bound is None:
+        state.bindings[pattern.name] = operand
+        return True
+    if isinstance(bound, _Output):
+        for flow in operand.flows:
+            if flow.value == bound.value:
+                edges.append(flow.context)
+                return True
+        return False
+    if isinstance(bound, _Module):
+        return operand.module is not None and operand.module.path == bound.path
+    if isinstance(bound, Operand):
+        if bound.flows or operand.flows:
+            return _values(bound.flows) == _values(operand.flows)
+        if bound.is_constant or operand.is_constant:
+            return bound.constant == operand.constant
+        return bound.text == operand.text
+    return isinstance(bound, str) and bound == operand.text
+
+
+def _values(flows: tuple[Flow, ...]) -> frozenset[int]:
+    return frozenset(flow.value for flow in flows)
