@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ast
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from lark import Lark, Token, Transformer, Tree, v_args
@@ -49,7 +49,7 @@ _TOKEN_DESCRIPTIONS = {
 }
 
 
-@lru_cache(maxsize=None)
+@cache
 def _parser(start: str) -> Lark:
     return Lark(
         _GRAMMAR.read_text(encoding="utf-8"),
@@ -57,6 +57,7 @@ def _parser(start: str) -> Lark:
         parser="lalr",
         propagate_positions=True,
         maybe_placeholders=False,
+        cache=True,  # the LALR tables are rebuilt only when the grammar changes
     )
 
 
@@ -137,19 +138,25 @@ class RuleParser:
         except UnexpectedEOF as error:
             lines = self.text.splitlines() or [""]
             raise DslError(
-                self.path, len(lines), len(lines[-1]) + 1,
+                self.path,
+                len(lines),
+                len(lines[-1]) + 1,
                 f"unexpected end of input; expected {_expected(error)}",
             ) from None
         except UnexpectedToken as error:
             found = "end of input" if error.token.type == "$END" else repr(str(error.token))
             raise DslError(
-                self.path, error.line, error.column,
+                self.path,
+                error.line,
+                error.column,
                 f"unexpected {found}; expected {_expected(error)}",
             ) from None
         except UnexpectedCharacters as error:
             char = self.text[error.pos_in_stream] if error.pos_in_stream < len(self.text) else ""
             raise DslError(
-                self.path, error.line, error.column,
+                self.path,
+                error.line,
+                error.column,
                 f"unexpected character {char!r}; expected {_expected(error)}",
             ) from None
 
@@ -261,7 +268,9 @@ class RuleParser:
             if (kind == "init") != step.construct:
                 expect = "must" if kind == "init" else "must not"
                 raise DslError(
-                    self.path, step.line, step.column,
+                    self.path,
+                    step.line,
+                    step.column,
                     f"rule {rule_id}: a step in {kind!r} {expect} be marked with '@'",
                 )
         return Section(kind, tuple(steps), tuple(where), replacement)
@@ -281,7 +290,9 @@ class RuleParser:
                 unknown = sorted(used - bound)
                 if unknown:
                     raise DslError(
-                        self.path, step.line, step.column,
+                        self.path,
+                        step.line,
+                        step.column,
                         f"rule {rule.id}: replacement uses unbound variable(s) "
                         + ", ".join(f"${name}" for name in unknown),
                     )
@@ -324,11 +335,11 @@ def load_rule_file(path: str | Path) -> list[Rule]:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise DslError(str(path), 0, 0, "rule file not found") from None
+        raise DslError(str(path), 1, 1, "rule file not found") from None
     except UnicodeDecodeError as error:
         raise DslError(str(path), 1, error.start + 1, "rule file is not valid UTF-8") from None
     except OSError as error:
-        raise DslError(str(path), 0, 0, f"cannot read rule file: {error.strerror}") from None
+        raise DslError(str(path), 1, 1, f"cannot read rule file: {error.strerror}") from None
     doc = leading_comment(text)
     return [_with_doc(rule, doc) for rule in parse_rules(text, str(path))]
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 
 @dataclass(frozen=True)
@@ -66,7 +65,7 @@ class Call:
         return f"{self.base}({', '.join(map(str, self.args))})"
 
 
-Expr = Union[Var, Name, Literal, Wildcard, Index, Call]
+Expr = Var | Name | Literal | Wildcard | Index | Call
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,7 @@ class Rest:
         return "..."
 
 
-Arg = Union[Positional, Keyword, Rest]
+Arg = Positional | Keyword | Rest
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from .model import EMPTY_CONTEXT, NOT_CONSTANT, Construction, Context, Operand
+from .model import EMPTY_CONTEXT, NOT_CONSTANT, BranchPoint, Construction, Context, Operand
 from .names import ImportTable, parameter_names
 
 MAX_FACTORY_DEPTH = 3
@@ -68,7 +68,7 @@ class InitContext:
     functions: dict[str, ast.FunctionDef]
     methods: Callable[[str], ast.FunctionDef | None]
     next_branch: Callable[[], int]
-    branch_labels: dict[int, list[str]] = field(default_factory=dict)
+    branch_labels: dict[int, BranchPoint] = field(default_factory=dict)
 
 
 class InitAnalyzer:
@@ -99,21 +99,23 @@ class InitAnalyzer:
         elif isinstance(node, ast.AnnAssign) and node.value is not None:
             self.assign(node.target, node.value)
         elif isinstance(node, ast.If):
-            self.branch(node, [node.body, node.orelse], ast.unparse(node.test))
-        elif isinstance(node, (ast.For, ast.While)):
-            self.branch(node, [node.body + node.orelse, []], "loop")
+            self.branch([node.body, node.orelse], BranchPoint("if", node.test))
+        elif isinstance(node, ast.For):
+            self.branch([node.body + node.orelse, []], BranchPoint("loop", node.iter))
+        elif isinstance(node, ast.While):
+            self.branch([node.body + node.orelse, []], BranchPoint("while", node.test))
         elif isinstance(node, ast.Try):
             arms = [node.body + node.orelse] + [h.body for h in node.handlers]
-            self.branch(node, arms, "try")
+            self.branch(arms, BranchPoint("try", None, len(arms)))
             self.block(node.finalbody)
         elif isinstance(node, ast.With):
             self.block(node.body)
         elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
             self.expression_call(node.value)
 
-    def branch(self, node: ast.stmt, arms: list[list[ast.stmt]], label: str) -> None:
+    def branch(self, arms: list[list[ast.stmt]], branch: BranchPoint) -> None:
         point = self.ctx.next_branch()
-        self.ctx.branch_labels[point] = [label] + [f"else#{i}" for i in range(1, len(arms))]
+        self.ctx.branch_labels[point] = branch
         outer = self.context
         for arm, statements in enumerate(arms):
             self.context = outer | {(point, arm)}
@@ -179,7 +181,7 @@ class InitAnalyzer:
             return list(self.bindings.get(attr, []))
         if isinstance(value, ast.IfExp):
             point = self.ctx.next_branch()
-            self.ctx.branch_labels[point] = [ast.unparse(value.test), "else"]
+            self.ctx.branch_labels[point] = BranchPoint("if", value.test)
             outer = self.context
             found = []
             for arm, sub in enumerate((value.body, value.orelse)):
@@ -189,8 +191,10 @@ class InitAnalyzer:
             return found
         if isinstance(value, ast.Subscript):
             kind = call_kind(value, self.ctx.imports)
-            if kind is None or isinstance(value.value, ast.Attribute) and self_attribute(
-                value.value
+            if (
+                kind is None
+                or isinstance(value.value, ast.Attribute)
+                and self_attribute(value.value)
             ):
                 return []
             return [self.make(kind, value, [], {})]
@@ -214,7 +218,9 @@ class InitAnalyzer:
                 if len(value.args) == 1 and isinstance(value.args[0], ast.Call):
                     inner = call_kind(value.args[0].func, self.ctx.imports)
                     if inner == "collections.OrderedDict":
-                        items = _list_items(value.args[0].args[0]) if value.args[0].args else iter(())
+                        items = (
+                            _list_items(value.args[0].args[0]) if value.args[0].args else iter(())
+                        )
             else:
                 items = _list_items(value.args[0]) if value.args else iter(())
             for item in items:

@@ -19,6 +19,7 @@ from .constructions import call_kind, constant_value, normalise_arguments, self_
 from .model import (
     EMPTY_CONTEXT,
     NOT_CONSTANT,
+    BranchPoint,
     ClassInfo,
     Construction,
     Context,
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from .structure import FileAnalysis
 
 MAX_CALL_DEPTH = 4  # nested inlined methods / functions
-MAX_CLASS_DEPTH = 2  # nested inlined submodule classes
+MAX_CLASS_DEPTH = 1  # nested inlined submodule classes
 MAX_STEPS = 20000  # per analysed root; beyond it the flow is marked truncated
 
 BINARY_OPERATORS = {
@@ -73,6 +74,8 @@ class Frame:
     returned_tuples: list[list[Operand]] = field(default_factory=list)
     class_depth: int = 0
     inlined: bool = False
+    scripted: bool = False
+    chain: tuple[str, ...] = ()  # methods inlined to reach this frame
 
 
 class FlowBuilder:
@@ -90,7 +93,12 @@ class FlowBuilder:
 
     # -- entry -------------------------------------------------------------------------------
     def build_root(self, cls: ClassInfo | None, function: ast.FunctionDef) -> FunctionFlow:
-        frame = Frame(cls=cls, self_path="self" if cls else None, method=function.name)
+        frame = Frame(
+            cls=cls,
+            self_path="self" if cls else None,
+            method=function.name,
+            scripted=is_scripted(function, self.analysis),
+        )
         arguments = function.args
         for arg in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]:
             if cls is not None and arg is (arguments.posonlyargs + arguments.args)[:1][0]:
@@ -152,15 +160,15 @@ class FlowBuilder:
             raise _Terminated
         elif isinstance(node, ast.If):
             self.escape(self.expr(node.test), "condition")
-            self.branches([node.body, node.orelse], [ast.unparse(node.test), "else"])
+            self.branches([node.body, node.orelse], BranchPoint("if", node.test))
         elif isinstance(node, (ast.For, ast.AsyncFor)):
             self.loop_target(node.target, node.iter)
-            self.branches([node.body, []], [f"loop over {ast.unparse(node.iter)}", "no iteration"])
+            self.branches([node.body, []], BranchPoint("loop", node.iter))
             if node.orelse:
                 self.block(node.orelse)
         elif isinstance(node, ast.While):
             self.escape(self.expr(node.test), "condition")
-            self.branches([node.body, []], [f"while {ast.unparse(node.test)}", "no iteration"])
+            self.branches([node.body, []], BranchPoint("while", node.test))
             self.block(node.orelse)
         elif isinstance(node, (ast.With, ast.AsyncWith)):
             for item in node.items:
@@ -170,7 +178,7 @@ class FlowBuilder:
             self.block(node.body)
         elif isinstance(node, ast.Try):
             arms = [node.body + node.orelse] + [handler.body for handler in node.handlers]
-            self.branches(arms, ["try"] + ["except"] * len(node.handlers))
+            self.branches(arms, BranchPoint("try", None, len(arms)))
             self.block(node.finalbody)
         elif isinstance(node, ast.Assert):
             self.escape(self.expr(node.test), "assert")
@@ -184,12 +192,14 @@ class FlowBuilder:
                     self.frame.env.pop(target.id, None)
         elif isinstance(node, ast.Match):
             self.escape(self.expr(node.subject), "match")
-            self.branches([case.body for case in node.cases], ["case"] * len(node.cases))
+            self.branches(
+                [case.body for case in node.cases], BranchPoint("match", None, len(node.cases))
+            )
 
-    def branches(self, arms: list[list[ast.stmt]], labels: list[str]) -> None:
+    def branches(self, arms: list[list[ast.stmt]], branch: BranchPoint) -> None:
         """Analyse alternative arms from the same state, then merge what flows out of them."""
         point = self.analysis.next_branch()
-        self.flow.branch_labels[point] = labels
+        self.flow.branch_labels[point] = branch
         frame = self.frame
         outer_context = self.context
         entry_env, entry_modules = dict(frame.env), dict(frame.modules)
@@ -347,7 +357,8 @@ class FlowBuilder:
             alternatives=list(module.constructions) if module else [],
             transparent=transparent,
             synthetic=synthetic_at is not None,
-            inline_chain=tuple(f.method for f in self.frames[1:]),
+            scripted=frame.scripted,
+            inline_chain=frame.chain,
         )
         self.flow.steps.append(step)
         self.flow.producers[output] = step.id
@@ -409,14 +420,16 @@ class FlowBuilder:
             constant = constant_value(node) if isinstance(node, ast.Tuple) else NOT_CONSTANT
             if constant is not NOT_CONSTANT:
                 return Operand(node=node, constant=constant)
-            result = self.emit("tuple" if isinstance(node, ast.Tuple) else "list", node, elements, {})
+            result = self.emit(
+                "tuple" if isinstance(node, ast.Tuple) else "list", node, elements, {}
+            )
             if not any(isinstance(e, ast.Starred) for e in node.elts):
                 self.tuples[result.flows[0].value] = elements
             return result
         if isinstance(node, ast.IfExp):
             self.escape(self.expr(node.test), "condition")
             point = self.analysis.next_branch()
-            self.flow.branch_labels[point] = [ast.unparse(node.test), "else"]
+            self.flow.branch_labels[point] = BranchPoint("if", node.test)
             outer = self.context
             flows: list[Flow] = []
             for arm, sub in enumerate((node.body, node.orelse)):
@@ -429,7 +442,17 @@ class FlowBuilder:
             value = self.expr(node.value)
             self.assign(node.target, value, node.value)
             return value
-        # Anything else (comparisons, comprehensions, f-strings, lambdas...): one opaque step
+        if isinstance(node, ast.Compare):
+            operands = [self.expr(child) for child in (node.left, *node.comparators)]
+            return self.emit("compare", node, operands, {})
+        if isinstance(node, ast.BoolOp):
+            return self.emit("boolop", node, [self.expr(child) for child in node.values], {})
+        if isinstance(node, ast.Slice):
+            parts = [self.expr(p) for p in (node.lower, node.upper, node.step) if p is not None]
+            if not any(part.flows for part in parts):
+                return Operand(node=node)
+            return self.emit("slice", node, parts, {})
+        # Anything else (comprehensions, f-strings, lambdas...): one opaque step
         # that uses every variable the expression reads, so no use goes unnoticed.
         operands = [self.expr(child) for child in _read_names(node)]
         return self.emit(type(node).__name__.lower(), node, operands, {})
@@ -477,9 +500,7 @@ class FlowBuilder:
 
     # -- calls -------------------------------------------------------------------------------
     def arguments(self, node: ast.Call) -> tuple[list[Operand], dict[str, Operand]]:
-        positional = [
-            self.expr(a.value if isinstance(a, ast.Starred) else a) for a in node.args
-        ]
+        positional = [self.expr(a.value if isinstance(a, ast.Starred) else a) for a in node.args]
         keywords: dict[str, Operand] = {}
         for keyword in node.keywords:
             keywords[keyword.arg or f"**{len(keywords)}"] = self.expr(keyword.value)
@@ -532,7 +553,9 @@ class FlowBuilder:
             function = self.analysis.functions[func.id]
             return self.inline(function, None, None, positional, keywords, node)
         canonical = canonical_function(kind)
-        return self.emit(canonical, node, positional, normalise_arguments(kind, positional, keywords))
+        return self.emit(
+            canonical, node, positional, normalise_arguments(kind, positional, keywords)
+        )
 
     def call_module(
         self,
@@ -587,6 +610,8 @@ class FlowBuilder:
             method=function.name,
             class_depth=self.frame.class_depth + (1 if class_call else 0),
             inlined=True,
+            scripted=self.frame.scripted or is_scripted(function, self.analysis),
+            chain=(*self.frame.chain, function.name),
         )
         self.bind_parameters(frame, function, positional, keywords, has_self=cls is not None)
         saved_context, saved_statement = self.context, self.statement
@@ -618,7 +643,9 @@ class FlowBuilder:
         if has_self and params:
             params = params[1:]
         defaults = dict(
-            zip([p.arg for p in params][len(params) - len(arguments.defaults):], arguments.defaults)
+            zip(
+                [p.arg for p in params][len(params) - len(arguments.defaults) :], arguments.defaults
+            )
         )
         for kw_param, kw_default in zip(arguments.kwonlyargs, arguments.kw_defaults):
             if kw_default is not None:
@@ -637,7 +664,7 @@ class FlowBuilder:
                 frame.modules[param.arg] = operand.module
             else:
                 frame.env[param.arg] = operand.flows
-        extra = positional[len(params):]
+        extra = positional[len(params) :]
         if arguments.vararg is not None:
             frame.env[arguments.vararg.arg] = tuple(f for op in extra for f in op.flows)
         if arguments.kwarg is not None:
@@ -645,6 +672,16 @@ class FlowBuilder:
             frame.env[arguments.kwarg.arg] = tuple(
                 f for key, op in keywords.items() if key not in names for f in op.flows
             )
+
+
+def is_scripted(function: ast.FunctionDef, analysis: FileAnalysis) -> bool:
+    """Decorated with ``torch.jit.script``: compiled by TorchScript, which cannot call into
+    arbitrary Python kernels."""
+    for decorator in function.decorator_list:
+        target = decorator.func if isinstance(decorator, ast.Call) else decorator
+        if analysis.imports.resolve(target) in ("torch.jit.script", "torch.jit.script_method"):
+            return True
+    return False
 
 
 class _Budget(Exception):
@@ -662,7 +699,6 @@ def _read_names(node: ast.AST) -> list[ast.expr]:
     names: dict[str, ast.Name] = {}
     for child in ast.walk(node):
         if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Load):
-            if child.id not in bound:
+            if child.id not in bound and child.id != "self":
                 names.setdefault(child.id, child)
     return list(names.values())
-

@@ -36,6 +36,28 @@ NOT_CONSTANT = _Missing()
 
 
 @dataclass(frozen=True)
+class BranchPoint:
+    """An ``if``/loop/``try``/``match`` whose arms split execution paths."""
+
+    kind: str
+    node: ast.AST | None = None
+    arms: int = 2
+
+    def label(self, arm: int) -> str:
+        """Human-readable condition of one arm (unparsed only when printed)."""
+        test = ast.unparse(self.node) if self.node is not None else ""
+        if self.kind == "if":
+            return test if arm == 0 else f"not ({test})"
+        if self.kind == "loop":
+            return f"loop over {test}" if arm == 0 else f"no iteration of {test}"
+        if self.kind == "while":
+            return f"while {test}" if arm == 0 else f"no iteration of while {test}"
+        if self.kind == "try":
+            return "try body" if arm == 0 else f"except handler {arm}"
+        return f"{self.kind} arm {arm}"
+
+
+@dataclass(frozen=True)
 class Flow:
     """A value that may reach a use, and the branch arms it must have come through."""
 
@@ -91,13 +113,17 @@ class Construction:
     condition: str = ""
 
     def describe(self) -> str:
+        """The construction as a DSL step callee, with the arguments the source spelled out."""
+        if "[" in self.kind and not self.positional and not self.arguments:
+            return f"@{self.kind}"
+        positional_ids = {id(op) for op in self.positional}
         args = [op.text for op in self.positional]
-        args += [f"{k}={op.text}" for k, op in self.arguments.items() if k not in _positional_names(self)]
+        args += [
+            f"{key}={op.text}"
+            for key, op in self.arguments.items()
+            if id(op) not in positional_ids and op.node is not None
+        ]
         return f"@{self.kind}({', '.join(args)})"
-
-
-def _positional_names(construction: Construction) -> set[str]:
-    return {key for key, op in construction.arguments.items() if op in construction.positional}
 
 
 @dataclass
@@ -127,6 +153,7 @@ class Step:
     alternatives: list[Construction] = field(default_factory=list)
     transparent: bool = False  # a summary of an inlined call: its uses are not counted
     synthetic: bool = False  # no call text of its own (an element of an nn.Sequential)
+    scripted: bool = False  # inside a @torch.jit.script function
     inline_chain: tuple[str, ...] = ()
 
     def operands(self) -> list[Operand]:
@@ -158,7 +185,7 @@ class FunctionFlow:
     steps: list[Step] = field(default_factory=list)
     uses: dict[int, list[Use]] = field(default_factory=dict)
     producers: dict[int, int] = field(default_factory=dict)
-    branch_labels: dict[int, list[str]] = field(default_factory=dict)
+    branch_labels: dict[int, BranchPoint] = field(default_factory=dict)
     value_names: dict[int, str] = field(default_factory=dict)
     truncated: bool = False
 
@@ -189,6 +216,7 @@ class FileStructure:
     classes: dict[str, ClassInfo] = field(default_factory=dict)
     functions: dict[str, FunctionFlow] = field(default_factory=dict)
     imports: dict[str, str] = field(default_factory=dict)
+    branch_labels: dict[int, BranchPoint] = field(default_factory=dict)
 
     def all_flows(self) -> list[FunctionFlow]:
         flows = [flow for info in self.classes.values() for flow in info.flows.values()]

@@ -37,11 +37,11 @@ def read_source(path: str | Path) -> str:
     try:
         data = Path(path).read_bytes()
     except FileNotFoundError:
-        raise SourceError(name, 0, 0, "no such file") from None
+        raise SourceError(name, 1, 1, "no such file") from None
     except IsADirectoryError:
-        raise SourceError(name, 0, 0, "is a directory, not a file") from None
+        raise SourceError(name, 1, 1, "is a directory, not a file") from None
     except OSError as error:
-        raise SourceError(name, 0, 0, f"cannot read: {error.strerror}") from None
+        raise SourceError(name, 1, 1, f"cannot read: {error.strerror}") from None
     return decode_source(data, name)
 
 

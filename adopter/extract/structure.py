@@ -4,11 +4,12 @@ bindings and the data flow of each method. Parses with :mod:`ast`; never imports
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable
 
 from .constructions import InitAnalyzer, InitContext
 from .flow import FlowBuilder
-from .model import ClassInfo, Construction, FileStructure, FunctionFlow
+from .model import BranchPoint, ClassInfo, Construction, FileStructure, FunctionFlow
 from .names import ImportTable
 from .source import parse_source, read_source
 
@@ -17,13 +18,22 @@ MODULE_BASES = ("torch.nn.Module",)
 MODULE_BASE_SUFFIXES = ("PreTrainedModel", "Module", "Layer", "Block", "Model")
 
 
+# `self.name` not followed by a call parenthesis: a method used as a value.
+_METHOD_REFERENCE = re.compile(r"\bself\.([A-Za-z_][A-Za-z0-9_]*)\b(?!\s*\()")
+
+
 class FileAnalysis:
     """Analyses one parsed module; ``opaque_methods`` are method names kept as steps."""
 
     def __init__(
-        self, tree: ast.Module, path: str, opaque_methods: Iterable[str] = ()
+        self,
+        tree: ast.Module,
+        path: str,
+        opaque_methods: Iterable[str] = (),
+        text: str = "",
     ) -> None:
         self.tree = tree
+        self.lines = text.splitlines()
         self.path = path
         self.opaque_methods = frozenset(name.removeprefix("self.") for name in opaque_methods)
         self.imports = ImportTable()
@@ -31,6 +41,7 @@ class FileAnalysis:
         self.class_nodes: dict[str, ast.ClassDef] = {}
         self.classes: dict[str, ClassInfo] = {}
         self._branch = 0
+        self.branch_labels: dict[int, BranchPoint] = {}
         self._collect(tree.body)
 
     def next_branch(self) -> int:
@@ -73,9 +84,9 @@ class FileAnalysis:
                     return True
             elif base.startswith("torch.nn.") or base in MODULE_BASES:
                 return True
-            elif base.split(".")[-1].endswith(MODULE_BASE_SUFFIXES) and "." in self.imports.aliases.get(
-                base.split(".")[0], base
-            ):
+            elif base.split(".")[-1].endswith(
+                MODULE_BASE_SUFFIXES
+            ) and "." in self.imports.aliases.get(base.split(".")[0], base):
                 return True
         return False
 
@@ -123,17 +134,33 @@ class FileAnalysis:
         done: set[str] = set()
         for info in self.classes.values():
             self._bind(info, done)
-        structure = FileStructure(path=self.path, classes=self.classes, imports=self.imports.aliases)
+        structure = FileStructure(
+            path=self.path,
+            classes=self.classes,
+            imports=self.imports.aliases,
+            branch_labels=self.branch_labels,
+        )
         for info in self.classes.values():
-            for name, function in info.methods.items():
-                if name == "__init__" or not isinstance(function, ast.FunctionDef):
-                    continue
-                if _is_static_helper(function):
-                    continue
-                info.flows[name] = self._flow(info, function)
-        for name, function in self.functions.items():
-            structure.functions[name] = self._flow(None, function)
+            if not info.is_module:
+                continue
+            for name in ["forward", *self._method_references(info)]:
+                function = self.method(info, name)
+                if isinstance(function, ast.FunctionDef) and name not in info.flows:
+                    info.flows[name] = self._flow(info, function)
         return structure
+
+    def _method_references(self, info: ClassInfo) -> list[str]:
+        """Methods the class passes around rather than calls: stored by ``__init__``
+        (``self.attn = self.dense_attn``, dispatch tables) or handed to a helper
+        (``apply_chunking_to_forward(self.ff_chunk, ...)``). ``forward`` reaches them indirectly,
+        so each is analysed as a root of its own."""
+        lines = self.lines[info.node.lineno - 1 : info.node.end_lineno]
+        found: list[str] = []
+        for match in _METHOD_REFERENCE.finditer("\n".join(lines)):
+            name = match.group(1)
+            if name in info.methods and name != "forward" and name not in found:
+                found.append(name)
+        return found
 
     def _bind(self, info: ClassInfo, done: set[str]) -> None:
         if info.name in done:
@@ -153,6 +180,7 @@ class FileAnalysis:
             functions=self.functions,
             methods=lambda name: self.method(info, name),
             next_branch=self.next_branch,
+            branch_labels=self.branch_labels,
         )
         info.bindings = InitAnalyzer(context, inherited).run(init)
 
@@ -162,13 +190,9 @@ class FileAnalysis:
             method=function.name,
             path=self.path,
             line=function.lineno,
+            branch_labels=self.branch_labels,
         )
         return FlowBuilder(self, flow).build_root(info, function)
-
-
-def _is_static_helper(function: ast.FunctionDef) -> bool:
-    names = {d.id for d in function.decorator_list if isinstance(d, ast.Name)}
-    return bool(names & {"staticmethod", "classmethod", "property"})
 
 
 def analyse_source(
@@ -176,7 +200,7 @@ def analyse_source(
 ) -> FileStructure:
     """Extract the structure of Python source text (raises SourceError on invalid Python)."""
     tree = parse_source(text, path)
-    return FileAnalysis(tree, path, opaque_methods).analyse()
+    return FileAnalysis(tree, path, opaque_methods, text).analyse()
 
 
 def analyse_file(path: str, opaque_methods: Iterable[str] = ()) -> FileStructure:

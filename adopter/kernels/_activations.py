@@ -90,13 +90,18 @@ def _clipped_gelu_(lo: float, hi: float, y: torch.Tensor) -> torch.Tensor:
 
 def _gelu_spec(approximate: str) -> ActSpec:
     name = "gelu" if approximate == "none" else "gelu_tanh"
-    return ActSpec(name, partial(F.gelu, approximate=approximate),
-                   partial(_gelu_, approximate=approximate))
+    return ActSpec(
+        name, partial(F.gelu, approximate=approximate), partial(_gelu_, approximate=approximate)
+    )
 
 
 _RELU = ActSpec("relu", F.relu, torch.relu_, inplace_under_grad=True)
-_RELU6 = ActSpec("relu6", partial(F.hardtanh, min_val=0.0, max_val=6.0),
-                 partial(F.hardtanh_, min_val=0.0, max_val=6.0), inplace_under_grad=True)
+_RELU6 = ActSpec(
+    "relu6",
+    partial(F.hardtanh, min_val=0.0, max_val=6.0),
+    partial(F.hardtanh_, min_val=0.0, max_val=6.0),
+    inplace_under_grad=True,
+)
 _SILU = ActSpec("silu", F.silu, partial(F.silu, inplace=True))
 _TANH = ActSpec("tanh", torch.tanh, torch.tanh_, inplace_under_grad=True)
 _SIGMOID = ActSpec("sigmoid", torch.sigmoid, torch.sigmoid_, inplace_under_grad=True)
@@ -165,8 +170,9 @@ def _from_transformers(act: nn.Module) -> ActSpec | None:
         lo, hi = getattr(act, "min", None), getattr(act, "max", None)
         if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
             lo, hi = float(lo), float(hi)
-            return ActSpec("gelu_clip", partial(_clipped_gelu, lo, hi),
-                           partial(_clipped_gelu_, lo, hi))
+            return ActSpec(
+                "gelu_clip", partial(_clipped_gelu, lo, hi), partial(_clipped_gelu_, lo, hi)
+            )
     return None
 
 
@@ -180,9 +186,12 @@ def resolve_activation(act: object) -> ActSpec | None:
             return _GELU_TANH if act.approximate == "tanh" else _GELU
         if cls is nn.LeakyReLU and not has_hooks(act):
             slope = float(act.negative_slope)
-            return ActSpec("leaky_relu", partial(F.leaky_relu, negative_slope=slope),
-                           partial(F.leaky_relu_, negative_slope=slope),
-                           inplace_under_grad=slope > 0.0)
+            return ActSpec(
+                "leaky_relu",
+                partial(F.leaky_relu, negative_slope=slope),
+                partial(F.leaky_relu_, negative_slope=slope),
+                inplace_under_grad=slope > 0.0,
+            )
         return _from_transformers(act)
     try:
         return _FUNCTIONS.get(act)  # type: ignore[arg-type]

@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _has_module(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
@@ -66,7 +66,7 @@ def flash_attn_available() -> bool:
     return _has_module("flash_attn")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_triton() -> ModuleType | None:
     """Import and return ``triton``, or ``None`` when it is missing or fails to import."""
     if not triton_available():
@@ -74,8 +74,11 @@ def load_triton() -> ModuleType | None:
     try:
         return importlib.import_module("triton")
     except Exception as exc:  # a broken install must not break the model
-        warnings.warn(f"adopter.kernels: triton is installed but failed to import: {exc}",
-                      RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"adopter.kernels: triton is installed but failed to import: {exc}",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
 
 

@@ -49,10 +49,12 @@ def bn_foldable(bn: nn.Module, weight: torch.Tensor, out_channels: int) -> bool:
     return True
 
 
-def _fold(weight: torch.Tensor, bias: torch.Tensor | None,
-          bn: nn.modules.batchnorm._BatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
-    acc = torch.promote_types(torch.promote_types(weight.dtype, bn.running_var.dtype),
-                              torch.float32)
+def _fold(
+    weight: torch.Tensor, bias: torch.Tensor | None, bn: nn.modules.batchnorm._BatchNorm
+) -> tuple[torch.Tensor, torch.Tensor]:
+    acc = torch.promote_types(
+        torch.promote_types(weight.dtype, bn.running_var.dtype), torch.float32
+    )
     inv_std = torch.rsqrt(bn.running_var.to(acc) + bn.eps)
     scale = inv_std if bn.weight is None else bn.weight.to(acc) * inv_std
     centred = -bn.running_mean.to(acc) if bias is None else bias.to(acc) - bn.running_mean.to(acc)
@@ -64,11 +66,16 @@ def _fold(weight: torch.Tensor, bias: torch.Tensor | None,
     return new_weight.to(weight.dtype), new_bias.to(weight.dtype)
 
 
-def folded_weight_bias(owner: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None,
-                       bn: nn.modules.batchnorm._BatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
+def folded_weight_bias(
+    owner: nn.Module,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    bn: nn.modules.batchnorm._BatchNorm,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(W', b')`` for ``bn(layer(x))``; cached on ``owner`` unless autograd needs the graph."""
     if grad_needed(weight, bias, bn.weight, bn.bias):
         return _fold(weight, bias, bn)
     sources = (weight, bias, bn.weight, bn.bias, bn.running_mean, bn.running_var)
-    return cached(owner, f"bn_fold:{id(bn)}", sources, float(bn.eps),
-                  lambda: _fold(weight, bias, bn))
+    return cached(
+        owner, f"bn_fold:{id(bn)}", sources, float(bn.eps), lambda: _fold(weight, bias, bn)
+    )

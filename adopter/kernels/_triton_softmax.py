@@ -45,8 +45,9 @@ def build_kernels() -> SimpleNamespace:
         tl.store(y_ptr + row * y_row_stride + offs, y.to(y_ptr.dtype.element_ty), mask=valid)
 
     @triton.jit
-    def _softmax_bwd(g_ptr, y_ptr, dx_ptr, n_cols, g_row_stride, y_row_stride, dx_row_stride,
-                     BLOCK: tl.constexpr):
+    def _softmax_bwd(
+        g_ptr, y_ptr, dx_ptr, n_cols, g_row_stride, y_row_stride, dx_row_stride, BLOCK: tl.constexpr
+    ):
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
         valid = offs < n_cols
@@ -56,8 +57,9 @@ def build_kernels() -> SimpleNamespace:
         dx = y * (g - dot)
         tl.store(dx_ptr + row * dx_row_stride + offs, dx.to(dx_ptr.dtype.element_ty), mask=valid)
 
-    return SimpleNamespace(fwd=_softmax_fwd, bwd=_softmax_bwd,
-                           next_power_of_2=triton.next_power_of_2)
+    return SimpleNamespace(
+        fwd=_softmax_fwd, bwd=_softmax_bwd, next_power_of_2=triton.next_power_of_2
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -89,15 +91,17 @@ class TritonSoftmax(torch.autograd.Function):
     """Autograd wrapper: saves the output only (softmax's gradient needs nothing else)."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, out_dtype: torch.dtype,
-                ks: SimpleNamespace) -> torch.Tensor:
+    def forward(
+        ctx: Any, x: torch.Tensor, out_dtype: torch.dtype, ks: SimpleNamespace
+    ) -> torch.Tensor:
         n_cols = x.shape[-1]
         x2 = x.view(-1, n_cols)
         y = torch.empty(x.shape, dtype=out_dtype, device=x.device)
         y2 = y.view(-1, n_cols)
         block = ks.next_power_of_2(n_cols)
-        ks.fwd[(x2.shape[0],)](x2, y2, n_cols, x2.stride(0), y2.stride(0), BLOCK=block,
-                               num_warps=_num_warps(block))
+        ks.fwd[(x2.shape[0],)](
+            x2, y2, n_cols, x2.stride(0), y2.stride(0), BLOCK=block, num_warps=_num_warps(block)
+        )
         ctx.save_for_backward(y)
         ctx.in_dtype = x.dtype
         ctx.ks = ks
@@ -113,12 +117,22 @@ class TritonSoftmax(torch.autograd.Function):
         dx = torch.empty(y.shape, dtype=ctx.in_dtype, device=y.device)
         dx2 = dx.view(-1, n_cols)
         block = ctx.ks.next_power_of_2(n_cols)
-        ctx.ks.bwd[(g2.shape[0],)](g2, y2, dx2, n_cols, g2.stride(0), y2.stride(0),
-                                   dx2.stride(0), BLOCK=block, num_warps=_num_warps(block))
+        ctx.ks.bwd[(g2.shape[0],)](
+            g2,
+            y2,
+            dx2,
+            n_cols,
+            g2.stride(0),
+            y2.stride(0),
+            dx2.stride(0),
+            BLOCK=block,
+            num_warps=_num_warps(block),
+        )
         return dx, None, None
 
 
-def triton_softmax(x: torch.Tensor, out_dtype: torch.dtype,
-                   ks: SimpleNamespace | None = None) -> torch.Tensor:
+def triton_softmax(
+    x: torch.Tensor, out_dtype: torch.dtype, ks: SimpleNamespace | None = None
+) -> torch.Tensor:
     """Last-dim softmax of contiguous ``x`` producing ``out_dtype`` (see :func:`supported`)."""
     return TritonSoftmax.apply(x, out_dtype, ks if ks is not None else kernels())

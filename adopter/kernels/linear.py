@@ -54,8 +54,9 @@ from ._util import cached, grad_needed, is_plain, plain_tensors
 __all__ = ["linear_batch_norm", "linear_bias_activation", "qkv_projection", "fused_linears"]
 
 
-def linear_bias_activation(x: torch.Tensor, linear: nn.Module,
-                           activation: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+def linear_bias_activation(
+    x: torch.Tensor, linear: nn.Module, activation: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
     """Return ``activation(linear(x))`` with the bias in the GEMM and a one-kernel activation."""
     if not is_plain(linear, nn.Linear):
         return activation(linear(x))
@@ -64,16 +65,24 @@ def linear_bias_activation(x: torch.Tensor, linear: nn.Module,
     if spec is None or not plain_tensors(x, weight, bias):
         return activation(F.linear(x, weight, bias))
     recording = grad_needed(x, weight, bias)
-    if (spec.name == "relu" and not recording and bias is not None and x.dim() >= 2
-            and x.dtype == weight.dtype == bias.dtype and x.device == weight.device):
+    if (
+        spec.name == "relu"
+        and not recording
+        and bias is not None
+        and x.dim() >= 2
+        and x.dtype == weight.dtype == bias.dtype
+        and x.device == weight.device
+        and not torch.is_autocast_enabled(x.device.type)
+    ):
         flat = x.reshape(-1, x.shape[-1])
         out = torch._addmm_activation(bias, flat, weight.t())
         return out.view(*x.shape[:-1], weight.shape[0])
     return spec.apply(F.linear(x, weight, bias), recording)
 
 
-def _concat(weights: Sequence[torch.Tensor],
-            biases: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _concat(
+    weights: Sequence[torch.Tensor], biases: Sequence[torch.Tensor | None]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     weight = torch.cat(list(weights), dim=0)
     if all(b is None for b in biases):
         return weight, None
@@ -110,8 +119,9 @@ def fused_linears(x: torch.Tensor, linears: Sequence[nn.Module]) -> tuple[torch.
         weight, bias = _concat(weights, biases)
     else:
         slot = "concat:" + ":".join(str(id(lin)) for lin in linears[1:])
-        weight, bias = cached(linears[0], slot, [*weights, *biases], sizes,
-                              lambda: _concat(weights, biases))
+        weight, bias = cached(
+            linears[0], slot, [*weights, *biases], sizes, lambda: _concat(weights, biases)
+        )
     out = F.linear(x, weight, bias)
     pieces = []
     start = 0
@@ -121,8 +131,9 @@ def fused_linears(x: torch.Tensor, linears: Sequence[nn.Module]) -> tuple[torch.
     return tuple(pieces)
 
 
-def qkv_projection(x: torch.Tensor, query: nn.Module, key: nn.Module,
-                   value: nn.Module) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def qkv_projection(
+    x: torch.Tensor, query: nn.Module, key: nn.Module, value: nn.Module
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Return ``(query(x), key(x), value(x))`` computed with a single matmul.
 
     The three modules must be ``nn.Linear`` with equal ``in_features`` (out_features and the

@@ -94,9 +94,16 @@ def _dropout_add(hidden: torch.Tensor, residual: torch.Tensor, p: float) -> torc
     return torch.addcmul(residual, hidden, mask, value=scale)
 
 
-def _fused_eager(hidden: torch.Tensor, residual: torch.Tensor, p: float, kind: str,
-                 shape: tuple[int, ...], weight: torch.Tensor | None,
-                 bias: torch.Tensor | None, eps: float | None) -> torch.Tensor:
+def _fused_eager(
+    hidden: torch.Tensor,
+    residual: torch.Tensor,
+    p: float,
+    kind: str,
+    shape: tuple[int, ...],
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    eps: float | None,
+) -> torch.Tensor:
     summed = F.dropout(hidden, p, True) + residual if p > 0.0 else hidden + residual
     if kind == "layer":
         return F.layer_norm(summed, shape, weight, bias, eps)
@@ -107,10 +114,7 @@ _compiled: dict[str, Callable[..., torch.Tensor]] = {}
 _compile_broken: list[str] = []
 
 
-def _compiled_fn() -> Callable[..., torch.Tensor] | None:
-    backend = _backend.compile_backend()
-    if backend in _compile_broken:
-        return None
+def _compiled_fn(backend: str) -> Callable[..., torch.Tensor]:
     fn = _compiled.get(backend)
     if fn is None:
         fn = torch.compile(_fused_eager, backend=backend, dynamic=True)
@@ -148,13 +152,14 @@ def dropout_add_layer_norm(
 
     spec = _norm_spec(layer_norm)
     if spec is not None and _backend.should_compile(hidden_states):
-        fn = _compiled_fn()
-        if fn is not None:
+        backend = _backend.compile_backend()
+        if backend not in _compile_broken:
             try:
-                return fn(hidden_states, residual, p, *spec)
+                return _compiled_fn(backend)(hidden_states, residual, p, *spec)
             except Exception as exc:  # compilation problems must not break the model
+                # Re-run eagerly: a genuine input error raises here, before we blame the compiler.
                 result = _fused_eager(hidden_states, residual, p, *spec)
-                _compile_broken.append(_backend.compile_backend())
+                _compile_broken.append(backend)
                 warnings.warn(
                     f"adopter.kernels.dropout_add_layer_norm: torch.compile failed ({exc!r}); "
                     "using the eager fused path from now on.",

@@ -34,14 +34,16 @@ __all__ = ["softmax"]
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def softmax(input: torch.Tensor, dim: int | None = -1,
-            dtype: torch.dtype | None = None) -> torch.Tensor:
+def softmax(
+    input: torch.Tensor, dim: int | None = -1, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """Softmax over ``dim``, identical in result to ``F.softmax(input, dim, dtype=dtype)``.
 
-    Falls back to ``F.softmax`` for ``dim=None`` (legacy implicit dimension) and for tensor
-    subclasses (``__torch_function__`` overrides must see the public op).
+    Falls back to ``F.softmax`` for a ``dim`` that is not an ``int`` (``None`` = legacy
+    implicit dimension, named dimensions) and for tensor subclasses (``__torch_function__``
+    overrides must see the public op).
     """
-    if dim is None or type(input) not in _PLAIN:
+    if not isinstance(dim, int) or isinstance(dim, bool) or type(input) not in _PLAIN:
         return F.softmax(input, dim=dim, dtype=dtype)
     out_dtype = input.dtype if dtype is None else dtype
     if input.is_cuda:

@@ -138,7 +138,8 @@ class CompiledRule:
             t.name
             for step in self.forward
             for t in step.targets
-            if t.name not in kept and (replacement not in (None, DETECT_ONLY) or t.name not in final)
+            if t.name not in kept
+            and (replacement not in (None, DETECT_ONLY) or t.name not in final)
         ]
 
     @property
@@ -160,7 +161,7 @@ class Matcher:
         for compiled in self.rules:
             for step in compiled.forward + compiled.where:
                 if isinstance(step.callee, Name) and step.callee.dotted.startswith("self."):
-                    names.add(step.callee.dotted[len("self."):])
+                    names.add(step.callee.dotted[len("self.") :])
         return names
 
     # -- driver ------------------------------------------------------------------------------
@@ -340,9 +341,7 @@ class Matcher:
         new.steps.append(step)
         return new
 
-    def _unify_arguments(
-        self, args: tuple, step: FlowStep, state: _State
-    ) -> list[Context] | None:
+    def _unify_arguments(self, args: tuple, step: FlowStep, state: _State) -> list[Context] | None:
         edges: list[Context] = []
         has_rest = any(isinstance(a, Rest) for a in args)
         positional_patterns = [a for a in args if isinstance(a, Positional)]
@@ -428,8 +427,9 @@ class Matcher:
             construction = state.constructions.get(variable) if variable else None
             anchor_line = construction.line if construction else first.line
             anchor_column = construction.column if construction else first.column
+            method = construction.method if construction else first.method
         else:
-            anchor_line, anchor_column = first.line, first.column
+            anchor_line, anchor_column, method = first.line, first.column, first.method
         matched = list(where_state.steps if where_state else state.steps)
         site = Site(
             rule=rule,
@@ -437,14 +437,22 @@ class Matcher:
             line=anchor_line,
             column=anchor_column,
             cls=first.cls,
-            method=first.method,
+            method=method,
             steps=state.steps,
-            where_steps=matched[len(state.steps):],
+            where_steps=matched[len(state.steps) :],
             constructions=state.constructions,
             bindings=dict((where_state or state).bindings),
             flow=flow,
         )
         matched_ids = {step.id for step in matched}
+        scripted = next((step for step in state.steps if step.scripted), None)
+        if scripted is not None and rule.kernel:
+            site.applicable = False
+            site.reason = (
+                f"line {scripted.line} is inside a @torch.jit.script function, which cannot call "
+                "the kernel"
+            )
+            return site
         context = (where_state or state).context
         for name in compiled.intermediates:
             produced = state.bindings.get(name)
@@ -457,9 +465,7 @@ class Matcher:
                     continue
                 if not consistent(context, use.context):
                     continue
-                where = (
-                    f"line {flow.steps[use.step].line}" if use.step is not None else use.where
-                )
+                where = f"line {flow.steps[use.step].line}" if use.step is not None else use.where
                 site.applicable = False
                 site.reason = (
                     f"${name} (line {produced.step.line}) is also used elsewhere ({where})"
@@ -545,9 +551,11 @@ def _unify_value(pattern: Expr, operand: Operand, state: _State, edges: list[Con
     if isinstance(pattern, Wildcard):
         return True
     if isinstance(pattern, Literal):
-        return operand.is_constant and operand.constant == pattern.value and type(
-            operand.constant
-        ) is type(pattern.value)
+        return (
+            operand.is_constant
+            and operand.constant == pattern.value
+            and type(operand.constant) is type(pattern.value)
+        )
     if isinstance(pattern, Name):
         return operand.text == pattern.dotted
     if isinstance(pattern, (Index, Call)):

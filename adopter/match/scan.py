@@ -54,7 +54,7 @@ def collect_python_files(paths: Iterable[str | Path]) -> tuple[list[Path], list[
         elif path.is_file():
             files.append(path)
         else:
-            errors.append(SourceError(str(path), 0, 0, "no such file or directory"))
+            errors.append(SourceError(str(path), 1, 1, "no such file or directory"))
     return files, errors
 
 

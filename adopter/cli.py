@@ -1,0 +1,250 @@
+"""The ``adopter`` command line: ``scan``, ``structure``, ``rules``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from .dsl import DslError, LocatedError, Rule, load_rule_file
+from .extract import SourceError, analyse_file
+from .extract.printer import format_class
+from .match import Matcher
+from .match.report import json_records, sarif_log
+from .match.scan import FileResult, collect_python_files, scan_paths
+from .rules import RULE_SETS, load_rule_set
+
+app = typer.Typer(
+    help="Find (and patch) the places in deep-learning model source where optimized kernels fit.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+EXIT_ERROR = 2
+PROGRESS_MIN_FILES = 20
+
+
+class OutputFormat(str, Enum):
+    table = "table"
+    json = "json"
+    sarif = "sarif"
+
+
+def _stderr() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def _fail(message: str) -> typer.Exit:
+    _stderr().print(f"[red]error:[/red] {message}", soft_wrap=True)
+    return typer.Exit(EXIT_ERROR)
+
+
+def load_rules(
+    rule_files: list[Path] | None, rule_set: str | None, select: str | None
+) -> list[Rule]:
+    """The rules a command runs: built-in set and/or rule files, narrowed by ``--select``."""
+    rules: list[Rule] = []
+    if rule_set or not rule_files:
+        try:
+            rules.extend(load_rule_set(rule_set or "paper"))
+        except KeyError as error:
+            raise _fail(str(error.args[0])) from None
+    for path in rule_files or []:
+        try:
+            rules.extend(load_rule_file(path))
+        except DslError as error:
+            raise _fail(str(error)) from None
+    if select:
+        wanted = [item.strip() for item in select.split(",") if item.strip()]
+        known = {rule.id for rule in rules}
+        unknown = [
+            item
+            for item in wanted
+            if item not in known and not any(rule_id.startswith(item + ".") for rule_id in known)
+        ]
+        if unknown:
+            raise _fail(f"--select names unknown rule(s): {', '.join(unknown)}")
+        rules = [
+            rule
+            for rule in rules
+            if any(rule.id == item or rule.id.startswith(item + ".") for item in wanted)
+        ]
+    seen: set[str] = set()
+    for rule in rules:
+        if rule.id in seen:
+            raise _fail(f"{rule.source}:{rule.line}:1: rule id {rule.id!r} is defined twice")
+        seen.add(rule.id)
+    return rules
+
+
+RulesOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--rules", help="A rule file in the Adopter DSL (repeatable).", show_default=False
+    ),
+]
+RuleSetOption = Annotated[
+    str | None,
+    typer.Option(
+        "--rule-set",
+        help=f"Built-in rule set ({', '.join(RULE_SETS)}); default paper unless --rules is given.",
+    ),
+]
+SelectOption = Annotated[
+    str | None, typer.Option("--select", help="Comma-separated rule ids (or prefixes) to run.")
+]
+
+
+@app.command()
+def scan(
+    paths: Annotated[list[Path], typer.Argument(help="Python files or directories (recursive).")],
+    output_format: Annotated[
+        OutputFormat, typer.Option("--format", "-f", help="Output format.")
+    ] = OutputFormat.table,
+    rule_files: RulesOption = None,
+    rule_set: RuleSetOption = None,
+    select: SelectOption = None,
+    show_not_applicable: Annotated[
+        bool,
+        typer.Option(
+            "--show-not-applicable", help="Also list matches whose fused value is used elsewhere."
+        ),
+    ] = False,
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes.")] = None,
+) -> None:
+    """List every site where a rule applies. Never imports or runs the scanned code.
+
+    Exit code 0 when the scan ran (with or without sites), 2 when any input was bad.
+    """
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    rules = load_rules(rule_files, rule_set, select)
+    files, _ = collect_python_files(paths)
+    console = _stderr()
+    show_progress = len(files) >= PROGRESS_MIN_FILES and console.is_terminal
+    progress = Progress(
+        TextColumn("scanning"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not show_progress,
+    )
+    with progress:
+        task = progress.add_task("scan", total=len(files))
+
+        def advance(_: FileResult) -> None:
+            progress.advance(task)
+
+        result = scan_paths(paths, rules, jobs=jobs, progress=advance)
+    for error in result.errors:
+        console.print(f"[red]error:[/red] {error}", soft_wrap=True, markup=True, highlight=False)
+    sites = result.sites + (result.not_applicable if show_not_applicable else [])
+    sites.sort(key=lambda s: (s.path, s.line, s.column, s.rule.id))
+    if output_format is OutputFormat.json:
+        typer.echo(json.dumps(json_records(sites), indent=2))
+    elif output_format is OutputFormat.sarif:
+        typer.echo(json.dumps(sarif_log(sites, rules), indent=2))
+    else:
+        _print_table(sites, result, rules)
+    if result.errors:
+        raise typer.Exit(EXIT_ERROR)
+
+
+def _display_path(path: str) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return path
+
+
+def _print_table(sites, result, rules) -> None:
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console.width = 160
+    if sites:
+        table = Table(show_lines=False, header_style="bold")
+        for column in ("location", "rule", "class.method", "message"):
+            table.add_column(column, overflow="fold")
+        for site in sites:
+            owner = f"{site.cls}.{site.method}" if site.cls else site.method
+            message = site.message if site.applicable else f"[dim]not applicable: {site.reason}[/]"
+            location = f"{_display_path(site.path)}:{site.line}:{site.column}"
+            table.add_row(location, site.rule.id, owner, message)
+        console.print(table)
+    files = len(result.files)
+    console.print(
+        f"{len(result.sites)} site(s) in {files} file(s), {len(rules)} rule(s), "
+        f"{len(result.not_applicable)} not applicable, {len(result.errors)} error(s), "
+        f"{result.seconds:.2f} s"
+    )
+
+
+@app.command()
+def structure(
+    path: Annotated[Path, typer.Argument(help="A Python file.")],
+    class_name: Annotated[
+        list[str] | None, typer.Option("--class", "-c", help="Only these classes (repeatable).")
+    ] = None,
+    max_paths: Annotated[int, typer.Option("--paths", help="Paths shown per method.")] = 4,
+    rule_files: RulesOption = None,
+    rule_set: RuleSetOption = None,
+) -> None:
+    """Print the structure Adopter extracted from FILE, per module class, in the DSL."""
+    rules = load_rules(rule_files, rule_set, None)
+    try:
+        extracted = analyse_file(str(path), Matcher(rules).opaque_methods)
+    except (SourceError, LocatedError) as error:
+        raise _fail(str(error)) from None
+    wanted = set(class_name or [])
+    missing = wanted - set(extracted.classes)
+    if missing:
+        raise _fail(f"{path}: no class named {', '.join(sorted(missing))}")
+    blocks = [
+        format_class(info, max_paths, extracted.branch_labels)
+        for info in extracted.classes.values()
+        if info.is_module and (not wanted or info.name in wanted)
+    ]
+    typer.echo("\n\n".join(blocks) if blocks else f"{path}: no nn.Module classes found")
+
+
+@app.command(name="rules")
+def list_rules(
+    rule_files: RulesOption = None,
+    rule_set: RuleSetOption = None,
+    select: SelectOption = None,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Show each rule's docs.")
+    ] = False,
+) -> None:
+    """List the rules (with --verbose, their documentation and DSL)."""
+    rules = load_rules(rule_files, rule_set, select)
+    console = Console(highlight=False)
+    for rule in rules:
+        console.print(f"[bold]{rule.id}[/bold] {rule.name}: {rule.description}")
+        if verbose:
+            if rule.doc:
+                console.print(rule.doc, markup=False)
+            console.print(f"[dim]{rule.source}[/dim]\n")
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

@@ -1,0 +1,29 @@
+"""Optimized kernels that rewritten model code calls instead of the unfused originals.
+
+Every kernel takes the model's *existing* modules (so parameter names and ``state_dict`` keys
+never change), returns what the original code computed, and falls back to the original
+computation whenever a fast path cannot reproduce it. Only ``torch`` is required; Triton is used
+lazily on CUDA when installed. See :func:`describe_backends` for what runs on this machine.
+"""
+
+from ._backend import describe_backends
+from ._util import clear_caches
+from .attention import fused_bert_self_attention, fused_gpt2_attention, fused_t5_attention
+from .conv import conv_batch_norm
+from .linear import linear_batch_norm, linear_bias_activation, qkv_projection
+from .norm import dropout_add_layer_norm
+from .softmax import softmax
+
+__all__ = [
+    "clear_caches",
+    "conv_batch_norm",
+    "describe_backends",
+    "dropout_add_layer_norm",
+    "fused_bert_self_attention",
+    "fused_gpt2_attention",
+    "fused_t5_attention",
+    "linear_batch_norm",
+    "linear_bias_activation",
+    "qkv_projection",
+    "softmax",
+]
