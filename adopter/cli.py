@@ -222,6 +222,24 @@ def structure(
     typer.echo("\n\n".join(blocks) if blocks else f"{path}: no nn.Module classes found")
 
 
+@app.command()
+def fetch(
+    spec: Annotated[str, typer.Argument(help="A pinned PyPI requirement, e.g. transformers==4.34.0.")],
+    cache: Annotated[
+        Path | None, typer.Option("--cache-dir", help="Where wheels are kept (default .cache/corpus).")
+    ] = None,
+) -> None:
+    """Download a model zoo's wheel from PyPI (no install, no import), unpack it into the cache
+    and print the folder, ready for ``adopter scan``."""
+    from .corpus import FetchError, fetch_wheel
+
+    try:
+        folder = fetch_wheel(spec, cache)
+    except FetchError as error:
+        raise _fail(str(error)) from None
+    typer.echo(str(folder))
+
+
 @app.command(name="rules")
 def list_rules(
     rule_files: RulesOption = None,

@@ -144,12 +144,13 @@ class RuleParser:
                 f"unexpected end of input; expected {_expected(error)}",
             ) from None
         except UnexpectedToken as error:
-            found = "end of input" if error.token.type == "$END" else repr(str(error.token))
+            if error.token.type == "$END":
+                lines = self.text.splitlines() or [""]
+                line, column, found = len(lines), len(lines[-1]) + 1, "end of input"
+            else:
+                line, column, found = error.line, error.column, repr(str(error.token))
             raise DslError(
-                self.path,
-                error.line,
-                error.column,
-                f"unexpected {found}; expected {_expected(error)}",
+                self.path, line, column, f"unexpected {found}; expected {_expected(error)}"
             ) from None
         except UnexpectedCharacters as error:
             char = self.text[error.pos_in_stream] if error.pos_in_stream < len(self.text) else ""

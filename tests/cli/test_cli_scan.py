@@ -1,0 +1,162 @@
+"""The ``adopter`` command line, run as a user would (a subprocess), plus in-process checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from adopter.cli import app
+
+GOOD = """
+from torch import nn
+import torch.nn.functional as F
+
+class Attention(nn.Module):
+    def forward(self, scores):
+        return F.softmax(scores, dim=-1)
+"""
+
+# If this file were imported or run, it would write a marker file and then raise.
+BOOBY_TRAPPED = """
+import pathlib
+pathlib.Path({marker!r}).write_text("executed")
+raise SystemExit("this module must never be executed")
+
+from torch import nn
+import torch.nn.functional as F
+
+class Attention(nn.Module):
+    def forward(self, scores):
+        return F.softmax(scores, dim=-1)
+"""
+
+runner = CliRunner()
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "adopter.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def test_scan_json(tmp_path):
+    (tmp_path / "model.py").write_text(GOOD)
+    result = runner.invoke(app, ["scan", str(tmp_path), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    (record,) = json.loads(result.stdout)
+    assert record["rule"] == "paper.4"
+    assert record["line"] == 7 and record["class"] == "Attention" and record["method"] == "forward"
+    assert set(record) == {"rule", "name", "path", "line", "col", "class", "method", "message"}
+
+
+def test_scan_sarif(tmp_path):
+    (tmp_path / "model.py").write_text(GOOD)
+    result = runner.invoke(app, ["scan", str(tmp_path / "model.py"), "--format", "sarif"])
+    assert result.exit_code == 0
+    log = json.loads(result.stdout)
+    assert log["version"] == "2.1.0"
+    run = log["runs"][0]
+    assert len(run["tool"]["driver"]["rules"]) == 9
+    (finding,) = run["results"]
+    assert finding["ruleId"] == "paper.4"
+    assert finding["locations"][0]["physicalLocation"]["region"] == {
+        "startLine": 7,
+        "startColumn": 16,
+    }
+
+
+def test_scan_table_and_select(tmp_path):
+    (tmp_path / "model.py").write_text(GOOD)
+    result = runner.invoke(app, ["scan", str(tmp_path), "--select", "paper.5"])
+    assert result.exit_code == 0
+    assert "0 site(s) in 1 file(s), 1 rule(s)" in result.stdout
+    result = runner.invoke(app, ["scan", str(tmp_path), "--select", "paper.4"])
+    assert "paper.4" in result.stdout and "1 site(s)" in result.stdout
+
+
+def test_scan_with_user_rule_file(tmp_path):
+    (tmp_path / "model.py").write_text(GOOD)
+    rules = tmp_path / "mine.adopt"
+    rules.write_text('rule mine.1 { name: "any softmax" forward { torch.nn.functional.softmax($x, ...) -> $y } => _ }')
+    result = runner.invoke(app, ["scan", str(tmp_path / "model.py"), "--rules", str(rules), "-f", "json"])
+    assert result.exit_code == 0, result.output
+    assert [r["rule"] for r in json.loads(result.stdout)] == ["mine.1"]
+
+
+def test_scan_never_imports_the_target(tmp_path):
+    marker = tmp_path / "executed.txt"
+    (tmp_path / "trap.py").write_text(BOOBY_TRAPPED.format(marker=str(marker)))
+    result = run_cli("scan", str(tmp_path), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    assert [r["line"] for r in json.loads(result.stdout)] == [11]
+    assert not marker.exists()
+    assert "trap" not in sys.modules
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "expected"),
+    [
+        ("broken.py", b"class A(:\n    pass\n", r"broken.py:1:9: invalid Python"),
+        ("latin.py", b"x = 1\ny = '\xe9'\n", r"latin.py:2:6: cannot decode byte 0xe9 as utf-8"),
+    ],
+)
+def test_bad_files_are_reported_and_the_rest_scanned(tmp_path, name, content, expected):
+    (tmp_path / name).write_bytes(content)
+    (tmp_path / "good.py").write_text(GOOD)
+    result = run_cli("scan", str(tmp_path), "--format", "json")
+    assert result.returncode == 2
+    assert expected in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert [r["rule"] for r in json.loads(result.stdout)] == ["paper.4"]
+
+
+def test_missing_path_and_bad_rule_file(tmp_path):
+    result = run_cli("scan", str(tmp_path / "nope.py"))
+    assert result.returncode == 2
+    assert f"{tmp_path / 'nope.py'}:1:1: no such file or directory" in result.stderr
+    bad_rule = tmp_path / "bad.adopt"
+    bad_rule.write_text("rule x {\n  forward { f($x) -> }\n}\n")
+    (tmp_path / "m.py").write_text(GOOD)
+    result = run_cli("scan", str(tmp_path / "m.py"), "--rules", str(bad_rule))
+    assert result.returncode == 2
+    assert f"{bad_rule}:2:22: unexpected '}}'" in result.stderr
+    assert result.stdout == ""
+
+
+def test_unknown_select_is_an_error(tmp_path):
+    (tmp_path / "m.py").write_text(GOOD)
+    result = runner.invoke(app, ["scan", str(tmp_path), "--select", "paper.42"])
+    assert result.exit_code == 2
+
+
+def test_structure_command(tmp_path):
+    (tmp_path / "m.py").write_text(GOOD)
+    result = runner.invoke(app, ["structure", str(tmp_path / "m.py")])
+    assert result.exit_code == 0
+    assert "class Attention(torch.nn.Module)" in result.stdout
+    assert "torch.nn.functional.softmax($scores, dim=-1) -> $t" in result.stdout
+
+
+def test_rules_command_lists_all_nine():
+    result = runner.invoke(app, ["rules"])
+    assert result.exit_code == 0
+    assert all(f"paper.{n}" in result.stdout for n in range(1, 10))
+
+
+def test_parallel_scan_matches_serial(tmp_path):
+    for index in range(12):
+        (tmp_path / f"m{index}.py").write_text(GOOD)
+    serial = runner.invoke(app, ["scan", str(tmp_path), "-f", "json", "--jobs", "1"])
+    parallel = runner.invoke(app, ["scan", str(tmp_path), "-f", "json", "--jobs", "2"])
+    assert json.loads(serial.stdout) == json.loads(parallel.stdout)
+    assert len(json.loads(serial.stdout)) == 12

@@ -1,0 +1,142 @@
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from adopter.dsl import (
+    DETECT_ONLY,
+    DslError,
+    Index,
+    Keyword,
+    Literal,
+    Name,
+    Positional,
+    Rest,
+    Var,
+    format_sequence,
+    load_rule_file,
+    parse_rules,
+    parse_sequence,
+)
+
+RULE = """
+# A rule with everything.
+rule demo.1 {
+    name: "demo"
+    description: "what it finds"
+    kernel: "pkg.kernel"
+    init {
+        @torch.nn.Linear(..., bias=True) -> $linear;
+        @ACT2FN[$name] -> $act
+    }
+    forward {
+        $linear($x) -> $h;
+        $act($h) -> $y
+    } => {
+        pkg.kernel($x, $linear, $act) -> $y
+    }
+}
+"""
+
+
+def test_parses_sequence_with_bindings():
+    steps = parse_sequence("Linear($x) -> $h; ACT2FN[config.hidden_act]($h) -> $h")
+    assert [str(s) for s in steps] == [
+        "Linear($x) -> $h",
+        "ACT2FN[config.hidden_act]($h) -> $h",
+    ]
+    assert steps[1].callee == Index(Name("ACT2FN"), Name("config.hidden_act"))
+    assert steps[0].args == (Positional(Var("x")),)
+
+
+def test_parses_keywords_literals_rest():
+    (step,) = parse_sequence("torch.nn.functional.softmax($x, dim=-1, dtype=None, ...)")
+    assert step.args == (
+        Positional(Var("x")),
+        Keyword("dim", Literal(-1)),
+        Keyword("dtype", Literal(None)),
+        Rest(),
+    )
+
+
+def test_parses_full_rule():
+    (rule,) = parse_rules(RULE)
+    assert rule.id == "demo.1" and rule.kernel == "pkg.kernel"
+    assert rule.init is not None and rule.init.steps[1].lookup
+    assert str(rule.init.steps[1]) == "@ACT2FN[$name] -> $act"
+    assert rule.forward is not None
+    assert isinstance(rule.forward.replacement, tuple)
+    assert str(rule.forward.replacement[0]) == "pkg.kernel($x, $linear, $act) -> $y"
+    assert not rule.detect_only
+
+
+def test_detect_only_wildcard():
+    (rule,) = parse_rules("rule a.b { forward { f($x) -> $y } => _ }")
+    assert rule.forward.replacement == DETECT_ONLY and rule.detect_only
+
+
+def test_tuple_targets():
+    (step,) = parse_sequence("k($x) -> ($q, $k, $v)")
+    assert [t.name for t in step.targets] == ["q", "k", "v"]
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "fragment"),
+    [
+        ("rule a { forward { f($x) -> } }", "1:29", "unexpected '}'"),
+        ("rule a { forward { f($x) -> $y } => { g($z) } }", "1:39", "unbound variable(s) $z"),
+        ("rule a { forward { f($x)", "1:25", "unexpected end of input"),
+        ("rule a { init { f($x) } }", "1:17", "must be marked with '@'"),
+        ("rule a { bogus: \"x\" }", "1:10", "unexpected 'bogus'"),
+        ("rule a { forward { f(%) } }", "1:22", "unexpected character '%'"),
+        ("rule a { }", "1:1", "neither an init nor a forward"),
+        ("rule a { forward { f($x) } }\nrule a { forward { f($x) } }", "2:1", "defined twice"),
+        ('rule a { site: "init" forward { f($x) } }', "1:1", "site 'init'"),
+    ],
+)
+def test_errors_are_located(text, where, fragment):
+    with pytest.raises(DslError) as caught:
+        parse_rules(text, "bad.adopt")
+    message = str(caught.value)
+    assert message.startswith(f"bad.adopt:{where}:"), message
+    assert fragment in message
+
+
+def test_rule_file_errors(tmp_path):
+    with pytest.raises(DslError, match="rule file not found"):
+        load_rule_file(tmp_path / "missing.adopt")
+    bad = tmp_path / "latin.adopt"
+    bad.write_bytes(b"# caf\xe9\nrule a { forward { f($x) } }")
+    with pytest.raises(DslError, match=r"latin.adopt:1:\d+: rule file is not valid UTF-8"):
+        load_rule_file(bad)
+
+
+def test_rule_file_keeps_header_as_doc(tmp_path):
+    path = tmp_path / "r.adopt"
+    path.write_text(RULE)
+    (rule,) = load_rule_file(path)
+    assert rule.doc == "A rule with everything."
+    assert rule.source == str(path)
+
+
+names = st.from_regex(r"[a-z][a-z0-9_]{0,6}", fullmatch=True).filter(
+    lambda n: n not in {"rule", "init", "forward", "where", "name", "site", "kernel"}
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.lists(names, min_size=1, max_size=3), names, st.lists(names, max_size=3)),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_sequences_round_trip(parts):
+    text = "; ".join(
+        f"{'.'.join(callee)}({', '.join('$' + a for a in args)}) -> ${out}"
+        for callee, out, args in parts
+    )
+    steps = parse_sequence(text)
+    assert format_sequence(steps).replace(";\n", "; ") == text
+    again = parse_sequence(format_sequence(steps))
+    assert [str(s) for s in again] == [str(s) for s in steps]
