@@ -224,9 +224,12 @@ def structure(
 
 @app.command()
 def fetch(
-    spec: Annotated[str, typer.Argument(help="A pinned PyPI requirement, e.g. transformers==4.34.0.")],
+    spec: Annotated[
+        str, typer.Argument(help="A pinned PyPI requirement, e.g. transformers==4.34.0.")
+    ],
     cache: Annotated[
-        Path | None, typer.Option("--cache-dir", help="Where wheels are kept (default .cache/corpus).")
+        Path | None,
+        typer.Option("--cache-dir", help="Where wheels are kept (default .cache/corpus)."),
     ] = None,
 ) -> None:
     """Download a model zoo's wheel from PyPI (no install, no import), unpack it into the cache

@@ -35,8 +35,17 @@ def fetch_wheel(spec: str, cache: Path | None = None, quiet: bool = True) -> Pat
         return target
     wheels = root / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--dest", str(wheels), spec]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--dest",
+        str(wheels),
+        spec,
+    ]
     if quiet:
         command.append("--quiet")
     completed = subprocess.run(command, capture_output=True, text=True)
@@ -45,7 +54,8 @@ def fetch_wheel(spec: str, cache: Path | None = None, quiet: bool = True) -> Pat
         raise FetchError(f"pip download {spec} failed: {detail[-1] if detail else 'no output'}")
     normalized = name.replace("-", "_").lower()
     candidates = [
-        path for path in wheels.glob("*.whl")
+        path
+        for path in wheels.glob("*.whl")
         if path.name.lower().startswith(f"{normalized}-{version}-")
     ]
     if not candidates:

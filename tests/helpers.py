@@ -29,7 +29,9 @@ def scan_snippet(source: str, rules=None, path: str = "model.py") -> list[Site]:
 
 def sites_of(source: str, rule_id: str | None = None, rules=None) -> list[Site]:
     return [
-        s for s in scan_snippet(source, rules) if s.applicable and (rule_id is None or s.rule.id == rule_id)
+        s
+        for s in scan_snippet(source, rules)
+        if s.applicable and (rule_id is None or s.rule.id == rule_id)
     ]
 
 

@@ -87,8 +87,12 @@ def test_scan_table_and_select(tmp_path):
 def test_scan_with_user_rule_file(tmp_path):
     (tmp_path / "model.py").write_text(GOOD)
     rules = tmp_path / "mine.adopt"
-    rules.write_text('rule mine.1 { name: "any softmax" forward { torch.nn.functional.softmax($x, ...) -> $y } => _ }')
-    result = runner.invoke(app, ["scan", str(tmp_path / "model.py"), "--rules", str(rules), "-f", "json"])
+    rules.write_text(
+        'rule mine.1 { name: "any softmax" forward { torch.nn.functional.softmax($x, ...) -> $y } => _ }'
+    )
+    result = runner.invoke(
+        app, ["scan", str(tmp_path / "model.py"), "--rules", str(rules), "-f", "json"]
+    )
     assert result.exit_code == 0, result.output
     assert [r["rule"] for r in json.loads(result.stdout)] == ["mine.1"]
 

@@ -86,7 +86,7 @@ def test_tuple_targets():
         ("rule a { forward { f($x) -> $y } => { g($z) } }", "1:39", "unbound variable(s) $z"),
         ("rule a { forward { f($x)", "1:25", "unexpected end of input"),
         ("rule a { init { f($x) } }", "1:17", "must be marked with '@'"),
-        ("rule a { bogus: \"x\" }", "1:10", "unexpected 'bogus'"),
+        ('rule a { bogus: "x" }', "1:10", "unexpected 'bogus'"),
         ("rule a { forward { f(%) } }", "1:22", "unexpected character '%'"),
         ("rule a { }", "1:1", "neither an init nor a forward"),
         ("rule a { forward { f($x) } }\nrule a { forward { f($x) } }", "2:1", "defined twice"),

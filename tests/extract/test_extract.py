@@ -4,7 +4,6 @@ import pytest
 
 from adopter.extract import SourceError, analyse_source
 from adopter.extract.printer import format_class, paths_of
-
 from tests.helpers import extract
 
 
@@ -23,7 +22,7 @@ def kinds(flow):
 def test_import_aliases_resolve_to_torch_nn(header):
     structure = extract(
         f"""
-        {header.replace(chr(10), chr(10) + '        ')}
+        {header.replace(chr(10), chr(10) + "        ")}
         class Block(nn.Module):
             def __init__(self):
                 super().__init__()
@@ -175,8 +174,8 @@ def test_temporaries_and_reassignments_follow_values_not_names():
         """
     )
     flow = structure.classes["M"].flows["forward"]
-    linear, = [s for s in flow.steps if s.kind == "torch.nn.Linear"]
-    relu, = [s for s in flow.steps if s.kind == "torch.nn.ReLU"]
+    (linear,) = [s for s in flow.steps if s.kind == "torch.nn.Linear"]
+    (relu,) = [s for s in flow.steps if s.kind == "torch.nn.ReLU"]
     assert {f.value for f in relu.positional[0].flows} == {linear.output}
 
 
@@ -266,7 +265,9 @@ def test_path_printing_is_bounded():
         "from torch import nn\n"
         "class Many(nn.Module):\n"
         "    def __init__(self):\n        super().__init__()\n        self.act = nn.ReLU()\n"
-        "    def forward(self, x):\n" + branches.replace("        ", "        ") + "\n        return x\n"
+        "    def forward(self, x):\n"
+        + branches.replace("        ", "        ")
+        + "\n        return x\n"
     )
     paths, truncated = paths_of(structure.classes["Many"].flows["forward"], 4)
     assert len(paths) == 4 and truncated
@@ -290,7 +291,7 @@ def test_early_return_constrains_the_rest():
     flow = structure.classes["E"].flows["forward"]
     relu = next(s for s in flow.steps if s.kind == "torch.nn.ReLU")
     gelu = next(s for s in flow.steps if s.kind == "torch.nn.GELU")
-    (point, arm_a), = relu.context
+    ((point, arm_a),) = relu.context
     assert (point, 1 - arm_a) in gelu.context
 
 

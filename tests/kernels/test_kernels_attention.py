@@ -28,9 +28,15 @@ from adopter.kernels import fused_bert_self_attention, fused_gpt2_attention, fus
 
 
 class BertSelfAttention(nn.Module):
-    def __init__(self, hidden_size: int, num_heads: int, dropout: float = 0.0,
-                 position_embedding_type: str = "absolute", is_decoder: bool = False,
-                 max_position_embeddings: int = 32) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        position_embedding_type: str = "absolute",
+        is_decoder: bool = False,
+        max_position_embeddings: int = 32,
+    ) -> None:
         super().__init__()
         self.num_attention_heads = num_heads
         self.attention_head_size = hidden_size // num_heads
@@ -42,17 +48,25 @@ class BertSelfAttention(nn.Module):
         self.position_embedding_type = position_embedding_type
         if position_embedding_type in ("relative_key", "relative_key_query"):
             self.max_position_embeddings = max_position_embeddings
-            self.distance_embedding = nn.Embedding(2 * max_position_embeddings - 1,
-                                                   self.attention_head_size)
+            self.distance_embedding = nn.Embedding(
+                2 * max_position_embeddings - 1, self.attention_head_size
+            )
         self.is_decoder = is_decoder
 
     def transpose_for_scores(self, x):
         x = x.view(x.size()[:-1] + (self.num_attention_heads, self.attention_head_size))
         return x.permute(0, 2, 1, 3)
 
-    def forward(self, hidden_states, attention_mask=None, head_mask=None,
-                encoder_hidden_states=None, encoder_attention_mask=None, past_key_value=None,
-                output_attentions=False):
+    def forward(
+        self,
+        hidden_states,
+        attention_mask=None,
+        head_mask=None,
+        encoder_hidden_states=None,
+        encoder_attention_mask=None,
+        past_key_value=None,
+        output_attentions=False,
+    ):
         q_mixed = self.query(hidden_states)
         cross = encoder_hidden_states is not None
         if cross and past_key_value is not None:
@@ -63,10 +77,12 @@ class BertSelfAttention(nn.Module):
             v = self.transpose_for_scores(self.value(encoder_hidden_states))
             attention_mask = encoder_attention_mask
         elif past_key_value is not None:
-            k = torch.cat([past_key_value[0], self.transpose_for_scores(self.key(hidden_states))],
-                          dim=2)
-            v = torch.cat([past_key_value[1],
-                           self.transpose_for_scores(self.value(hidden_states))], dim=2)
+            k = torch.cat(
+                [past_key_value[0], self.transpose_for_scores(self.key(hidden_states))], dim=2
+            )
+            v = torch.cat(
+                [past_key_value[1], self.transpose_for_scores(self.value(hidden_states))], dim=2
+            )
         else:
             k = self.transpose_for_scores(self.key(hidden_states))
             v = self.transpose_for_scores(self.value(hidden_states))
@@ -116,9 +132,17 @@ def _prune_linear(layer: nn.Linear, index: torch.Tensor, dim: int) -> nn.Linear:
 
 
 class T5Attention(nn.Module):
-    def __init__(self, d_model: int, d_kv: int, num_heads: int, dropout: float = 0.0,
-                 is_decoder: bool = False, has_relative_attention_bias: bool = False,
-                 num_buckets: int = 8, max_distance: int = 20) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        d_kv: int,
+        num_heads: int,
+        dropout: float = 0.0,
+        is_decoder: bool = False,
+        has_relative_attention_bias: bool = False,
+        num_buckets: int = 8,
+        max_distance: int = 20,
+    ) -> None:
         super().__init__()
         self.is_decoder = is_decoder
         self.has_relative_attention_bias = has_relative_attention_bias
@@ -164,8 +188,9 @@ class T5Attention(nn.Module):
             rel = -torch.min(rel, torch.zeros_like(rel))
         exact = num_buckets // 2
         small = rel < exact
-        large = exact + (torch.log(rel.float() / exact) / math.log(max_distance / exact)
-                         * (num_buckets - exact)).to(torch.long)
+        large = exact + (
+            torch.log(rel.float() / exact) / math.log(max_distance / exact) * (num_buckets - exact)
+        ).to(torch.long)
         large = torch.min(large, torch.full_like(large, num_buckets - 1))
         return buckets + torch.where(small, rel, large)
 
@@ -175,14 +200,25 @@ class T5Attention(nn.Module):
         ctx = torch.arange(query_length, dtype=torch.long, device=device)[:, None]
         mem = torch.arange(key_length, dtype=torch.long, device=device)[None, :]
         bucket = self._relative_position_bucket(
-            mem - ctx, bidirectional=not self.is_decoder,
+            mem - ctx,
+            bidirectional=not self.is_decoder,
             num_buckets=self.relative_attention_num_buckets,
-            max_distance=self.relative_attention_max_distance)
+            max_distance=self.relative_attention_max_distance,
+        )
         return self.relative_attention_bias(bucket).permute([2, 0, 1]).unsqueeze(0)
 
-    def forward(self, hidden_states, mask=None, key_value_states=None, position_bias=None,
-                past_key_value=None, layer_head_mask=None, query_length=None, use_cache=False,
-                output_attentions=False):
+    def forward(
+        self,
+        hidden_states,
+        mask=None,
+        key_value_states=None,
+        position_bias=None,
+        past_key_value=None,
+        layer_head_mask=None,
+        query_length=None,
+        use_cache=False,
+        output_attentions=False,
+    ):
         bsz, seq = hidden_states.shape[:2]
         real_len = seq
         if past_key_value is not None:
@@ -208,21 +244,30 @@ class T5Attention(nn.Module):
             return h
 
         q = shape(self.q(hidden_states))
-        k = project(hidden_states, self.k, key_value_states,
-                    past_key_value[0] if past_key_value is not None else None)
-        v = project(hidden_states, self.v, key_value_states,
-                    past_key_value[1] if past_key_value is not None else None)
+        k = project(
+            hidden_states,
+            self.k,
+            key_value_states,
+            past_key_value[0] if past_key_value is not None else None,
+        )
+        v = project(
+            hidden_states,
+            self.v,
+            key_value_states,
+            past_key_value[1] if past_key_value is not None else None,
+        )
         scores = q @ k.transpose(3, 2)
         if position_bias is None:
             if not self.has_relative_attention_bias:
-                position_bias = torch.zeros((1, self.n_heads, real_len, key_len),
-                                            device=scores.device, dtype=scores.dtype)
+                position_bias = torch.zeros(
+                    (1, self.n_heads, real_len, key_len), device=scores.device, dtype=scores.dtype
+                )
                 if self.gradient_checkpointing and self.training:
                     position_bias.requires_grad = True
             else:
                 position_bias = self.compute_bias(real_len, key_len, device=scores.device)
             if past_key_value is not None:
-                position_bias = position_bias[:, :, -hidden_states.size(1):, :]
+                position_bias = position_bias[:, :, -hidden_states.size(1) :, :]
             if mask is not None:
                 position_bias = position_bias + mask
         if self.pruned_heads:
@@ -258,16 +303,25 @@ class Conv1D(nn.Module):
 
 
 class GPT2Attention(nn.Module):
-    def __init__(self, hidden_size: int, num_heads: int, max_positions: int = 32,
-                 attn_pdrop: float = 0.0, resid_pdrop: float = 0.0,
-                 scale_attn_weights: bool = True, scale_attn_by_inverse_layer_idx: bool = False,
-                 reorder_and_upcast_attn: bool = False, is_cross_attention: bool = False,
-                 layer_idx: int | None = None) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        max_positions: int = 32,
+        attn_pdrop: float = 0.0,
+        resid_pdrop: float = 0.0,
+        scale_attn_weights: bool = True,
+        scale_attn_by_inverse_layer_idx: bool = False,
+        reorder_and_upcast_attn: bool = False,
+        is_cross_attention: bool = False,
+        layer_idx: int | None = None,
+    ) -> None:
         super().__init__()
         self.register_buffer(
             "bias",
             torch.tril(torch.ones((max_positions, max_positions), dtype=torch.bool)).view(
-                1, 1, max_positions, max_positions),
+                1, 1, max_positions, max_positions
+            ),
             persistent=False,
         )
         self.register_buffer("masked_bias", torch.tensor(-1e4), persistent=False)
@@ -291,7 +345,7 @@ class GPT2Attention(nn.Module):
         self.pruned_heads = set()
 
     def _causal(self, w, q_len, k_len):
-        causal = self.bias[:, :, k_len - q_len:k_len, :k_len]
+        causal = self.bias[:, :, k_len - q_len : k_len, :k_len]
         low = torch.full([], torch.finfo(w.dtype).min, dtype=w.dtype).to(w.device)
         return torch.where(causal, w, low)
 
@@ -311,8 +365,7 @@ class GPT2Attention(nn.Module):
             w = w * head_mask
         return w @ value, w
 
-    def _upcast_and_reordered_attn(self, query, key, value, attention_mask=None,
-                                   head_mask=None):
+    def _upcast_and_reordered_attn(self, query, key, value, attention_mask=None, head_mask=None):
         b, h, lq, d = query.size()
         lk = key.size(-2)
         factor = 1.0
@@ -341,9 +394,17 @@ class GPT2Attention(nn.Module):
         tensor = tensor.permute(0, 2, 1, 3).contiguous()
         return tensor.view(tensor.size()[:-2] + (num_heads * head_size,))
 
-    def forward(self, hidden_states, layer_past=None, attention_mask=None, head_mask=None,
-                encoder_hidden_states=None, encoder_attention_mask=None, use_cache=False,
-                output_attentions=False):
+    def forward(
+        self,
+        hidden_states,
+        layer_past=None,
+        attention_mask=None,
+        head_mask=None,
+        encoder_hidden_states=None,
+        encoder_attention_mask=None,
+        use_cache=False,
+        output_attentions=False,
+    ):
         if encoder_hidden_states is not None:
             if not hasattr(self, "q_attn"):
                 raise ValueError("cross attention needs q_attn")
@@ -360,12 +421,10 @@ class GPT2Attention(nn.Module):
             value = torch.cat((layer_past[1], value), dim=-2)
         present = (key, value) if use_cache is True else None
         if self.reorder_and_upcast_attn:
-            out, w = self._upcast_and_reordered_attn(query, key, value, attention_mask,
-                                                     head_mask)
+            out, w = self._upcast_and_reordered_attn(query, key, value, attention_mask, head_mask)
         else:
             out, w = self._attn(query, key, value, attention_mask, head_mask)
-        out = self.resid_dropout(self.c_proj(self._merge_heads(out, self.num_heads,
-                                                                self.head_dim)))
+        out = self.resid_dropout(self.c_proj(self._merge_heads(out, self.num_heads, self.head_dim)))
         outputs = (out, present)
         if output_attentions:
             outputs += (w,)
@@ -376,14 +435,20 @@ class GPT2Attention(nn.Module):
 # Helpers
 # ---------------------------------------------------------------------------------------------
 
-TOL = {torch.float64: dict(rtol=1e-9, atol=1e-10), torch.float32: dict(rtol=1e-4, atol=2e-5),
-       torch.bfloat16: dict(rtol=5e-2, atol=5e-2)}
+TOL = {
+    torch.float64: dict(rtol=1e-9, atol=1e-10),
+    torch.float32: dict(rtol=1e-4, atol=2e-5),
+    torch.bfloat16: dict(rtol=5e-2, atol=5e-2),
+}
 
 
 # T5 runs its softmax in float32 even for float64 models (``softmax(scores.float())``), so a
 # float64 comparison is only as tight as float32 rounding allows.
-T5_TOL = {torch.float64: dict(rtol=1e-5, atol=1e-6), torch.float32: TOL[torch.float32],
-          torch.bfloat16: TOL[torch.bfloat16]}
+T5_TOL = {
+    torch.float64: dict(rtol=1e-5, atol=1e-6),
+    torch.float32: TOL[torch.float32],
+    torch.bfloat16: TOL[torch.bfloat16],
+}
 
 
 def make_pair(ref_cls, factory, *args, dtype=torch.float64, seed=0, **kwargs):
@@ -511,18 +576,22 @@ def test_factories_cache_and_keep_identity():
         fused_bert_self_attention(object)
 
 
-@pytest.mark.parametrize("factory,cls,args", [
-    (fused_bert_self_attention, BertSelfAttention, (8, 2)),
-    (fused_t5_attention, T5Attention, (8, 4, 2)),
-    (fused_gpt2_attention, GPT2Attention, (8, 2)),
-])
+@pytest.mark.parametrize(
+    "factory,cls,args",
+    [
+        (fused_bert_self_attention, BertSelfAttention, (8, 2)),
+        (fused_t5_attention, T5Attention, (8, 4, 2)),
+        (fused_gpt2_attention, GPT2Attention, (8, 2)),
+    ],
+)
 def test_pickle_and_deepcopy(factory, cls, args):
     torch.manual_seed(0)
     mod = factory(cls)(*args)
     for clone in (pickle.loads(pickle.dumps(mod)), copy.deepcopy(mod)):
         assert type(clone) is type(mod)
-        for (n1, p1), (n2, p2) in zip(mod.state_dict().items(), clone.state_dict().items(),
-                                      strict=True):
+        for (n1, p1), (n2, p2) in zip(
+            mod.state_dict().items(), clone.state_dict().items(), strict=True
+        ):
             assert n1 == n2 and torch.equal(p1, p2)
 
 
@@ -562,22 +631,34 @@ def test_bert_dropout_in_training_goes_to_sdpa():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_bert_decoder_with_past(dtype):
-    ref, fused = make_pair(BertSelfAttention, fused_bert_self_attention, 12, 3,
-                           is_decoder=True, dtype=dtype)
+    ref, fused = make_pair(
+        BertSelfAttention, fused_bert_self_attention, 12, 3, is_decoder=True, dtype=dtype
+    )
     torch.manual_seed(2)
     h = torch.randn(2, 4, 12, dtype=dtype)
-    out_r, out_f = compare(ref, fused, dict(hidden_states=h, attention_mask=causal_mask(
-        2, 4, 4, dtype)), dtype)
+    out_r, out_f = compare(
+        ref, fused, dict(hidden_states=h, attention_mask=causal_mask(2, 4, 4, dtype)), dtype
+    )
     assert len(out_f) == 2 and len(out_f[1]) == 2
     past = tuple(t.detach() for t in out_r[1])
     step = torch.randn(2, 1, 12, dtype=dtype)
     with sdpa_spy() as calls:
-        compare(ref, fused, dict(hidden_states=step, attention_mask=causal_mask(2, 1, 5, dtype),
-                                 past_key_value=past), dtype)
+        compare(
+            ref,
+            fused,
+            dict(
+                hidden_states=step, attention_mask=causal_mask(2, 1, 5, dtype), past_key_value=past
+            ),
+            dtype,
+        )
     assert len(calls) == 1
     # Multi-token continuation without a mask.
-    compare(ref, fused, dict(hidden_states=torch.randn(2, 3, 12, dtype=dtype),
-                             past_key_value=past), dtype)
+    compare(
+        ref,
+        fused,
+        dict(hidden_states=torch.randn(2, 3, 12, dtype=dtype), past_key_value=past),
+        dtype,
+    )
 
 
 def test_bert_cross_attention_with_and_without_cache():
@@ -588,21 +669,46 @@ def test_bert_cross_attention_with_and_without_cache():
     enc_mask = padding_mask(2, 6, torch.float64, pad_last=3)
     self_mask = padding_mask(2, 3, torch.float64)  # must be ignored for cross attention
     with sdpa_spy() as calls:
-        out_r, _ = compare(ref, fused, dict(hidden_states=h, attention_mask=self_mask,
-                                            encoder_hidden_states=enc,
-                                            encoder_attention_mask=enc_mask))
+        out_r, _ = compare(
+            ref,
+            fused,
+            dict(
+                hidden_states=h,
+                attention_mask=self_mask,
+                encoder_hidden_states=enc,
+                encoder_attention_mask=enc_mask,
+            ),
+        )
         cached_kv = tuple(t.detach() for t in out_r[1])
-        compare(ref, fused, dict(hidden_states=h[:, :1], encoder_hidden_states=enc,
-                                 encoder_attention_mask=enc_mask, past_key_value=cached_kv))
+        compare(
+            ref,
+            fused,
+            dict(
+                hidden_states=h[:, :1],
+                encoder_hidden_states=enc,
+                encoder_attention_mask=enc_mask,
+                past_key_value=cached_kv,
+            ),
+        )
     assert len(calls) == 2
 
 
-@pytest.mark.parametrize("case", ["output_attentions", "head_mask", "relative_key",
-                                  "relative_key_query", "bool_mask", "mask_dtype"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "output_attentions",
+        "head_mask",
+        "relative_key",
+        "relative_key_query",
+        "bool_mask",
+        "mask_dtype",
+    ],
+)
 def test_bert_fallbacks_match_original_exactly(case):
     pet = case if case.startswith("relative") else "absolute"
-    ref, fused = make_pair(BertSelfAttention, fused_bert_self_attention, 8, 2,
-                           position_embedding_type=pet)
+    ref, fused = make_pair(
+        BertSelfAttention, fused_bert_self_attention, 8, 2, position_embedding_type=pet
+    )
     torch.manual_seed(4)
     h = torch.randn(2, 5, 8, dtype=torch.float64)
     kwargs = {}
@@ -624,18 +730,17 @@ def test_bert_fallbacks_match_original_exactly(case):
 
 
 def test_bert_bfloat16_forward():
-    ref, fused = make_pair(BertSelfAttention, fused_bert_self_attention, 32, 4,
-                           dtype=torch.bfloat16)
+    ref, fused = make_pair(
+        BertSelfAttention, fused_bert_self_attention, 32, 4, dtype=torch.bfloat16
+    )
     h = torch.randn(2, 7, 32, dtype=torch.bfloat16)
     mask = padding_mask(2, 7, torch.bfloat16, pad_last=3)
     with torch.no_grad():
-        compare(ref, fused, dict(hidden_states=h, attention_mask=mask), torch.bfloat16,
-                grads=False)
+        compare(ref, fused, dict(hidden_states=h, attention_mask=mask), torch.bfloat16, grads=False)
 
 
 def test_bert_under_cpu_autocast():
-    ref, fused = make_pair(BertSelfAttention, fused_bert_self_attention, 16, 2,
-                           dtype=torch.float32)
+    ref, fused = make_pair(BertSelfAttention, fused_bert_self_attention, 16, 2, dtype=torch.float32)
     h = torch.randn(2, 5, 16)
     mask = padding_mask(2, 5, torch.float32, pad_last=2)  # float32 mask, bf16 activations
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), sdpa_spy() as calls:
@@ -646,11 +751,15 @@ def test_bert_under_cpu_autocast():
 
 
 @settings(max_examples=8, deadline=None)
-@given(batch=st.integers(1, 3), seq=st.integers(1, 6), heads=st.integers(1, 3),
-       head_dim=st.integers(1, 5), pad=st.integers(0, 3))
+@given(
+    batch=st.integers(1, 3),
+    seq=st.integers(1, 6),
+    heads=st.integers(1, 3),
+    head_dim=st.integers(1, 5),
+    pad=st.integers(0, 3),
+)
 def test_bert_shapes_property(batch, seq, heads, head_dim, pad):
-    ref, fused = make_pair(BertSelfAttention, fused_bert_self_attention, heads * head_dim,
-                           heads)
+    ref, fused = make_pair(BertSelfAttention, fused_bert_self_attention, heads * head_dim, heads)
     h = torch.randn(batch, seq, heads * head_dim, dtype=torch.float64)
     mask = padding_mask(batch, seq, torch.float64, pad_last=min(pad, seq - 1))
     compare(ref, fused, dict(hidden_states=h, attention_mask=mask))
@@ -664,8 +773,9 @@ def test_bert_shapes_property(batch, seq, heads, head_dim, pad):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("train", [False, True])
 def test_t5_encoder_relative_bias(dtype, train):
-    ref, fused = make_pair(T5Attention, fused_t5_attention, 16, 4, 3, dtype=dtype,
-                           has_relative_attention_bias=True)
+    ref, fused = make_pair(
+        T5Attention, fused_t5_attention, 16, 4, 3, dtype=dtype, has_relative_attention_bias=True
+    )
     ref.train(train)
     fused.train(train)
     torch.manual_seed(5)
@@ -677,8 +787,9 @@ def test_t5_encoder_relative_bias(dtype, train):
     assert out_f[1] is None
     # A following layer (no relative bias of its own) reuses the returned position_bias.
     ref2, fused2 = make_pair(T5Attention, fused_t5_attention, 16, 4, 3, dtype=dtype, seed=9)
-    compare_t5(ref2, fused2, dict(hidden_states=h, mask=mask,
-                               position_bias=out_r[2].detach()), dtype)
+    compare_t5(
+        ref2, fused2, dict(hidden_states=h, mask=mask, position_bias=out_r[2].detach()), dtype
+    )
 
 
 def test_t5_dropout_in_training_goes_to_sdpa():
@@ -691,20 +802,42 @@ def test_t5_dropout_in_training_goes_to_sdpa():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_t5_decoder_incremental(dtype):
-    ref, fused = make_pair(T5Attention, fused_t5_attention, 12, 4, 3, dtype=dtype,
-                           is_decoder=True, has_relative_attention_bias=True)
+    ref, fused = make_pair(
+        T5Attention,
+        fused_t5_attention,
+        12,
+        4,
+        3,
+        dtype=dtype,
+        is_decoder=True,
+        has_relative_attention_bias=True,
+    )
     torch.manual_seed(6)
     h = torch.randn(2, 4, 12, dtype=dtype)
-    out_r, out_f = compare_t5(ref, fused, dict(hidden_states=h, mask=causal_mask(2, 4, 4, dtype),
-                                            use_cache=True), dtype)
+    out_r, out_f = compare_t5(
+        ref, fused, dict(hidden_states=h, mask=causal_mask(2, 4, 4, dtype), use_cache=True), dtype
+    )
     assert out_f[1] is not None
     past = tuple(t.detach() for t in out_r[1])
     step = torch.randn(2, 1, 12, dtype=dtype)
     with sdpa_spy() as calls:
-        compare_t5(ref, fused, dict(hidden_states=step, mask=padding_mask(2, 5, dtype, 0),
-                                 past_key_value=past, use_cache=True), dtype)
-        compare_t5(ref, fused, dict(hidden_states=step, past_key_value=past, query_length=4,
-                                 use_cache=False), dtype)
+        compare_t5(
+            ref,
+            fused,
+            dict(
+                hidden_states=step,
+                mask=padding_mask(2, 5, dtype, 0),
+                past_key_value=past,
+                use_cache=True,
+            ),
+            dtype,
+        )
+        compare_t5(
+            ref,
+            fused,
+            dict(hidden_states=step, past_key_value=past, query_length=4, use_cache=False),
+            dtype,
+        )
     assert len(calls) == 2
 
 
@@ -714,20 +847,41 @@ def test_t5_cross_attention_cache_and_prefix_tuning():
     h = torch.randn(2, 2, 12, dtype=torch.float64)
     enc = torch.randn(2, 5, 12, dtype=torch.float64)
     enc_mask = padding_mask(2, 5, torch.float64, pad_last=2)
-    out_r, _ = compare_t5(ref, fused, dict(hidden_states=h, mask=enc_mask, key_value_states=enc,
-                                        use_cache=True))
+    out_r, _ = compare_t5(
+        ref, fused, dict(hidden_states=h, mask=enc_mask, key_value_states=enc, use_cache=True)
+    )
     past = tuple(t.detach() for t in out_r[1])
-    compare_t5(ref, fused, dict(hidden_states=h[:, :1], mask=enc_mask, key_value_states=enc,
-                             past_key_value=past, use_cache=True, query_length=2))
+    compare_t5(
+        ref,
+        fused,
+        dict(
+            hidden_states=h[:, :1],
+            mask=enc_mask,
+            key_value_states=enc,
+            past_key_value=past,
+            use_cache=True,
+            query_length=2,
+        ),
+    )
     # Cached cross keys of a different length (prefix tuning): keys are re-projected.
     short = tuple(t[:, :, :3].detach() for t in past)
-    compare_t5(ref, fused, dict(hidden_states=h, key_value_states=enc, past_key_value=short,
-                             use_cache=True, query_length=3))
+    compare_t5(
+        ref,
+        fused,
+        dict(
+            hidden_states=h,
+            key_value_states=enc,
+            past_key_value=short,
+            use_cache=True,
+            query_length=3,
+        ),
+    )
 
 
 def test_t5_pruned_heads():
-    ref, fused = make_pair(T5Attention, fused_t5_attention, 12, 3, 4,
-                           has_relative_attention_bias=True)
+    ref, fused = make_pair(
+        T5Attention, fused_t5_attention, 12, 3, 4, has_relative_attention_bias=True
+    )
     ref.prune_heads({1, 3})
     fused.prune_heads({1, 3})
     fused.load_state_dict(ref.state_dict(), strict=True)
@@ -749,15 +903,17 @@ def test_t5_gradient_checkpointing_bias_requires_grad():
 
 @pytest.mark.parametrize("case", ["output_attentions", "layer_head_mask", "bool_mask"])
 def test_t5_fallbacks_match_original_exactly(case):
-    ref, fused = make_pair(T5Attention, fused_t5_attention, 8, 4, 2,
-                           has_relative_attention_bias=True)
+    ref, fused = make_pair(
+        T5Attention, fused_t5_attention, 8, 4, 2, has_relative_attention_bias=True
+    )
     h = torch.randn(2, 3, 8, dtype=torch.float64)
     kwargs = {}
     if case == "output_attentions":
         kwargs["output_attentions"] = True
     elif case == "layer_head_mask":
         kwargs["layer_head_mask"] = torch.tensor([0.0, 1.0], dtype=torch.float64)[
-            None, :, None, None]
+            None, :, None, None
+        ]
     else:
         kwargs["mask"] = torch.zeros(2, 1, 1, 3, dtype=torch.bool)
     with sdpa_spy() as calls:
@@ -769,12 +925,24 @@ def test_t5_fallbacks_match_original_exactly(case):
 
 
 def test_t5_bfloat16_forward():
-    ref, fused = make_pair(T5Attention, fused_t5_attention, 32, 8, 4, dtype=torch.bfloat16,
-                           has_relative_attention_bias=True)
+    ref, fused = make_pair(
+        T5Attention,
+        fused_t5_attention,
+        32,
+        8,
+        4,
+        dtype=torch.bfloat16,
+        has_relative_attention_bias=True,
+    )
     h = torch.randn(2, 6, 32, dtype=torch.bfloat16)
     with torch.no_grad():
-        compare_t5(ref, fused, dict(hidden_states=h, mask=padding_mask(2, 6, torch.bfloat16)),
-                torch.bfloat16, grads=False)
+        compare_t5(
+            ref,
+            fused,
+            dict(hidden_states=h, mask=padding_mask(2, 6, torch.bfloat16)),
+            torch.bfloat16,
+            grads=False,
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -800,8 +968,9 @@ def test_gpt2_right_padding_mask(dtype):
     ref, fused = make_pair(GPT2Attention, fused_gpt2_attention, 16, 4, dtype=dtype)
     h = torch.randn(2, 6, 16, dtype=dtype)
     with sdpa_spy() as calls:
-        compare(ref, fused, dict(hidden_states=h, attention_mask=padding_mask(2, 6, dtype, 2)),
-                dtype)
+        compare(
+            ref, fused, dict(hidden_states=h, attention_mask=padding_mask(2, 6, dtype, 2)), dtype
+        )
     assert calls[0]["is_causal"] is False and calls[0]["attn_mask"].dtype == dtype
 
 
@@ -835,11 +1004,22 @@ def test_gpt2_layer_past_and_use_cache(dtype):
     assert out_f[1] is not None
     past = tuple(t.detach() for t in out_r[1])
     with sdpa_spy() as calls:
-        compare(ref, fused, dict(hidden_states=torch.randn(2, 1, 12, dtype=dtype),
-                                 layer_past=past, use_cache=True), dtype)
-        compare(ref, fused, dict(hidden_states=torch.randn(2, 3, 12, dtype=dtype),
-                                 layer_past=past, attention_mask=padding_mask(2, 7, dtype)),
-                dtype)
+        compare(
+            ref,
+            fused,
+            dict(hidden_states=torch.randn(2, 1, 12, dtype=dtype), layer_past=past, use_cache=True),
+            dtype,
+        )
+        compare(
+            ref,
+            fused,
+            dict(
+                hidden_states=torch.randn(2, 3, 12, dtype=dtype),
+                layer_past=past,
+                attention_mask=padding_mask(2, 7, dtype),
+            ),
+            dtype,
+        )
     assert calls[0]["attn_mask"].dtype == torch.bool and len(calls) == 2
 
 
@@ -848,18 +1028,30 @@ def test_gpt2_cross_attention():
     h = torch.randn(2, 3, 12, dtype=torch.float64)
     enc = torch.randn(2, 5, 12, dtype=torch.float64)
     with sdpa_spy() as calls:
-        compare(ref, fused, dict(hidden_states=h, encoder_hidden_states=enc,
-                                 encoder_attention_mask=padding_mask(2, 5, torch.float64, 2),
-                                 attention_mask=padding_mask(2, 3, torch.float64)))
+        compare(
+            ref,
+            fused,
+            dict(
+                hidden_states=h,
+                encoder_hidden_states=enc,
+                encoder_attention_mask=padding_mask(2, 5, torch.float64, 2),
+                attention_mask=padding_mask(2, 3, torch.float64),
+            ),
+        )
     assert len(calls) == 1 and calls[0]["is_causal"] is False
 
 
-@pytest.mark.parametrize("scale_weights,inverse_idx", [(False, False), (True, True),
-                                                       (False, True)])
+@pytest.mark.parametrize("scale_weights,inverse_idx", [(False, False), (True, True), (False, True)])
 def test_gpt2_scaling_options(scale_weights, inverse_idx):
-    ref, fused = make_pair(GPT2Attention, fused_gpt2_attention, 8, 2,
-                           scale_attn_weights=scale_weights,
-                           scale_attn_by_inverse_layer_idx=inverse_idx, layer_idx=2)
+    ref, fused = make_pair(
+        GPT2Attention,
+        fused_gpt2_attention,
+        8,
+        2,
+        scale_attn_weights=scale_weights,
+        scale_attn_by_inverse_layer_idx=inverse_idx,
+        layer_idx=2,
+    )
     with sdpa_spy() as calls:
         compare(ref, fused, dict(hidden_states=torch.randn(2, 5, 8, dtype=torch.float64)))
     expected = (1 / math.sqrt(4) if scale_weights else 1.0) / (3.0 if inverse_idx else 1.0)
@@ -875,11 +1067,18 @@ def test_gpt2_modified_causal_buffer_is_honoured():
     assert calls[0]["is_causal"] is False and calls[0]["attn_mask"].dtype == torch.bool
 
 
-@pytest.mark.parametrize("case", ["output_attentions", "head_mask", "reorder_and_upcast",
-                                  "too_long"])
+@pytest.mark.parametrize(
+    "case", ["output_attentions", "head_mask", "reorder_and_upcast", "too_long"]
+)
 def test_gpt2_fallbacks_match_original_exactly(case):
-    ref, fused = make_pair(GPT2Attention, fused_gpt2_attention, 8, 2, max_positions=6,
-                           reorder_and_upcast_attn=case == "reorder_and_upcast")
+    ref, fused = make_pair(
+        GPT2Attention,
+        fused_gpt2_attention,
+        8,
+        2,
+        max_positions=6,
+        reorder_and_upcast_attn=case == "reorder_and_upcast",
+    )
     h = torch.randn(2, 4 if case != "too_long" else 8, 8, dtype=torch.float64)
     kwargs = {}
     if case == "output_attentions":
@@ -904,24 +1103,39 @@ def test_gpt2_bfloat16_forward():
     h = torch.randn(2, 9, 32, dtype=torch.bfloat16)
     with torch.no_grad():
         compare(ref, fused, dict(hidden_states=h), torch.bfloat16, grads=False)
-        compare(ref, fused, dict(hidden_states=h,
-                                 attention_mask=padding_mask(2, 9, torch.bfloat16, 3)),
-                torch.bfloat16, grads=False)
+        compare(
+            ref,
+            fused,
+            dict(hidden_states=h, attention_mask=padding_mask(2, 9, torch.bfloat16, 3)),
+            torch.bfloat16,
+            grads=False,
+        )
 
 
 @settings(max_examples=8, deadline=None)
-@given(batch=st.integers(1, 3), seq=st.integers(1, 7), past=st.integers(0, 3),
-       heads=st.integers(1, 3), head_dim=st.integers(1, 4), masked=st.booleans())
+@given(
+    batch=st.integers(1, 3),
+    seq=st.integers(1, 7),
+    past=st.integers(0, 3),
+    heads=st.integers(1, 3),
+    head_dim=st.integers(1, 4),
+    masked=st.booleans(),
+)
 def test_gpt2_shapes_property(batch, seq, past, heads, head_dim, masked):
     hidden = heads * head_dim
     ref, fused = make_pair(GPT2Attention, fused_gpt2_attention, hidden, heads)
     h = torch.randn(batch, seq, hidden, dtype=torch.float64)
     layer_past = None
     if past:
-        layer_past = (torch.randn(batch, heads, past, head_dim, dtype=torch.float64),
-                      torch.randn(batch, heads, past, head_dim, dtype=torch.float64))
+        layer_past = (
+            torch.randn(batch, heads, past, head_dim, dtype=torch.float64),
+            torch.randn(batch, heads, past, head_dim, dtype=torch.float64),
+        )
     mask = padding_mask(batch, seq + past, torch.float64) if masked else None
     with sdpa_spy() as calls:
-        compare(ref, fused, dict(hidden_states=h, layer_past=layer_past, attention_mask=mask,
-                                 use_cache=True))
+        compare(
+            ref,
+            fused,
+            dict(hidden_states=h, layer_past=layer_past, attention_mask=mask, use_cache=True),
+        )
     assert len(calls) == 1

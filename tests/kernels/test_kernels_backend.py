@@ -12,9 +12,17 @@ import adopter.kernels as kernels
 from adopter.kernels import _backend, describe_backends
 
 PUBLIC = {
-    "softmax", "dropout_add_layer_norm", "linear_bias_activation", "conv_batch_norm",
-    "linear_batch_norm", "qkv_projection", "fused_bert_self_attention", "fused_t5_attention",
-    "fused_gpt2_attention", "describe_backends", "clear_caches",
+    "softmax",
+    "dropout_add_layer_norm",
+    "linear_bias_activation",
+    "conv_batch_norm",
+    "linear_batch_norm",
+    "qkv_projection",
+    "fused_bert_self_attention",
+    "fused_t5_attention",
+    "fused_gpt2_attention",
+    "describe_backends",
+    "clear_caches",
 }
 
 
@@ -27,9 +35,18 @@ def test_public_api():
 def test_describe_backends_cpu():
     info = describe_backends("cpu")
     assert info["device"] == "cpu"
-    for key in ("softmax", "dropout_add_layer_norm", "linear_bias_activation", "conv_batch_norm",
-                "linear_batch_norm", "qkv_projection", "attention", "triton", "xformers",
-                "flash_attn"):
+    for key in (
+        "softmax",
+        "dropout_add_layer_norm",
+        "linear_bias_activation",
+        "conv_batch_norm",
+        "linear_batch_norm",
+        "qkv_projection",
+        "attention",
+        "triton",
+        "xformers",
+        "flash_attn",
+    ):
         assert isinstance(info[key], str) and info[key], key
     assert "scaled_dot_product_attention" in info["attention"]
     assert describe_backends()["device"] in ("cpu", "cuda")
@@ -58,8 +75,11 @@ def test_switches(monkeypatch):
 
 
 def test_availability_probes_do_not_fail():
-    for probe in (_backend.triton_available, _backend.xformers_available,
-                  _backend.flash_attn_available):
+    for probe in (
+        _backend.triton_available,
+        _backend.xformers_available,
+        _backend.flash_attn_available,
+    ):
         assert isinstance(probe(), bool)
 
 
@@ -71,7 +91,8 @@ def test_import_is_side_effect_free():
         "if m in sys.modules]; assert not bad, bad; "
         "assert not k._util._CACHE; print('ok')"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"

@@ -11,11 +11,17 @@ from torch import nn
 
 from adopter.kernels import _fold, clear_caches, conv_batch_norm
 
-TOL = {torch.float64: dict(rtol=1e-9, atol=1e-10), torch.float32: dict(rtol=1e-4, atol=1e-5),
-       torch.bfloat16: dict(rtol=5e-2, atol=5e-2)}
+TOL = {
+    torch.float64: dict(rtol=1e-9, atol=1e-10),
+    torch.float32: dict(rtol=1e-4, atol=1e-5),
+    torch.bfloat16: dict(rtol=5e-2, atol=5e-2),
+}
 
-CONVS = {1: (nn.Conv1d, nn.BatchNorm1d), 2: (nn.Conv2d, nn.BatchNorm2d),
-         3: (nn.Conv3d, nn.BatchNorm3d)}
+CONVS = {
+    1: (nn.Conv1d, nn.BatchNorm1d),
+    2: (nn.Conv2d, nn.BatchNorm2d),
+    3: (nn.Conv3d, nn.BatchNorm3d),
+}
 
 
 def make(dims=2, dtype=torch.float64, seed=0, bias=True, affine=True, momentum=0.1, **conv_kw):
@@ -64,9 +70,15 @@ def test_eval_folding_outputs_and_grads(dims, dtype, affine, bias):
         torch.testing.assert_close(conv_batch_norm(x, conv, bn), bn(conv(x)), **TOL[dtype])
 
 
-@pytest.mark.parametrize("kw", [dict(stride=2, padding=1), dict(groups=2, padding=2, dilation=2),
-                                dict(padding=1, padding_mode="reflect"),
-                                dict(padding=1, padding_mode="circular")])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(stride=2, padding=1),
+        dict(groups=2, padding=2, dilation=2),
+        dict(padding=1, padding_mode="reflect"),
+        dict(padding=1, padding_mode="circular"),
+    ],
+)
 def test_conv_options(kw):
     conv, bn = make(2, **kw)
     bn.eval()
@@ -132,8 +144,7 @@ def test_cache_reuse_and_invalidation(monkeypatch):
     # eps is part of the key.
     bn.eps = 0.5
     with torch.no_grad():
-        torch.testing.assert_close(conv_batch_norm(x, conv, bn), bn(conv(x)),
-                                   **TOL[torch.float64])
+        torch.testing.assert_close(conv_batch_norm(x, conv, bn), bn(conv(x)), **TOL[torch.float64])
 
 
 def test_grad_mode_recomputes_fold_and_gradients_flow():
@@ -165,8 +176,9 @@ def test_fallbacks():
     unbatched = torch.randn(4, 9, dtype=torch.float64)  # conv output (6, 7): BN sees N=6, C=7
     bn_unbatched = nn.BatchNorm1d(7).double().eval()
     bn_unbatched.running_var.fill_(2.0)
-    torch.testing.assert_close(conv_batch_norm(unbatched, conv, bn_unbatched),
-                               bn_unbatched(conv(unbatched)))
+    torch.testing.assert_close(
+        conv_batch_norm(unbatched, conv, bn_unbatched), bn_unbatched(conv(unbatched))
+    )
     conv2, bn2 = make(2)
     bn2.eval()
     bn2.register_forward_hook(lambda *a: calls.append("hook"))
@@ -187,17 +199,14 @@ def test_bfloat16_forward_and_mixed_precision_stats():
     bn.eval()
     x = inputs(2, torch.bfloat16)
     with torch.no_grad():
-        torch.testing.assert_close(conv_batch_norm(x, conv, bn), bn(conv(x)),
-                                   **TOL[torch.bfloat16])
+        torch.testing.assert_close(conv_batch_norm(x, conv, bn), bn(conv(x)), **TOL[torch.bfloat16])
     bn.float()  # half-precision conv with fp32 BatchNorm, as F.batch_norm allows
     with torch.no_grad():
-        torch.testing.assert_close(conv_batch_norm(x, conv, bn), bn(conv(x)),
-                                   **TOL[torch.bfloat16])
+        torch.testing.assert_close(conv_batch_norm(x, conv, bn), bn(conv(x)), **TOL[torch.bfloat16])
 
 
 @settings(max_examples=8, deadline=None)
-@given(dims=st.integers(1, 2), batch=st.integers(1, 3), size=st.integers(3, 6),
-       train=st.booleans())
+@given(dims=st.integers(1, 2), batch=st.integers(1, 3), size=st.integers(3, 6), train=st.booleans())
 def test_property_shapes(dims, batch, size, train):
     conv_a, bn_a = make(dims)
     conv_b, bn_b = make(dims)

@@ -20,11 +20,17 @@ from adopter.kernels import (
 )
 from adopter.kernels._activations import resolve_activation
 
-TOL = {torch.float64: dict(rtol=1e-10, atol=1e-10), torch.float32: dict(rtol=1e-5, atol=1e-5),
-       torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
+TOL = {
+    torch.float64: dict(rtol=1e-10, atol=1e-10),
+    torch.float32: dict(rtol=1e-5, atol=1e-5),
+    torch.bfloat16: dict(rtol=2e-2, atol=2e-2),
+}
 # The transformers tanh-GELU formulas become the native tanh-GELU kernel: equal up to rounding.
-FORMULA_TOL = {torch.float64: dict(rtol=1e-9, atol=1e-9), torch.float32: TOL[torch.float32],
-               torch.bfloat16: TOL[torch.bfloat16]}
+FORMULA_TOL = {
+    torch.float64: dict(rtol=1e-9, atol=1e-9),
+    torch.float32: TOL[torch.float32],
+    torch.bfloat16: TOL[torch.bfloat16],
+}
 
 
 # --- stand-ins for transformers.activations (module path set so they are recognised) ---------
@@ -36,8 +42,11 @@ class _TransformersAct(nn.Module):
 
 class NewGELUActivation(_TransformersAct):
     def forward(self, x):
-        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 *
-                                                                         torch.pow(x, 3.0))))
+        return (
+            0.5
+            * x
+            * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+        )
 
 
 class FastGELUActivation(_TransformersAct):
@@ -86,24 +95,47 @@ class LinearActivation(_TransformersAct):
         return x
 
 
-for _cls in (NewGELUActivation, FastGELUActivation, QuickGELUActivation, GELUActivation,
-             ClippedGELUActivation, SiLUActivation, ReLUSquaredActivation, LinearActivation):
+for _cls in (
+    NewGELUActivation,
+    FastGELUActivation,
+    QuickGELUActivation,
+    GELUActivation,
+    ClippedGELUActivation,
+    SiLUActivation,
+    ReLUSquaredActivation,
+    LinearActivation,
+):
     _cls.__module__ = "transformers.activations"
 
 
 def activations():
     return [
-        ("gelu", nn.GELU()), ("gelu_tanh", nn.GELU(approximate="tanh")), ("relu", nn.ReLU()),
-        ("relu_inplace", nn.ReLU(inplace=True)), ("relu6", nn.ReLU6()), ("silu", nn.SiLU()),
-        ("tanh", nn.Tanh()), ("sigmoid", nn.Sigmoid()), ("mish", nn.Mish()),
-        ("leaky", nn.LeakyReLU(0.1)), ("leaky_neg", nn.LeakyReLU(-0.2)),
-        ("identity", nn.Identity()), ("F.gelu", F.gelu), ("F.relu", F.relu),
-        ("torch.tanh", torch.tanh), ("F.silu", F.silu), ("torch.sigmoid", torch.sigmoid),
-        ("new_gelu", NewGELUActivation()), ("fast_gelu", FastGELUActivation()),
-        ("quick_gelu", QuickGELUActivation()), ("gelu_tf", GELUActivation()),
+        ("gelu", nn.GELU()),
+        ("gelu_tanh", nn.GELU(approximate="tanh")),
+        ("relu", nn.ReLU()),
+        ("relu_inplace", nn.ReLU(inplace=True)),
+        ("relu6", nn.ReLU6()),
+        ("silu", nn.SiLU()),
+        ("tanh", nn.Tanh()),
+        ("sigmoid", nn.Sigmoid()),
+        ("mish", nn.Mish()),
+        ("leaky", nn.LeakyReLU(0.1)),
+        ("leaky_neg", nn.LeakyReLU(-0.2)),
+        ("identity", nn.Identity()),
+        ("F.gelu", F.gelu),
+        ("F.relu", F.relu),
+        ("torch.tanh", torch.tanh),
+        ("F.silu", F.silu),
+        ("torch.sigmoid", torch.sigmoid),
+        ("new_gelu", NewGELUActivation()),
+        ("fast_gelu", FastGELUActivation()),
+        ("quick_gelu", QuickGELUActivation()),
+        ("gelu_tf", GELUActivation()),
         ("gelu_python", GELUActivation(use_gelu_python=True)),
-        ("gelu_10", ClippedGELUActivation(-0.1, 0.5)), ("silu_tf", SiLUActivation()),
-        ("relu2", ReLUSquaredActivation()), ("linear", LinearActivation()),
+        ("gelu_10", ClippedGELUActivation(-0.1, 0.5)),
+        ("silu_tf", SiLUActivation()),
+        ("relu2", ReLUSquaredActivation()),
+        ("linear", LinearActivation()),
     ]
 
 
@@ -130,8 +162,9 @@ def compare_fn(fused_fn, ref_fn, inputs, params, dtype, tol=None, grads=True):
             torch.autograd.backward(list(flat), [torch.randn_like(t) for t in flat])
             all_grads.append([x.grad for x in xs] + [p.grad for p in params])
     a, b = outs
-    for u, v in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,),
-                    strict=True):
+    for u, v in zip(
+        a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,), strict=True
+    ):
         assert u.shape == v.shape and u.dtype == v.dtype
         torch.testing.assert_close(u, v, **tol)
     if grads:
@@ -148,11 +181,24 @@ def test_activation_matches_and_grads(name, act, dtype):
     lin = make_linear(6, 5, dtype=dtype)
     x = torch.randn(2, 3, 6, dtype=dtype) * 2
     tol = FORMULA_TOL[dtype] if "gelu" in name else None
-    compare_fn(lambda t: linear_bias_activation(t, lin, act), lambda t: act(lin(t)), [x],
-               list(lin.parameters()), dtype, tol)
+    compare_fn(
+        lambda t: linear_bias_activation(t, lin, act),
+        lambda t: act(lin(t)),
+        [x],
+        list(lin.parameters()),
+        dtype,
+        tol,
+    )
     with torch.no_grad():  # in-place / epilogue paths
-        compare_fn(lambda t: linear_bias_activation(t, lin, act), lambda t: act(lin(t)), [x],
-                   [], dtype, tol, grads=False)
+        compare_fn(
+            lambda t: linear_bias_activation(t, lin, act),
+            lambda t: act(lin(t)),
+            [x],
+            [],
+            dtype,
+            tol,
+            grads=False,
+        )
 
 
 @pytest.mark.parametrize("name,act", ACTS, ids=[n for n, _ in ACTS])
@@ -165,8 +211,13 @@ def test_frozen_weights_input_grad_only():
     lin.requires_grad_(False)
     x = torch.randn(5, 4, dtype=torch.float64)
     for act in (nn.ReLU(), nn.GELU(), nn.Tanh()):
-        compare_fn(lambda t, a=act: linear_bias_activation(t, lin, a), lambda t, a=act: a(lin(t)),
-                   [x], [], torch.float64)
+        compare_fn(
+            lambda t, a=act: linear_bias_activation(t, lin, a),
+            lambda t, a=act: a(lin(t)),
+            [x],
+            [],
+            torch.float64,
+        )
 
 
 @pytest.mark.parametrize("shape", [(4,), (3, 4), (2, 3, 4), (2, 0, 4)])
@@ -175,9 +226,14 @@ def test_input_ranks_and_no_bias(shape):
         lin = make_linear(4, 6, bias=bias)
         x = torch.randn(shape, dtype=torch.float64)
         for act in (nn.ReLU(), NewGELUActivation()):
-            compare_fn(lambda t, a=act, m=lin: linear_bias_activation(t, m, a),
-                       lambda t, a=act, m=lin: a(m(t)), [x], list(lin.parameters()),
-                       torch.float64, FORMULA_TOL[torch.float64])
+            compare_fn(
+                lambda t, a=act, m=lin: linear_bias_activation(t, m, a),
+                lambda t, a=act, m=lin: a(m(t)),
+                [x],
+                list(lin.parameters()),
+                torch.float64,
+                FORMULA_TOL[torch.float64],
+            )
             with torch.no_grad():
                 torch.testing.assert_close(linear_bias_activation(x, lin, act), act(lin(x)))
 
@@ -222,11 +278,13 @@ def test_bfloat16_forward():
     lin = make_linear(16, 8, dtype=torch.bfloat16)
     x = torch.randn(4, 16, dtype=torch.bfloat16)
     for act in (nn.GELU(), nn.ReLU(), NewGELUActivation(), nn.SiLU()):
-        torch.testing.assert_close(linear_bias_activation(x, lin, act), act(lin(x)),
-                                   **TOL[torch.bfloat16])
+        torch.testing.assert_close(
+            linear_bias_activation(x, lin, act), act(lin(x)), **TOL[torch.bfloat16]
+        )
         with torch.no_grad():
-            torch.testing.assert_close(linear_bias_activation(x, lin, act), act(lin(x)),
-                                       **TOL[torch.bfloat16])
+            torch.testing.assert_close(
+                linear_bias_activation(x, lin, act), act(lin(x)), **TOL[torch.bfloat16]
+            )
 
 
 def test_autocast_keeps_the_original_dtype():
@@ -241,14 +299,24 @@ def test_autocast_keeps_the_original_dtype():
 
 
 @settings(max_examples=10, deadline=None)
-@given(batch=st.lists(st.integers(1, 4), min_size=0, max_size=2), i=st.integers(1, 6),
-       o=st.integers(1, 6), idx=st.integers(0, len(ACTS) - 1))
+@given(
+    batch=st.lists(st.integers(1, 4), min_size=0, max_size=2),
+    i=st.integers(1, 6),
+    o=st.integers(1, 6),
+    idx=st.integers(0, len(ACTS) - 1),
+)
 def test_property_shapes(batch, i, o, idx):
     name, act = ACTS[idx]
     lin = make_linear(i, o)
     x = torch.randn(*batch, i, dtype=torch.float64)
-    compare_fn(lambda t: linear_bias_activation(t, lin, act), lambda t: act(lin(t)), [x],
-               list(lin.parameters()), torch.float64, FORMULA_TOL[torch.float64])
+    compare_fn(
+        lambda t: linear_bias_activation(t, lin, act),
+        lambda t: act(lin(t)),
+        [x],
+        list(lin.parameters()),
+        torch.float64,
+        FORMULA_TOL[torch.float64],
+    )
 
 
 # --- qkv_projection -----------------------------------------------------------------------------
@@ -260,18 +328,30 @@ def make_qkv(dtype=torch.float64, biases=(True, True, True), outs=(6, 6, 6)):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("biases,outs", [((True, True, True), (6, 6, 6)),
-                                         ((False, False, False), (4, 4, 4)),
-                                         ((True, False, True), (3, 5, 2))])
+@pytest.mark.parametrize(
+    "biases,outs",
+    [
+        ((True, True, True), (6, 6, 6)),
+        ((False, False, False), (4, 4, 4)),
+        ((True, False, True), (3, 5, 2)),
+    ],
+)
 def test_qkv_matches_and_grads(dtype, biases, outs):
     q, k, v = make_qkv(dtype, biases, outs)
     params = [p for m in (q, k, v) for p in m.parameters()]
     x = torch.randn(2, 4, 5, dtype=dtype)
-    compare_fn(lambda t: qkv_projection(t, q, k, v), lambda t: (q(t), k(t), v(t)), [x], params,
-               dtype)
+    compare_fn(
+        lambda t: qkv_projection(t, q, k, v), lambda t: (q(t), k(t), v(t)), [x], params, dtype
+    )
     with torch.no_grad():
-        compare_fn(lambda t: qkv_projection(t, q, k, v), lambda t: (q(t), k(t), v(t)), [x], [],
-                   dtype, grads=False)
+        compare_fn(
+            lambda t: qkv_projection(t, q, k, v),
+            lambda t: (q(t), k(t), v(t)),
+            [x],
+            [],
+            dtype,
+            grads=False,
+        )
 
 
 def test_qkv_single_matmul(monkeypatch):
@@ -317,8 +397,12 @@ def test_qkv_cache_reuse_and_invalidation():
         torch.testing.assert_close(out[1], k(x))
         # load_state_dict also invalidates.
         with torch.no_grad():
-            v.load_state_dict({"weight": torch.zeros(6, 5, dtype=torch.float64),
-                               "bias": torch.ones(6, dtype=torch.float64)})
+            v.load_state_dict(
+                {
+                    "weight": torch.zeros(6, 5, dtype=torch.float64),
+                    "bias": torch.ones(6, dtype=torch.float64),
+                }
+            )
             out = qkv_projection(x, q, k, v)
         assert len(built) == 3 and torch.equal(out[2], torch.ones(3, 6, dtype=torch.float64))
         # .to() moves storage: invalidated through data_ptr.
@@ -409,8 +493,7 @@ def test_linear_bn_training_updates_stats_identically(momentum, dtype):
     lin2, bn2 = make_lin_bn(dtype, momentum)
     x = torch.randn(8, 6, dtype=dtype)
     for _ in range(3):
-        compare_fn(lambda t: linear_batch_norm(t, lin, bn), lambda t: bn2(lin2(t)), [x], [],
-                   dtype)
+        compare_fn(lambda t: linear_batch_norm(t, lin, bn), lambda t: bn2(lin2(t)), [x], [], dtype)
     # compare_fn ran each pair once per iteration: stats must agree.
     torch.testing.assert_close(bn.running_mean, bn2.running_mean)
     torch.testing.assert_close(bn.running_var, bn2.running_var)
@@ -426,8 +509,14 @@ def test_linear_bn_eval_folding_with_grads(dtype, affine, bias):
     x = torch.randn(5, 6, dtype=dtype)
     compare_fn(lambda t: linear_batch_norm(t, lin, bn), lambda t: bn(lin(t)), [x], params, dtype)
     with torch.no_grad():
-        compare_fn(lambda t: linear_batch_norm(t, lin, bn), lambda t: bn(lin(t)), [x], [], dtype,
-                   grads=False)
+        compare_fn(
+            lambda t: linear_batch_norm(t, lin, bn),
+            lambda t: bn(lin(t)),
+            [x],
+            [],
+            dtype,
+            grads=False,
+        )
 
 
 def test_linear_bn_eval_is_folded(monkeypatch):
@@ -475,5 +564,4 @@ def test_linear_bn_bfloat16_forward():
     bn.eval()
     x = torch.randn(4, 6, dtype=torch.bfloat16)
     with torch.no_grad():
-        torch.testing.assert_close(linear_batch_norm(x, lin, bn), bn(lin(x)),
-                                   **TOL[torch.bfloat16])
+        torch.testing.assert_close(linear_batch_norm(x, lin, bn), bn(lin(x)), **TOL[torch.bfloat16])

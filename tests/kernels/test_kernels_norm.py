@@ -12,8 +12,11 @@ from torch import nn
 from adopter.kernels import dropout_add_layer_norm
 from adopter.kernels import norm as norm_module
 
-TOL = {torch.float64: dict(rtol=1e-10, atol=1e-10), torch.float32: dict(rtol=1e-5, atol=1e-5),
-       torch.bfloat16: dict(rtol=2e-2, atol=3e-2)}
+TOL = {
+    torch.float64: dict(rtol=1e-10, atol=1e-10),
+    torch.float32: dict(rtol=1e-5, atol=1e-5),
+    torch.bfloat16: dict(rtol=2e-2, atol=3e-2),
+}
 
 
 def run_both(h, r, dropout, ln, dtype, seed=0, grads=True, **kwargs):
@@ -27,8 +30,11 @@ def run_both(h, r, dropout, ln, dtype, seed=0, grads=True, **kwargs):
         if fused:
             out = dropout_add_layer_norm(hh, rr, dropout, ln, **kwargs)
         else:
-            dropped = (F.dropout(hh, dropout, kwargs.get("training", ln.training))
-                       if isinstance(dropout, float) else dropout(hh))
+            dropped = (
+                F.dropout(hh, dropout, kwargs.get("training", ln.training))
+                if isinstance(dropout, float)
+                else dropout(hh)
+            )
             out = ln(dropped + rr)
         grads_ = []
         if grads:
@@ -120,8 +126,9 @@ def test_broadcast_residual_and_mixed_dtypes():
     r = torch.randn(8, dtype=torch.float64)
     run_both(h, r, nn.Dropout(0.25), ln, torch.float64, seed=11)
     h32 = torch.randn(2, 3, 8)
-    run_both(h32, torch.randn(2, 3, 8, dtype=torch.float64), nn.Dropout(0.5), ln,
-             torch.float64, seed=12)
+    run_both(
+        h32, torch.randn(2, 3, 8, dtype=torch.float64), nn.Dropout(0.5), ln, torch.float64, seed=12
+    )
 
 
 def test_no_grad_path_writes_into_mask_buffer():
@@ -171,8 +178,11 @@ def test_bfloat16_forward():
 
 
 @settings(max_examples=10, deadline=None)
-@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=3), p=st.sampled_from([0.0, 0.3]),
-       seed=st.integers(0, 100))
+@given(
+    shape=st.lists(st.integers(1, 5), min_size=1, max_size=3),
+    p=st.sampled_from([0.0, 0.3]),
+    seed=st.integers(0, 100),
+)
 def test_property_shapes(shape, p, seed):
     ln = nn.LayerNorm(shape[-1]).double()
     h = torch.randn(shape, dtype=torch.float64)

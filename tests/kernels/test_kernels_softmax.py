@@ -16,8 +16,12 @@ from hypothesis import strategies as st
 
 from adopter.kernels import softmax
 
-TOL = {torch.float64: dict(rtol=1e-12, atol=1e-12), torch.float32: dict(rtol=1e-6, atol=1e-6),
-       torch.bfloat16: dict(rtol=2e-2, atol=1e-2), torch.float16: dict(rtol=2e-3, atol=1e-3)}
+TOL = {
+    torch.float64: dict(rtol=1e-12, atol=1e-12),
+    torch.float32: dict(rtol=1e-6, atol=1e-6),
+    torch.bfloat16: dict(rtol=2e-2, atol=1e-2),
+    torch.float16: dict(rtol=2e-3, atol=1e-3),
+}
 
 
 def check(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> None:
@@ -35,16 +39,23 @@ def check(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("shape,dim", [((5,), 0), ((3, 7), -1), ((3, 7), 0), ((2, 3, 4, 9), -1),
-                                       ((2, 3, 4, 9), 1), ((4, 1), -1)])
+@pytest.mark.parametrize(
+    "shape,dim",
+    [((5,), 0), ((3, 7), -1), ((3, 7), 0), ((2, 3, 4, 9), -1), ((2, 3, 4, 9), 1), ((4, 1), -1)],
+)
 def test_matches_functional(dtype, shape, dim):
     torch.manual_seed(0)
     check(torch.randn(shape, dtype=dtype) * 3, dim)
 
 
-@pytest.mark.parametrize("src,dst", [(torch.bfloat16, torch.float32),
-                                     (torch.float32, torch.float64),
-                                     (torch.float64, torch.float32)])
+@pytest.mark.parametrize(
+    "src,dst",
+    [
+        (torch.bfloat16, torch.float32),
+        (torch.float32, torch.float64),
+        (torch.float64, torch.float32),
+    ],
+)
 def test_dtype_argument(src, dst):
     torch.manual_seed(1)
     check(torch.randn(4, 6, dtype=src), -1, dst)
@@ -87,8 +98,9 @@ def test_property_shapes(shape, data):
 
 # --- Triton kernels, exercised on CPU through TRITON_INTERPRET=1 when triton is installed ---
 
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                                  reason="triton not installed")
+needs_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="triton not installed"
+)
 
 
 _INTERPRETED_CHECK = """
@@ -129,8 +141,14 @@ def test_triton_kernel_interpreted():
     """
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, "-c", _INTERPRETED_CHECK], cwd=root, env=env,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", _INTERPRETED_CHECK],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["ok", "6"]
 
@@ -148,8 +166,9 @@ def test_triton_support_predicate():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("src,dst", [(torch.float16, torch.float32),
-                                     (torch.bfloat16, torch.float32),
-                                     (torch.float32, None)])
+@pytest.mark.parametrize(
+    "src,dst",
+    [(torch.float16, torch.float32), (torch.bfloat16, torch.float32), (torch.float32, None)],
+)
 def test_cuda(src, dst):
     check(torch.randn(64, 300, device="cuda", dtype=src), -1, dst)

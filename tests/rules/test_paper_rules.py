@@ -20,7 +20,9 @@ from ...activations import ACT2FN
 
 CASES: dict[str, list[tuple[str, list[int]]]] = {
     "paper.1": [
-        (HEAD + """
+        (
+            HEAD
+            + """
 class BertSelfAttention(nn.Module):
     def forward(self, x):
         return x
@@ -30,9 +32,13 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(config, position_embedding_type=position_embedding_type)
     def forward(self, x):
         return self.self(x)
-""", [13]),
+""",
+            [13],
+        ),
         # constructed but never called in forward: nothing to speed up
-        (HEAD + """
+        (
+            HEAD
+            + """
 class BertSelfAttention(nn.Module):
     pass
 class Holder(nn.Module):
@@ -41,10 +47,14 @@ class Holder(nn.Module):
         self.self = BertSelfAttention(config, position_embedding_type="absolute")
     def forward(self, x):
         return x
-""", []),
+""",
+            [],
+        ),
     ],
     "paper.2": [
-        (HEAD + """
+        (
+            HEAD
+            + """
 class T5Attention(nn.Module):
     def forward(self, x):
         return x
@@ -55,18 +65,26 @@ class T5Layer(nn.Module):
         self.Cross = T5Attention(config, has_relative_attention_bias=False)
     def forward(self, x):
         return self.Cross(self.SelfAttention(x))
-""", [13, 14]),
-        (HEAD + """
+""",
+            [13, 14],
+        ),
+        (
+            HEAD
+            + """
 class T5Layer(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.SelfAttention = T5Attention(config)
     def forward(self, x):
         return self.SelfAttention(x)
-""", []),  # the pattern requires has_relative_attention_bias
+""",
+            [],
+        ),  # the pattern requires has_relative_attention_bias
     ],
     "paper.3": [
-        (HEAD + """
+        (
+            HEAD
+            + """
 class GPT2Attention(nn.Module):
     def forward(self, x):
         return x
@@ -81,42 +99,62 @@ class GPT2Block(nn.Module):
         if encoder_hidden_states is not None:
             x = self.crossattention(x)
         return x
-""", [13, 15]),
+""",
+            [13, 15],
+        ),
     ],
     "paper.4": [
-        (HEAD + """
+        (
+            HEAD
+            + """
 class Attn(nn.Module):
     def forward(self, scores, other):
         probs = nn.functional.softmax(scores, dim=-1)
         more = F.softmax(other, -1)
         return probs, more
-""", [9, 10]),
-        (HEAD + """
+""",
+            [9, 10],
+        ),
+        (
+            HEAD
+            + """
 class Attn(nn.Module):
     def forward(self, scores):
         a = F.softmax(scores, dim=1)
         b = torch.softmax(scores, -1)
         c = scores.softmax(dim=-1)
         return a, b, c
-""", []),  # not the last dimension / spellings outside the reference rule
-        (HEAD + """
+""",
+            [],
+        ),  # not the last dimension / spellings outside the reference rule
+        (
+            HEAD
+            + """
 def scaled_attention(q, k):
     return F.softmax(q @ k, dim=-1)
 class Attn(nn.Module):
     def forward(self, q, k):
         return scaled_attention(q, k)
-""", [8]),  # module-level helpers are followed (the original tool never looked there)
-        (HEAD + """
+""",
+            [8],
+        ),  # module-level helpers are followed (the original tool never looked there)
+        (
+            HEAD
+            + """
 @torch.jit.script
 def scripted(x):
     return F.softmax(x, dim=-1)
 class Attn(nn.Module):
     def forward(self, x):
         return scripted(x)
-""", []),  # TorchScript cannot call the kernel: reported as not applicable
+""",
+            [],
+        ),  # TorchScript cannot call the kernel: reported as not applicable
     ],
     "paper.5": [
-        (HEAD + """
+        (
+            HEAD
+            + """
 class SelfOutput(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -128,8 +166,12 @@ class SelfOutput(nn.Module):
         hidden_states = self.dropout(hidden_states)
         hidden_states = self.LayerNorm(hidden_states + input_tensor)
         return hidden_states
-""", [15]),
-        (HEAD + """
+""",
+            [15],
+        ),
+        (
+            HEAD
+            + """
 class Layer(nn.Module):
     def __init__(self):
         super().__init__()
@@ -139,8 +181,12 @@ class Layer(nn.Module):
         y = self.drop(x)
         z = residual + y
         return self.norm(z)
-""", [13]),  # residual first, separate statements
-        (HEAD + """
+""",
+            [13],
+        ),  # residual first, separate statements
+        (
+            HEAD
+            + """
 class Layer(nn.Module):
     def __init__(self):
         super().__init__()
@@ -150,8 +196,12 @@ class Layer(nn.Module):
         y = self.drop(x)
         z = residual + y
         return self.norm(z), z
-""", []),  # the sum is returned too: fusing would lose it
-        (HEAD + """
+""",
+            [],
+        ),  # the sum is returned too: fusing would lose it
+        (
+            HEAD
+            + """
 class Layer(nn.Module):
     def __init__(self):
         super().__init__()
@@ -161,10 +211,14 @@ class Layer(nn.Module):
         y = self.drop(x)
         z = residual * y
         return self.norm(z)
-""", []),  # a product is not a residual add
+""",
+            [],
+        ),  # a product is not a residual add
     ],
     "paper.6": [
-        (HEAD + """
+        (
+            HEAD
+            + """
 class Intermediate(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -177,8 +231,12 @@ class Intermediate(nn.Module):
         hidden_states = self.dense(hidden_states)
         hidden_states = self.intermediate_act_fn(hidden_states)
         return hidden_states
-""", [16]),
-        (HEAD + """
+""",
+            [16],
+        ),
+        (
+            HEAD
+            + """
 class Intermediate(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -186,8 +244,12 @@ class Intermediate(nn.Module):
         self.act = ACT2FN[config.hidden_act]
     def forward(self, x):
         return self.act(self.dense(x))
-""", []),  # no bias to fuse
-        (HEAD + """
+""",
+            [],
+        ),  # no bias to fuse
+        (
+            HEAD
+            + """
 class Intermediate(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -196,8 +258,12 @@ class Intermediate(nn.Module):
         self.dropout = nn.Dropout(0.1)
     def forward(self, x):
         return self.act(self.dropout(self.dense(x)))
-""", []),  # dropout in between: not "straight into"
-        (HEAD + """
+""",
+            [],
+        ),  # dropout in between: not "straight into"
+        (
+            HEAD
+            + """
 class Intermediate(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -208,10 +274,14 @@ class Intermediate(nn.Module):
         first = self.act(h)
         second = self.fc(first)
         return self.act(second)
-""", [13, 15]),  # every instance in a method, not just the first
+""",
+            [13, 15],
+        ),  # every instance in a method, not just the first
     ],
     "paper.7": [
-        (HEAD + """
+        (
+            HEAD
+            + """
 class ConvLayer(nn.Module):
     def __init__(self, use_bn):
         super().__init__()
@@ -223,16 +293,24 @@ class ConvLayer(nn.Module):
         if self.use_bn:
             x = self.bn(x)
         return x
-""", [14]),  # paper Fig. 4: the norm sits in a branch
-        (HEAD + """
+""",
+            [14],
+        ),  # paper Fig. 4: the norm sits in a branch
+        (
+            HEAD
+            + """
 class Head(nn.Module):
     def __init__(self):
         super().__init__()
         self.block = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU())
     def forward(self, x):
         return self.block(x)
-""", [10]),
-        (HEAD + """
+""",
+            [10],
+        ),
+        (
+            HEAD
+            + """
 class ConvLayer(nn.Module):
     def __init__(self):
         super().__init__()
@@ -241,10 +319,14 @@ class ConvLayer(nn.Module):
     def forward(self, x):
         y = self.conv(x)
         return self.bn(y), y
-""", []),
+""",
+            [],
+        ),
     ],
     "paper.8": [
-        (HEAD + """
+        (
+            HEAD
+            + """
 class Projection(nn.Module):
     def __init__(self):
         super().__init__()
@@ -255,10 +337,14 @@ class Projection(nn.Module):
         )
     def forward(self, x):
         return self.proj(x)
-""", [11]),
+""",
+            [11],
+        ),
     ],
     "paper.9": [
-        (HEAD + """
+        (
+            HEAD
+            + """
 class SelfAttention(nn.Module):
     def __init__(self, d):
         super().__init__()
@@ -275,8 +361,12 @@ class SelfAttention(nn.Module):
         key = self._split_heads(key, 2, 2)
         value = self._split_heads(value, 2, 2)
         return query, key, value
-""", [16]),
-        (HEAD + """
+""",
+            [16],
+        ),
+        (
+            HEAD
+            + """
 class SelfAttention(nn.Module):
     def __init__(self, d):
         super().__init__()
@@ -290,7 +380,9 @@ class SelfAttention(nn.Module):
         key = self.k_proj(other)
         value = self.v_proj(other)
         return self._split_heads(query, 2, 2), self._split_heads(key, 2, 2), self._split_heads(value, 2, 2)
-""", []),  # projections of different tensors cannot share one matmul
+""",
+            [],
+        ),  # projections of different tensors cannot share one matmul
     ],
 }
 
