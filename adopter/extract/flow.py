@@ -90,6 +90,9 @@ class FlowBuilder:
         self.active: list[ast.FunctionDef] = []
         self.tuples: dict[int, list[Operand]] = {}
         self.statement: ast.stmt | None = None
+        self.replay: int | None = None  # first step of a loop body being replayed
+        self.replay_next = 0
+        self.replay_end = 0
 
     # -- entry -------------------------------------------------------------------------------
     def build_root(self, cls: ClassInfo | None, function: ast.FunctionDef) -> FunctionFlow:
@@ -163,12 +166,12 @@ class FlowBuilder:
             self.branches([node.body, node.orelse], BranchPoint("if", node.test))
         elif isinstance(node, (ast.For, ast.AsyncFor)):
             self.loop_target(node.target, node.iter)
-            self.branches([node.body, []], BranchPoint("loop", node.iter))
+            self.loop(node.body, BranchPoint("loop", node.iter))
             if node.orelse:
                 self.block(node.orelse)
         elif isinstance(node, ast.While):
             self.escape(self.expr(node.test), "condition")
-            self.branches([node.body, []], BranchPoint("while", node.test))
+            self.loop(node.body, BranchPoint("while", node.test))
             self.block(node.orelse)
         elif isinstance(node, (ast.With, ast.AsyncWith)):
             for item in node.items:
@@ -240,6 +243,26 @@ class FlowBuilder:
             for name, ref in survivors[0][2].items()
             if all(modules.get(name) is ref for _, _, modules in survivors)
         }
+
+    def loop(self, body: list[ast.stmt], branch: BranchPoint) -> None:
+        """A loop body runs zero or more times. After analysing it once, replay it with the
+        values that flow round the loop, adding only the uses that the next iteration makes of
+        this one's results (a value fused away in one iteration may be read by the next)."""
+        start = len(self.flow.steps)
+        self.branches([body, []], branch)
+        end = len(self.flow.steps)
+        if self.replay is not None or end == start:
+            return
+        frame = self.frame
+        saved = (dict(frame.env), dict(frame.modules), self.context, self.statement)
+        self.replay, self.replay_next, self.replay_end = start, start, end
+        try:
+            self.block(body)
+        except (_Terminated, _ReplayDiverged):
+            pass
+        finally:
+            self.replay = None
+            frame.env, frame.modules, self.context, self.statement = saved
 
     def loop_target(self, target: ast.expr, iterable: ast.expr) -> None:
         """Bind the loop variable; iterating a ModuleList binds it to the list's elements."""
@@ -333,6 +356,8 @@ class FlowBuilder:
         transparent: bool = False,
         synthetic_at: Construction | None = None,
     ) -> Operand:
+        if self.replay is not None:
+            return self.replayed(kind, [*positional, *arguments.values()])
         if len(self.flow.steps) >= MAX_STEPS:
             raise _Budget
         output = self.new_value()
@@ -368,6 +393,22 @@ class FlowBuilder:
                     Use(step.id, self.context | flow.context)
                 )
         return Operand(node=node, flows=(Flow(output),))
+
+    def replayed(self, kind: str, operands: list[Operand]) -> Operand:
+        """During a loop replay: the step this call produced the first time round, now also
+        recorded as a use of whatever flows into it from the previous iteration."""
+        if self.replay_next >= self.replay_end:
+            raise _ReplayDiverged
+        step = self.flow.steps[self.replay_next]
+        if step.kind != kind:
+            raise _ReplayDiverged
+        self.replay_next += 1
+        for operand in operands:
+            for flow in operand.flows:
+                uses = self.flow.uses.setdefault(flow.value, [])
+                if not any(use.step == step.id for use in uses):
+                    uses.append(Use(step.id, self.context | flow.context, "next iteration"))
+        return Operand(node=step.node, flows=(Flow(step.output),))
 
     # -- expressions -------------------------------------------------------------------------
     def expr(self, node: ast.expr) -> Operand:  # noqa: C901 - one dispatch over expression kinds
@@ -682,6 +723,10 @@ def is_scripted(function: ast.FunctionDef, analysis: FileAnalysis) -> bool:
         if analysis.imports.resolve(target) in ("torch.jit.script", "torch.jit.script_method"):
             return True
     return False
+
+
+class _ReplayDiverged(Exception):
+    """A loop replay took a different route than the first pass; its extra uses are dropped."""
 
 
 class _Budget(Exception):

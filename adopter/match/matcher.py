@@ -64,6 +64,7 @@ class Site:
     constructions: dict[str, Construction] = field(default_factory=dict)
     bindings: dict[str, object] = field(default_factory=dict)
     flow: FunctionFlow | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[str, str, int, int]:
@@ -112,9 +113,16 @@ class _State:
     steps: list[FlowStep]
     context: Context
     constructions: dict[str, Construction]
+    notes: tuple[str, ...] = ()
 
     def copy(self) -> _State:
-        return _State(dict(self.bindings), list(self.steps), self.context, dict(self.constructions))
+        return _State(
+            dict(self.bindings),
+            list(self.steps),
+            self.context,
+            dict(self.constructions),
+            self.notes,
+        )
 
 
 class CompiledRule:
@@ -353,7 +361,7 @@ class Matcher:
         orders = [step.positional]
         if commutative and len(step.positional) == 2:
             orders.append(list(reversed(step.positional)))
-        for operands in orders:
+        for order, operands in enumerate(orders):
             trial = state.copy()
             trial_edges: list[Context] = []
             ok = True
@@ -377,6 +385,10 @@ class Matcher:
                             break
             if ok:
                 state.bindings = trial.bindings
+                if order:
+                    state.notes += (
+                        f"operands of `{step.kind}` at line {step.line} matched in the other order",
+                    )
                 edges.extend(trial_edges)
                 return edges
         return None
@@ -444,6 +456,7 @@ class Matcher:
             bindings=dict((where_state or state).bindings),
             flow=flow,
         )
+        site.notes = list(state.notes) + _shape_notes(state.steps)
         matched_ids = {step.id for step in matched}
         scripted = next((step for step in state.steps if step.scripted), None)
         if scripted is not None and rule.kernel:
@@ -491,6 +504,22 @@ class Matcher:
                             constructions={attribute: construction},
                             bindings=state.bindings,
                         )
+
+
+def _shape_notes(steps: list[FlowStep]) -> list[str]:
+    """How a match is laid out in the source, for reports: across classes or methods, or
+    through the elements of an ``nn.Sequential``."""
+    notes = []
+    owners = {(step.cls, step.method) for step in steps}
+    if len({cls for cls, _ in owners}) > 1:
+        notes.append("spans classes: " + ", ".join(sorted(f"{c}.{m}" for c, m in owners)))
+    elif len(owners) > 1:
+        notes.append("spans methods: " + ", ".join(sorted(m for _, m in owners)))
+    if any(step.synthetic for step in steps):
+        notes.append("through nn.Sequential elements")
+    if any(step.context for step in steps):
+        notes.append("inside a branch or loop")
+    return notes
 
 
 def _first_module_var(compiled: CompiledRule) -> str | None:
