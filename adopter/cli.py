@@ -223,6 +223,91 @@ def structure(
 
 
 @app.command()
+def apply(
+    paths: Annotated[list[Path], typer.Argument(help="Python files or directories (recursive).")],
+    write: Annotated[bool, typer.Option("--write", help="Write the patched files.")] = False,
+    check: Annotated[
+        bool, typer.Option("--check", help="Exit 1 when something would change (CI, pre-commit).")
+    ] = False,
+    output_format: Annotated[
+        str, typer.Option("--format", "-f", help="diff (default) or json (the edits).")
+    ] = "diff",
+    rule_files: RulesOption = None,
+    rule_set: RuleSetOption = None,
+    select: SelectOption = None,
+    jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes.")] = None,
+) -> None:
+    """Rewrite every site to call its kernel. Prints a unified diff unless --write is given.
+
+    Files are never imported. A site that cannot be rewritten safely is skipped with a reason;
+    the others still apply. Writes are atomic; untouched files are not rewritten.
+    """
+    import difflib
+
+    from .rewrite import rewrite_paths, write_atomically
+
+    if output_format not in ("diff", "json"):
+        raise _fail(f"--format must be diff or json, not {output_format!r}")
+    rules = load_rules(rule_files, rule_set, select)
+    console = _stderr()
+    result = rewrite_paths(paths, rules, jobs=jobs)
+    for error in result.errors:
+        console.print(f"[red]error:[/red] {error}", soft_wrap=True, highlight=False)
+    out = Console(highlight=False)
+    if output_format == "json":
+        records = [r.as_record() for r in result.results]
+        typer.echo(json.dumps(records, indent=2))
+    elif not write:
+        for rewrite in result.changed:
+            diff = "".join(
+                difflib.unified_diff(
+                    rewrite.original.splitlines(keepends=True),
+                    rewrite.patched.splitlines(keepends=True),
+                    f"a/{rewrite.path}",
+                    f"b/{rewrite.path}",
+                )
+            )
+            if out.is_terminal:
+                from rich.syntax import Syntax
+
+                out.print(Syntax(diff, "diff", theme="ansi_dark", background_color="default"))
+            else:
+                typer.echo(diff, nl=False)
+    write_errors = 0
+    if write:
+        for rewrite in result.changed:
+            try:
+                write_atomically(rewrite.path, rewrite.patched)
+            except OSError as error:
+                write_errors += 1
+                console.print(
+                    f"[red]error:[/red] {rewrite.path}:1:1: cannot write: {error.strerror}",
+                    soft_wrap=True,
+                    highlight=False,
+                )
+    patched = sum(r.status == "patched" for r in result.results)
+    skipped = [r for r in result.results if r.status != "patched"]
+    for skip in skipped:
+        console.print(
+            f"skipped {skip.site.rule.id} at {skip.site.path}:{skip.site.line}:{skip.site.column}: "
+            f"{skip.reason}",
+            soft_wrap=True,
+            highlight=False,
+            markup=False,
+        )
+    verb = "patched" if write else "to patch"
+    console.print(
+        f"{patched} site(s) {verb} in {len(result.changed)} file(s), {len(skipped)} skipped, "
+        f"{len(result.errors) + write_errors} error(s), {result.seconds:.2f} s",
+        highlight=False,
+    )
+    if result.errors or write_errors:
+        raise typer.Exit(EXIT_ERROR)
+    if check and result.changed:
+        raise typer.Exit(1)
+
+
+@app.command()
 def fetch(
     spec: Annotated[
         str, typer.Argument(help="A pinned PyPI requirement, e.g. transformers==4.34.0.")

@@ -80,11 +80,14 @@ class InitAnalyzer:
         self.locals: dict[str, list[Construction]] = {}
         self.context: Context = EMPTY_CONTEXT
         self.method_stack: list[str] = []
+        self.function_stack: list[ast.FunctionDef] = []
 
     # -- statements --------------------------------------------------------------------------
     def run(self, function: ast.FunctionDef) -> dict[str, list[Construction]]:
         self.method_stack.append(function.name)
+        self.function_stack.append(function)
         self.block(function.body)
+        self.function_stack.pop()
         self.method_stack.pop()
         return self.bindings
 
@@ -144,7 +147,9 @@ class InitAnalyzer:
             method = self.ctx.methods(name)
             if method is not None and name not in self.method_stack:
                 self.method_stack.append(name)
+                self.function_stack.append(method)
                 self.block(method.body)
+                self.function_stack.pop()
                 self.method_stack.pop()
 
     def assign(self, target: ast.expr, value: ast.expr) -> None:
@@ -230,11 +235,13 @@ class InitAnalyzer:
             return [container]
         factory = self.factory(value, kind)
         if factory is not None and depth < MAX_FACTORY_DEPTH:
+            self.function_stack.append(factory)
             returned = [
                 construction
                 for node in _returned_values(factory)
                 for construction in self.construct(node, depth + 1)
             ]
+            self.function_stack.pop()
             if returned:
                 return returned
         return [self.make(kind, value, positional, keywords)]
@@ -264,6 +271,7 @@ class InitAnalyzer:
             context=self.context,
             node=node,
             method=self.method_stack[-1] if self.method_stack else "__init__",
+            function=self.function_stack[-1] if self.function_stack else None,
         )
 
 

@@ -76,6 +76,7 @@ class Frame:
     inlined: bool = False
     scripted: bool = False
     chain: tuple[str, ...] = ()  # methods inlined to reach this frame
+    function: ast.FunctionDef | None = None
 
 
 class FlowBuilder:
@@ -101,6 +102,7 @@ class FlowBuilder:
             self_path="self" if cls else None,
             method=function.name,
             scripted=is_scripted(function, self.analysis),
+            function=function,
         )
         arguments = function.args
         for arg in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]:
@@ -383,6 +385,7 @@ class FlowBuilder:
             transparent=transparent,
             synthetic=synthetic_at is not None,
             scripted=frame.scripted,
+            function=frame.function,
             inline_chain=frame.chain,
         )
         self.flow.steps.append(step)
@@ -653,6 +656,7 @@ class FlowBuilder:
             inlined=True,
             scripted=self.frame.scripted or is_scripted(function, self.analysis),
             chain=(*self.frame.chain, function.name),
+            function=function,
         )
         self.bind_parameters(frame, function, positional, keywords, has_self=cls is not None)
         saved_context, saved_statement = self.context, self.statement

@@ -111,6 +111,7 @@ class Construction:
     container: str | None = None  # "list" (ModuleList/ModuleDict) or "sequential"
     method: str = "__init__"
     condition: str = ""
+    function: ast.FunctionDef | None = None  # the def whose body holds ``node``
 
     def describe(self) -> str:
         """The construction as a DSL step callee, with the arguments the source spelled out."""
@@ -154,6 +155,7 @@ class Step:
     transparent: bool = False  # a summary of an inlined call: its uses are not counted
     synthetic: bool = False  # no call text of its own (an element of an nn.Sequential)
     scripted: bool = False  # inside a @torch.jit.script function
+    function: ast.FunctionDef | None = None  # the def whose body holds ``node``
     inline_chain: tuple[str, ...] = ()
 
     def operands(self) -> list[Operand]:

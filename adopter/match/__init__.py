@@ -1,5 +1,5 @@
 """Matching rule patterns against extracted structure."""
 
-from .matcher import CompiledRule, Matcher, Site
+from .matcher import BoundModule, BoundOutput, CompiledRule, Matcher, Site
 
-__all__ = ["CompiledRule", "Matcher", "Site"]
+__all__ = ["BoundModule", "BoundOutput", "CompiledRule", "Matcher", "Site"]

@@ -65,6 +65,7 @@ class Site:
     bindings: dict[str, object] = field(default_factory=dict)
     flow: FunctionFlow | None = None
     notes: list[str] = field(default_factory=list)
+    instances: list[Site] = field(default_factory=list)  # the same site through other calls
 
     @property
     def key(self) -> tuple[str, str, int, int]:
@@ -92,7 +93,7 @@ class Site:
 
 
 @dataclass(frozen=True)
-class _Output:
+class BoundOutput:
     """A pattern variable bound to a value produced by a matched step."""
 
     value: int
@@ -100,7 +101,7 @@ class _Output:
 
 
 @dataclass(frozen=True)
-class _Module:
+class BoundModule:
     """A pattern variable bound to a submodule (``self.dense``)."""
 
     path: str
@@ -182,7 +183,16 @@ class Matcher:
                     continue
                 for site in self._match_flow(compiled, flow, index):
                     previous = found.get(site.key)
-                    if previous is None or (previous.applicable and not site.applicable):
+                    if previous is None:
+                        found[site.key] = site
+                    elif not _same_instance(previous, site):
+                        # One site reached through another call (an nn.Sequential called twice).
+                        if all(not _same_instance(other, site) for other in previous.instances):
+                            previous.instances.append(site)
+                        if not site.applicable and previous.applicable:
+                            previous.applicable, previous.reason = False, site.reason
+                    elif previous.applicable and not site.applicable:
+                        site.instances = previous.instances
                         found[site.key] = site
         for compiled in self.rules:
             if compiled.first is None:
@@ -261,9 +271,11 @@ class Matcher:
         if state is not None:
             for arg in pattern_step.args:
                 value = arg.value if isinstance(arg, (Positional, Keyword)) else None
-                if isinstance(value, Var) and isinstance(state.bindings.get(value.name), _Output):
+                if isinstance(value, Var) and isinstance(
+                    state.bindings.get(value.name), BoundOutput
+                ):
                     produced = state.bindings[value.name]
-                    assert isinstance(produced, _Output)
+                    assert isinstance(produced, BoundOutput)
                     steps = [
                         flow.steps[use.step]
                         for use in flow.consumers(produced.value)
@@ -273,7 +285,7 @@ class Matcher:
         callee = pattern_step.callee
         if isinstance(callee, Var):
             bound = state.bindings.get(callee.name) if state else None
-            if isinstance(bound, _Module):
+            if isinstance(bound, BoundModule):
                 kinds = [bound.construction.kind]
             else:
                 init = compiled.init_by_var.get(callee.name)
@@ -306,7 +318,7 @@ class Matcher:
             if step.module is None:
                 return None
             bound = new.bindings.get(callee.name)
-            if isinstance(bound, _Module):
+            if isinstance(bound, BoundModule):
                 if bound.path != step.module:
                     return None
             elif bound is not None:
@@ -325,7 +337,7 @@ class Matcher:
                 if chosen is None:
                     return None
                 contexts.append(chosen.context)
-                new.bindings[callee.name] = _Module(step.module, chosen)
+                new.bindings[callee.name] = BoundModule(step.module, chosen)
                 new.constructions[callee.name] = chosen
         else:
             matched_kind = False
@@ -345,7 +357,7 @@ class Matcher:
         for context in contexts:
             new.context = new.context | context
         for target in pattern_step.targets:
-            new.bindings[target.name] = _Output(step.output, step)
+            new.bindings[target.name] = BoundOutput(step.output, step)
         new.steps.append(step)
         return new
 
@@ -469,7 +481,7 @@ class Matcher:
         context = (where_state or state).context
         for name in compiled.intermediates:
             produced = state.bindings.get(name)
-            if not isinstance(produced, _Output):
+            if not isinstance(produced, BoundOutput):
                 continue
             for use in flow.consumers(produced.value):
                 if use.step is not None and (
@@ -504,6 +516,11 @@ class Matcher:
                             constructions={attribute: construction},
                             bindings=state.bindings,
                         )
+
+
+def _same_instance(first: Site, second: Site) -> bool:
+    """The same matched code (seen from two analysed methods), not another call of it."""
+    return [id(step.node) for step in first.steps] == [id(step.node) for step in second.steps]
 
 
 def _shape_notes(steps: list[FlowStep]) -> list[str]:
@@ -594,13 +611,13 @@ def _unify_value(pattern: Expr, operand: Operand, state: _State, edges: list[Con
     if bound is None:
         state.bindings[pattern.name] = operand
         return True
-    if isinstance(bound, _Output):
+    if isinstance(bound, BoundOutput):
         for flow in operand.flows:
             if flow.value == bound.value:
                 edges.append(flow.context)
                 return True
         return False
-    if isinstance(bound, _Module):
+    if isinstance(bound, BoundModule):
         return operand.module is not None and operand.module.path == bound.path
     if isinstance(bound, Operand):
         if bound.flows or operand.flows:

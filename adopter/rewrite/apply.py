@@ -1,0 +1,451 @@
+"""Synthesis, part two: apply planned edits with LibCST, one function at a time.
+
+Only the functions that change are parsed with LibCST (a whole-file LibCST parse costs ten times
+an ``ast`` parse); each is cut out of the file, wrapped in a one-line ``class`` header when it is
+indented, transformed, and spliced back. Everything outside the edited nodes — other code,
+comments, blank lines, quoting — stays byte-identical. Kernel imports go once to the top of the
+module, merged into an existing ``from adopter.kernels import ...`` when there is one.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from ..match.matcher import Site
+from .plan import KERNEL_PACKAGE, Plan, Planner, Refusal, sequential_expression
+from .source import SourceText, function_start
+
+WRAPPER = "class _AdopterScope:\n"
+
+
+@dataclass
+class SiteResult:
+    """What happened to one site."""
+
+    site: Site
+    status: str  # "patched" or "skipped"
+    reason: str = ""
+    summary: str = ""
+
+    def as_record(self) -> dict[str, object]:
+        record = self.site.as_record()
+        record["status"] = self.status
+        if self.reason:
+            record["reason"] = self.reason
+        if self.summary:
+            record["edit"] = self.summary
+        return record
+
+
+@dataclass
+class FileRewrite:
+    path: str
+    original: str
+    patched: str
+    results: list[SiteResult] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.patched != self.original
+
+
+class _FunctionEditor(cst.CSTTransformer):
+    """Applies the edits of the plans of one function to its LibCST tree."""
+
+    METADATA_DEPENDENCIES = (PositionProvider,)
+
+    def __init__(self, plans: list[Plan], locate) -> None:
+        super().__init__()
+        self.expressions: dict[tuple[int, int, str], str] = {}
+        self.statements: dict[tuple[int, int], str | None] = {}
+        self.hoists: dict[tuple[int, int], tuple[tuple[int, int], int]] = {}
+        self.hoisted: dict[tuple[int, int], cst.SimpleStatementLine] = {}
+        self.applied: set[int] = set()
+        for plan in plans:
+            for node, text in plan.replace_expressions:
+                self.expressions[(*locate(node), type(node).__name__)] = text
+            for statement, text in plan.replace_statements:
+                self.statements[locate(statement)] = text
+            for statement in plan.delete_statements:
+                self.statements[locate(statement)] = None
+            if plan.hoist is not None:
+                statement, if_statement, arm = plan.hoist
+                self.statements[locate(statement)] = None
+                self.hoists[locate(if_statement)] = (locate(statement), arm)
+
+    def _start(self, node: cst.CSTNode) -> tuple[int, int]:
+        position = self.get_metadata(PositionProvider, node).start
+        return position.line, position.column
+
+    _CST_TO_AST = {
+        "Call": "Call",
+        "BinaryOperation": "BinOp",
+        "Subscript": "Subscript",
+        "Attribute": "Attribute",
+        "Name": "Name",
+    }
+
+    def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):  # type: ignore[override]
+        kind = self._CST_TO_AST.get(type(original).__name__)
+        if kind is not None and isinstance(original, cst.BaseExpression):
+            key = (*self._start(original), kind)
+            text = self.expressions.get(key)
+            if text is not None:
+                replacement = cst.parse_expression(text)
+                self.applied.add(hash(key))
+                return replacement.with_changes(lpar=updated.lpar, rpar=updated.rpar)
+        return super().on_leave(original, updated)
+
+    def leave_SimpleStatementLine(  # noqa: N802 - LibCST visitor name
+        self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
+    ):
+        key = self._start(original)
+        if key not in self.statements:
+            return updated
+        if key in {target for target, _ in self.hoists.values()}:
+            self.hoisted[key] = original
+        text = self.statements[key]
+        if text is None:
+            return _removed_marker(updated)
+        new = cst.parse_statement(text)
+        assert isinstance(new, cst.SimpleStatementLine)
+        return updated.with_changes(body=new.body)
+
+    def leave_If(self, original: cst.If, updated: cst.If):  # noqa: N802 - LibCST visitor name
+        hoist = self.hoists.get(self._start(original))
+        if hoist is None:
+            return updated
+        statement_key, fused_arm = hoist
+        moved = self.hoisted[statement_key].with_changes(leading_lines=())
+        if fused_arm == 0:
+            orelse = updated.orelse
+            if orelse is None:
+                body = cst.IndentedBlock(body=[moved])
+                return updated.with_changes(orelse=cst.Else(body=body))
+            assert isinstance(orelse, cst.Else)
+            block = orelse.body
+            assert isinstance(block, cst.IndentedBlock)
+            return updated.with_changes(
+                orelse=orelse.with_changes(body=block.with_changes(body=[moved, *block.body]))
+            )
+        block = updated.body
+        assert isinstance(block, cst.IndentedBlock)
+        return updated.with_changes(body=block.with_changes(body=[moved, *block.body]))
+
+    def leave_IndentedBlock(  # noqa: N802 - LibCST visitor name
+        self, original: cst.IndentedBlock, updated: cst.IndentedBlock
+    ):
+        if not any(_is_removed(statement) for statement in updated.body):
+            return updated
+        # A removed statement's comment lines move to the statement that follows it.
+        kept: list[cst.BaseStatement] = []
+        carried: list[cst.EmptyLine] = []
+        for statement in updated.body:
+            if _is_removed(statement):
+                assert isinstance(statement, cst.SimpleStatementLine)
+                carried.extend(line for line in statement.leading_lines if line.comment)
+                continue
+            if carried:
+                statement = statement.with_changes(
+                    leading_lines=[*carried, *statement.leading_lines]
+                )
+                carried = []
+            kept.append(statement)
+        if not kept:
+            kept = [cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=carried)]
+        return updated.with_changes(body=kept)
+
+
+_REMOVED = "__adopter_removed__"
+
+
+def _removed_marker(statement: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
+    return statement.with_changes(body=[cst.Expr(cst.Name(_REMOVED))])
+
+
+def _is_removed(statement: cst.BaseStatement) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Expr)
+        and isinstance(statement.body[0].value, cst.Name)
+        and statement.body[0].value.value == _REMOVED
+    )
+
+
+def _edit_function(source: SourceText, function: ast.FunctionDef, plans: list[Plan]) -> list[str]:
+    """New lines for one function's span."""
+    start = function_start(function)
+    end = function.end_lineno or function.lineno
+    lines = source.lines[start - 1 : end]
+    wrapped = bool(source.indentation(function.lineno))
+    text = (WRAPPER if wrapped else "") + "".join(lines)
+    if not text.endswith("\n"):
+        text += "\n"
+    offset = start - 1 - (1 if wrapped else 0)
+
+    def locate(node: ast.AST) -> tuple[int, int]:
+        line = node.lineno  # type: ignore[attr-defined]
+        return line - offset, source.char_column(line, node.col_offset)  # type: ignore[attr-defined]
+
+    module = MetadataWrapper(cst.parse_module(text))
+    editor = _FunctionEditor(plans, locate)
+    new_code = module.visit(editor).code
+    if wrapped:
+        new_code = new_code[len(WRAPPER) :]
+    new_lines = new_code.splitlines(keepends=True)
+    if not source.lines[end - 1].endswith("\n") and new_lines:
+        new_lines[-1] = new_lines[-1].rstrip("\n")
+    return new_lines
+
+
+def module_names(tree: ast.Module) -> set[str]:
+    """Names bound at module level (so a kernel import can avoid shadowing them)."""
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in ast.walk(node):
+                if isinstance(target, ast.Name) and isinstance(target.ctx, ast.Store):
+                    names.add(target.id)
+    return names
+
+
+def _import_edit(
+    tree: ast.Module, source: SourceText, aliases: dict[str, str], used: set[str]
+) -> tuple[int, int, list[str]]:
+    """(first line, last line, replacement lines) that add the kernel imports: merged into an
+    existing ``from adopter.kernels import`` or inserted after the leading imports."""
+    names = sorted(used)
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module == KERNEL_PACKAGE and not node.level:
+            present = {(a.name, a.asname) for a in node.names}
+            wanted = present | {(n, None if aliases[n] == n else aliases[n]) for n in names}
+            if wanted == present:
+                return 0, 0, []
+            statement = cst.parse_statement(source.segment(node))
+            assert isinstance(statement, cst.SimpleStatementLine)
+            import_from = statement.body[0]
+            assert isinstance(import_from, cst.ImportFrom)
+            new_aliases = [
+                cst.ImportAlias(
+                    name=cst.Name(name),
+                    asname=cst.AsName(name=cst.Name(alias)) if alias else None,
+                )
+                for name, alias in sorted(wanted, key=lambda pair: pair[0])
+            ]
+            merged = statement.with_changes(
+                body=[import_from.with_changes(names=new_aliases, lpar=None, rpar=None)]
+            )
+            indent = source.indentation(node.lineno)
+            code = cst.Module(body=[merged]).code
+            return node.lineno, node.end_lineno or node.lineno, [indent + code]
+    parts = [n if aliases[n] == n else f"{n} as {aliases[n]}" for n in names]
+    line = f"from {KERNEL_PACKAGE} import {', '.join(parts)}\n"
+    if len(line) > 100:
+        line = f"from {KERNEL_PACKAGE} import (\n" + "".join(f"    {p},\n" for p in parts) + ")\n"
+    anchor = 0
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            anchor = node.end_lineno or node.lineno
+        elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and anchor == 0:
+            anchor = node.end_lineno or node.lineno
+        elif isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            break
+    return anchor + 1, anchor, [line]
+
+
+def _already_fused_classes(tree: ast.Module) -> set[str]:
+    """Classes the module already builds through a kernel factory
+    (``fused_bert_self_attention(BertSelfAttention)(...)``): a previous ``apply`` replaced them,
+    so edits inside them stay skipped and a second run changes nothing."""
+    kernel_names = {
+        alias.asname or alias.name
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom) and node.module == KERNEL_PACKAGE
+        for alias in node.names
+    }
+    found: set[str] = set()
+    if not kernel_names:
+        return found
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Call)
+            and isinstance(node.func.func, ast.Name)
+            and node.func.func.id in kernel_names
+            and node.func.args
+            and isinstance(node.func.args[0], ast.Name)
+        ):
+            found.add(node.func.args[0].id)
+    return found
+
+
+def _merge_sequential(plans: list[Plan], source: SourceText) -> list[Plan]:
+    """Fusions inside the same ``nn.Sequential`` call become one expression."""
+    merged: list[Plan] = []
+    by_call: dict[int, Plan] = {}
+    for plan in plans:
+        piece = plan.sequential
+        if piece is None:
+            merged.append(plan)
+            continue
+        owner = by_call.get(id(piece.call))
+        if owner is None:
+            by_call[id(piece.call)] = plan
+            plan.merged_pieces = [piece]
+            merged.append(plan)
+        else:
+            owner.merged_pieces.append(piece)
+            owner.imports |= plan.imports
+            owner.also_patched.append(plan)
+    for plan in by_call.values():
+        pieces = sorted(plan.merged_pieces, key=lambda p: p.first)
+        text = sequential_expression(source, pieces)
+        plan.replace_expressions.append((pieces[0].call, text))
+        plan.summary = f"{source.segment(pieces[0].call)} -> {text}"
+    return merged
+
+
+def resolve_overlaps(
+    plans: list[Plan], results: list[SiteResult], fused_classes: set[str]
+) -> list[Plan]:
+    """Deterministically keep one rewrite per place: a rule that replaces a whole attention
+    class wins over edits inside that class, and a larger fusion over a smaller one it overlaps.
+    Pieces of one ``nn.Sequential`` do not overlap unless they share an element."""
+    replaced_classes = set(fused_classes) | {
+        c.kind.rsplit(".", 1)[-1]
+        for plan in plans
+        if plan.site.rule.site == "init"
+        for c in plan.site.constructions.values()
+    }
+    ordered = sorted(
+        plans, key=lambda p: (-len(p.site.steps), p.site.rule.id, p.site.line, p.site.column)
+    )
+    kept: list[Plan] = []
+    for plan in ordered:
+        site = plan.site
+        if site.rule.site != "init" and site.cls in replaced_classes:
+            results.append(
+                SiteResult(
+                    site,
+                    "skipped",
+                    f"inside {site.cls}, which a fused-attention rule replaces as a whole",
+                )
+            )
+            continue
+        clash = next((k for k in kept if _overlaps(k, plan)), None)
+        if clash is not None:
+            results.append(
+                SiteResult(
+                    site,
+                    "skipped",
+                    f"overlaps {clash.site.rule.id} at line "
+                    f"{clash.site.line}, which is applied instead",
+                )
+            )
+            continue
+        kept.append(plan)
+    return kept
+
+
+def _overlaps(first: Plan, second: Plan) -> bool:
+    if first.sequential and second.sequential and first.sequential.call is second.sequential.call:
+        a, b = first.sequential, second.sequential
+        return a.first <= b.last and b.first <= a.last
+
+    def spans(plan: Plan) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+        return [
+            ((n.lineno, n.col_offset), (n.end_lineno, n.end_col_offset))  # type: ignore[attr-defined]
+            for n in plan.touched
+        ]
+
+    for a_start, a_end in spans(first):
+        for b_start, b_end in spans(second):
+            if a_start < b_end and b_start < a_end:
+                return True
+    if first.hoist and second.hoist and first.hoist[1] is second.hoist[1]:
+        return True
+    return False
+
+
+def rewrite_source(text: str, path: str, sites: Sequence[Site], tree: ast.Module) -> FileRewrite:
+    """Patch ``text`` for the applicable ``sites`` (found on ``tree``, the same text parsed)."""
+    source = SourceText(text)
+    planner = Planner(source, module_names(tree))
+    results: list[SiteResult] = []
+    plans: list[Plan] = []
+    for site in sites:
+        if not site.applicable:
+            continue
+        try:
+            site_plans = [planner.plan(site)]
+            for instance in site.instances:
+                extra = planner.plan(instance)
+                site_plans[0].imports |= extra.imports
+                site_plans.append(extra)
+        except Refusal as refusal:
+            results.append(SiteResult(site, "skipped", str(refusal)))
+            continue
+        for extra in site_plans[1:]:
+            extra.instance_of = site
+        plans.extend(site_plans)
+    plans = resolve_overlaps(plans, results, _already_fused_classes(tree))
+    plans = _merge_sequential(plans, source)
+    if not plans:
+        return FileRewrite(path, text, text, _ordered(results))
+    by_function: dict[int, list[Plan]] = {}
+    for plan in plans:
+        by_function.setdefault(id(plan.function), []).append(plan)
+    lines = list(source.lines)
+    functions = sorted(
+        (group[0].function for group in by_function.values()), key=function_start, reverse=True
+    )
+    for function in functions:
+        group = by_function[id(function)]
+        try:
+            new_lines = _edit_function(source, function, group)
+        except (cst.ParserSyntaxError, Refusal, AssertionError, KeyError) as error:
+            for plan in group:
+                results.append(SiteResult(plan.site, "skipped", f"synthesis failed: {error}"))
+            plans = [p for p in plans if p not in group]
+            continue
+        start, end = function_start(function), function.end_lineno or function.lineno
+        lines[start - 1 : end] = new_lines
+    used = set().union(*(plan.imports for plan in plans)) if plans else set()
+    if used:
+        first, last, new = _import_edit(tree, source, planner.aliases, used)
+        if new:
+            lines[first - 1 : last] = new
+    patched = "".join(lines)
+    try:
+        compile(patched, path, "exec", dont_inherit=True)
+    except SyntaxError as error:
+        for plan in [p for group in plans for p in (group, *group.also_patched)]:
+            results.append(
+                SiteResult(
+                    plan.site,
+                    "skipped",
+                    f"patched code does not compile: "
+                    f"{error.msg} (line {error.lineno}); file left unchanged",
+                )
+            )
+        return FileRewrite(path, text, text, _ordered(results))
+    for plan in plans:
+        for done in (plan, *plan.also_patched):
+            if done.instance_of is None:
+                results.append(SiteResult(done.site, "patched", summary=plan.summary))
+    return FileRewrite(path, text, patched, _ordered(results))
+
+
+def _ordered(results: list[SiteResult]) -> list[SiteResult]:
+    return sorted(results, key=lambda r: (r.site.line, r.site.column, r.site.rule.id))

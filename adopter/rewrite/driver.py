@@ -1,0 +1,136 @@
+"""``apply`` over files: scan, plan, rewrite, and (optionally) write atomically."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..dsl.errors import LocatedError
+from ..dsl.syntax import Rule
+from ..extract.source import SourceError, parse_source, read_source
+from ..extract.structure import FileAnalysis
+from ..match.matcher import Matcher
+from ..match.scan import PARALLEL_THRESHOLD, collect_python_files
+from .apply import FileRewrite, SiteResult, rewrite_source
+
+
+def rewrite_text(text: str, path: str, matcher: Matcher) -> FileRewrite:
+    """The patched text of one file (parsed once; never imported)."""
+    tree = parse_source(text, path)
+    structure = FileAnalysis(tree, path, matcher.opaque_methods, text).analyse()
+    return rewrite_source(text, path, matcher.match_file(structure), tree)
+
+
+def rewrite_file(path: str, matcher: Matcher) -> FileRewrite:
+    try:
+        return rewrite_text(read_source(path), path, matcher)
+    except LocatedError as error:
+        return FileRewrite(path, "", "", error=str(error))
+    except RecursionError:
+        return FileRewrite(path, "", "", error=f"{path}:1:1: source nested too deeply")
+
+
+def _lighten(rewrite: FileRewrite) -> FileRewrite:
+    """Drop the analysis graphs before a result crosses a process boundary."""
+    for result in rewrite.results:
+        site = result.site
+        site.flow, site.steps, site.where_steps = None, [], []
+        site.constructions, site.bindings = {}, {}
+    return rewrite
+
+
+_worker_matcher: Matcher | None = None
+
+
+def _init_worker(rules: list[Rule]) -> None:
+    global _worker_matcher
+    _worker_matcher = Matcher(rules)
+
+
+def _rewrite_in_worker(path: str) -> FileRewrite:
+    assert _worker_matcher is not None
+    return _lighten(rewrite_file(path, _worker_matcher))
+
+
+@dataclass
+class ApplyResult:
+    files: list[FileRewrite]
+    seconds: float
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def results(self) -> list[SiteResult]:
+        return [result for rewrite in self.files for result in rewrite.results]
+
+    @property
+    def changed(self) -> list[FileRewrite]:
+        return [rewrite for rewrite in self.files if rewrite.error is None and rewrite.changed]
+
+
+def rewrite_paths(
+    paths: Iterable[str | Path],
+    rules: list[Rule],
+    *,
+    jobs: int | None = None,
+    progress: Callable[[FileRewrite], None] | None = None,
+) -> ApplyResult:
+    started = time.perf_counter()
+    files, missing = collect_python_files(paths)
+    errors = [str(error) for error in missing]
+    names = [str(p) for p in files]
+    workers = jobs if jobs is not None else min(os.cpu_count() or 1, 8)
+    rewrites: list[FileRewrite] = []
+    if workers <= 1 or len(names) < PARALLEL_THRESHOLD:
+        matcher = Matcher(rules)
+        for name in names:
+            rewrites.append(rewrite_file(name, matcher))
+            if progress:
+                progress(rewrites[-1])
+    else:
+        with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(rules,)) as pool:
+            for rewrite in pool.map(_rewrite_in_worker, names, chunksize=2):
+                rewrites.append(rewrite)
+                if progress:
+                    progress(rewrite)
+    errors += [rewrite.error for rewrite in rewrites if rewrite.error]
+    return ApplyResult(rewrites, time.perf_counter() - started, errors)
+
+
+def write_atomically(path: str | Path, text: str) -> None:
+    """Replace a file's content all at once: a temporary file in the same folder, flushed,
+    then renamed over the original (keeping its permissions). A failure leaves it untouched."""
+    target = Path(path)
+    mode = target.stat().st_mode & 0o7777 if target.exists() else 0o644
+    handle, temporary = tempfile.mkstemp(
+        prefix=f".{target.name}.", suffix=".adopter", dir=target.parent
+    )
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8", newline="") as stream:
+            stream.write(text)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(temporary, mode)
+        os.replace(temporary, target)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
+
+
+__all__ = [
+    "ApplyResult",
+    "FileRewrite",
+    "SiteResult",
+    "SourceError",
+    "rewrite_file",
+    "rewrite_paths",
+    "rewrite_text",
+    "write_atomically",
+]

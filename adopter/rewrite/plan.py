@@ -1,0 +1,583 @@
+"""Synthesis, part one: turn a matched site into concrete source edits, or refuse with a reason.
+
+A rule's replacement is rendered with the matched values' *own source text* (``hidden_states``,
+``self.LayerNorm``), so the patched code reads like the original. Edits are planned on the
+``ast`` tree and only ever touch the statements of one function:
+
+* the expression that produced the replacement's output is replaced by the kernel call;
+* the other matched computations disappear: nested ones with that expression, standalone
+  ``name = call`` statements are deleted;
+* when the first computation sits before an ``if`` and the rest inside one arm (paper Fig. 4),
+  the first statement moves into every arm (an ``else:`` is added when missing) and the fusion
+  happens in the arm that has both;
+* several outputs (``-> ($q, $k, $v)``) become one tuple assignment in place of the first
+  statement.
+
+Anything that would change behaviour on some path — an input that is reassigned before the new
+call, a computation with other side effects in the same statement, a match spread over several
+methods — is refused with a reason rather than guessed.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+from ..dsl.syntax import (
+    DETECT_ONLY,
+    Call,
+    Expr,
+    Index,
+    Keyword,
+    Literal,
+    Name,
+    Positional,
+    Rest,
+    Var,
+    Wildcard,
+)
+from ..dsl.syntax import Step as PatternStep
+from ..extract.model import Construction, Operand
+from ..extract.model import Step as FlowStep
+from ..match.matcher import BoundModule, BoundOutput, Site
+from .source import Blocks, SourceText, assigned_names, contains, has_call, read_names
+
+KERNEL_PACKAGE = "adopter.kernels"
+
+
+SEQUENTIAL_INPUT = "\x00input\x00"
+
+
+@dataclass
+class SequentialPiece:
+    """A fusion of consecutive elements ``first..last`` of one ``nn.Sequential`` call; several
+    pieces of the same call are merged into one expression."""
+
+    call: ast.Call
+    first: int
+    last: int
+    template: str  # the kernel call, with SEQUENTIAL_INPUT standing for its input
+    element_calls: list[str]
+
+
+def sequential_expression(source: SourceText, pieces: list[SequentialPiece]) -> str:
+    """``self.seq(x)`` written out element by element, fused pieces replaced by kernels."""
+    call = pieces[0].call
+    expression = source.segment(call.args[0])
+    starts = {piece.first: piece for piece in pieces}
+    index, count = 0, len(pieces[0].element_calls)
+    while index < count:
+        piece = starts.get(index)
+        if piece is not None:
+            expression = piece.template.replace(SEQUENTIAL_INPUT, expression)
+            index = piece.last + 1
+        else:
+            expression = f"{pieces[0].element_calls[index]}({expression})"
+            index += 1
+    return expression
+
+
+class Refusal(Exception):
+    """A site that cannot be rewritten safely; the message says why."""
+
+
+@dataclass
+class Plan:
+    """The edits for one site, all inside ``function``."""
+
+    site: Site
+    function: ast.FunctionDef
+    replace_expressions: list[tuple[ast.expr, str]] = field(default_factory=list)
+    replace_statements: list[tuple[ast.stmt, str]] = field(default_factory=list)
+    delete_statements: list[ast.stmt] = field(default_factory=list)
+    hoist: tuple[ast.stmt, ast.If, int] | None = None  # statement, if, arm that fuses it
+    sequential: SequentialPiece | None = None
+    merged_pieces: list[SequentialPiece] = field(default_factory=list)
+    also_patched: list[Plan] = field(default_factory=list)
+    instance_of: Site | None = None  # another call of a site already reported
+    imports: set[str] = field(default_factory=set)
+    touched: list[ast.AST] = field(default_factory=list)
+    summary: str = ""
+
+
+class Planner:
+    """Plans the rewrite of sites of one file."""
+
+    def __init__(self, source: SourceText, taken_names: set[str]) -> None:
+        self.source = source
+        self.taken_names = taken_names
+        self.aliases: dict[str, str] = {}
+        self._blocks: dict[int, Blocks] = {}
+
+    def blocks(self, function: ast.FunctionDef) -> Blocks:
+        found = self._blocks.get(id(function))
+        if found is None:
+            found = self._blocks[id(function)] = Blocks(function)
+        return found
+
+    # -- names -------------------------------------------------------------------------------
+    def kernel_name(self, dotted: str, plan: Plan) -> str:
+        """Local name of a kernel, imported once at the top of the module."""
+        package, _, name = dotted.rpartition(".")
+        if package != KERNEL_PACKAGE:
+            raise Refusal(f"replacement calls {dotted}, which is not in {KERNEL_PACKAGE}")
+        local = self.aliases.get(name)
+        if local is None:
+            local = name if name not in self.taken_names else f"adopter_{name}"
+            self.aliases[name] = local
+        plan.imports.add(name)
+        return local
+
+    # -- entry -------------------------------------------------------------------------------
+    def plan(self, site: Site) -> Plan:
+        rule = site.rule
+        init_replacement = rule.init.replacement if rule.init else None
+        forward_replacement = rule.forward.replacement if rule.forward else None
+        if isinstance(init_replacement, tuple) and init_replacement:
+            return self.plan_construction(site, init_replacement)
+        if isinstance(forward_replacement, tuple) and forward_replacement:
+            return self.plan_forward(site, forward_replacement)
+        raise Refusal(
+            "the rule only detects (no replacement)"
+            if DETECT_ONLY in (init_replacement, forward_replacement)
+            else "the rule has no replacement"
+        )
+
+    # -- __init__ replacements ---------------------------------------------------------------
+    def plan_construction(self, site: Site, replacement: tuple[PatternStep, ...]) -> Plan:
+        if len(replacement) != 1:
+            raise Refusal("only single-step construction replacements are supported")
+        (new_step,) = replacement
+        assert site.rule.init is not None
+        variable = next((t.name for t in new_step.targets), None)
+        construction = site.constructions.get(variable or "")
+        if construction is None or construction.node is None or construction.function is None:
+            raise Refusal("the matched construction has no source location")
+        call = construction.node
+        if not isinstance(call, ast.Call):
+            raise Refusal("the matched construction is not a call")
+        pattern = next(
+            step for step in site.rule.init.steps if variable in {t.name for t in step.targets}
+        )
+        plan = Plan(site=site, function=construction.function)
+        original_callee = self.source.segment(call.func)
+        pattern_name = _dotted(pattern.callee).rsplit(".", 1)[-1]
+        callee = self.render_callee(new_step.callee, plan, {pattern_name: original_callee}, site)
+        arguments = self.render_arguments(
+            new_step.args, site, plan, rest=self.construction_rest(pattern, construction)
+        )
+        text = f"{callee}({', '.join(arguments)})"
+        plan.replace_expressions.append((call, text))
+        plan.touched.append(call)
+        plan.summary = f"{self.source.segment(call)} -> {text}"
+        return plan
+
+    def construction_rest(self, pattern: PatternStep, construction: Construction) -> list[str]:
+        """Source text of the arguments a construction pattern did not name (for ``...``)."""
+        named_positions = sum(isinstance(a, Positional) for a in pattern.args)
+        named_keywords = {a.key for a in pattern.args if isinstance(a, Keyword)}
+        call = construction.node
+        assert isinstance(call, ast.Call)
+        rest = [self.source.segment(a) for a in call.args[named_positions:]]
+        for keyword in call.keywords:
+            if keyword.arg not in named_keywords:
+                prefix = f"{keyword.arg}=" if keyword.arg else "**"
+                rest.append(prefix + self.source.segment(keyword.value))
+        return rest
+
+    # -- forward replacements ----------------------------------------------------------------
+    def plan_forward(self, site: Site, replacement: tuple[PatternStep, ...]) -> Plan:
+        rule = site.rule
+        assert rule.forward is not None
+        pattern = rule.forward.steps
+        steps = site.steps
+        if len(steps) != len(pattern):
+            raise Refusal("internal: matched steps do not line up with the pattern")
+        functions = {id(step.function) for step in steps}
+        if len(functions) != 1 or steps[0].function is None:
+            raise Refusal("the match spans several methods or classes; not rewritten")
+        if len({step.inline_chain for step in steps}) != 1:
+            raise Refusal("the match spans several methods or classes; not rewritten")
+        plan = Plan(site=site, function=steps[0].function)
+        if any(step.synthetic for step in steps):
+            return self.plan_sequential(site, replacement, plan)
+        if len(replacement) != 1:
+            raise Refusal("only single-step forward replacements are supported")
+        (new_step,) = replacement
+        producer_of = {
+            target.name: index for index, step in enumerate(pattern) for target in step.targets
+        }
+        targets = [t.name for t in new_step.targets]
+        if not targets or any(t not in producer_of for t in targets):
+            raise Refusal("the replacement's outputs are not values of the pattern")
+        final_index = max(producer_of[t] for t in targets)
+        self.check_dropped_arguments(site, pattern, new_step, final_index)
+        call_text = self.render_call(new_step, site, plan, pattern[final_index], steps[final_index])
+        blocks = self.blocks(plan.function)
+        statements = [step.statement for step in steps]
+        if any(statement is None for statement in statements):
+            raise Refusal("a matched computation is not inside a statement")
+        if len(targets) > 1:
+            return self.plan_tuple(site, plan, call_text, targets, producer_of, blocks)
+
+        final = steps[final_index]
+        final_statement = final.statement
+        assert final_statement is not None
+        final_node = _step_expression(final)
+        plan.replace_expressions.append((final_node, call_text))
+        plan.touched.append(final_node)
+        deleted: list[ast.stmt] = []
+        for index, step in enumerate(steps):
+            if index == final_index:
+                continue
+            node = _step_expression(step)
+            statement = step.statement
+            assert statement is not None
+            if contains(final_node, node):
+                continue  # disappears with the replaced expression
+            if not _is_plain_assignment(statement, node):
+                raise Refusal(
+                    f"line {step.line}: the matched `{self.source.segment(node)}` shares its "
+                    "statement with other work"
+                )
+            if statement not in deleted:
+                deleted.append(statement)
+        self.place(plan, site, deleted, final_statement, blocks)
+        plan.summary = f"{self.source.segment(final_node)} -> {call_text}"
+        return plan
+
+    def place(
+        self,
+        plan: Plan,
+        site: Site,
+        deleted: list[ast.stmt],
+        final_statement: ast.stmt,
+        blocks: Blocks,
+    ) -> None:
+        """Delete the fused statements, moving one into the branches when Fig. 4 applies, and
+        check that every input still means the same value where the kernel call now sits."""
+        final_block, _, _, _ = blocks.block_of(final_statement)
+        inputs = self.input_names(site)
+        for statement in deleted:
+            block, index, _, _ = blocks.block_of(statement)
+            if block is final_block:
+                if index > blocks.block_of(final_statement)[1]:
+                    raise Refusal("a fused computation comes after the statement it feeds")
+                self.check_between(statement, final_statement, deleted, inputs, blocks)
+                plan.delete_statements.append(statement)
+                plan.touched.append(statement)
+                continue
+            branch = self.enclosing_branch(final_statement, block, blocks)
+            if branch is None or plan.hoist is not None:
+                raise Refusal(
+                    f"line {statement.lineno}: the fused statements sit in different blocks"
+                )
+            if_statement, arm = branch
+            self.check_between(statement, if_statement, deleted, inputs, blocks)
+            arm_body = if_statement.body if arm == 0 else if_statement.orelse
+            if arm_body and arm_body[0] is not final_statement:
+                for between in arm_body[: arm_body.index(final_statement)]:
+                    if assigned_names(between) & (inputs | assigned_names(statement)):
+                        raise Refusal(f"line {between.lineno} changes a value the fused call reads")
+            if (
+                len(if_statement.orelse) == 1
+                and isinstance(if_statement.orelse[0], ast.If)
+                and self.source.lines[if_statement.orelse[0].lineno - 1].lstrip().startswith("elif")
+            ):
+                raise Refusal("the branch continues with `elif`; not rewritten")
+            plan.hoist = (statement, if_statement, arm)
+            plan.touched.append(statement)
+
+    def enclosing_branch(
+        self, statement: ast.stmt, block: list[ast.stmt], blocks: Blocks
+    ) -> tuple[ast.If, int] | None:
+        """The ``if`` in ``block`` whose arm holds ``statement`` directly."""
+        _, _, parent, field_name = blocks.block_of(statement)
+        if not isinstance(parent, ast.If) or blocks.block_of(parent)[0] is not block:
+            return None
+        return parent, 0 if field_name == "body" else 1
+
+    def input_names(self, site: Site) -> set[str]:
+        names: set[str] = set()
+        for value in site.bindings.values():
+            if isinstance(value, Operand) and value.node is not None:
+                names |= read_names(value.node)
+        return names
+
+    def check_between(
+        self,
+        first: ast.stmt,
+        last: ast.stmt,
+        deleted: list[ast.stmt],
+        inputs: set[str],
+        blocks: Blocks,
+    ) -> None:
+        produced = assigned_names(first)
+        for statement in blocks.between(first, last):
+            if any(statement is d for d in deleted):
+                continue
+            if assigned_names(statement) & inputs:
+                raise Refusal(f"line {statement.lineno} reassigns an input of the fused call")
+            if read_names(statement) & produced and not isinstance(last, ast.If):
+                raise Refusal(f"line {statement.lineno} reads a name the fused statement sets")
+            if isinstance(last, ast.If) and (read_names(statement) | assigned_names(statement)) & (
+                produced | read_names(first)
+            ):
+                raise Refusal(f"line {statement.lineno} depends on the statement to be moved")
+
+    def plan_tuple(
+        self,
+        site: Site,
+        plan: Plan,
+        call_text: str,
+        targets: list[str],
+        producer_of: dict[str, int],
+        blocks: Blocks,
+    ) -> Plan:
+        """``q = a(x); k = b(x); v = c(x)`` -> ``q, k, v = kernel(x, a, b, c)``."""
+        statements: list[ast.stmt] = []
+        names: list[str] = []
+        for target in targets:
+            step = site.steps[producer_of[target]]
+            statement = step.statement
+            node = _step_expression(step)
+            assert statement is not None
+            if not _is_plain_assignment(statement, node):
+                raise Refusal(f"line {step.line}: each fused output must be its own assignment")
+            names.append(self.source.segment(statement.targets[0]))  # type: ignore[attr-defined]
+            statements.append(statement)
+        blocks_of = {id(blocks.block_of(s)[0]) for s in statements}
+        if len(blocks_of) != 1:
+            raise Refusal("the fused assignments sit in different blocks")
+        ordered = sorted(statements, key=lambda s: blocks.block_of(s)[1])
+        first, last = ordered[0], ordered[-1]
+        watched = set(names) | self.input_names(site)
+        for statement in blocks.between(first, last):
+            if any(statement is s for s in statements):
+                continue
+            if (read_names(statement) | assigned_names(statement)) & watched:
+                raise Refusal(f"line {statement.lineno} uses a name the fused assignment sets")
+        text = f"{', '.join(names)} = {call_text}"
+        plan.replace_statements.append((first, text))
+        plan.delete_statements.extend(ordered[1:])
+        plan.touched.extend(ordered)
+        plan.summary = f"{len(ordered)} assignments -> {text}"
+        return plan
+
+    def plan_sequential(self, site: Site, replacement: tuple[PatternStep, ...], plan: Plan) -> Plan:
+        """A fusion inside an ``nn.Sequential``: call its elements one by one around the kernel
+        (``self.proj[2](kernel(x, self.proj[0], self.proj[1]))``), keeping the same modules."""
+        steps = site.steps
+        call = steps[0].node
+        if not all(step.synthetic and step.node is call for step in steps):
+            raise Refusal("the match mixes nn.Sequential elements and other calls")
+        if len(replacement) != 1 or not isinstance(call, ast.Call) or len(call.args) != 1:
+            raise Refusal("only a one-argument nn.Sequential call can be split")
+        container = self.source.segment(call.func)
+        elements = [s for s in site.flow.steps if s.node is call] if site.flow else []
+        if not elements:
+            raise Refusal("internal: nn.Sequential elements not available")
+        indices = [elements.index(step) for step in steps]
+        if indices != list(range(indices[0], indices[0] + len(indices))):
+            raise Refusal("the fused nn.Sequential elements are not consecutive")
+        (new_step,) = replacement
+        module_text = {step.module: f"{container}[{elements.index(step)}]" for step in elements}
+        template = self.render_call(
+            new_step,
+            site,
+            plan,
+            site.rule.forward.steps[-1],
+            steps[-1],  # type: ignore[union-attr]
+            module_text=module_text,
+            first_input=SEQUENTIAL_INPUT,
+        )
+        plan.sequential = SequentialPiece(
+            call=call,
+            first=indices[0],
+            last=indices[-1],
+            template=template,
+            element_calls=[module_text[element.module] for element in elements],
+        )
+        plan.touched.append(call)
+        return plan
+
+    # -- rendering ---------------------------------------------------------------------------
+    def render_call(
+        self,
+        new_step: PatternStep,
+        site: Site,
+        plan: Plan,
+        final_pattern: PatternStep,
+        final_step: FlowStep,
+        module_text: dict[str | None, str] | None = None,
+        first_input: str | None = None,
+    ) -> str:
+        callee = self.render_callee(new_step.callee, plan, {}, site)
+        rest = self.forward_rest(final_pattern, final_step)
+        arguments = self.render_arguments(
+            new_step.args, site, plan, rest=rest, module_text=module_text, first_input=first_input
+        )
+        return f"{callee}({', '.join(arguments)})"
+
+    def render_callee(self, callee: Expr, plan: Plan, renames: dict[str, str], site: Site) -> str:
+        if isinstance(callee, Name):
+            if callee.dotted in renames:
+                return renames[callee.dotted]
+            if callee.dotted.startswith(KERNEL_PACKAGE + "."):
+                return self.kernel_name(callee.dotted, plan)
+            return callee.dotted
+        if isinstance(callee, Call):
+            base = self.render_callee(callee.base, plan, renames, site)
+            args = self.render_arguments(callee.args, site, plan, rest=[], renames=renames)
+            return f"{base}({', '.join(args)})"
+        raise Refusal(f"cannot render replacement callee {callee}")
+
+    def render_arguments(
+        self,
+        args: tuple,
+        site: Site,
+        plan: Plan,
+        *,
+        rest: list[str],
+        renames: dict[str, str] | None = None,
+        module_text: dict[str | None, str] | None = None,
+        first_input: str | None = None,
+    ) -> list[str]:
+        rendered: list[str] = []
+        for position, arg in enumerate(args):
+            if isinstance(arg, Rest):
+                rendered.extend(rest)
+            elif isinstance(arg, Keyword):
+                rendered.append(
+                    f"{arg.key}={self.render_value(arg.value, site, plan, module_text)}"
+                )
+            else:
+                if position == 0 and first_input is not None:
+                    rendered.append(first_input)
+                    continue
+                value = arg.value
+                if isinstance(value, Name) and renames and value.dotted in renames:
+                    rendered.append(renames[value.dotted])
+                else:
+                    rendered.append(self.render_value(value, site, plan, module_text))
+        return rendered
+
+    def render_value(
+        self, value: Expr, site: Site, plan: Plan, module_text: dict[str | None, str] | None
+    ) -> str:
+        if isinstance(value, Literal):
+            return repr(value.value)
+        if isinstance(value, Name):
+            return value.dotted
+        if isinstance(value, Wildcard):
+            raise Refusal("a replacement cannot pass `_`")
+        if isinstance(value, (Index, Call)):
+            raise Refusal(f"cannot render replacement argument {value}")
+        assert isinstance(value, Var)
+        bound = site.bindings.get(value.name)
+        if isinstance(bound, BoundModule):
+            if module_text is not None and bound.path in module_text:
+                return module_text[bound.path]
+            step = next((s for s in site.steps if s.module == bound.path), None)
+            if step is None or not isinstance(step.node, ast.Call):
+                raise Refusal(f"${value.name}: the module call is not in the source")
+            return self.source.segment(step.node.func)
+        if isinstance(bound, Operand):
+            if bound.node is None:
+                raise Refusal(f"${value.name} has no source text")
+            text = self.source.segment(bound.node)
+            if has_call(bound.node) and not self._same_statement_as_final(site, bound):
+                raise Refusal(f"${value.name} (`{text}`) would be evaluated at another point")
+            return text if "\n" not in text else f"({text})"
+        if isinstance(bound, str):
+            return bound
+        if isinstance(bound, BoundOutput):
+            raise Refusal(f"${value.name} is an intermediate value; the kernel must recompute it")
+        raise Refusal(f"${value.name} is not bound by the match")
+
+    def _same_statement_as_final(self, site: Site, operand: Operand) -> bool:
+        owner = next((s for s in site.steps if any(op is operand for op in s.operands())), None)
+        return owner is not None and owner.statement is site.steps[-1].statement
+
+    def forward_rest(self, pattern: PatternStep, step: FlowStep) -> list[str]:
+        """Arguments of the final matched call that its pattern did not name, as keywords."""
+        from ..extract.names import parameter_names
+
+        consumed: list[Operand] = []
+        positional_patterns = [a for a in pattern.args if isinstance(a, Positional)]
+        consumed += step.positional[: len(positional_patterns)]
+        consumed += [
+            step.arguments[a.key]
+            for a in pattern.args
+            if isinstance(a, Keyword)
+            if a.key in step.arguments
+        ]
+        names = parameter_names(step.kind)[0]
+        rest: list[str] = []
+        for index, operand in enumerate(step.positional):
+            if any(operand is c for c in consumed) or operand.node is None:
+                continue
+            if index >= len(names):
+                raise Refusal(f"line {step.line}: positional argument {index + 1} has no name")
+            rest.append(f"{names[index]}={self.source.segment(operand.node)}")
+        call = step.node
+        if isinstance(call, ast.Call):
+            for keyword in call.keywords:
+                operand = step.arguments.get(keyword.arg or "")
+                if keyword.arg is None:
+                    rest.append("**" + self.source.segment(keyword.value))
+                elif operand is not None and not any(operand is c for c in consumed):
+                    rest.append(f"{keyword.arg}={self.source.segment(keyword.value)}")
+        return rest
+
+    def check_dropped_arguments(
+        self,
+        site: Site,
+        pattern: tuple[PatternStep, ...],
+        new_step: PatternStep,
+        final_index: int,
+    ) -> None:
+        """Refuse when a matched call passes an argument the replacement would silently drop."""
+        forwards_rest = any(isinstance(a, Rest) for a in new_step.args)
+        for index, (pattern_step, step) in enumerate(zip(pattern, site.steps, strict=True)):
+            if index == final_index and forwards_rest:
+                continue
+            call = step.node
+            if not isinstance(call, ast.Call):
+                continue
+            wanted = sum(isinstance(a, Positional) for a in pattern_step.args) + sum(
+                isinstance(a, Keyword) for a in pattern_step.args
+            )
+            given = len(call.args) + len(call.keywords)
+            if given > wanted:
+                raise Refusal(
+                    f"line {step.line}: `{self.source.segment(call)}` passes arguments the "
+                    "replacement would drop"
+                )
+
+
+def _step_expression(step: FlowStep) -> ast.expr:
+    node = step.node
+    if not isinstance(node, ast.expr):
+        raise Refusal(f"line {step.line}: matched computation is not an expression")
+    return node
+
+
+def _is_plain_assignment(statement: ast.stmt, value: ast.expr) -> bool:
+    if isinstance(statement, ast.Assign):
+        return (
+            statement.value is value
+            and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name)
+        )
+    if isinstance(statement, ast.AnnAssign):
+        return statement.value is value and isinstance(statement.target, ast.Name)
+    return False
+
+
+def _dotted(expr: Expr) -> str:
+    if isinstance(expr, Name):
+        return expr.dotted
+    if isinstance(expr, Index):
+        return _dotted(expr.base)
+    return str(expr)

@@ -1,0 +1,110 @@
+"""Source text addressed the way :mod:`ast` addresses it (1-based lines, UTF-8 byte columns), so
+that edits planned on the ``ast`` tree can be applied to the text exactly."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+
+
+class SourceText:
+    """A file's text with fast segment lookup by ``ast`` positions."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.lines = text.splitlines(keepends=True)
+        self._encoded: dict[int, bytes] = {}
+
+    def _line_bytes(self, line: int) -> bytes:
+        cached = self._encoded.get(line)
+        if cached is None:
+            cached = self._encoded[line] = self.lines[line - 1].encode("utf-8")
+        return cached
+
+    def char_column(self, line: int, byte_column: int) -> int:
+        """Code-point column of an ``ast`` byte column (they differ after non-ASCII text)."""
+        return len(self._line_bytes(line)[:byte_column].decode("utf-8", errors="replace"))
+
+    def segment(self, node: ast.AST) -> str:
+        """The exact source text of a node, as written (comments and line breaks included)."""
+        start, end = node.lineno, node.end_lineno  # type: ignore[attr-defined]
+        first, last = node.col_offset, node.end_col_offset  # type: ignore[attr-defined]
+        if start == end:
+            return self._line_bytes(start)[first:last].decode("utf-8")
+        parts = [self._line_bytes(start)[first:]]
+        parts += [self._line_bytes(line) for line in range(start + 1, end)]
+        parts.append(self._line_bytes(end)[:last])
+        return b"".join(parts).decode("utf-8")
+
+    def indentation(self, line: int) -> str:
+        text = self.lines[line - 1]
+        return text[: len(text) - len(text.lstrip(" \t"))]
+
+
+def contains(outer: ast.AST, inner: ast.AST) -> bool:
+    """True when ``inner``'s source span lies within ``outer``'s."""
+    start = (outer.lineno, outer.col_offset)  # type: ignore[attr-defined]
+    end = (outer.end_lineno, outer.end_col_offset)  # type: ignore[attr-defined]
+    inner_start = (inner.lineno, inner.col_offset)  # type: ignore[attr-defined]
+    inner_end = (inner.end_lineno, inner.end_col_offset)  # type: ignore[attr-defined]
+    return start <= inner_start and inner_end <= end
+
+
+def function_start(function: ast.FunctionDef) -> int:
+    """First line of a function including its decorators."""
+    return min([function.lineno] + [d.lineno for d in function.decorator_list])
+
+
+class Blocks:
+    """Where each statement of a function sits: its block (a statement list) and index."""
+
+    def __init__(self, function: ast.FunctionDef) -> None:
+        self.where: dict[int, tuple[list[ast.stmt], int, ast.stmt | None, str]] = {}
+        self._walk(function.body, function, "body")
+
+    def _walk(self, body: list[ast.stmt], owner: ast.AST, field: str) -> None:
+        for index, statement in enumerate(body):
+            parent = owner if isinstance(owner, ast.stmt) else None
+            self.where[id(statement)] = (body, index, parent, field)
+            for name in ("body", "orelse", "finalbody"):
+                inner = getattr(statement, name, None)
+                if isinstance(inner, list) and inner and isinstance(inner[0], ast.stmt):
+                    self._walk(inner, statement, name)
+            for handler in getattr(statement, "handlers", []) or []:
+                self._walk(handler.body, handler, "body")
+            for case in getattr(statement, "cases", []) or []:
+                self._walk(case.body, case, "body")
+
+    def block_of(self, statement: ast.stmt) -> tuple[list[ast.stmt], int, ast.stmt | None, str]:
+        return self.where[id(statement)]
+
+    def between(self, first: ast.stmt, last: ast.stmt) -> Iterator[ast.stmt]:
+        """Statements strictly between two statements of the same block."""
+        body, start, _, _ = self.where[id(first)]
+        _, end, _, _ = self.where[id(last)]
+        yield from body[start + 1 : end]
+
+
+def assigned_names(statement: ast.AST) -> set[str]:
+    """Names a statement (or anything nested in it) binds."""
+    names: set[str] = set()
+    for node in ast.walk(statement):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def read_names(node: ast.AST) -> set[str]:
+    return {
+        child.id
+        for child in ast.walk(node)
+        if isinstance(child, ast.Name) and isinstance(child.ctx, ast.Load)
+    }
+
+
+def has_call(node: ast.AST) -> bool:
+    return any(isinstance(child, (ast.Call, ast.Await, ast.Yield)) for child in ast.walk(node))
