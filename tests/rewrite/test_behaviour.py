@@ -1,0 +1,183 @@
+"""Patched fixtures run: same weights (strict state_dict load), same inputs, same outputs and
+gradients as the original, in eval and train mode."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from adopter.match import Matcher  # noqa: E402
+from adopter.rewrite import rewrite_text  # noqa: E402
+from adopter.rules import load_rule_set  # noqa: E402
+
+HEAD = """\
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+ACT2FN = {"gelu": nn.GELU(), "relu": nn.ReLU()}
+"""
+
+MODELS = {
+    "bert_block": (
+        """
+class Intermediate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Linear(8, 16)
+        self.intermediate_act_fn = ACT2FN[config.hidden_act]
+
+    def forward(self, hidden_states):
+        hidden_states = self.dense(hidden_states)
+        hidden_states = self.intermediate_act_fn(hidden_states)
+        return hidden_states
+
+
+class Output(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Linear(16, 8)
+        self.LayerNorm = nn.LayerNorm(8, eps=1e-12)
+        self.dropout = nn.Dropout(0.0)
+
+    def forward(self, hidden_states, input_tensor):
+        hidden_states = self.dense(hidden_states)
+        hidden_states = self.dropout(hidden_states)
+        hidden_states = self.LayerNorm(hidden_states + input_tensor)
+        return hidden_states
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.intermediate = Intermediate()
+        self.output = Output()
+
+    def forward(self, x):
+        scores = x @ x.transpose(-1, -2)
+        mixed = F.softmax(scores, dim=-1) @ x
+        return self.output(self.intermediate(mixed), x)
+""",
+        lambda: (torch.randn(2, 5, 8),),
+        {"paper.4", "paper.5", "paper.6"},
+    ),
+    "conv_branch": (
+        """
+class Model(nn.Module):
+    def __init__(self, use_bn=True):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.use_bn = use_bn
+
+    def forward(self, x):
+        x = self.conv(x)
+        if self.use_bn:
+            x = self.bn(x)
+        return torch.relu(x)
+""",
+        lambda: (torch.randn(2, 3, 6, 6),),
+        {"paper.7"},
+    ),
+    "qkv": (
+        """
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.k_proj = nn.Linear(8, 8, bias=False)
+        self.v_proj = nn.Linear(8, 8, bias=False)
+        self.q_proj = nn.Linear(8, 8, bias=False)
+
+    def _split_heads(self, tensor, heads, size):
+        return tensor.view(tensor.shape[0], tensor.shape[1], heads, size).transpose(1, 2)
+
+    def forward(self, hidden_states):
+        query = self.q_proj(hidden_states)
+        key = self.k_proj(hidden_states)
+        value = self.v_proj(hidden_states)
+        query = self._split_heads(query, 2, 4)
+        key = self._split_heads(key, 2, 4)
+        value = self._split_heads(value, 2, 4)
+        weights = F.softmax(query @ key.transpose(-1, -2), dim=-1, dtype=torch.float32)
+        return weights @ value
+""",
+        lambda: (torch.randn(2, 5, 8),),
+        {"paper.4", "paper.9"},
+    ),
+    "sequential": (
+        """
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+        self.convs = nn.Sequential(nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3), nn.Conv2d(3, 3, 1), nn.BatchNorm2d(3))
+
+    def forward(self, x, image):
+        return self.proj(x), self.convs(image)
+""",
+        lambda: (torch.randn(6, 4), torch.randn(2, 3, 4, 4)),
+        {"paper.7", "paper.8"},
+    ),
+}
+
+
+class _Config:
+    hidden_act = "gelu"
+
+
+def _load(code: str):
+    namespace: dict = {"config": _Config()}
+    exec(compile(code, "<fixture>", "exec"), namespace)  # noqa: S102 - our own fixture code
+    return namespace["Model"]
+
+
+def _outputs(result):
+    return result if isinstance(result, tuple) else (result,)
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("training", [False, True])
+def test_patched_model_matches_original(name, training):
+    body, make_inputs, expected_rules = MODELS[name]
+    original_code = HEAD + textwrap.dedent(body)
+    rewritten = rewrite_text(original_code, "model.py", Matcher(load_rule_set("paper")))
+    patched_rules = {r.site.rule.id for r in rewritten.results if r.status == "patched"}
+    assert patched_rules == expected_rules, [(r.site.rule.id, r.reason) for r in rewritten.results]
+    torch.manual_seed(0)
+    original = _load(original_code)()
+    patched = _load(rewritten.patched)()
+    patched.load_state_dict(original.state_dict(), strict=True)
+    original.train(training)
+    patched.train(training)
+    inputs = make_inputs()
+    copies = [tensor.clone().requires_grad_(True) for tensor in inputs]
+    expected = _outputs(original(*inputs))
+    got = _outputs(patched(*copies))
+    for want, have in zip(expected, got, strict=True):
+        torch.testing.assert_close(have, want, rtol=1e-5, atol=1e-5)
+    sum(o.square().sum() for o in expected).backward()
+    sum(o.square().sum() for o in got).backward()
+    for (label, p1), (_, p2) in zip(
+        original.named_parameters(), patched.named_parameters(), strict=True
+    ):
+        torch.testing.assert_close(p2.grad, p1.grad, rtol=1e-4, atol=1e-5, msg=label)
+    if training:
+        for (label, b1), (_, b2) in zip(
+            original.named_buffers(), patched.named_buffers(), strict=True
+        ):
+            torch.testing.assert_close(b2, b1, msg=label)
+
+
+def test_fig4_path_without_norm_still_matches():
+    body, make_inputs, _ = MODELS["conv_branch"]
+    original_code = HEAD + textwrap.dedent(body)
+    rewritten = rewrite_text(original_code, "model.py", Matcher(load_rule_set("paper")))
+    torch.manual_seed(0)
+    original = _load(original_code)(use_bn=False).eval()
+    patched = _load(rewritten.patched)(use_bn=False).eval()
+    patched.load_state_dict(original.state_dict())
+    (image,) = make_inputs()
+    torch.testing.assert_close(patched(image), original(image))

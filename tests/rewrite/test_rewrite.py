@@ -1,0 +1,263 @@
+"""Synthesis: the patched source, refusals, imports, idempotence, and behaviour kept."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from adopter.match import Matcher
+from adopter.rewrite import rewrite_text
+from adopter.rules import load_rule_set
+
+HEAD = """\
+import torch
+from torch import nn
+import torch.nn.functional as F
+ACT2FN = {"gelu": nn.GELU()}
+"""
+
+
+def rewrite(source: str, rules=None):
+    matcher = Matcher(rules if rules is not None else load_rule_set("paper"))
+    return rewrite_text(HEAD + textwrap.dedent(source), "model.py", matcher)
+
+
+def body_of(text: str) -> str:
+    return text[len(HEAD) :]
+
+
+BERT_OUTPUT = """
+class SelfOutput(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.dense = nn.Linear(8, 8)
+        self.LayerNorm = nn.LayerNorm(8, eps=1e-12)
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, hidden_states, input_tensor):
+        hidden_states = self.dense(hidden_states)
+        # regularise before the residual
+        hidden_states = self.dropout(hidden_states)
+        hidden_states = self.LayerNorm(hidden_states + input_tensor)  # post-norm
+        return hidden_states
+"""
+
+
+def test_dropout_add_layernorm_rewrite_keeps_comments_and_modules():
+    result = rewrite(BERT_OUTPUT)
+    assert [r.status for r in result.results] == ["patched"]
+    assert result.patched.startswith(
+        HEAD.replace(
+            "ACT2FN = ", "from adopter.kernels import dropout_add_layer_norm\nACT2FN = "
+        ).split("ACT2FN")[0]
+    )
+    assert body_of(
+        result.patched.replace("from adopter.kernels import dropout_add_layer_norm\n", "")
+    ) == textwrap.dedent("""
+        class SelfOutput(nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                self.dense = nn.Linear(8, 8)
+                self.LayerNorm = nn.LayerNorm(8, eps=1e-12)
+                self.dropout = nn.Dropout(0.1)
+
+            def forward(self, hidden_states, input_tensor):
+                hidden_states = self.dense(hidden_states)
+                # regularise before the residual
+                hidden_states = dropout_add_layer_norm(hidden_states, input_tensor, self.dropout, self.LayerNorm)  # post-norm
+                return hidden_states
+        """)
+
+
+def test_second_apply_changes_nothing():
+    first = rewrite(BERT_OUTPUT)
+    again = rewrite_text(first.patched, "model.py", Matcher(load_rule_set("paper")))
+    assert not again.changed
+    assert again.results == []
+
+
+def test_imports_merge_into_existing_kernel_import():
+    source = "from adopter.kernels import softmax\n" + BERT_OUTPUT
+    result = rewrite(source)
+    assert "from adopter.kernels import dropout_add_layer_norm, softmax\n" in result.patched
+    assert result.patched.count("adopter.kernels") == 1
+
+
+def test_name_clash_gets_an_alias():
+    source = (
+        "def softmax(x):\n    return x\n"
+        + """
+class A(nn.Module):
+    def forward(self, scores):
+        return F.softmax(scores, dim=-1, dtype=torch.float32)
+"""
+    )
+    result = rewrite(source)
+    assert "from adopter.kernels import softmax as adopter_softmax" in result.patched
+    assert "return adopter_softmax(scores, dim=-1, dtype=torch.float32)" in result.patched
+
+
+def test_fig4_statement_moves_into_both_arms():
+    result = rewrite("""
+class ConvLayer(nn.Module):
+    def __init__(self, use_bn):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.bn = nn.BatchNorm2d(8)
+        self.use_bn = use_bn
+
+    def forward(self, x):
+        x = self.conv(x)
+        if self.use_bn:
+            x = self.bn(x)
+        return x
+""")
+    assert [r.status for r in result.results] == ["patched"]
+    assert textwrap.dedent("""
+        def forward(self, x):
+            if self.use_bn:
+                x = conv_batch_norm(x, self.conv, self.bn)
+            else:
+                x = self.conv(x)
+            return x
+    """).strip() in textwrap.dedent(
+        result.patched.split("def forward", 1)[1].join(["def forward", ""])
+    ).strip() or (
+        "        if self.use_bn:\n            x = conv_batch_norm(x, self.conv, self.bn)\n"
+        "        else:\n            x = self.conv(x)\n        return x\n" in result.patched
+    )
+
+
+def test_fused_qkv_becomes_one_tuple_assignment():
+    result = rewrite("""
+class Attention(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.k_proj = nn.Linear(d, d, bias=False)
+        self.v_proj = nn.Linear(d, d, bias=False)
+        self.q_proj = nn.Linear(d, d, bias=False)
+
+    def _split_heads(self, tensor, heads, size):
+        return tensor.view(tensor.shape[0], tensor.shape[1], heads, size)
+
+    def forward(self, hidden_states):
+        query = self.q_proj(hidden_states)
+        key = self.k_proj(hidden_states)
+        value = self.v_proj(hidden_states)
+
+        query = self._split_heads(query, 2, 4)
+        key = self._split_heads(key, 2, 4)
+        value = self._split_heads(value, 2, 4)
+        return query, key, value
+""")
+    assert [r.status for r in result.results] == ["patched"]
+    assert (
+        "        query, key, value = qkv_projection(hidden_states, self.q_proj, self.k_proj, self.v_proj)\n"
+        "\n        query = self._split_heads(query, 2, 4)\n" in result.patched
+    )
+
+
+def test_sequential_is_split_around_the_kernel():
+    result = rewrite("""
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+
+    def forward(self, x):
+        return self.proj(x)
+""")
+    assert (
+        "return self.proj[3](self.proj[2](linear_batch_norm(x, self.proj[0], self.proj[1])))"
+        in result.patched
+    )
+
+
+def test_attention_constructor_is_wrapped_and_inner_softmax_left_alone():
+    result = rewrite("""
+class BertSelfAttention(nn.Module):
+    def forward(self, scores):
+        return F.softmax(scores, dim=-1)
+
+class BertAttention(nn.Module):
+    def __init__(self, config, position_embedding_type=None):
+        super().__init__()
+        self.self = BertSelfAttention(config, position_embedding_type=position_embedding_type)
+
+    def forward(self, x):
+        return self.self(x)
+""")
+    statuses = {r.site.rule.id: (r.status, r.reason) for r in result.results}
+    assert statuses["paper.1"][0] == "patched"
+    assert statuses["paper.4"] == (
+        "skipped",
+        "inside BertSelfAttention, which a fused-attention rule replaces as a whole",
+    )
+    assert (
+        "self.self = fused_bert_self_attention(BertSelfAttention)(config, "
+        "position_embedding_type=position_embedding_type)" in result.patched
+    )
+    again = rewrite_text(result.patched, "model.py", Matcher(load_rule_set("paper")))
+    assert not again.changed
+
+
+@pytest.mark.parametrize(
+    ("source", "reason"),
+    [
+        (
+            """
+class L(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.1)
+        self.norm = nn.LayerNorm(4)
+
+    def forward(self, x, residual):
+        y = self.drop(x)
+        x = x * 2
+        return self.norm(y + residual)
+""",
+            "reassigns an input of the fused call",
+        ),
+        (
+            """
+class L(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.1)
+        self.norm = nn.LayerNorm(4)
+
+    def forward(self, x, residual):
+        y = self.drop(x) if self.training else x
+        return self.norm(y + residual)
+""",
+            "shares its statement with other work",
+        ),
+    ],
+)
+def test_unsafe_rewrites_are_refused_with_a_reason(source, reason):
+    result = rewrite(source)
+    assert not result.changed
+    (only,) = result.results
+    assert only.status == "skipped" and reason in only.reason
+
+
+def test_skip_keeps_the_other_sites():
+    source = (
+        BERT_OUTPUT
+        + """
+class Bad(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.1)
+        self.norm = nn.LayerNorm(4)
+
+    def forward(self, x, residual):
+        y = self.drop(x) if self.training else x
+        return self.norm(y + residual)
+"""
+    )
+    result = rewrite(source)
+    assert sorted(r.status for r in result.results) == ["patched", "skipped"]
+    assert "dropout_add_layer_norm(hidden_states, input_tensor" in result.patched
