@@ -286,7 +286,8 @@ def apply(
                     highlight=False,
                 )
     patched = sum(r.status == "patched" for r in result.results)
-    skipped = [r for r in result.results if r.status != "patched"]
+    covered = sum(r.status == "covered" for r in result.results)
+    skipped = [r for r in result.results if r.status == "skipped"]
     for skip in skipped:
         console.print(
             f"skipped {skip.site.rule.id} at {skip.site.path}:{skip.site.line}:{skip.site.column}: "
@@ -297,7 +298,8 @@ def apply(
         )
     verb = "patched" if write else "to patch"
     console.print(
-        f"{patched} site(s) {verb} in {len(result.changed)} file(s), {len(skipped)} skipped, "
+        f"{patched} site(s) {verb} in {len(result.changed)} file(s), {covered} covered by an "
+        f"enclosing rewrite, {len(skipped)} skipped, "
         f"{len(result.errors) + write_errors} error(s), {result.seconds:.2f} s",
         highlight=False,
     )

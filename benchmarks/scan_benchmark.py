@@ -1,8 +1,9 @@
 """Scan the paper's benchmark (199 transformers modeling files x 9 rules) and write
 docs/benchmark.md: expected / found / missed / extra per rule, precision, recall, wall time, and
-every disagreement with the hand count, with its code and the reason.
+every disagreement with the hand count, with its code and the reason; then apply every rule in a
+scratch copy and report patched / skipped sites, compilation, imports and idempotence.
 
-    python benchmarks/scan_benchmark.py [--jobs N] [--output docs/benchmark.md]
+    python benchmarks/scan_benchmark.py [--jobs N] [--no-apply] [--no-import-check]
 
 The wheels come from PyPI at run time (``pip download --no-deps``) into the git-ignored
 ``.cache/corpus``; nothing is imported. Human judgements about individual disagreements live in
@@ -26,6 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from adopter.corpus import fetch_wheel  # noqa: E402
 from adopter.match.scan import scan_paths  # noqa: E402
@@ -150,6 +152,10 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--repeat", type=int, default=3, help="timed scans; the median is kept")
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "benchmark.md")
+    parser.add_argument("--no-apply", action="store_true", help="scan only")
+    parser.add_argument(
+        "--no-import-check", action="store_true", help="skip importing the patched modules"
+    )
     args = parser.parse_args()
 
     models, expected = load_expected()
@@ -318,6 +324,15 @@ def main() -> int:
             if note.verdict == "not-an-instance" and note.line not in shown:
                 w(f"Not reported, `{path.relative_to(path.parents[3])}:{note.line}`:\n")
                 w("```python\n" + code_excerpt(path, note.line) + "\n```\n")
+    if not args.no_apply:
+        from apply_section import register_original_dirs, render, run_apply
+
+        register_original_dirs(paths)
+        report = run_apply(paths, rules, args.jobs, import_check=not args.no_import_check)
+        out.extend(render(report, args.jobs))
+        print(f"apply: {report.patched_sites} patched, {len(report.skipped)} skipped, "
+              f"{report.compiled}/{report.files} compile, {report.imported} import, "
+              f"second run changes {report.second_run_changes}, {report.seconds:.2f} s")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text("\n".join(out) + "\n", encoding="utf-8")
     print(

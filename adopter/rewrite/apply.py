@@ -28,7 +28,8 @@ class SiteResult:
     """What happened to one site."""
 
     site: Site
-    status: str  # "patched" or "skipped"
+    # "patched"; "covered" (inside code that an enclosing rewrite replaces); or "skipped"
+    status: str
     reason: str = ""
     summary: str = ""
 
@@ -64,7 +65,7 @@ class _FunctionEditor(cst.CSTTransformer):
         super().__init__()
         self.expressions: dict[tuple[int, int, str], str] = {}
         self.statements: dict[tuple[int, int], str | None] = {}
-        self.hoists: dict[tuple[int, int], tuple[tuple[int, int], int]] = {}
+        self.hoists: dict[tuple[int, int], tuple[list[tuple[int, int]], int]] = {}
         self.hoisted: dict[tuple[int, int], cst.SimpleStatementLine] = {}
         self.applied: set[int] = set()
         for plan in plans:
@@ -75,9 +76,10 @@ class _FunctionEditor(cst.CSTTransformer):
             for statement in plan.delete_statements:
                 self.statements[locate(statement)] = None
             if plan.hoist is not None:
-                statement, if_statement, arm = plan.hoist
-                self.statements[locate(statement)] = None
-                self.hoists[locate(if_statement)] = (locate(statement), arm)
+                moved, if_statement, arm = plan.hoist
+                for statement in moved:
+                    self.statements[locate(statement)] = None
+                self.hoists[locate(if_statement)] = ([locate(s) for s in moved], arm)
 
     def _start(self, node: cst.CSTNode) -> tuple[int, int]:
         position = self.get_metadata(PositionProvider, node).start
@@ -108,7 +110,7 @@ class _FunctionEditor(cst.CSTTransformer):
         key = self._start(original)
         if key not in self.statements:
             return updated
-        if key in {target for target, _ in self.hoists.values()}:
+        if any(key in targets for targets, _ in self.hoists.values()):
             self.hoisted[key] = original
         text = self.statements[key]
         if text is None:
@@ -121,22 +123,21 @@ class _FunctionEditor(cst.CSTTransformer):
         hoist = self.hoists.get(self._start(original))
         if hoist is None:
             return updated
-        statement_key, fused_arm = hoist
-        moved = self.hoisted[statement_key].with_changes(leading_lines=())
+        statement_keys, fused_arm = hoist
+        moved = [self.hoisted[key].with_changes(leading_lines=()) for key in statement_keys]
         if fused_arm == 0:
             orelse = updated.orelse
             if orelse is None:
-                body = cst.IndentedBlock(body=[moved])
-                return updated.with_changes(orelse=cst.Else(body=body))
+                return updated.with_changes(orelse=cst.Else(body=cst.IndentedBlock(body=moved)))
             assert isinstance(orelse, cst.Else)
             block = orelse.body
             assert isinstance(block, cst.IndentedBlock)
             return updated.with_changes(
-                orelse=orelse.with_changes(body=block.with_changes(body=[moved, *block.body]))
+                orelse=orelse.with_changes(body=block.with_changes(body=[*moved, *block.body]))
             )
         block = updated.body
         assert isinstance(block, cst.IndentedBlock)
-        return updated.with_changes(body=block.with_changes(body=[moved, *block.body]))
+        return updated.with_changes(body=block.with_changes(body=[*moved, *block.body]))
 
     def leave_IndentedBlock(  # noqa: N802 - LibCST visitor name
         self, original: cst.IndentedBlock, updated: cst.IndentedBlock
@@ -338,7 +339,7 @@ def resolve_overlaps(
             results.append(
                 SiteResult(
                     site,
-                    "skipped",
+                    "covered",
                     f"inside {site.cls}, which a fused-attention rule replaces as a whole",
                 )
             )

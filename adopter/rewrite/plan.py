@@ -90,7 +90,8 @@ class Plan:
     replace_expressions: list[tuple[ast.expr, str]] = field(default_factory=list)
     replace_statements: list[tuple[ast.stmt, str]] = field(default_factory=list)
     delete_statements: list[ast.stmt] = field(default_factory=list)
-    hoist: tuple[ast.stmt, ast.If, int] | None = None  # statement, if, arm that fuses it
+    # statements moved into the arms of an ``if``; the arm that fuses them gets none
+    hoist: tuple[list[ast.stmt], ast.If, int] | None = None
     sequential: SequentialPiece | None = None
     merged_pieces: list[SequentialPiece] = field(default_factory=list)
     also_patched: list[Plan] = field(default_factory=list)
@@ -108,6 +109,7 @@ class Planner:
         self.taken_names = taken_names
         self.aliases: dict[str, str] = {}
         self._blocks: dict[int, Blocks] = {}
+        self._moved_calls: list[ast.stmt] = []
 
     def blocks(self, function: ast.FunctionDef) -> Blocks:
         found = self._blocks.get(id(function))
@@ -130,6 +132,7 @@ class Planner:
 
     # -- entry -------------------------------------------------------------------------------
     def plan(self, site: Site) -> Plan:
+        self._moved_calls = []
         rule = site.rule
         init_replacement = rule.init.replacement if rule.init else None
         forward_replacement = rule.forward.replacement if rule.forward else None
@@ -226,23 +229,35 @@ class Planner:
         final_node = _step_expression(final)
         plan.replace_expressions.append((final_node, call_text))
         plan.touched.append(final_node)
+        # A matched computation disappears when its expression is the value of a statement that
+        # is deleted, or lies inside an expression that is (the replaced one included).
+        removed_values: list[ast.expr] = [final_node]
         deleted: list[ast.stmt] = []
+        nested: list[FlowStep] = []
         for index, step in enumerate(steps):
             if index == final_index:
                 continue
             node = _step_expression(step)
             statement = step.statement
             assert statement is not None
-            if contains(final_node, node):
-                continue  # disappears with the replaced expression
-            if not _is_plain_assignment(statement, node):
+            if any(contains(value, node) for value in removed_values):
+                continue
+            if _is_plain_assignment(statement, node):
+                if statement not in deleted:
+                    deleted.append(statement)
+                removed_values.append(node)
+            else:
+                nested.append(step)
+        for step in nested:
+            node = _step_expression(step)
+            if not any(contains(value, node) for value in removed_values):
                 raise Refusal(
                     f"line {step.line}: the matched `{self.source.segment(node)}` shares its "
                     "statement with other work"
                 )
-            if statement not in deleted:
-                deleted.append(statement)
+        deleted.sort(key=lambda statement: (statement.lineno, statement.col_offset))
         self.place(plan, site, deleted, final_statement, blocks)
+        self.check_moved_calls(plan, deleted, final_statement, blocks)
         plan.summary = f"{self.source.segment(final_node)} -> {call_text}"
         return plan
 
@@ -268,7 +283,7 @@ class Planner:
                 plan.touched.append(statement)
                 continue
             branch = self.enclosing_branch(final_statement, block, blocks)
-            if branch is None or plan.hoist is not None:
+            if branch is None or (plan.hoist is not None and plan.hoist[1] is not branch[0]):
                 raise Refusal(
                     f"line {statement.lineno}: the fused statements sit in different blocks"
                 )
@@ -285,8 +300,27 @@ class Planner:
                 and self.source.lines[if_statement.orelse[0].lineno - 1].lstrip().startswith("elif")
             ):
                 raise Refusal("the branch continues with `elif`; not rewritten")
-            plan.hoist = (statement, if_statement, arm)
+            moved = plan.hoist[0] if plan.hoist else []
+            plan.hoist = ([*moved, statement], if_statement, arm)
             plan.touched.append(statement)
+
+    def check_moved_calls(
+        self, plan: Plan, deleted: list[ast.stmt], final: ast.stmt, blocks: Blocks
+    ) -> None:
+        """An input that calls something is now evaluated at the kernel call: allowed only when
+        nothing else runs in between (its statement is the fused one, or deleted and adjacent)."""
+        for owner in self._moved_calls:
+            if owner is final:
+                continue
+            if plan.hoist is not None or not any(owner is d for d in deleted):
+                raise Refusal(f"line {owner.lineno}: an input with a call would move")
+            if blocks.block_of(owner)[0] is not blocks.block_of(final)[0]:
+                raise Refusal(f"line {owner.lineno}: an input with a call would move")
+            for between in blocks.between(owner, final):
+                if not any(between is d for d in deleted):
+                    raise Refusal(
+                        f"line {between.lineno} runs between an input with a call and the kernel"
+                    )
 
     def enclosing_branch(
         self, statement: ast.stmt, block: list[ast.stmt], blocks: Blocks
@@ -486,18 +520,19 @@ class Planner:
             if bound.node is None:
                 raise Refusal(f"${value.name} has no source text")
             text = self.source.segment(bound.node)
-            if has_call(bound.node) and not self._same_statement_as_final(site, bound):
-                raise Refusal(f"${value.name} (`{text}`) would be evaluated at another point")
+            if has_call(bound.node):
+                owner = next(
+                    (s for s in site.steps if any(op is bound for op in s.operands())), None
+                )
+                if owner is None or owner.statement is None:
+                    raise Refusal(f"${value.name} (`{text}`) would be evaluated at another point")
+                self._moved_calls.append(owner.statement)
             return text if "\n" not in text else f"({text})"
         if isinstance(bound, str):
             return bound
         if isinstance(bound, BoundOutput):
             raise Refusal(f"${value.name} is an intermediate value; the kernel must recompute it")
         raise Refusal(f"${value.name} is not bound by the match")
-
-    def _same_statement_as_final(self, site: Site, operand: Operand) -> bool:
-        owner = next((s for s in site.steps if any(op is operand for op in s.operands())), None)
-        return owner is not None and owner.statement is site.steps[-1].statement
 
     def forward_rest(self, pattern: PatternStep, step: FlowStep) -> list[str]:
         """Arguments of the final matched call that its pattern did not name, as keywords."""

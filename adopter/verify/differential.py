@@ -1,0 +1,332 @@
+"""Run the original and the patched model side by side and judge one mode (worker side only).
+
+One *mode* is a forward pass on fixed inputs, a backward pass from a fixed random projection of
+every floating-point output, and a look at the state afterwards. Both sides start from the same
+weights (the original's ``state_dict``, loaded strictly) and the same random seed, so in eval
+mode, in train mode without dropout and - where the kernels draw random numbers like the
+original code - in train mode with dropout, the runs must agree up to rounding
+(:mod:`adopter.verify.compare`) in
+
+* every output, including nested ones (``hidden_states[1]``, ``past_key_values[0][1]``),
+* every parameter's gradient (a gradient present on one side only is a difference), and
+* every buffer of the ``state_dict`` after the step (batch-norm running statistics).
+
+The original is run twice first: if it does not reproduce itself (random numbers drawn outside
+torch's seeded generator, non-deterministic kernels), a difference would prove nothing, and the
+mode is "not checkable" instead.
+"""
+
+from __future__ import annotations
+
+import random
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from .compare import Difference, Tolerance, compare_values
+from .results import NOT_CHECKABLE, REFUTED, VERIFIED, ClassVerification
+
+__all__ = [
+    "ModeOutcome",
+    "SideRun",
+    "check_mode",
+    "conclude",
+    "load_strictly",
+    "run_side",
+    "seed_everything",
+    "snapshot_state",
+    "zero_dropout_modules",
+]
+
+SKIPPED = "skipped"
+_DROPOUT_TYPES = (
+    nn.Dropout,
+    nn.Dropout1d,
+    nn.Dropout2d,
+    nn.Dropout3d,
+    nn.AlphaDropout,
+    nn.FeatureAlphaDropout,
+)
+
+
+@dataclass
+class SideRun:
+    """What one side produced: named outputs, gradients and buffers, in a stable order."""
+
+    outputs: list[tuple[str, Any]]
+    grads: list[tuple[str, torch.Tensor | None]]
+    buffers: list[tuple[str, torch.Tensor]]
+
+
+@dataclass
+class ModeOutcome:
+    """The verdict of one mode, with the differences behind it."""
+
+    status: str
+    detail: str
+    differences: list[Difference] = field(default_factory=list)
+
+    def line(self) -> str:
+        return f"{self.status}: {self.detail}" if self.detail else self.status
+
+
+def snapshot_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A detached copy of ``model.state_dict()`` to restore before every run."""
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def load_strictly(model: nn.Module, state: dict[str, torch.Tensor]) -> str | None:
+    """Load ``state`` into ``model``; why it does not fit exactly, or ``None`` when it does.
+
+    A patch must keep every parameter and buffer name and shape (the kernels take the model's
+    existing modules precisely so that checkpoints keep loading), so any missing or unexpected
+    key, or any shape change, is a failure of the patch.
+    """
+    try:
+        result = model.load_state_dict(state, strict=False)
+    except RuntimeError as exc:  # shape mismatches raise even with strict=False
+        return f"state_dict does not load: {str(exc).strip()}"
+    problems = []
+    if result.missing_keys:
+        problems.append(f"missing keys {sorted(result.missing_keys)}")
+    if result.unexpected_keys:
+        problems.append(f"unexpected keys {sorted(result.unexpected_keys)}")
+    if problems:
+        return "state_dict of the original does not load strictly: " + "; ".join(problems)
+    return None
+
+
+def zero_dropout_modules(model: nn.Module) -> None:
+    """Set ``p = 0`` on every dropout module, including ones hard-coded outside the config."""
+    for module in model.modules():
+        if isinstance(module, _DROPOUT_TYPES):
+            module.p = 0.0
+
+
+def seed_everything(seed: int) -> None:
+    """Seed every generator model code commonly draws from (LayerDrop uses ``random``)."""
+    torch.manual_seed(seed)
+    random.seed(seed)
+    try:
+        import numpy
+
+        numpy.random.seed(seed)
+    except ImportError:  # numpy is optional for the code under test
+        pass
+
+
+def _flatten(value: Any, prefix: str, out: list[tuple[str, Any]]) -> None:
+    if isinstance(value, torch.Tensor):
+        out.append((prefix or "output", value))
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _flatten(item, f"{prefix}.{key}" if prefix else str(key), out)
+    elif isinstance(value, (tuple, list)):
+        for index, item in enumerate(value):
+            _flatten(item, f"{prefix}[{index}]" if prefix else f"output[{index}]", out)
+    elif value is None or isinstance(value, (bool, int, float, str)):
+        out.append((prefix or "output", value))
+    else:
+        out.append((prefix or "output", f"<{type(value).__name__}>"))
+
+
+def _call(model: nn.Module, inputs: Any) -> Any:
+    if isinstance(inputs, Mapping):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def _projection_loss(outputs: list[tuple[str, Any]], seed: int) -> torch.Tensor | None:
+    """A fixed random projection of every differentiable output, to back-propagate from.
+
+    Random weights (rather than ``sum()``) make each output element's gradient distinct, so a
+    permuted or mis-scaled output cannot cancel out in the backward pass. The weights depend
+    only on the seed and the output shapes, so both sides use the same ones.
+    """
+    gen = torch.Generator().manual_seed(seed + 1)
+    total = None
+    for _name, value in outputs:
+        if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
+            continue
+        weights = torch.randn(value.shape, generator=gen, dtype=torch.float64)
+        if not value.requires_grad:
+            continue
+        term = (value * weights.to(dtype=value.dtype, device=value.device)).sum()
+        total = term if total is None else total + term
+    return total
+
+
+def run_side(
+    model: nn.Module, state: dict[str, torch.Tensor], inputs: Any, *, training: bool, seed: int
+) -> SideRun:
+    """Restore ``state``, run forward and backward once, and collect what to compare."""
+    model.load_state_dict(state, strict=True)
+    model.train(training)
+    model.zero_grad(set_to_none=True)
+    seed_everything(seed)
+    with torch.enable_grad():
+        result = _call(model, inputs)
+        outputs: list[tuple[str, Any]] = []
+        _flatten(result, "", outputs)
+        loss = _projection_loss(outputs, seed)
+        if loss is not None:
+            loss.backward()
+    param_names = set()
+    grads: list[tuple[str, torch.Tensor | None]] = []
+    for name, param in model.named_parameters():
+        param_names.add(name)
+        grads.append((name, None if param.grad is None else param.grad.detach().clone()))
+    buffers = [
+        (name, value.detach().clone())
+        for name, value in model.state_dict().items()
+        if name not in param_names
+    ]
+    detached = [(n, v.detach() if isinstance(v, torch.Tensor) else v) for n, v in outputs]
+    return SideRun(detached, grads, buffers)
+
+
+def _compare_named(
+    kind: str,
+    original: list[tuple[str, Any]],
+    patched: list[tuple[str, Any]],
+    tol: Tolerance,
+) -> list[Difference]:
+    patched_by_name = dict(patched)
+    diffs = []
+    for name, value in original:
+        label = f"{kind} {name}"
+        if name not in patched_by_name:
+            diffs.append(
+                Difference(label, float("inf"), float("inf"), "missing in the patched run")
+            )
+            continue
+        diffs.append(compare_values(label, value, patched_by_name[name], tol))
+    original_names = {name for name, _ in original}
+    for name, _ in patched:
+        if name not in original_names:
+            diffs.append(
+                Difference(f"{kind} {name}", float("inf"), float("inf"), "only in the patched run")
+            )
+    return diffs
+
+
+def compare_runs(original: SideRun, patched: SideRun, tol: Tolerance) -> list[Difference]:
+    """Every output, then every gradient, then every buffer, compared by name."""
+    return (
+        _compare_named("output", original.outputs, patched.outputs, tol)
+        + _compare_named("grad", original.grads, patched.grads, tol)
+        + _compare_named("buffer", original.buffers, patched.buffers, tol)
+    )
+
+
+def _largest(diffs: list[Difference]) -> Difference | None:
+    return max(diffs, key=lambda d: (d.max_abs_diff, d.excess), default=None)
+
+
+def _error_line(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def check_mode(
+    original: nn.Module,
+    patched: nn.Module,
+    state: dict[str, torch.Tensor],
+    inputs: Any,
+    *,
+    training: bool,
+    seed: int,
+    tol: Tolerance,
+) -> ModeOutcome:
+    """Run both models in one mode and judge: verified, refuted or not checkable."""
+    try:
+        first = run_side(original, state, inputs, training=training, seed=seed)
+        second = run_side(original, state, inputs, training=training, seed=seed)
+    except Exception as exc:
+        return ModeOutcome(NOT_CHECKABLE, f"the original model raised {_error_line(exc)}")
+    unstable = [d for d in compare_runs(first, second, tol) if not d.ok]
+    if unstable:
+        return ModeOutcome(
+            NOT_CHECKABLE,
+            f"the original model does not reproduce itself under a fixed seed "
+            f"({unstable[0].describe()})",
+        )
+    try:
+        other = run_side(patched, state, inputs, training=training, seed=seed)
+    except Exception as exc:
+        return ModeOutcome(REFUTED, f"the patched model raised {_error_line(exc)}")
+    diffs = compare_runs(first, other, tol)
+    failing = [d for d in diffs if not d.ok]
+    if failing:
+        worst = _largest(failing)
+        assert worst is not None
+        detail = (
+            f"{len(failing)} of {len(diffs)} compared values differ; largest: {worst.describe()}"
+        )
+        if failing[0] is not worst:
+            detail += f"; first: {failing[0].describe()}"
+        return ModeOutcome(REFUTED, detail, diffs)
+    largest = _largest(diffs)
+    detail = f"{len(diffs)} values agree"
+    if largest is not None and largest.max_abs_diff > 0:
+        detail += f" (max |diff| {largest.max_abs_diff:.3g} at {largest.name})"
+    return ModeOutcome(VERIFIED, detail, diffs)
+
+
+def conclude(
+    cls_name: str, outcomes: dict[str, ModeOutcome], prefix: str = ""
+) -> ClassVerification:
+    """Fold per-mode outcomes into one class verdict.
+
+    Refuted if any mode is; verified if every mode that ran is verified (skipped modes are
+    named in the reason); otherwise not checkable, naming the mode that could not be checked.
+    """
+    modes = {name: outcome.line() for name, outcome in outcomes.items()}
+    refuted = {n: o for n, o in outcomes.items() if o.status == REFUTED}
+    every_diff = [d for o in outcomes.values() for d in o.differences]
+    if refuted:
+        failing = [d for o in refuted.values() for d in o.differences if not d.ok]
+        worst = _largest(failing)
+        name, outcome = next(iter(refuted.items()))
+        return ClassVerification(
+            cls=cls_name,
+            status=REFUTED,
+            reason=f"{prefix}{name}: {outcome.detail}",
+            max_abs_diff=None if worst is None else worst.max_abs_diff,
+            where=None if worst is None else worst.name,
+            modes=modes,
+        )
+    blocked = {n: o for n, o in outcomes.items() if o.status == NOT_CHECKABLE}
+    if blocked or not outcomes:
+        name, outcome = (
+            next(iter(blocked.items())) if blocked else ("-", ModeOutcome("", "no mode"))
+        )
+        return ClassVerification(
+            cls=cls_name,
+            status=NOT_CHECKABLE,
+            reason=f"{prefix}{name}: {outcome.detail}",
+            modes=modes,
+        )
+    largest = _largest(every_diff)
+    if largest is not None and largest.max_abs_diff == 0.0:
+        largest = None  # bit-identical: there is no "where" to point at
+    ran = [n for n, o in outcomes.items() if o.status == VERIFIED]
+    skipped = [f"{n} ({o.detail})" for n, o in outcomes.items() if o.status == SKIPPED]
+    reason = f"{prefix}agrees in {', '.join(ran)}"
+    if skipped:
+        reason += "; skipped " + "; ".join(skipped)
+    return ClassVerification(
+        cls=cls_name,
+        status=VERIFIED,
+        reason=reason,
+        max_abs_diff=0.0 if largest is None else largest.max_abs_diff,
+        where=None if largest is None else largest.name,
+        modes=modes,
+    )

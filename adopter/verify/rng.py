@@ -1,0 +1,93 @@
+"""Which ``adopter.kernels`` draw random numbers exactly as the code they replace.
+
+Train mode with the configured dropout can only be compared element-wise when the patched model
+draws the same random numbers, in the same order, as the original. That is a property of each
+kernel (and of the device and backend it runs on), documented in the kernels' docstrings; this
+table records it so that verify skips - with the reason - a comparison that would fail for a
+correct patch, instead of reporting it as a refutation.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+
+__all__ = ["KERNEL_NAMES", "kernels_used", "rng_mismatch_reason"]
+
+# Kernels without any random draw: replacing code that draws nothing keeps the stream intact.
+_NO_RNG = frozenset(
+    {
+        "softmax",
+        "linear_bias_activation",
+        "conv_batch_norm",
+        "linear_batch_norm",
+        "qkv_projection",
+        "clear_caches",
+        "describe_backends",
+    }
+)
+# Kernels whose dropout mask is drawn like nn.Dropout only in eager mode on the CPU.
+_SAME_RNG_EAGER_CPU = frozenset({"dropout_add_layer_norm"})
+# Kernels that hand dropout to scaled_dot_product_attention, which draws its own mask.
+_OWN_RNG = frozenset({"fused_bert_self_attention", "fused_t5_attention", "fused_gpt2_attention"})
+
+KERNEL_NAMES = _NO_RNG | _SAME_RNG_EAGER_CPU | _OWN_RNG
+
+_KERNEL_REFERENCE = re.compile(
+    r"\b(" + "|".join(sorted(KERNEL_NAMES, key=len, reverse=True)) + r")\b"
+)
+_ADOPTER_KERNELS = re.compile(r"\badopter\.kernels\b|\bfrom\s+adopter\s+import\s+kernels\b")
+
+
+def kernels_used(sources: Iterable[str]) -> tuple[set[str], set[str]]:
+    """The known and the unknown ``adopter.kernels`` names referenced by ``sources``.
+
+    Only sources that mention ``adopter.kernels`` count. A name imported from or attribute read
+    on ``adopter.kernels`` that is not in the table is "unknown": its random draws are not
+    documented here, so the configured-dropout comparison is skipped for it.
+    """
+    known: set[str] = set()
+    unknown: set[str] = set()
+    for source in sources:
+        if not _ADOPTER_KERNELS.search(source):
+            continue
+        known.update(_KERNEL_REFERENCE.findall(source))
+        for match in re.finditer(r"\badopter\.kernels\.([A-Za-z_]\w*)", source):
+            if match.group(1) not in KERNEL_NAMES:
+                unknown.add(match.group(1))
+        for match in re.finditer(r"from\s+adopter\.kernels\s+import\s+\(?([^)\n]*)", source):
+            for part in match.group(1).split(","):
+                name = part.strip().split(" as ")[0].strip()
+                if name and name.isidentifier() and name not in KERNEL_NAMES:
+                    unknown.add(name)
+    return known, unknown
+
+
+def rng_mismatch_reason(sources: Iterable[str], device_type: str) -> str | None:
+    """Why the patched code may draw random numbers differently, or ``None`` if it cannot.
+
+    ``device_type`` is where the models run (``cpu``/``cuda``). ``ADOPTER_KERNELS_COMPILE=1``
+    routes dropout through ``torch.compile`` even on the CPU, which draws differently.
+    """
+    known, unknown = kernels_used(sources)
+    if unknown:
+        return (
+            f"adopter.kernels.{', '.join(sorted(unknown))} not known to draw random numbers "
+            "like the code it replaces"
+        )
+    own = sorted(known & _OWN_RNG)
+    if own:
+        return f"{', '.join(own)} draw attention-dropout masks inside scaled_dot_product_attention"
+    eager = sorted(known & _SAME_RNG_EAGER_CPU)
+    if eager:
+        compile_switch = os.environ.get("ADOPTER_KERNELS_COMPILE", "auto").strip().lower()
+        if device_type != "cpu":
+            names = ", ".join(eager)
+            return f"{names} draw dropout masks differently from nn.Dropout on {device_type}"
+        if compile_switch in ("1", "true", "yes", "on"):
+            return (
+                f"{', '.join(eager)} run under torch.compile (ADOPTER_KERNELS_COMPILE), "
+                "which draws dropout masks differently"
+            )
+    return None
