@@ -20,7 +20,7 @@ from ..match.matcher import Site
 from .plan import KERNEL_PACKAGE, Plan, Planner, Refusal, sequential_expression
 from .source import SourceText, function_start
 
-WRAPPER = "class _AdopterScope:\n"
+WRAPPER = "if True:\n"
 
 
 @dataclass
@@ -61,8 +61,9 @@ class _FunctionEditor(cst.CSTTransformer):
 
     METADATA_DEPENDENCIES = (PositionProvider,)
 
-    def __init__(self, plans: list[Plan], locate) -> None:
+    def __init__(self, plans: list[Plan], locate, indentation) -> None:
         super().__init__()
+        self.arm_indents: dict[tuple[int, int], str] = {}
         self.expressions: dict[tuple[int, int, str], str] = {}
         self.statements: dict[tuple[int, int], str | None] = {}
         self.hoists: dict[tuple[int, int], tuple[list[tuple[int, int]], int]] = {}
@@ -80,6 +81,9 @@ class _FunctionEditor(cst.CSTTransformer):
                 for statement in moved:
                     self.statements[locate(statement)] = None
                 self.hoists[locate(if_statement)] = ([locate(s) for s in moved], arm)
+                outer = indentation(if_statement.lineno)
+                inner = indentation(if_statement.body[0].lineno)
+                self.arm_indents[locate(if_statement)] = inner[len(outer) :] or "    "
 
     def _start(self, node: cst.CSTNode) -> tuple[int, int]:
         position = self.get_metadata(PositionProvider, node).start
@@ -128,7 +132,9 @@ class _FunctionEditor(cst.CSTTransformer):
         if fused_arm == 0:
             orelse = updated.orelse
             if orelse is None:
-                return updated.with_changes(orelse=cst.Else(body=cst.IndentedBlock(body=moved)))
+                indent = self.arm_indents[self._start(original)]
+                block = cst.IndentedBlock(body=moved, indent=indent)
+                return updated.with_changes(orelse=cst.Else(body=block))
             assert isinstance(orelse, cst.Else)
             block = orelse.body
             assert isinstance(block, cst.IndentedBlock)
@@ -180,12 +186,11 @@ def _is_removed(statement: cst.BaseStatement) -> bool:
     )
 
 
-def _edit_function(source: SourceText, function: ast.FunctionDef, plans: list[Plan]) -> list[str]:
-    """New lines for one function's span."""
-    start = function_start(function)
-    end = function.end_lineno or function.lineno
+def _edit_span(source: SourceText, start: int, end: int, plans: list[Plan]) -> list[str]:
+    """New lines for source lines ``start..end``: whole statements of one block (or a whole
+    function), parsed alone with LibCST under a one-line ``if True:`` header when indented."""
     lines = source.lines[start - 1 : end]
-    wrapped = bool(source.indentation(function.lineno))
+    wrapped = bool(source.indentation(start))
     text = (WRAPPER if wrapped else "") + "".join(lines)
     if not text.endswith("\n"):
         text += "\n"
@@ -196,14 +201,71 @@ def _edit_function(source: SourceText, function: ast.FunctionDef, plans: list[Pl
         return line - offset, source.char_column(line, node.col_offset)  # type: ignore[attr-defined]
 
     module = MetadataWrapper(cst.parse_module(text))
-    editor = _FunctionEditor(plans, locate)
-    new_code = module.visit(editor).code
+    new_code = module.visit(_FunctionEditor(plans, locate, source.indentation)).code
     if wrapped:
         new_code = new_code[len(WRAPPER) :]
     new_lines = new_code.splitlines(keepends=True)
     if not source.lines[end - 1].endswith("\n") and new_lines:
         new_lines[-1] = new_lines[-1].rstrip("\n")
     return new_lines
+
+
+def _spans(plans: list[Plan], planner: Planner) -> list[tuple[int, int, list[Plan]]]:
+    """Line spans to rewrite: each plan's statements, merged where they overlap. A merged span
+    that does not consist of whole statements of one block grows to its whole function."""
+    ranges = sorted(
+        (
+            (
+                min(s.lineno for s in plan.statements),
+                max(s.end_lineno or s.lineno for s in plan.statements),
+                plan,
+            )
+            for plan in plans
+        ),
+        key=lambda item: (item[0], item[1]),
+    )
+    groups: list[list] = []
+    for start, end, plan in ranges:
+        if groups and start <= groups[-1][1]:
+            groups[-1][1] = max(groups[-1][1], end)
+            groups[-1][2].append(plan)
+        else:
+            groups.append([start, end, [plan]])
+    spans: list[tuple[int, int, list[Plan]]] = []
+    for start, end, group in groups:
+        function = group[0].function
+        if not all(p.function is function for p in group) or not _aligned(
+            planner, function, start, end
+        ):
+            start, end = function_start(function), function.end_lineno or function.lineno
+        spans.append((start, end, group))
+    # Growing to a whole function can swallow neighbouring spans: merge again.
+    spans.sort(key=lambda span: span[0])
+    merged: list[tuple[int, int, list[Plan]]] = []
+    for start, end, group in spans:
+        if merged and start <= merged[-1][1]:
+            first, last, plans_so_far = merged[-1]
+            merged[-1] = (first, max(last, end), plans_so_far + group)
+        else:
+            merged.append((start, end, group))
+    return merged
+
+
+def _aligned(planner: Planner, function: ast.FunctionDef, start: int, end: int) -> bool:
+    """Lines ``start..end`` are exactly consecutive whole statements of one block."""
+    for body, index, _, _ in planner.blocks(function).where.values():
+        if index != 0 and body[index].lineno != start:
+            continue
+        for first in range(index, len(body)):
+            if body[first].lineno != start:
+                continue
+            for last in range(first, len(body)):
+                if (body[last].end_lineno or 0) == end:
+                    return True
+                if (body[last].end_lineno or 0) > end:
+                    break
+            return False
+    return False
 
 
 def module_names(tree: ast.Module) -> set[str]:
@@ -404,23 +466,15 @@ def rewrite_source(text: str, path: str, sites: Sequence[Site], tree: ast.Module
     plans = _merge_sequential(plans, source)
     if not plans:
         return FileRewrite(path, text, text, _ordered(results))
-    by_function: dict[int, list[Plan]] = {}
-    for plan in plans:
-        by_function.setdefault(id(plan.function), []).append(plan)
     lines = list(source.lines)
-    functions = sorted(
-        (group[0].function for group in by_function.values()), key=function_start, reverse=True
-    )
-    for function in functions:
-        group = by_function[id(function)]
+    for start, end, group in sorted(_spans(plans, planner), key=lambda span: -span[0]):
         try:
-            new_lines = _edit_function(source, function, group)
+            new_lines = _edit_span(source, start, end, group)
         except (cst.ParserSyntaxError, Refusal, AssertionError, KeyError) as error:
             for plan in group:
                 results.append(SiteResult(plan.site, "skipped", f"synthesis failed: {error}"))
             plans = [p for p in plans if p not in group]
             continue
-        start, end = function_start(function), function.end_lineno or function.lineno
         lines[start - 1 : end] = new_lines
     used = set().union(*(plan.imports for plan in plans)) if plans else set()
     if used:

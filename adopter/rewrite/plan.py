@@ -98,6 +98,7 @@ class Plan:
     instance_of: Site | None = None  # another call of a site already reported
     imports: set[str] = field(default_factory=set)
     touched: list[ast.AST] = field(default_factory=list)
+    statements: list[ast.stmt] = field(default_factory=list)  # every statement edited
     summary: str = ""
 
 
@@ -172,8 +173,20 @@ class Planner:
         text = f"{callee}({', '.join(arguments)})"
         plan.replace_expressions.append((call, text))
         plan.touched.append(call)
+        plan.statements.append(self.statement_containing(plan.function, call))
         plan.summary = f"{self.source.segment(call)} -> {text}"
         return plan
+
+    def statement_containing(self, function: ast.FunctionDef, node: ast.AST) -> ast.stmt:
+        """The innermost statement of ``function`` whose span holds ``node``."""
+        best: ast.stmt | None = None
+        for body, index, _, _ in self.blocks(function).where.values():
+            statement = body[index]
+            if contains(statement, node) and (best is None or contains(best, statement)):
+                best = statement
+        if best is None:
+            raise Refusal(f"line {node.lineno}: no statement holds the edit")  # type: ignore[attr-defined]
+        return best
 
     def construction_rest(self, pattern: PatternStep, construction: Construction) -> list[str]:
         """Source text of the arguments a construction pattern did not name (for ``...``)."""
@@ -258,6 +271,9 @@ class Planner:
         deleted.sort(key=lambda statement: (statement.lineno, statement.col_offset))
         self.place(plan, site, deleted, final_statement, blocks)
         self.check_moved_calls(plan, deleted, final_statement, blocks)
+        plan.statements.extend([final_statement, *deleted])
+        if plan.hoist is not None:
+            plan.statements.append(plan.hoist[1])
         plan.summary = f"{self.source.segment(final_node)} -> {call_text}"
         return plan
 
@@ -395,6 +411,7 @@ class Planner:
         plan.replace_statements.append((first, text))
         plan.delete_statements.extend(ordered[1:])
         plan.touched.extend(ordered)
+        plan.statements.extend(ordered)
         plan.summary = f"{len(ordered)} assignments -> {text}"
         return plan
 
@@ -433,6 +450,8 @@ class Planner:
             element_calls=[module_text[element.module] for element in elements],
         )
         plan.touched.append(call)
+        assert steps[0].statement is not None
+        plan.statements.append(steps[0].statement)
         return plan
 
     # -- rendering ---------------------------------------------------------------------------
