@@ -375,7 +375,9 @@ def _input_signature(args: Args, kwargs: Kwargs) -> list[tuple[str, str]]:
     def describe(value: Any) -> str:
         if isinstance(value, torch.Tensor):
             return f"tensor{tuple(value.shape)} {_dtype_name(value.dtype)}"
-        return f"{type(value).__name__} {value!r:.60}"
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return f"{type(value).__name__} {value!r:.60}"
+        return type(value).__name__  # objects: their repr may carry an address
 
     return [(f"args[{i}]", describe(v)) for i, v in enumerate(args)] + [
         (key, describe(v)) for key, v in kwargs.items()
