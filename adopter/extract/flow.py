@@ -31,6 +31,9 @@ from .model import (
     Use,
 )
 from .names import canonical_function
+from .ranks import RankTracker
+
+LAST_DIMENSION_OPS = {"torch.nn.functional.softmax", "torch.softmax", "Tensor.softmax"}
 
 if TYPE_CHECKING:
     from .structure import FileAnalysis
@@ -91,6 +94,7 @@ class FlowBuilder:
         self.active: list[ast.FunctionDef] = []
         self.tuples: dict[int, list[Operand]] = {}
         self.statement: ast.stmt | None = None
+        self.ranks = RankTracker()
         self.replay: int | None = None  # first step of a loop body being replayed
         self.replay_next = 0
         self.replay_end = 0
@@ -388,6 +392,19 @@ class FlowBuilder:
             function=frame.function,
             inline_chain=frame.chain,
         )
+        rank = (
+            self.ranks.infer_getitem(positional[0], node.slice)
+            if kind == "getitem" and isinstance(node, ast.Subscript) and positional
+            else self.ranks.infer(kind, node, positional, self.tuples)
+        )
+        if rank is not None:
+            self.ranks.ranks[output] = rank
+            if kind in LAST_DIMENSION_OPS:
+                self.normalise_last_dimension(step, rank)
+        elif kind in LAST_DIMENSION_OPS and positional:
+            input_rank = self.ranks.rank_of(positional[0])
+            if input_rank is not None:
+                self.normalise_last_dimension(step, input_rank)
         self.flow.steps.append(step)
         self.flow.producers[output] = step.id
         for operand in step.operands():
@@ -396,6 +413,12 @@ class FlowBuilder:
                     Use(step.id, self.context | flow.context)
                 )
         return Operand(node=node, flows=(Flow(output),))
+
+    def normalise_last_dimension(self, step: Step, rank: int) -> None:
+        """``softmax(x, dim=3)`` on a 4-D ``x`` is a softmax over the last dimension."""
+        dim = step.arguments.get("dim")
+        if dim is not None and isinstance(dim.constant, int) and dim.constant == rank - 1 >= 0:
+            step.arguments["dim"] = Operand(node=dim.node, constant=-1, label=dim.text)
 
     def replayed(self, kind: str, operands: list[Operand]) -> Operand:
         """During a loop replay: the step this call produced the first time round, now also

@@ -318,3 +318,23 @@ def test_structure_printer_uses_dsl():
     text = format_class(structure.classes["S"])
     assert "@torch.nn.Linear(config.h, config.h) -> $dense;" in text
     assert "torch.nn.Linear($hidden_states) -> $hidden_states_1  # self.dense" in text
+
+
+def test_static_rank_turns_dim_3_of_a_4d_tensor_into_the_last_dimension():
+    structure = extract(
+        """
+        import torch
+        from torch import nn
+        class A(nn.Module):
+            def forward(self, q, k, mask):
+                scores = torch.einsum("ibnd,jbnd->bnij", q, k)
+                scores = scores * 0.5 - 1e30 * mask
+                last = nn.functional.softmax(scores, dim=3)
+                other = nn.functional.softmax(scores, dim=1)
+                flat = scores.reshape(scores.shape[0], -1)
+                return last, other, nn.functional.softmax(flat, dim=1)
+        """
+    )
+    flow = structure.classes["A"].flows["forward"]
+    dims = [s.arguments["dim"].constant for s in flow.steps if s.kind.endswith("softmax")]
+    assert dims == [-1, 1, -1]
