@@ -328,7 +328,7 @@ def test_static_rank_turns_dim_3_of_a_4d_tensor_into_the_last_dimension():
         class A(nn.Module):
             def forward(self, q, k, mask):
                 scores = torch.einsum("ibnd,jbnd->bnij", q, k)
-                scores = scores * 0.5 - 1e30 * mask
+                scores = scores * 0.5 - 1e30 * torch.einsum("ijbn->bnij", mask)
                 last = nn.functional.softmax(scores, dim=3)
                 other = nn.functional.softmax(scores, dim=1)
                 flat = scores.reshape(scores.shape[0], -1)
