@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, TypeVar
 
 from ..dsl.errors import LocatedError
 from ..dsl.syntax import Rule
@@ -16,6 +17,7 @@ from ..extract.structure import analyse_source
 from .matcher import Matcher, Site
 
 PARALLEL_THRESHOLD = 8  # files; below it, worker start-up costs more than it saves
+T = TypeVar("T")
 
 
 @dataclass
@@ -72,24 +74,62 @@ def scan_one(path: str, matcher: Matcher) -> FileResult:
         return FileResult(path, error=SourceError(path, 1, 1, "source nested too deeply"))
 
 
-_worker_matcher: Matcher | None = None
+def strip_details(site: Site) -> Site:
+    """Drop the analysis graph of a site before it crosses a process boundary."""
+    site.flow, site.steps, site.where_steps = None, [], []
+    site.constructions, site.bindings, site.instances = {}, {}, []
+    return site
 
 
-def _init_worker(rules: list[Rule]) -> None:
-    global _worker_matcher
-    _worker_matcher = Matcher(rules)
-
-
-def _scan_in_worker(path: str) -> FileResult:
-    assert _worker_matcher is not None
-    result = scan_one(path, _worker_matcher)
-    for site in result.sites:  # the flow graph stays in the worker; records suffice
-        site.flow = None
-        site.steps = []
-        site.where_steps = []
-        site.constructions = {}
-        site.bindings = {}
+def _scan_light(path: str, matcher: Matcher) -> FileResult:
+    result = scan_one(path, matcher)
+    for site in result.sites:
+        strip_details(site)
     return result
+
+
+_worker: tuple[Matcher, Callable[[str, Matcher], Any]] | None = None
+
+
+def _init_worker(rules: list[Rule], work: Callable[[str, Matcher], Any]) -> None:
+    global _worker
+    _worker = (Matcher(rules), work)
+
+
+def _work_in_worker(path: str) -> Any:
+    assert _worker is not None
+    matcher, work = _worker
+    return work(path, matcher)
+
+
+def map_files(
+    names: list[str],
+    rules: list[Rule],
+    work: Callable[[str, Matcher], T],
+    *,
+    jobs: int | None,
+    progress: Callable[[T], None] | None = None,
+    parallel_work: Callable[[str, Matcher], T] | None = None,
+) -> list[T]:
+    """Run ``work(path, matcher)`` over files, in worker processes when there are many (each
+    builds its matcher once). ``parallel_work``, a module-level function, is what workers run
+    (it may drop what need not cross the process boundary)."""
+    workers = jobs if jobs is not None else min(os.cpu_count() or 1, 8)
+    results: list[T] = []
+    if workers <= 1 or len(names) < PARALLEL_THRESHOLD:
+        matcher = Matcher(rules)
+        for name in names:
+            results.append(work(name, matcher))
+            if progress:
+                progress(results[-1])
+        return results
+    initargs = (rules, parallel_work or work)
+    with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=initargs) as pool:
+        for result in pool.map(_work_in_worker, names, chunksize=2):
+            results.append(result)
+            if progress:
+                progress(result)
+    return results
 
 
 def scan_paths(
@@ -106,18 +146,12 @@ def scan_paths(
     files, errors = collect_python_files(paths)
     results = [FileResult(error.path, error=error) for error in errors]
     names = [str(p) for p in files]
-    workers = jobs if jobs is not None else min(os.cpu_count() or 1, 8)
-    if keep_details or workers <= 1 or len(names) < PARALLEL_THRESHOLD:
-        matcher = Matcher(rules)
-        for name in names:
-            result = scan_one(name, matcher)
-            results.append(result)
-            if progress:
-                progress(result)
-    else:
-        with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(rules,)) as pool:
-            for result in pool.map(_scan_in_worker, names, chunksize=4):
-                results.append(result)
-                if progress:
-                    progress(result)
+    results += map_files(
+        names,
+        rules,
+        scan_one,
+        jobs=1 if keep_details else jobs,
+        progress=progress,
+        parallel_work=_scan_light,
+    )
     return ScanResult(results, time.perf_counter() - started)

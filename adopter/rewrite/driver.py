@@ -6,7 +6,6 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from ..dsl.syntax import Rule
 from ..extract.source import SourceError, parse_source, read_source
 from ..extract.structure import FileAnalysis
 from ..match.matcher import Matcher
-from ..match.scan import PARALLEL_THRESHOLD, collect_python_files
+from ..match.scan import collect_python_files, map_files, strip_details
 from .apply import FileRewrite, SiteResult, rewrite_source
 
 
@@ -35,26 +34,11 @@ def rewrite_file(path: str, matcher: Matcher) -> FileRewrite:
         return FileRewrite(path, "", "", error=f"{path}:1:1: source nested too deeply")
 
 
-def _lighten(rewrite: FileRewrite) -> FileRewrite:
-    """Drop the analysis graphs before a result crosses a process boundary."""
+def _rewrite_light(path: str, matcher: Matcher) -> FileRewrite:
+    rewrite = rewrite_file(path, matcher)
     for result in rewrite.results:
-        site = result.site
-        site.flow, site.steps, site.where_steps = None, [], []
-        site.constructions, site.bindings = {}, {}
+        strip_details(result.site)
     return rewrite
-
-
-_worker_matcher: Matcher | None = None
-
-
-def _init_worker(rules: list[Rule]) -> None:
-    global _worker_matcher
-    _worker_matcher = Matcher(rules)
-
-
-def _rewrite_in_worker(path: str) -> FileRewrite:
-    assert _worker_matcher is not None
-    return _lighten(rewrite_file(path, _worker_matcher))
 
 
 @dataclass
@@ -83,20 +67,9 @@ def rewrite_paths(
     files, missing = collect_python_files(paths)
     errors = [str(error) for error in missing]
     names = [str(p) for p in files]
-    workers = jobs if jobs is not None else min(os.cpu_count() or 1, 8)
-    rewrites: list[FileRewrite] = []
-    if workers <= 1 or len(names) < PARALLEL_THRESHOLD:
-        matcher = Matcher(rules)
-        for name in names:
-            rewrites.append(rewrite_file(name, matcher))
-            if progress:
-                progress(rewrites[-1])
-    else:
-        with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=(rules,)) as pool:
-            for rewrite in pool.map(_rewrite_in_worker, names, chunksize=2):
-                rewrites.append(rewrite)
-                if progress:
-                    progress(rewrite)
+    rewrites = map_files(
+        names, rules, rewrite_file, jobs=jobs, progress=progress, parallel_work=_rewrite_light
+    )
     errors += [rewrite.error for rewrite in rewrites if rewrite.error]
     return ApplyResult(rewrites, time.perf_counter() - started, errors)
 

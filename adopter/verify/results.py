@@ -60,7 +60,8 @@ class FileVerification:
     it, timed out before choosing classes, crashed); the classes list then holds whatever was
     decided before that. Use :attr:`status` rather than looking at the classes alone: an empty
     list must never read as "everything verified". ``seconds`` is the wall time the worker
-    spent on the file (for the first file of a batch, including the worker's start-up).
+    spent on the file, not counting its own start-up (importing torch); where the worker did not
+    finish the file, the time the parent waited for it.
     """
 
     path: Path

@@ -9,8 +9,8 @@ correct patch, instead of reporting it as a refutation.
 
 from __future__ import annotations
 
+import ast
 import os
-import re
 from collections.abc import Iterable
 
 __all__ = ["KERNEL_NAMES", "kernels_used", "rng_mismatch_reason"]
@@ -34,34 +34,56 @@ _OWN_RNG = frozenset({"fused_bert_self_attention", "fused_t5_attention", "fused_
 
 KERNEL_NAMES = _NO_RNG | _SAME_RNG_EAGER_CPU | _OWN_RNG
 
-_KERNEL_REFERENCE = re.compile(
-    r"\b(" + "|".join(sorted(KERNEL_NAMES, key=len, reverse=True)) + r")\b"
-)
-_ADOPTER_KERNELS = re.compile(r"\badopter\.kernels\b|\bfrom\s+adopter\s+import\s+kernels\b")
+_KERNELS_MODULE = "adopter.kernels"
+
+
+def _dotted(node: ast.AST) -> str | None:
+    """``a.b.c`` for a chain of attribute reads on a name, else ``None``."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def _names_in(source: str) -> set[str]:
+    """Every ``adopter.kernels`` member a source uses: imported by name or read as attribute.
+
+    Aliases are followed: ``import adopter.kernels as K`` then ``K.softmax``, and
+    ``from adopter import kernels`` then ``kernels.softmax``.
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return set()
+    aliases = {_KERNELS_MODULE}
+    used: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == _KERNELS_MODULE:
+            used.update(alias.name for alias in node.names if alias.name != "*")
+        elif isinstance(node, ast.ImportFrom) and node.module == "adopter":
+            aliases.update(a.asname or a.name for a in node.names if a.name == "kernels")
+        elif isinstance(node, ast.Import):
+            aliases.update(a.asname for a in node.names if a.name == _KERNELS_MODULE and a.asname)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _dotted(node.value) in aliases:
+            used.add(node.attr)
+    return used
 
 
 def kernels_used(sources: Iterable[str]) -> tuple[set[str], set[str]]:
     """The known and the unknown ``adopter.kernels`` names referenced by ``sources``.
 
-    Only sources that mention ``adopter.kernels`` count. A name imported from or attribute read
-    on ``adopter.kernels`` that is not in the table is "unknown": its random draws are not
-    documented here, so the configured-dropout comparison is skipped for it.
+    A name imported from or read on ``adopter.kernels`` that is not in the table is "unknown":
+    its random draws are not documented here, so the configured-dropout comparison is skipped.
     """
-    known: set[str] = set()
-    unknown: set[str] = set()
+    used: set[str] = set()
     for source in sources:
-        if not _ADOPTER_KERNELS.search(source):
-            continue
-        known.update(_KERNEL_REFERENCE.findall(source))
-        for match in re.finditer(r"\badopter\.kernels\.([A-Za-z_]\w*)", source):
-            if match.group(1) not in KERNEL_NAMES:
-                unknown.add(match.group(1))
-        for match in re.finditer(r"from\s+adopter\.kernels\s+import\s+\(?([^)\n]*)", source):
-            for part in match.group(1).split(","):
-                name = part.strip().split(" as ")[0].strip()
-                if name and name.isidentifier() and name not in KERNEL_NAMES:
-                    unknown.add(name)
-    return known, unknown
+        used |= _names_in(source)
+    return used & KERNEL_NAMES, used - KERNEL_NAMES
 
 
 def rng_mismatch_reason(sources: Iterable[str], device_type: str) -> str | None:

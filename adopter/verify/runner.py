@@ -202,6 +202,8 @@ def _file_verification(
     """
     result, trouble = outcome.result, outcome.trouble
     seconds = round(outcome.seconds, 2)
+    if result is not None and isinstance(result.get("seconds"), (int, float)):
+        seconds = round(float(result["seconds"]), 2)  # the worker's own clock: no start-up
     if result is None:
         classes = [
             ClassVerification(name, NOT_CHECKABLE, trouble or "no result")

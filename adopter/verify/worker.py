@@ -23,6 +23,7 @@ import importlib.util
 import json
 import os
 import sys
+import time
 import traceback
 import warnings
 from pathlib import Path
@@ -51,7 +52,9 @@ class ResultWriter:
             "current": None,
             "classes": [],
             "done": False,
+            "seconds": None,
         }
+        self.started = time.perf_counter()
         self.flush()
 
     def flush(self) -> None:
@@ -83,6 +86,7 @@ class ResultWriter:
     def finish(self) -> None:
         """Mark the job complete: the parent starts the next job's clock from here."""
         self.data["done"] = True
+        self.data["seconds"] = round(time.perf_counter() - self.started, 3)
         self.flush()
 
 
