@@ -236,6 +236,17 @@ def apply(
     rule_set: RuleSetOption = None,
     select: SelectOption = None,
     jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes.")] = None,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Differentially test each patched file (imports it in a subprocess) and keep "
+            "only verified patches; a refuted file is narrowed down rule by rule.",
+        ),
+    ] = False,
+    verify_timeout: Annotated[
+        float, typer.Option("--verify-timeout", help="Seconds per file for --verify.")
+    ] = 300,
 ) -> None:
     """Rewrite every site to call its kernel. Prints a unified diff unless --write is given.
 
@@ -253,6 +264,22 @@ def apply(
     result = rewrite_paths(paths, rules, jobs=jobs)
     for error in result.errors:
         console.print(f"[red]error:[/red] {error}", soft_wrap=True, highlight=False)
+    if verify:
+        from .verify.gate import describe, gate_rewrites
+
+        gated = gate_rewrites(result.changed, rules, timeout=verify_timeout)
+        kept = {id(g.rewrite): g for g in gated}
+        for item in gated:
+            console.print(describe(item.rewrite.path, item), soft_wrap=True, markup=False)
+        verified_files = []
+        for rewrite in result.changed:
+            item = next((g for g in gated if g.rewrite.path == rewrite.path), None)
+            if item is not None and item.text is not None:
+                verified_files.append(item.rewrite)
+        result.files = [
+            r for r in result.files if not r.changed or r.error is not None
+        ] + verified_files
+        del kept
     out = Console(highlight=False)
     if output_format == "json":
         records = [r.as_record() for r in result.results]
@@ -307,6 +334,114 @@ def apply(
         raise typer.Exit(EXIT_ERROR)
     if check and result.changed:
         raise typer.Exit(1)
+
+
+@app.command(name="verify")
+def verify_command(
+    paths: Annotated[
+        list[Path] | None, typer.Argument(help="Model files or directories (transformers).")
+    ] = None,
+    rule_files: RulesOption = None,
+    rule_set: RuleSetOption = None,
+    select: SelectOption = None,
+    factory: Annotated[
+        str | None, typer.Option("--factory", help="module:function building the original.")
+    ] = None,
+    patched_factory: Annotated[
+        str | None, typer.Option("--patched-factory", help="module:function building the patch.")
+    ] = None,
+    classes: Annotated[
+        str | None, typer.Option("--classes", help="Comma-separated model classes to check.")
+    ] = None,
+    modes: Annotated[str, typer.Option("--modes", help="eval,train")] = "eval,train",
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds per file.")] = 300,
+    output_format: Annotated[str, typer.Option("--format", "-f", help="table or json")] = "table",
+) -> None:
+    """Prove patches: build the original and the patched model from the same small config,
+    load the original weights strictly into the patch, and compare outputs and gradients in
+    eval and train mode. The model code is imported only in a subprocess.
+
+    Exit code 0 when nothing was refuted, 1 when a patch was refuted, 2 on bad input.
+    """
+    from .rewrite import rewrite_paths
+    from .verify import PatchedFile, verify_factory, verify_patched_files
+
+    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+    wanted = [c.strip() for c in classes.split(",")] if classes else None
+    rows: list[dict[str, object]] = []
+    if factory or patched_factory:
+        if not (factory and patched_factory):
+            raise _fail("--factory and --patched-factory go together")
+        verdict = verify_factory(factory, patched_factory, timeout=timeout, modes=mode_list)
+        rows.append({"path": factory, **_verdict_record(verdict)})
+    else:
+        if not paths:
+            raise _fail("give model files or directories, or --factory/--patched-factory")
+        rules = load_rules(rule_files, rule_set, select)
+        result = rewrite_paths(paths, rules)
+        for error in result.errors:
+            _stderr().print(f"[red]error:[/red] {error}", soft_wrap=True, highlight=False)
+        items = [PatchedFile(r.path, r.patched, classes=wanted) for r in result.changed]
+        for rewrite in result.files:
+            if rewrite.error is None and not rewrite.changed:
+                rows.append({"path": rewrite.path, "class": "-", "status": "unchanged",
+                             "reason": "no site to patch", "max_abs_diff": None, "where": None})
+        for item, verification in zip(
+            items, verify_patched_files(items, timeout=timeout, modes=mode_list), strict=True
+        ):
+            if not verification.classes:
+                rows.append({"path": str(item.original_path), "class": "-",
+                             "status": "not checkable", "reason": verification.error or "",
+                             "max_abs_diff": None, "where": None})
+            for verdict in verification.classes:
+                rows.append({"path": str(item.original_path), **_verdict_record(verdict)})
+        if result.errors:
+            _print_verdicts(rows, output_format)
+            raise typer.Exit(EXIT_ERROR)
+    _print_verdicts(rows, output_format)
+    if any(row["status"] == "refuted" for row in rows):
+        raise typer.Exit(1)
+
+
+def _verdict_record(verdict) -> dict[str, object]:
+    return {
+        "class": verdict.cls,
+        "status": verdict.status,
+        "reason": verdict.reason,
+        "max_abs_diff": verdict.max_abs_diff,
+        "where": verdict.where,
+        "modes": dict(verdict.modes),
+    }
+
+
+def _print_verdicts(rows: list[dict[str, object]], output_format: str) -> None:
+    if output_format == "json":
+        typer.echo(json.dumps(rows, indent=2, default=str))
+        return
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console.width = 160
+    table = Table(header_style="bold")
+    for column in ("file", "class", "verdict", "largest |diff|", "reason"):
+        table.add_column(column, overflow="fold")
+    colors = {"verified": "green", "refuted": "red"}
+    for row in rows:
+        diff = row.get("max_abs_diff")
+        status = str(row["status"])
+        table.add_row(
+            _display_path(str(row["path"])),
+            str(row["class"]),
+            f"[{colors.get(status, 'yellow')}]{status}[/]",
+            "" if diff is None else f"{diff:.2e} ({row.get('where') or ''})",
+            str(row.get("reason") or ""),
+        )
+    console.print(table)
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[str(row["status"])] = counts.get(str(row["status"]), 0) + 1
+    console.print(", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
 
 
 @app.command()

@@ -1,0 +1,122 @@
+"""The safety net between ``apply`` and the disk: verify each patched file and keep only what
+was proven. A refuted file is narrowed down rule by rule, so one bad rule does not cost the
+others; a file that cannot be checked is not written at all."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..dsl.syntax import Rule
+from ..match.matcher import Matcher
+from ..rewrite.apply import FileRewrite
+from ..rewrite.driver import rewrite_text
+from .results import NOT_CHECKABLE, REFUTED, VERIFIED, FileVerification
+from .runner import PatchedFile, verify_patched_files
+
+
+def file_status(verification: FileVerification) -> tuple[str, str]:
+    """One verdict for a whole file: refuted if any class is, verified if at least one class
+    was checked and none refuted, otherwise not checkable (with the first reason)."""
+    classes = verification.classes
+    refuted = [c for c in classes if c.status == REFUTED]
+    if refuted:
+        worst = refuted[0]
+        return REFUTED, f"{worst.cls}: {worst.reason}"
+    verified = [c for c in classes if c.status == VERIFIED]
+    if verified:
+        return VERIFIED, f"{len(verified)} model class(es) agree: " + ", ".join(
+            c.cls for c in verified
+        )
+    if verification.error:
+        return NOT_CHECKABLE, verification.error
+    reasons = [f"{c.cls}: {c.reason}" for c in classes]
+    return NOT_CHECKABLE, reasons[0] if reasons else "no model class could be built"
+
+
+@dataclass
+class GatedFile:
+    """A patched file after verification: the text that may be written (``None``: nothing)."""
+
+    rewrite: FileRewrite
+    status: str
+    reason: str
+    text: str | None
+    kept_rules: list[str] = field(default_factory=list)
+    dropped_rules: dict[str, str] = field(default_factory=dict)
+    verification: FileVerification | None = None
+
+
+def _verify(items: Sequence[tuple[str, str]], timeout: float, modes: Sequence[str]):
+    files = [PatchedFile(path, text) for path, text in items]
+    return verify_patched_files(files, timeout=timeout, modes=modes)
+
+
+def gate_rewrites(
+    rewrites: Sequence[FileRewrite],
+    rules: list[Rule],
+    *,
+    timeout: float = 300,
+    modes: Sequence[str] = ("eval", "train"),
+    progress: Callable[[str], None] | None = None,
+) -> list[GatedFile]:
+    """Verify changed files; narrow refuted ones down to the rules that verify on their own."""
+    changed = [r for r in rewrites if r.error is None and r.changed]
+    verdicts = _verify([(r.path, r.patched) for r in changed], timeout, modes)
+    gated: list[GatedFile] = []
+    for rewrite, verification in zip(changed, verdicts, strict=True):
+        status, reason = file_status(verification)
+        used = sorted({r.site.rule.id for r in rewrite.results if r.status == "patched"})
+        if progress:
+            progress(f"{rewrite.path}: {status}")
+        if status == VERIFIED:
+            gated.append(
+                GatedFile(rewrite, status, reason, rewrite.patched, used, {}, verification)
+            )
+        elif status == REFUTED and len(used) > 1:
+            gated.append(_narrow(rewrite, rules, used, timeout, modes, reason))
+        else:
+            dropped = dict.fromkeys(used, reason)
+            gated.append(GatedFile(rewrite, status, reason, None, [], dropped, verification))
+    return gated
+
+
+def _narrow(
+    rewrite: FileRewrite,
+    rules: list[Rule],
+    used: list[str],
+    timeout: float,
+    modes: Sequence[str],
+    reason: str,
+) -> GatedFile:
+    """Try each rule alone; keep those that verify, then check them together."""
+    by_id = {rule.id: rule for rule in rules}
+    singles = {
+        rule_id: rewrite_text(rewrite.original, rewrite.path, Matcher([by_id[rule_id]])).patched
+        for rule_id in used
+    }
+    verdicts = _verify([(rewrite.path, text) for text in singles.values()], timeout, modes)
+    kept, dropped = [], {}
+    for rule_id, verification in zip(singles, verdicts, strict=True):
+        status, why = file_status(verification)
+        if status == VERIFIED:
+            kept.append(rule_id)
+        else:
+            dropped[rule_id] = f"{status}: {why}"
+    if not kept:
+        return GatedFile(rewrite, REFUTED, reason, None, [], dropped)
+    combined = rewrite_text(
+        rewrite.original, rewrite.path, Matcher([by_id[rule_id] for rule_id in kept])
+    )
+    (verification,) = _verify([(rewrite.path, combined.patched)], timeout, modes)
+    status, why = file_status(verification)
+    if status != VERIFIED:
+        dropped.update(dict.fromkeys(kept, f"refuted together: {why}"))
+        return GatedFile(rewrite, REFUTED, reason, None, [], dropped, verification)
+    note = f"verified with {', '.join(kept)}; dropped " + ", ".join(dropped)
+    return GatedFile(combined, VERIFIED, note, combined.patched, kept, dropped, verification)
+
+
+def describe(path: str | Path, gated: GatedFile) -> str:
+    return f"{path}: {gated.status} - {gated.reason}"
