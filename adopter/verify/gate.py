@@ -48,9 +48,9 @@ class GatedFile:
     verification: FileVerification | None = None
 
 
-def _verify(items: Sequence[tuple[str, str]], timeout: float, modes: Sequence[str]):
+def _verify(items: Sequence[tuple[str, str]], timeout: float, modes: Sequence[str], heads: int):
     files = [PatchedFile(path, text) for path, text in items]
-    return verify_patched_files(files, timeout=timeout, modes=modes)
+    return verify_patched_files(files, timeout=timeout, modes=modes, max_heads=heads)
 
 
 def gate_rewrites(
@@ -59,11 +59,12 @@ def gate_rewrites(
     *,
     timeout: float = 300,
     modes: Sequence[str] = ("eval", "train"),
+    max_heads: int = 2,
     progress: Callable[[str], None] | None = None,
 ) -> list[GatedFile]:
     """Verify changed files; narrow refuted ones down to the rules that verify on their own."""
     changed = [r for r in rewrites if r.error is None and r.changed]
-    verdicts = _verify([(r.path, r.patched) for r in changed], timeout, modes)
+    verdicts = _verify([(r.path, r.patched) for r in changed], timeout, modes, max_heads)
     gated: list[GatedFile] = []
     for rewrite, verification in zip(changed, verdicts, strict=True):
         status, reason = file_status(verification)
@@ -75,7 +76,7 @@ def gate_rewrites(
                 GatedFile(rewrite, status, reason, rewrite.patched, used, {}, verification)
             )
         elif status == REFUTED and len(used) > 1:
-            gated.append(_narrow(rewrite, rules, used, timeout, modes, reason))
+            gated.append(_narrow(rewrite, rules, used, timeout, modes, max_heads, reason))
         else:
             dropped = dict.fromkeys(used, reason)
             gated.append(GatedFile(rewrite, status, reason, None, [], dropped, verification))
@@ -88,6 +89,7 @@ def _narrow(
     used: list[str],
     timeout: float,
     modes: Sequence[str],
+    heads: int,
     reason: str,
 ) -> GatedFile:
     """Try each rule alone; keep those that verify, then check them together."""
@@ -96,7 +98,7 @@ def _narrow(
         rule_id: rewrite_text(rewrite.original, rewrite.path, Matcher([by_id[rule_id]])).patched
         for rule_id in used
     }
-    verdicts = _verify([(rewrite.path, text) for text in singles.values()], timeout, modes)
+    verdicts = _verify([(rewrite.path, text) for text in singles.values()], timeout, modes, heads)
     kept, dropped = [], {}
     for rule_id, verification in zip(singles, verdicts, strict=True):
         status, why = file_status(verification)
@@ -109,7 +111,7 @@ def _narrow(
     combined = rewrite_text(
         rewrite.original, rewrite.path, Matcher([by_id[rule_id] for rule_id in kept])
     )
-    (verification,) = _verify([(rewrite.path, combined.patched)], timeout, modes)
+    (verification,) = _verify([(rewrite.path, combined.patched)], timeout, modes, heads)
     status, why = file_status(verification)
     if status != VERIFIED:
         dropped.update(dict.fromkeys(kept, f"refuted together: {why}"))
