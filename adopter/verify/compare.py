@@ -11,12 +11,15 @@ errors accumulate through the layers and through the backward pass. An element p
 per compared tensor. The relative term covers large elements. The absolute term is relative to
 the largest magnitude *in that tensor* rather than a fixed number, because an element that came
 out of a cancellation (a layer-norm output near zero, a gradient summed from terms of both
-signs) carries the rounding error of the big terms it was computed from, not of itself. For
-float32 ``rtol = 1e-4`` and ``atol = 1e-5`` leave about 100x headroom over the drift measured
-between correct fused kernels and the originals on shrunk transformers models (1e-7..1e-6),
-while a real change - a different epsilon, a swapped argument, a missing residual - moves values
-by 1e-3 or more. Float64 runs use 1e-9 / 1e-10 (eps = 2.2e-16). Half precisions are only
-approximate (eps 1e-3 / 8e-3) and get 1e-2 / 1e-3.
+signs) carries the rounding error of the big terms it was computed from, not of itself.
+
+For float32, ``rtol = 1e-4`` and ``atol = 1e-5``. Measured on the shrunk BERT, GPT-2 and T5
+models patched with every ``adopter.kernels`` kernel (fused attention, softmax, dropout + add +
+layer norm, bias + activation), correct patches use at most 3.4% of that allowance (absolute
+differences up to 7e-5, in embedding gradients summed over every position), so there is
+about 30x headroom; a real change - a different epsilon, a swapped argument, a missing residual -
+moves values by 1e-3 or more and exceeds it hundredfold. Float64 runs use 1e-9 / 1e-10
+(eps = 2.2e-16). Half precisions are only approximate (eps 1e-3 / 8e-3) and get 1e-2 / 1e-3.
 
 Integer and boolean tensors (indices, masks) and non-tensor outputs must be exactly equal.
 """

@@ -11,16 +11,18 @@ original code - in train mode with dropout, the runs must agree up to rounding
 * every parameter's gradient (a gradient present on one side only is a difference), and
 * every buffer of the ``state_dict`` after the step (batch-norm running statistics).
 
-The original is run twice first: if it does not reproduce itself (random numbers drawn outside
-torch's seeded generator, non-deterministic kernels), a difference would prove nothing, and the
-mode is "not checkable" instead.
+Every run gets a model that has never run before (a copy of a pristine one), so state a model
+keeps between calls cannot make the sides differ. The original is run twice first: if it does
+not reproduce itself (random numbers drawn outside torch's seeded generator, non-deterministic
+kernels), a difference would prove nothing, and the mode is "not checkable" instead.
 """
 
 from __future__ import annotations
 
+import copy
 import random
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,13 +31,16 @@ from torch import nn
 
 from .compare import Difference, Tolerance, compare_values
 from .results import NOT_CHECKABLE, REFUTED, VERIFIED, ClassVerification
+from .shrink import DROPOUT_NAME
 
 __all__ = [
     "ModeOutcome",
+    "ModelSource",
     "SideRun",
     "check_mode",
     "conclude",
     "load_strictly",
+    "pristine_copies",
     "run_side",
     "seed_everything",
     "snapshot_state",
@@ -101,10 +106,18 @@ def load_strictly(model: nn.Module, state: dict[str, torch.Tensor]) -> str | Non
 
 
 def zero_dropout_modules(model: nn.Module) -> None:
-    """Set ``p = 0`` on every dropout module, including ones hard-coded outside the config."""
+    """Switch off every dropout in ``model``, including ones hard-coded outside the config.
+
+    Dropout modules get ``p = 0``; float attributes with dropout-like names (T5's
+    ``self.dropout = config.dropout_rate``, passed to ``F.dropout`` in ``forward``) become 0.
+    """
     for module in model.modules():
         if isinstance(module, _DROPOUT_TYPES):
             module.p = 0.0
+            continue
+        for name, value in list(vars(module).items()):
+            if isinstance(value, float) and value != 0.0 and DROPOUT_NAME.search(name):
+                setattr(module, name, 0.0)
 
 
 def seed_everything(seed: int) -> None:
@@ -132,6 +145,18 @@ def _flatten(value: Any, prefix: str, out: list[tuple[str, Any]]) -> None:
         out.append((prefix or "output", value))
     else:
         out.append((prefix or "output", f"<{type(value).__name__}>"))
+
+
+def _fresh(inputs: Any) -> Any:
+    """A copy of the inputs' tensors, so that a model writing into its inputs in place cannot
+    change what the next run sees."""
+    if isinstance(inputs, torch.Tensor):
+        return inputs.clone()
+    if isinstance(inputs, Mapping):
+        return {key: _fresh(value) for key, value in inputs.items()}
+    if isinstance(inputs, (tuple, list)):
+        return type(inputs)(_fresh(value) for value in inputs)
+    return inputs
 
 
 def _call(model: nn.Module, inputs: Any) -> Any:
@@ -171,7 +196,7 @@ def run_side(
     model.zero_grad(set_to_none=True)
     seed_everything(seed)
     with torch.enable_grad():
-        result = _call(model, inputs)
+        result = _call(model, _fresh(inputs))
         outputs: list[tuple[str, Any]] = []
         _flatten(result, "", outputs)
         loss = _projection_loss(outputs, seed)
@@ -235,20 +260,56 @@ def _error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
+ModelSource = Callable[[], nn.Module]
+
+
+def pristine_copies(pristine: nn.Module, rebuild: ModelSource | None = None) -> ModelSource:
+    """A source of copies of ``pristine``, a model that has never run.
+
+    Every run gets its own copy because models keep state between calls - LeViT caches its
+    attention biases (with or without an autograd graph, depending on the first call),
+    sinusoidal position tables grow to the longest input seen - and a comparison is only fair
+    between models with the same history: none. ``rebuild`` builds a fresh model where
+    ``copy.deepcopy`` fails.
+    """
+
+    def make() -> nn.Module:
+        try:
+            return copy.deepcopy(pristine)
+        except Exception:
+            if rebuild is None:
+                raise
+            return rebuild()
+
+    return make
+
+
 def check_mode(
-    original: nn.Module,
-    patched: nn.Module,
+    original: ModelSource,
+    patched: ModelSource,
     state: dict[str, torch.Tensor],
     inputs: Any,
     *,
     training: bool,
     seed: int,
     tol: Tolerance,
+    prepare: Callable[[nn.Module], None] | None = None,
 ) -> ModeOutcome:
-    """Run both models in one mode and judge: verified, refuted or not checkable."""
+    """Run fresh models of both sides in one mode and judge: verified, refuted or not checkable.
+
+    ``original`` and ``patched`` hand out fresh models (:func:`pristine_copies`); ``prepare``
+    is applied to each before it runs (e.g. :func:`zero_dropout_modules`).
+    """
+
+    def fresh(source: ModelSource) -> nn.Module:
+        model = source()
+        if prepare is not None:
+            prepare(model)
+        return model
+
     try:
-        first = run_side(original, state, inputs, training=training, seed=seed)
-        second = run_side(original, state, inputs, training=training, seed=seed)
+        first = run_side(fresh(original), state, inputs, training=training, seed=seed)
+        second = run_side(fresh(original), state, inputs, training=training, seed=seed)
     except Exception as exc:
         return ModeOutcome(NOT_CHECKABLE, f"the original model raised {_error_line(exc)}")
     unstable = [d for d in compare_runs(first, second, tol) if not d.ok]
@@ -259,7 +320,7 @@ def check_mode(
             f"({unstable[0].describe()})",
         )
     try:
-        other = run_side(patched, state, inputs, training=training, seed=seed)
+        other = run_side(fresh(patched), state, inputs, training=training, seed=seed)
     except Exception as exc:
         return ModeOutcome(REFUTED, f"the patched model raised {_error_line(exc)}")
     diffs = compare_runs(first, other, tol)
@@ -276,7 +337,11 @@ def check_mode(
     largest = _largest(diffs)
     detail = f"{len(diffs)} values agree"
     if largest is not None and largest.max_abs_diff > 0:
-        detail += f" (max |diff| {largest.max_abs_diff:.3g} at {largest.name})"
+        closest = max(diffs, key=lambda d: d.excess)
+        detail += (
+            f" (max |diff| {largest.max_abs_diff:.3g} at {largest.name}; closest to the "
+            f"tolerance: {closest.name} at {closest.excess:.2g}x)"
+        )
     return ModeOutcome(VERIFIED, detail, diffs)
 
 

@@ -32,8 +32,8 @@ __all__ = [
 
 BATCH = 2
 SEQ_LEN = 7
-DECODER_SEQ_LEN = 5
 NUM_CHOICES = 2
+AUDIO_SAMPLES = 8000
 
 
 def _pretrained_base() -> type:
@@ -63,11 +63,11 @@ def _exported_names(module: ModuleType) -> set[str] | None:
 def find_model_classes(module: ModuleType) -> list[type]:
     """Public, concrete ``PreTrainedModel`` subclasses defined in ``module``, in file order.
 
-    The family base class (``BertPreTrainedModel``) only carries shared settings and cannot run a
-    forward, so names ending in ``PreTrainedModel`` are left out, as are classes without a
-    ``config_class`` (there is no configuration to build them from) and internal blocks: classes
-    the package does not export, or - where it does not say - whose names do not read like a
-    model (``...Model``, ``...For...``, ``...Backbone``).
+    Left out: family base classes (``BertPreTrainedModel``, any capitalisation, or any class
+    without a ``forward`` of its own), which only carry shared settings; classes without a
+    ``config_class``, which there is no configuration to build from; and internal blocks -
+    classes the package does not export or, where it does not say, whose names do not read like
+    a model (``...Model``, ``...For...``, ``...Backbone``).
     """
     base = _pretrained_base()
     exported = _exported_names(module)
@@ -75,7 +75,9 @@ def find_model_classes(module: ModuleType) -> list[type]:
     for name, obj in vars(module).items():
         if not (isinstance(obj, type) and issubclass(obj, base) and obj is not base):
             continue
-        if obj.__module__ != module.__name__ or name.endswith("PreTrainedModel"):
+        if obj.__module__ != module.__name__ or name.lower().endswith("pretrainedmodel"):
+            continue
+        if obj.forward is torch.nn.Module.forward:  # no forward of its own: a base class
             continue
         if getattr(obj, "config_class", None) is None or inspect.isabstract(obj):
             continue
@@ -111,14 +113,28 @@ def select_classes(classes: list[type], max_heads: int = 2) -> list[type]:
     return [base, *heads]
 
 
-def build_config(config_class: type, setting: ShrinkSetting | None, zero_dropout: bool) -> Any:
+def build_config(
+    config_class: type,
+    setting: ShrinkSetting | None,
+    *,
+    cls_name: str = "",
+    zero_dropout: bool = False,
+) -> Any:
     """A configuration shrunk to ``setting`` (``None``: defaults), optionally without dropout.
 
     Overrides go through the configuration's constructor, so attributes it derives from others
-    (T5's ``num_decoder_layers``, head sizes) are recomputed from the shrunk values.
+    (T5's ``num_decoder_layers``, head sizes) are recomputed from the shrunk values. Sequence-
+    classification heads of models without a padding token get token 0 as one: they look for
+    it to find where each sequence ends (only there: other models reject an unexpected one).
     """
     defaults = config_class().to_dict()
     overrides = shrink_config_dict(defaults, setting) if setting is not None else {}
+    if (
+        "SequenceClassification" in cls_name
+        and "pad_token_id" in defaults
+        and defaults["pad_token_id"] is None
+    ):
+        overrides["pad_token_id"] = 0
     if zero_dropout:
         overrides.update(zero_dropout_dict({**defaults, **overrides}))
     return config_class(**overrides)
@@ -136,6 +152,25 @@ def _sub_attr(config: Any, name: str, default: Any = None) -> Any:
     return default
 
 
+def _special_token_ids(config: Any) -> set[int]:
+    """The configuration's special token ids (``pad``, ``bos``, ``eos``, ...), as ints."""
+    found: set[int] = set()
+    for key in (
+        "pad_token_id",
+        "bos_token_id",
+        "eos_token_id",
+        "sep_token_id",
+        "decoder_start_token_id",
+        "cls_token_id",
+        "mask_token_id",
+        "unk_token_id",
+    ):
+        value = getattr(config, key, None)
+        values = value if isinstance(value, (list, tuple)) else [value]
+        found.update(v for v in values if isinstance(v, int) and not isinstance(v, bool))
+    return found
+
+
 def _image_hw(config: Any) -> tuple[int, int]:
     size = _sub_attr(config, "image_size", 32)
     if isinstance(size, (list, tuple)):
@@ -145,20 +180,31 @@ def _image_hw(config: Any) -> tuple[int, int]:
     return int(size), int(size)
 
 
-def make_inputs(model: torch.nn.Module, config: Any, seed: int) -> dict[str, Any]:
+_MODALITIES = ("input_ids", "pixel_values", "input_features", "input_values")
+
+
+def make_inputs(
+    model: torch.nn.Module, config: Any, seed: int, every_modality: bool = True
+) -> dict[str, Any]:
     """Seeded inputs for ``model.forward``: every required parameter plus the usual masks.
 
-    Token ids are drawn from the configuration's vocabulary, images sized from ``image_size``
-    (32 pixels when the configuration has none), encoder-decoders get ``decoder_input_ids``,
-    ``...ForMultipleChoice`` models a choices dimension. The second sequence's last two tokens
-    are masked out so that attention-mask handling is exercised. ``output_hidden_states`` is
+    The main input (``main_input_name``) always; with ``every_modality`` also the other known
+    primary inputs the signature accepts (a CLIP-style model needs ``input_ids`` *and*
+    ``pixel_values``; where two are alternatives, the caller retries without). Token ids are
+    drawn from the configuration's vocabulary, images sized from ``image_size`` (32 pixels when
+    the configuration has none), encoder-decoders get ``decoder_input_ids``,
+    ``...ForMultipleChoice`` models a choices dimension. Token ids avoid the special tokens
+    and end with ``eos`` where there is one. The second sequence's last two tokens are masked
+    out so that attention-mask handling is exercised. ``output_hidden_states`` is
     switched on where supported: every layer's output then shows up in the comparison, which
     tells which layer a difference starts in.
     """
     gen = torch.Generator().manual_seed(seed)
-    signature = inspect.signature(model.forward)
-    params = signature.parameters
+    params = inspect.signature(model.forward).parameters
     main = getattr(model, "main_input_name", "input_ids")
+    if main not in params:
+        main = next((name for name in _MODALITIES if name in params), main)
+    wanted = {main} | ({m for m in _MODALITIES if m in params} if every_modality else set())
     lead: tuple[int, ...] = (BATCH,)
     if "MultipleChoice" in type(model).__name__:
         lead = (BATCH, NUM_CHOICES)
@@ -169,8 +215,24 @@ def make_inputs(model: torch.nn.Module, config: Any, seed: int) -> dict[str, Any
     seq = SEQ_LEN if positions is None else max(2, min(SEQ_LEN, int(positions)))
     inputs: dict[str, Any] = {}
 
-    def ids(length: int, high: int = vocab) -> torch.Tensor:
-        return torch.randint(0, max(1, high), (*lead, length), generator=gen)
+    special = _special_token_ids(config)
+    eos = getattr(config, "eos_token_id", None)
+
+    def ids(length: int, high: int = vocab, text: bool = True) -> torch.Tensor:
+        """Random token ids. For text: no special tokens inside, and ``eos`` last where the
+        model has one (sequence-classification heads of seq2seq models pool at the eos)."""
+        drawn = torch.randint(0, max(1, high), (*lead, length), generator=gen)
+        if not text:
+            return drawn
+        ordinary = [i for i in range(high) if i not in special]
+        if ordinary and special:
+            replacement = torch.tensor(ordinary)[drawn % len(ordinary)]
+            drawn = torch.where(
+                torch.isin(drawn, torch.tensor(sorted(special))), replacement, drawn
+            )
+        if isinstance(eos, int) and 0 <= eos < high:
+            drawn[..., -1] = eos
+        return drawn
 
     def mask(length: int) -> torch.Tensor:
         m = torch.ones((*lead, length), dtype=torch.long)
@@ -178,33 +240,41 @@ def make_inputs(model: torch.nn.Module, config: Any, seed: int) -> dict[str, Any
             m[1, ..., -2:] = 0
         return m
 
-    if main == "input_ids" or ("input_ids" in params and main not in params):
+    if "input_ids" in wanted:
         inputs["input_ids"] = ids(seq)
-    if main == "pixel_values" or (main not in params and "pixel_values" in params):
-        channels = int(_sub_attr(config, "num_channels", 3))
-        height, width = _image_hw(config)
-        inputs["pixel_values"] = torch.randn((*lead, channels, height, width), generator=gen)
-    if main == "input_features":
-        bins = _sub_attr(config, "num_mel_bins", None)
-        if bins is not None:
-            frames = 2 * int(_sub_attr(config, "max_source_positions", 10))
-            inputs["input_features"] = torch.randn((*lead, int(bins), frames), generator=gen)
-        else:
-            features = int(_sub_attr(config, "input_feat_per_channel", 16)) * int(
-                _sub_attr(config, "input_channels", 1)
-            )
-            inputs["input_features"] = torch.randn((*lead, 20, features), generator=gen)
-    if main == "input_values":
-        inputs["input_values"] = torch.randn((*lead, 1600), generator=gen)
-    if "input_ids" in inputs:
         if "attention_mask" in params:
             inputs["attention_mask"] = mask(seq)
         type_vocab = _sub_attr(config, "type_vocab_size", None)
         if "token_type_ids" in params and isinstance(type_vocab, int) and type_vocab > 0:
-            inputs["token_type_ids"] = ids(seq, type_vocab)
+            inputs["token_type_ids"] = ids(seq, type_vocab, text=False)
+    if "pixel_values" in wanted:
+        channels = int(_sub_attr(config, "num_channels", 3))
+        height, width = _image_hw(config)
+        frames = _sub_attr(config, "num_frames", None)  # video models: (batch, frames, c, h, w)
+        shape = (
+            (channels, height, width)
+            if not isinstance(frames, int)
+            else (frames, channels, height, width)
+        )
+        inputs["pixel_values"] = torch.randn((*lead, *shape), generator=gen)
+    if "input_features" in wanted:
+        bins = _sub_attr(config, "num_mel_bins", None)
+        if bins is not None:  # Whisper-style: (batch, mel bins, 2 x encoder positions)
+            frames = 2 * int(_sub_attr(config, "max_source_positions", 10))
+            inputs["input_features"] = torch.randn((*lead, int(bins), frames), generator=gen)
+        else:  # Speech2Text-style: (batch, frames, features per frame)
+            features = int(_sub_attr(config, "input_feat_per_channel", 16)) * int(
+                _sub_attr(config, "input_channels", 1)
+            )
+            inputs["input_features"] = torch.randn((*lead, 20, features), generator=gen)
+    if "input_values" in wanted:
+        # Half a second at 16 kHz: long enough after the conv feature extractor's striding
+        # for the time-masking spans models apply in training.
+        inputs["input_values"] = torch.randn((*lead, AUDIO_SAMPLES), generator=gen)
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:
         decoder_vocab = int(getattr(config, "decoder_vocab_size", None) or vocab)
-        inputs["decoder_input_ids"] = ids(DECODER_SEQ_LEN, decoder_vocab)
+        # As long as the encoder input: some heads index decoder states with an encoder mask.
+        inputs["decoder_input_ids"] = ids(seq, decoder_vocab)
     if "output_hidden_states" in params:
         inputs["output_hidden_states"] = True
     if "return_dict" in params:
@@ -224,16 +294,20 @@ def make_inputs(model: torch.nn.Module, config: Any, seed: int) -> dict[str, Any
 
 @dataclass(frozen=True)
 class ModelRecipe:
-    """How to build one model class: the shrink setting that worked for it, by name."""
+    """One way to build a model class and its inputs; the first that runs is used."""
 
     setting: ShrinkSetting | None
+    every_modality: bool
 
     @property
     def label(self) -> str:
-        return "default configuration" if self.setting is None else f"{self.setting.name} config"
+        size = "default configuration" if self.setting is None else f"{self.setting.name} config"
+        return size if self.every_modality else f"{size}, main input only"
 
 
 def recipes() -> Iterator[ModelRecipe]:
-    """Shrink settings to try, smallest first, the unshrunk default configuration last."""
+    """Shrink settings to try, smallest first, the unshrunk default configuration last; each
+    with every input modality the model accepts first, then with its main input alone."""
     for setting in SHRINK_SETTINGS:
-        yield ModelRecipe(setting)
+        yield ModelRecipe(setting, every_modality=True)
+        yield ModelRecipe(setting, every_modality=False)

@@ -95,9 +95,12 @@ class FileVerification:
         for note in self.notes:
             lines.append(f"  note: {note}")
         for c in self.classes:
-            diff = (
-                "" if c.max_abs_diff is None else f" (max |diff| {c.max_abs_diff:.3g} at {c.where})"
-            )
+            if c.max_abs_diff is None:
+                diff = ""
+            elif c.where is None:
+                diff = " (bit-identical)"
+            else:
+                diff = f" (max |diff| {c.max_abs_diff:.3g} at {c.where})"
             lines.append(f"  {c.cls}: {c.status}{diff} - {c.reason}")
         return "\n".join(lines)
 

@@ -95,21 +95,21 @@ def rng_mismatch_reason(sources: Iterable[str], device_type: str) -> str | None:
     known, unknown = kernels_used(sources)
     if unknown:
         return (
-            f"adopter.kernels.{', '.join(sorted(unknown))} not known to draw random numbers "
+            f"adopter.kernels.{', '.join(sorted(unknown))}: not known to draw random numbers "
             "like the code it replaces"
         )
     own = sorted(known & _OWN_RNG)
     if own:
-        return f"{', '.join(own)} draw attention-dropout masks inside scaled_dot_product_attention"
+        return f"{', '.join(own)}: attention dropout is drawn inside scaled_dot_product_attention"
     eager = sorted(known & _SAME_RNG_EAGER_CPU)
     if eager:
         compile_switch = os.environ.get("ADOPTER_KERNELS_COMPILE", "auto").strip().lower()
         if device_type != "cpu":
             names = ", ".join(eager)
-            return f"{names} draw dropout masks differently from nn.Dropout on {device_type}"
+            return f"{names}: dropout masks are drawn unlike nn.Dropout's on {device_type}"
         if compile_switch in ("1", "true", "yes", "on"):
             return (
-                f"{', '.join(eager)} run under torch.compile (ADOPTER_KERNELS_COMPILE), "
+                f"{', '.join(eager)}: runs under torch.compile (ADOPTER_KERNELS_COMPILE), "
                 "which draws dropout masks differently"
             )
     return None

@@ -1,9 +1,11 @@
-"""Parent side of ``adopter verify``: write a job, run the worker under a timeout, read verdicts.
+"""Parent side of ``adopter verify``: write jobs, run the worker under timeouts, read verdicts.
 
 The parent never imports the code under test (nor torch): model code can hang, crash the
 interpreter or poison global state, and a verify run must survive all of that and report it as
 "not checkable". Everything that touches models happens in ``python -m adopter.verify.worker``,
 started in its own session so that a timeout can kill it together with any children it spawned.
+Several files go to one worker in a batch (importing torch and transformers takes seconds, the
+check of a shrunk model a fraction of that); each file still has its own timeout.
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ def _worker_env() -> dict[str, str]:
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     env.setdefault("PYTHONHASHSEED", "0")
+    env["OMP_NUM_THREADS"] = "1"  # see the worker: tiny models run fastest on one thread
     return env
 
 
@@ -278,8 +281,9 @@ def verify_patched_files(
 ) -> list[FileVerification]:
     """Verify several patched files in one worker process (torch is imported once).
 
-    ``timeout`` applies to each file; a file that exceeds it, or crashes the worker, is reported
-    as not checkable and the remaining files continue in a fresh worker. The files share one
+    ``timeout`` applies to each file (the first file's includes the worker's start-up); a file
+    that exceeds it, or crashes the worker, is reported as not checkable and the remaining files
+    continue in a fresh worker. The files share one
     interpreter, so a patch with global side effects could influence the files after it; use
     :func:`verify_patched_file` per file where that matters. Other arguments as there.
     """
@@ -325,8 +329,8 @@ def verify_patched_file(
         patched_source: the full text of the patched file.
         module_name: the dotted module name, when it cannot be derived from the path.
         classes: model classes to check; default: the base model plus ``max_heads`` heads.
-        timeout: seconds for the whole worker run (imports included); classes not finished
-            by then are reported as not checkable.
+        timeout: seconds for the file, the worker's start-up (importing torch and the model
+            library) included; classes not finished by then are reported as not checkable.
         modes: ``eval`` and/or ``train``. ``train`` compares with every dropout probability at
             0 and additionally (as mode ``train-dropout``) with the configured dropout where the
             kernels draw random numbers like the original code.

@@ -34,9 +34,10 @@ __all__ = ["main"]
 
 _PATCHED_PREFIX = "_adopter_patched_"
 _ORIGINAL_PREFIX = "_adopter_original_"
-# The unshrunk default configuration is the last resort; beyond this size a CPU run of three
-# modes (six forward and backward passes per class) takes minutes, so give up instead.
-_MAX_UNSHRUNK_PARAMETERS = 30_000_000
+# Beyond this size (reached by the unshrunk default configuration, the last resort, or by a
+# configuration the name rules could not shrink) a CPU run of three modes - nine forward and
+# backward passes per class - takes minutes, so give up instead.
+_MAX_PARAMETERS = 30_000_000
 
 
 class ResultWriter:
@@ -167,12 +168,18 @@ def _cast_inputs(inputs: Any, dtype: Any) -> Any:
 
 
 def _has_dropout(model: Any) -> bool:
+    """Whether training draws dropout masks: a dropout module with ``p > 0``, or a non-zero
+    dropout-like configuration value (many models call ``F.dropout(x, p=self.dropout)``)."""
     from torch import nn
+
+    from .shrink import zero_dropout_dict
 
     for module in model.modules():
         if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
             return True
-    return False
+    config = getattr(model, "config", None)
+    to_dict = getattr(config, "to_dict", None)
+    return bool(callable(to_dict) and zero_dropout_dict(to_dict()))
 
 
 def _module_sources(model: Any, extra: list[str]) -> list[str]:
@@ -193,11 +200,14 @@ def _module_sources(model: Any, extra: list[str]) -> list[str]:
 def _train_dropout_outcome(
     original: Any, patched: Any, state: Any, inputs: Any, sources: list[str], job: dict[str, Any]
 ) -> Any:
-    """Train mode with the configured dropout, or a skip saying why it cannot be compared."""
+    """Train mode with the configured dropout, or a skip saying why it cannot be compared.
+
+    ``original`` and ``patched`` are model sources (see ``differential.pristine_copies``).
+    """
     from .differential import SKIPPED, ModeOutcome, check_mode
     from .rng import rng_mismatch_reason
 
-    if not _has_dropout(original):
+    if not _has_dropout(original()):
         return ModeOutcome(SKIPPED, "the model has no active dropout")
     reason = rng_mismatch_reason(sources, "cpu")
     if reason is not None:
@@ -221,6 +231,26 @@ def _build(cls: type, config: Any, job: dict[str, Any]) -> Any:
     return model.to(_torch_dtype(job["dtype"]))
 
 
+def _refuse_if_too_large(cls: type, config: Any, *, must_size: bool) -> None:
+    """Raise unless ``cls(config)`` is small enough to check.
+
+    Sized on the meta device, so a 7-billion-parameter default configuration (or one the name
+    rules failed to shrink) is never materialised. Some models cannot be built on the meta
+    device; that is only fatal where ``must_size`` (the unshrunk default configuration).
+    """
+    import torch
+
+    try:
+        with torch.device("meta"):
+            size = sum(p.numel() for p in cls(config).parameters())
+    except Exception as exc:
+        if must_size:
+            raise ValueError(f"cannot size the model on the meta device ({exc})") from exc
+        return
+    if size > _MAX_PARAMETERS:
+        raise ValueError(f"{size:,} parameters, too many to check within the timeout")
+
+
 def _error_line(exc: BaseException) -> str:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {first}"[:300]
@@ -233,10 +263,12 @@ def check_transformers_class(
     import torch
 
     from .differential import (
+        ModelSource,
         ModeOutcome,
         check_mode,
         conclude,
         load_strictly,
+        pristine_copies,
         snapshot_state,
         zero_dropout_modules,
     )
@@ -252,35 +284,46 @@ def check_transformers_class(
     config_class = original_cls.config_class
     dtype = _torch_dtype(job["dtype"])
 
-    failures: list[str] = []
+    failures: dict[str, list[str]] = {}  # error -> the recipes that hit it
     for recipe in recipes():
         try:
-            config = build_config(config_class, recipe.setting, zero_dropout=False)
-            original = _build(original_cls, config, job)
-            if recipe.setting is None:
-                size = sum(p.numel() for p in original.parameters())
-                if size > _MAX_UNSHRUNK_PARAMETERS:
-                    raise ValueError(f"{size:,} parameters, too many to run within the timeout")
-            inputs = _cast_inputs(make_inputs(original, config, job["seed"]), dtype)
-            original.eval()
+            config = build_config(config_class, recipe.setting, cls_name=name)
+            _refuse_if_too_large(original_cls, config, must_size=recipe.setting is None)
+            probe = _build(original_cls, config, job)  # only to try the recipe: then dropped
+            inputs = make_inputs(probe, config, job["seed"], recipe.every_modality)
+            inputs = _cast_inputs(inputs, dtype)
+            probe.eval()
             with torch.no_grad():
-                original(**inputs)
+                probe(**inputs)
         except Exception as exc:
-            failures.append(f"{recipe.label}: {_error_line(exc)}")
+            failures.setdefault(_error_line(exc), []).append(recipe.label)
             continue
         break
     else:
-        reason = "could not build and run the original model: " + "; ".join(failures)
+        tried = "; ".join(f"{' | '.join(labels)}: {error}" for error, labels in failures.items())
+        reason = f"could not build and run the original model ({tried})"
         return ClassVerification(name, NOT_CHECKABLE, reason).to_json()
-    prefix = "" if recipe.setting is not None else "(default, unshrunk configuration) "
+    prefix = f"{recipe.label}: "
+
+    def sources(config: Any) -> tuple[ModelSource, ModelSource, dict[str, Any], str | None]:
+        """Fresh-model sources of both sides, the original's weights, and why the patched
+        model does not take them (``None`` when it does)."""
+        original = _build(original_cls, config, job)
+        patched = _build(patched_cls, config, job)
+        state = snapshot_state(original)
+        problem = load_strictly(patched, state)
+        return (
+            pristine_copies(original, lambda: _build(original_cls, config, job)),
+            pristine_copies(patched, lambda: _build(patched_cls, config, job)),
+            state,
+            problem,
+        )
 
     try:
-        patched = _build(patched_cls, config, job)
+        original, patched, state, problem = sources(config)
     except Exception as exc:
         reason = f"building the patched model raised {_error_line(exc)}"
         return ClassVerification(name, REFUTED, reason, where="construction").to_json()
-    state = snapshot_state(original)
-    problem = load_strictly(patched, state)
     if problem is not None:
         return ClassVerification(name, REFUTED, problem, where="state_dict").to_json()
 
@@ -293,32 +336,29 @@ def check_transformers_class(
         )
     if "train" in job["modes"]:
         try:
-            quiet = build_config(config_class, recipe.setting, zero_dropout=True)
-            original_quiet = _build(original_cls, quiet, job)
-            patched_quiet = _build(patched_cls, quiet, job)
-            zero_dropout_modules(original_quiet)
-            zero_dropout_modules(patched_quiet)
-            quiet_state = snapshot_state(original_quiet)
-            problem = load_strictly(patched_quiet, quiet_state)
+            quiet = build_config(config_class, recipe.setting, cls_name=name, zero_dropout=True)
+            quiet_original, quiet_patched, quiet_state, problem = sources(quiet)
+        except Exception as exc:
+            outcomes["train"] = ModeOutcome(
+                NOT_CHECKABLE, f"building the models without dropout raised {_error_line(exc)}"
+            )
+        else:
             if problem is not None:
                 outcomes["train"] = ModeOutcome(REFUTED, problem)
             else:
                 outcomes["train"] = check_mode(
-                    original_quiet,
-                    patched_quiet,
+                    quiet_original,
+                    quiet_patched,
                     quiet_state,
                     inputs,
                     training=True,
                     seed=seed,
                     tol=tol,
+                    prepare=zero_dropout_modules,
                 )
-        except Exception as exc:
-            outcomes["train"] = ModeOutcome(
-                NOT_CHECKABLE, f"building the models without dropout raised {_error_line(exc)}"
-            )
-        sources = [Path(job["patched_path"]).read_text(encoding="utf-8")]
+        patched_text = [Path(job["patched_path"]).read_text(encoding="utf-8")]
         outcomes["train-dropout"] = _train_dropout_outcome(
-            original, patched, state, inputs, sources, job
+            original, patched, state, inputs, patched_text, job
         )
     return conclude(name, outcomes, prefix).to_json()
 
@@ -394,6 +434,7 @@ def run_factory_job(job: dict[str, Any], writer: ResultWriter) -> None:
         check_mode,
         conclude,
         load_strictly,
+        pristine_copies,
         seed_everything,
         snapshot_state,
         zero_dropout_modules,
@@ -440,24 +481,35 @@ def run_factory_job(job: dict[str, Any], writer: ResultWriter) -> None:
     if problem is not None:
         writer.add(ClassVerification(name, REFUTED, problem, where="state_dict").to_json())
         return
+
+    def rebuild(factory: Any) -> Any:
+        seed_everything(job["seed"])
+        return factory()[0].to(dtype)
+
+    original_source = pristine_copies(original, lambda: rebuild(original_fn))
+    patched_source = pristine_copies(patched, lambda: rebuild(patched_fn))
     tol, seed = _tol(job), job["seed"]
     outcomes: dict[str, ModeOutcome] = {}
     if "eval" in job["modes"]:
         outcomes["eval"] = check_mode(
-            original, patched, state, inputs, training=False, seed=seed, tol=tol
+            original_source, patched_source, state, inputs, training=False, seed=seed, tol=tol
         )
     if "train" in job["modes"]:
+        outcomes["train"] = check_mode(
+            original_source,
+            patched_source,
+            state,
+            inputs,
+            training=True,
+            seed=seed,
+            tol=tol,
+            prepare=zero_dropout_modules,
+        )
         patched_file = getattr(patched_mod, "__file__", None)
         extra = [Path(patched_file).read_text(encoding="utf-8")] if patched_file else []
-        dropout = _train_dropout_outcome(
-            original, patched, state, inputs, _module_sources(patched, extra), job
+        outcomes["train-dropout"] = _train_dropout_outcome(
+            original_source, patched_source, state, inputs, _module_sources(patched, extra), job
         )
-        zero_dropout_modules(original)
-        zero_dropout_modules(patched)
-        outcomes["train"] = check_mode(
-            original, patched, state, inputs, training=True, seed=seed, tol=tol
-        )
-        outcomes["train-dropout"] = dropout
     writer.add(conclude(name, outcomes).to_json())
 
 
@@ -495,6 +547,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     batch = json.loads(Path(args[0]).read_text(encoding="utf-8"))
     warnings.simplefilter("ignore")
+    import torch
+
+    # Shrunk models are far too small to gain from intra-op threads, and on a busy machine
+    # OpenMP's spinning threads slow each tiny op down a hundredfold; one thread also keeps
+    # reductions in a fixed order.
+    torch.set_num_threads(1)
     for job in batch["jobs"]:
         run_job(job)
     return 0

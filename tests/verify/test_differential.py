@@ -1,0 +1,143 @@
+"""The per-mode judgement on tiny in-process modules (no worker: these are our own modules)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from adopter.verify.compare import tolerance_for
+from adopter.verify.differential import (
+    SKIPPED,
+    ModeOutcome,
+    check_mode,
+    conclude,
+    load_strictly,
+    pristine_copies,
+    snapshot_state,
+)
+
+F32 = tolerance_for(torch.float32)
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.bn = nn.BatchNorm1d(4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.bn(self.linear(x))
+
+
+class FrozenStats(Net):
+    """Normalises with batch statistics but forgets to update the running ones."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        return nn.functional.batch_norm(h, None, None, self.bn.weight, self.bn.bias, True)
+
+
+class DetachedBias(Net):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x @ self.linear.weight.T + self.linear.bias.detach()
+        return self.bn(h)
+
+
+class Raising(Net):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("kernel not available")
+
+
+class Unseeded(Net):
+    """Draws noise from the OS, which no seed controls."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        noise = int.from_bytes(os.urandom(2), "little") / 65536
+        return super().forward(x) + noise
+
+
+def judge(original: nn.Module, patched: nn.Module, training: bool) -> ModeOutcome:
+    torch.manual_seed(0)
+    state = snapshot_state(original)
+    assert load_strictly(patched, state) is None
+    inputs = (torch.randn(3, 4, generator=torch.Generator().manual_seed(1)),)
+    return check_mode(
+        pristine_copies(original),
+        pristine_copies(patched),
+        state,
+        inputs,
+        training=training,
+        seed=0,
+        tol=F32,
+    )
+
+
+def test_identical_modules_verify() -> None:
+    outcome = judge(Net(), Net(), training=True)
+    assert outcome.status == "verified", outcome.detail
+
+
+def test_missing_running_stat_update_is_refuted_through_buffers() -> None:
+    outcome = judge(Net(), FrozenStats(), training=True)
+    assert outcome.status == "refuted"
+    failing = {d.name for d in outcome.differences if not d.ok}
+    assert failing == {
+        "buffer bn.running_mean",
+        "buffer bn.running_var",
+        "buffer bn.num_batches_tracked",
+    }
+    assert judge(Net(), FrozenStats(), training=False).status == "refuted"  # eval: batch stats
+
+
+def test_gradient_missing_on_one_side_is_refuted() -> None:
+    outcome = judge(Net(), DetachedBias(), training=False)
+    assert outcome.status == "refuted"
+    assert "grad linear.bias: present only in the original run" in outcome.detail
+
+
+def test_patched_exception_is_refuted_and_original_noise_not_checkable() -> None:
+    raised = judge(Net(), Raising(), training=False)
+    assert raised.status == "refuted" and "kernel not available" in raised.detail
+    noisy = judge(Unseeded(), Net(), training=False)
+    assert noisy.status == "not checkable" and "reproduce" in noisy.detail
+
+
+class GrowingTable(Net):
+    """Keeps state between calls, as sinusoidal position tables and bias caches do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return super().forward(x) * self.calls
+
+
+def test_every_run_gets_a_model_that_never_ran() -> None:
+    # Re-running one model would make its second run differ from its first (and from the
+    # patched model's only run); fresh copies all start at calls == 0.
+    outcome = judge(GrowingTable(), GrowingTable(), training=False)
+    assert outcome.status == "verified", outcome.detail
+
+
+def test_strict_load_reports_shape_changes() -> None:
+    wider = Net()
+    wider.linear = nn.Linear(4, 5)
+    problem = load_strictly(wider, snapshot_state(Net()))
+    assert problem is not None and "size mismatch" in problem
+
+
+def test_conclude_folds_modes() -> None:
+    ok = judge(Net(), Net(), training=False)
+    skipped = ModeOutcome(SKIPPED, "the model has no active dropout")
+    verdict = conclude("Net", {"eval": ok, "train": ok, "train-dropout": skipped})
+    assert verdict.status == "verified" and "skipped train-dropout" in verdict.reason
+    bad = judge(Net(), DetachedBias(), training=False)
+    verdict = conclude("Net", {"eval": ok, "train": bad})
+    assert verdict.status == "refuted" and verdict.where == "grad linear.bias"
+    assert verdict.reason.startswith("train:")
+    blocked = ModeOutcome("not checkable", "the original model raised X")
+    assert conclude("Net", {"eval": ok, "train": blocked}).status == "not checkable"

@@ -1,0 +1,163 @@
+"""Generic configuration shrinking: attribute-name rules, constraints, dropout zeroing."""
+
+from __future__ import annotations
+
+from adopter.verify.shrink import (
+    SHRINK_SETTINGS,
+    ShrinkSetting,
+    shrink_config_dict,
+    zero_dropout_dict,
+)
+
+TINY = SHRINK_SETTINGS[0]
+assert isinstance(TINY, ShrinkSetting)
+
+BERT_LIKE = {
+    "vocab_size": 30522,
+    "hidden_size": 768,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "intermediate_size": 3072,
+    "max_position_embeddings": 512,
+    "type_vocab_size": 2,
+    "pad_token_id": 0,
+    "layer_norm_eps": 1e-12,
+    "hidden_dropout_prob": 0.1,
+    "attention_probs_dropout_prob": 0.1,
+    "classifier_dropout": None,
+    "id2label": {0: "LABEL_0", 1: "LABEL_1"},
+    "num_labels": 2,
+}
+
+
+def test_bert_like_config_shrinks_consistently() -> None:
+    overrides = shrink_config_dict(BERT_LIKE, TINY)
+    assert overrides == {
+        "vocab_size": TINY.vocab,
+        "hidden_size": TINY.width,
+        "num_hidden_layers": TINY.layers,
+        "num_attention_heads": TINY.heads,
+        "intermediate_size": TINY.intermediate,
+        "max_position_embeddings": TINY.positions,
+    }
+    assert overrides["hidden_size"] % overrides["num_attention_heads"] == 0
+
+
+def test_gpt2_names_and_token_ids_outside_the_new_vocabulary() -> None:
+    gpt2 = {
+        "vocab_size": 50257,
+        "n_positions": 1024,
+        "n_embd": 768,
+        "n_layer": 12,
+        "n_head": 12,
+        "n_inner": None,
+        "bos_token_id": 50256,
+        "eos_token_id": 50256,
+        "resid_pdrop": 0.1,
+    }
+    overrides = shrink_config_dict(gpt2, TINY)
+    assert overrides["n_embd"] == TINY.width and overrides["n_head"] == TINY.heads
+    assert overrides["n_layer"] == TINY.layers and overrides["n_positions"] == TINY.positions
+    assert "n_inner" not in overrides  # None means "derive from the width"
+    assert overrides["bos_token_id"] == overrides["eos_token_id"] == TINY.vocab - 1
+
+
+def test_t5_head_size_and_decoder_layers() -> None:
+    t5 = {
+        "d_model": 512,
+        "d_kv": 64,
+        "d_ff": 2048,
+        "num_layers": 6,
+        "num_decoder_layers": 6,
+        "num_heads": 8,
+        "relative_attention_num_buckets": 32,
+        "dropout_rate": 0.1,
+    }
+    overrides = shrink_config_dict(t5, TINY)
+    assert overrides == {
+        "d_model": TINY.width,
+        "d_kv": TINY.head_dim,
+        "d_ff": TINY.intermediate,
+        "num_layers": 2,
+        "num_decoder_layers": 2,
+        "num_heads": TINY.heads,
+    }
+
+
+def test_stage_lists_keep_their_length() -> None:
+    resnet = {
+        "num_channels": 3,
+        "embedding_size": 64,
+        "hidden_sizes": [256, 512, 1024, 2048],
+        "depths": [3, 4, 6, 3],
+        "out_features": None,
+    }
+    overrides = shrink_config_dict(resnet, TINY)
+    assert overrides["depths"] == [1, 1, 1, 1]
+    # One order-keeping map for all stage lists: equal widths stay equal across lists.
+    assert overrides["hidden_sizes"] == [
+        5 * TINY.channels,
+        6 * TINY.channels,
+        7 * TINY.channels,
+        8 * TINY.channels,
+    ]
+    assert "num_channels" not in overrides
+
+
+def test_chained_channel_lists_stay_chained() -> None:
+    efficientnet = {
+        "in_channels": [32, 16, 24, 40, 80, 112, 192],
+        "out_channels": [16, 24, 40, 80, 112, 192, 320],
+    }
+    overrides = shrink_config_dict(efficientnet, TINY)
+    ins, outs = overrides["in_channels"], overrides["out_channels"]
+    assert ins[1:] == outs[:-1] and ins[0] == 32  # small stem widths are kept
+    assert max(outs) < 320
+
+
+def test_image_size_stays_a_multiple_of_the_patch_size() -> None:
+    vit = {"image_size": 224, "patch_size": 14, "hidden_size": 768, "num_attention_heads": 12}
+    overrides = shrink_config_dict(vit, TINY)
+    image = overrides["image_size"]
+    patch = overrides.get("patch_size", 14)
+    assert image % patch == 0 and image <= 224
+
+
+def test_nested_sub_configs_shrink_but_label_maps_do_not() -> None:
+    clip = {
+        "text_config": {
+            "model_type": "clip_text_model",
+            "hidden_size": 512,
+            "num_attention_heads": 8,
+            "vocab_size": 49408,
+        },
+        "id2label": {0: "a"},
+        "projection_dim": 512,
+    }
+    overrides = shrink_config_dict(clip, TINY)
+    assert overrides["text_config"]["hidden_size"] == TINY.width
+    assert overrides["text_config"]["model_type"] == "clip_text_model"
+    assert "id2label" not in overrides
+
+
+def test_never_grows_a_size() -> None:
+    assert shrink_config_dict({"hidden_size": 8, "num_hidden_layers": 1}, TINY) == {}
+
+
+def test_zero_dropout_covers_the_naming_styles() -> None:
+    config = {
+        **BERT_LIKE,
+        "resid_pdrop": 0.1,
+        "layerdrop": 0.05,
+        "drop_path_rate": 0.2,
+        "summary_first_dropout": 0.1,
+        "text_config": {"model_type": "x", "attention_dropout": 0.1},
+    }
+    overrides = zero_dropout_dict(config)
+    assert overrides["hidden_dropout_prob"] == 0.0
+    assert overrides["attention_probs_dropout_prob"] == 0.0
+    assert overrides["resid_pdrop"] == overrides["layerdrop"] == overrides["drop_path_rate"] == 0.0
+    assert overrides["summary_first_dropout"] == 0.0
+    assert overrides["text_config"]["attention_dropout"] == 0.0
+    assert "classifier_dropout" not in overrides  # None: falls back to a zeroed one
+    assert "layer_norm_eps" not in overrides

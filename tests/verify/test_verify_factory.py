@@ -1,0 +1,110 @@
+"""``verify_factory``: plain ``nn.Module`` code built by user factories (tests/verify/factories.py).
+
+The cases share one batch (one worker process, torch imported once) except the timeout, which
+needs its own short limit. A crashing factory is in the batch on purpose: the batch must go on
+in a fresh worker after it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from adopter.verify import ClassVerification, verify_factories, verify_factory
+
+FACTORIES = Path(__file__).with_name("factories.py")
+ORIGINAL = f"{FACTORIES}:make_original"
+
+
+def factory(name: str) -> str:
+    return f"{FACTORIES}:{name}"
+
+
+CASES = {
+    "identical": factory("make_original"),
+    "patched": factory("make_patched"),
+    "crashing": factory("make_crashing"),
+    "wrong": factory("make_wrong"),
+    "renamed": factory("make_renamed"),
+    "missing-function": factory("no_such_factory"),
+    "missing-file": f"{FACTORIES.with_name('no_such_file.py')}:make_patched",
+}
+
+
+@pytest.fixture(scope="module")
+def verdicts() -> dict[str, ClassVerification]:
+    results = verify_factories([(ORIGINAL, patched) for patched in CASES.values()], timeout=120)
+    return dict(zip(CASES, results))
+
+
+def test_identical_factory_verifies_bit_for_bit(verdicts: dict[str, ClassVerification]) -> None:
+    verdict = verdicts["identical"]
+    assert verdict.status == "verified", verdict
+    assert verdict.cls == "Block"
+    assert set(verdict.modes) == {"eval", "train", "train-dropout"}
+    assert verdict.max_abs_diff == 0.0
+
+
+def test_kernel_patch_verifies_in_every_mode(verdicts: dict[str, ClassVerification]) -> None:
+    verdict = verdicts["patched"]
+    assert verdict.status == "verified", verdict
+    for mode in ("eval", "train", "train-dropout"):
+        assert verdict.modes[mode].startswith("verified"), verdict.modes
+    # Folding batch norm into the conv reorders float operations: close, not identical.
+    assert verdict.max_abs_diff is not None and verdict.max_abs_diff < 1e-3
+
+
+def test_lost_residual_is_refuted_with_location(verdicts: dict[str, ClassVerification]) -> None:
+    verdict = verdicts["wrong"]
+    assert verdict.status == "refuted", verdict
+    assert verdict.max_abs_diff is not None and verdict.max_abs_diff > 0.1
+    assert verdict.where is not None and verdict.where.startswith(("output", "grad"))
+    assert "output output[1]" in verdict.reason  # the normed branch, not the conv branch
+    assert all(v.startswith("refuted") for v in verdict.modes.values()), verdict.modes
+
+
+def test_renamed_module_fails_strict_load(verdicts: dict[str, ClassVerification]) -> None:
+    verdict = verdicts["renamed"]
+    assert verdict.status == "refuted"
+    assert verdict.where == "state_dict"
+    assert "missing keys ['layer_norm.bias', 'layer_norm.weight']" in verdict.reason
+    assert "unexpected keys ['norm.bias', 'norm.weight']" in verdict.reason
+
+
+def test_crash_is_not_checkable_and_the_batch_goes_on(
+    verdicts: dict[str, ClassVerification],
+) -> None:
+    verdict = verdicts["crashing"]
+    assert verdict.status == "not checkable"
+    assert "exited with code 3" in verdict.reason
+    assert verdicts["wrong"].status == "refuted"  # checked by a fresh worker after the crash
+
+
+@pytest.mark.parametrize("case", ["missing-function", "missing-file"])
+def test_unimportable_factory_is_not_checkable(
+    verdicts: dict[str, ClassVerification], case: str
+) -> None:
+    verdict = verdicts[case]
+    assert verdict.status == "not checkable"
+    assert "importing a factory failed" in verdict.reason
+
+
+def test_timeout_is_not_checkable() -> None:
+    verdict = verify_factory(ORIGINAL, factory("make_slowly"), timeout=3)
+    assert verdict.status == "not checkable"
+    assert "timed out after 3 s" in verdict.reason
+
+
+def test_float64_runs_in_double_with_tighter_tolerance() -> None:
+    verdict = verify_factory(ORIGINAL, factory("make_patched"), dtype="float64", modes=("eval",))
+    assert verdict.status == "verified", verdict
+    # Batch-norm folding in double precision: differences near float64 rounding, not float32's.
+    assert verdict.max_abs_diff is not None and verdict.max_abs_diff < 1e-12
+
+
+def test_bad_options_are_rejected_before_any_work() -> None:
+    with pytest.raises(ValueError, match="modes"):
+        verify_factory(ORIGINAL, ORIGINAL, modes=("inference",))
+    with pytest.raises(ValueError, match="dtype"):
+        verify_factory(ORIGINAL, ORIGINAL, dtype="int8")
