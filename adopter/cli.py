@@ -247,6 +247,14 @@ def apply(
     verify_timeout: Annotated[
         float, typer.Option("--verify-timeout", help="Seconds per file for --verify.")
     ] = 300,
+    only_faster: Annotated[
+        bool,
+        typer.Option(
+            "--only-faster",
+            help="Benchmark each rule alone on this machine (imports the model) and keep only "
+            "the rules that make it faster.",
+        ),
+    ] = False,
 ) -> None:
     """Rewrite every site to call its kernel. Prints a unified diff unless --write is given.
 
@@ -264,6 +272,8 @@ def apply(
     result = rewrite_paths(paths, rules, jobs=jobs)
     for error in result.errors:
         console.print(f"[red]error:[/red] {error}", soft_wrap=True, highlight=False)
+    if only_faster:
+        result = _keep_faster_rules(result, rules, console)
     if verify:
         from .verify.gate import describe, gate_rewrites
 
@@ -336,6 +346,119 @@ def apply(
         raise typer.Exit(1)
 
 
+def _keep_faster_rules(result, rules: list[Rule], console: Console):
+    """Re-patch each changed file with only the rules that ``bench`` shows help here."""
+    from .bench.command import BenchTargetError, only_faster_rules
+    from .match import Matcher
+    from .rewrite import rewrite_text
+
+    files = []
+    for rewrite in result.files:
+        if rewrite.error is not None or not rewrite.changed:
+            files.append(rewrite)
+            continue
+        try:
+            kept, reasons = only_faster_rules(rewrite.path, rules)
+        except (BenchTargetError, ValueError, RuntimeError) as error:
+            console.print(
+                f"{rewrite.path}: not benchmarked ({error}); left unpatched",
+                soft_wrap=True,
+                markup=False,
+            )
+            files.append(type(rewrite)(rewrite.path, rewrite.original, rewrite.original))
+            continue
+        for rule_id, reason in sorted(reasons.items()):
+            console.print(f"{rewrite.path}: {rule_id}: {reason}", soft_wrap=True, markup=False)
+        files.append(
+            rewrite_text(rewrite.original, rewrite.path, Matcher(kept))
+            if kept
+            else type(rewrite)(rewrite.path, rewrite.original, rewrite.original)
+        )
+    result.files = files
+    return result
+
+
+@app.command()
+def bench(
+    target: Annotated[
+        str | None,
+        typer.Argument(help="A transformers model name (bert), module or modeling file."),
+    ] = None,
+    rule_files: RulesOption = None,
+    rule_set: RuleSetOption = None,
+    select: SelectOption = None,
+    factory: Annotated[
+        str | None, typer.Option("--factory", help="module:function -> (model, inputs).")
+    ] = None,
+    patched_factory: Annotated[
+        str | None, typer.Option("--patched-factory", help="module:function for the patch.")
+    ] = None,
+    model_class: Annotated[str | None, typer.Option("--class", help="Model class.")] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b")] = 2,
+    seq_len: Annotated[int, typer.Option("--seq-len", "-s")] = 128,
+    image_size: Annotated[int, typer.Option("--image-size")] = 224,
+    layers: Annotated[int, typer.Option("--layers", help="Layers per stack (0: all).")] = 2,
+    dropout: Annotated[
+        str, typer.Option("--dropout", help="config, no-attention or none")
+    ] = "config",
+    device: Annotated[str, typer.Option("--device")] = "cpu",
+    dtype: Annotated[str, typer.Option("--dtype")] = "float32",
+    compile_both: Annotated[
+        bool, typer.Option("--compile", help="torch.compile both sides.")
+    ] = False,
+    ablation: Annotated[bool, typer.Option("--ablation", help="Each rule alone too.")] = False,
+    modes: Annotated[str, typer.Option("--modes", help="inference,train")] = "inference,train",
+    warmup: Annotated[int, typer.Option("--warmup")] = 2,
+    repeats: Annotated[int, typer.Option("--repeats")] = 10,
+    memory: Annotated[
+        str | None, typer.Option("--memory", help="auto, rss_subprocess, profiler or off")
+    ] = None,
+    threads: Annotated[int | None, typer.Option("--threads")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write results as JSON.")] = None,
+    plot_out: Annotated[Path | None, typer.Option("--plot", help="Write a PNG bar chart.")] = None,
+) -> None:
+    """Measure the payoff: training step time, inference latency and peak memory of the
+    original and the patched model (same weights and inputs, interleaved runs, bootstrap
+    confidence intervals). Imports the model code (as training it would)."""
+    from .bench.command import BenchTargetError, run_bench
+    from .bench.report import render_table
+
+    if target is None and factory is None:
+        raise _fail("give a model (e.g. bert) or --factory module:function")
+    rules = load_rules(rule_files, rule_set, select)
+    try:
+        result = run_bench(
+            target,
+            rules=rules,
+            factory=factory,
+            patched_factory=patched_factory,
+            model_class=model_class,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            image_size=image_size,
+            layers=layers or None,
+            dropout=dropout,
+            device=device,
+            dtype=dtype,
+            compile=compile_both,
+            ablation=ablation,
+            modes=[m.strip() for m in modes.split(",") if m.strip()],
+            warmup=warmup,
+            repeats=repeats,
+            memory=None if memory in (None, "off") else memory,
+            threads=threads,
+            plot_path=plot_out,
+            json_out=json_out,
+            progress=lambda message: _stderr().print(message, markup=False, highlight=False),
+        )
+    except (BenchTargetError, ValueError) as error:
+        raise _fail(str(error)) from None
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console.width = 160
+    console.print(render_table(result))
+
+
 @app.command(name="verify")
 def verify_command(
     paths: Annotated[
@@ -384,15 +507,30 @@ def verify_command(
         items = [PatchedFile(r.path, r.patched, classes=wanted) for r in result.changed]
         for rewrite in result.files:
             if rewrite.error is None and not rewrite.changed:
-                rows.append({"path": rewrite.path, "class": "-", "status": "unchanged",
-                             "reason": "no site to patch", "max_abs_diff": None, "where": None})
+                rows.append(
+                    {
+                        "path": rewrite.path,
+                        "class": "-",
+                        "status": "unchanged",
+                        "reason": "no site to patch",
+                        "max_abs_diff": None,
+                        "where": None,
+                    }
+                )
         for item, verification in zip(
             items, verify_patched_files(items, timeout=timeout, modes=mode_list), strict=True
         ):
             if not verification.classes:
-                rows.append({"path": str(item.original_path), "class": "-",
-                             "status": "not checkable", "reason": verification.error or "",
-                             "max_abs_diff": None, "where": None})
+                rows.append(
+                    {
+                        "path": str(item.original_path),
+                        "class": "-",
+                        "status": "not checkable",
+                        "reason": verification.error or "",
+                        "max_abs_diff": None,
+                        "where": None,
+                    }
+                )
             for verdict in verification.classes:
                 rows.append({"path": str(item.original_path), **_verdict_record(verdict)})
         if result.errors:
