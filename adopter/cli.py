@@ -411,7 +411,7 @@ def bench(
     warmup: Annotated[int, typer.Option("--warmup")] = 2,
     repeats: Annotated[int, typer.Option("--repeats")] = 10,
     memory: Annotated[
-        str | None, typer.Option("--memory", help="auto, rss_subprocess, profiler or off")
+        str | None, typer.Option("--memory", help="auto, rss, profiler, cuda or none")
     ] = None,
     threads: Annotated[int | None, typer.Option("--threads")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write results as JSON.")] = None,
@@ -445,7 +445,7 @@ def bench(
             modes=[m.strip() for m in modes.split(",") if m.strip()],
             warmup=warmup,
             repeats=repeats,
-            memory=None if memory in (None, "off") else memory,
+            memory=None if memory in (None, "none", "off") else memory,
             threads=threads,
             plot_path=plot_out,
             json_out=json_out,

@@ -1,12 +1,16 @@
 """``adopter bench``: measure what a rewrite buys - step time, throughput, peak memory.
 
-:func:`benchmark_variants` times named model variants (the original and one or more patched
-versions, e.g. one per rule for ablation) interleaved, on identical weights and inputs;
+:func:`run_bench` rewrites a model's source with the rules and benchmarks original against
+patched (and per-rule) variants; :func:`only_faster_rules` picks the rules that pay off for
+``apply --only-faster``. Underneath, :func:`benchmark_variants` times named model variants
+(the original and one or more patched versions, e.g. one per rule for ablation) interleaved,
+on identical weights and inputs;
 :mod:`~adopter.bench.report` renders the result as a table, JSON or a PNG chart, and
 :func:`faster_variants` decides which variants ``apply --only-faster`` keeps. Importing this
 package imports ``torch`` and ``rich``; matplotlib only when plotting.
 """
 
+from .command import BenchTargetError, NoSiteError, only_faster_rules, run_bench
 from .measure import (
     MEMORY_METHODS,
     MODES,
@@ -26,11 +30,13 @@ __all__ = [
     "MEMORY_METHODS",
     "MODES",
     "BenchResult",
+    "BenchTargetError",
     "CheckpointMismatchError",
     "Decision",
     "MemoryStats",
     "ModeResult",
     "ModelVariant",
+    "NoSiteError",
     "Speedup",
     "TimingStats",
     "VariantBuildError",
@@ -40,8 +46,10 @@ __all__ = [
     "environment_info",
     "faster_variants",
     "from_json",
+    "only_faster_rules",
     "plot",
     "render_table",
+    "run_bench",
     "run_memory_probe",
     "to_json",
 ]

@@ -161,7 +161,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--compile-backend", default="inductor")
     parser.add_argument("--compile-mode", default=None)
-    parser.add_argument("--optimizer", default="adamw", choices=["adamw", "sgd"])
+    parser.add_argument("--optimizer", default="adamw", choices=["adamw", "adamw-fused", "sgd"])
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)

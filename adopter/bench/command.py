@@ -1,0 +1,1128 @@
+"""``adopter bench`` and ``adopter apply --only-faster``: original vs. rewritten model, measured.
+
+This module connects the rewriter to the measurement harness. Given a *target* - a transformers
+model (``bert``), its modeling file, or a ``module:function`` factory of plain ``nn.Module``
+code - it
+
+1. rewrites the model's source text with the selected rules (nothing is written next to the
+   source: the patched text goes to a content-addressed scratch file, see
+   :func:`patched_source_file`);
+2. loads the patched text as a *sibling module* of the original (``transformers.models.bert.
+   _adopter_bench_<tag>_modeling_bert``), so its relative imports resolve to the very objects
+   the original uses and only the classes defined in the file differ;
+3. builds the original and the patched model from the *same* configuration (the model's
+   default configuration with fewer layers, default widths) and the same seeded inputs, and
+   hands them to :func:`~adopter.bench.measure.benchmark_variants`, which loads the original's
+   ``state_dict`` into every variant strictly and times them interleaved.
+
+Factories are picklable (``functools.partial`` of module-level builders over frozen specs), so
+the CPU memory probe can rebuild each variant in a fresh interpreter.
+
+Per-rule ablation is "one more variant per rule": the source rewritten with that rule alone
+(``paper.5 only``). :func:`only_faster_rules` runs exactly that, briefly, and keeps the rules
+that pay off on this machine.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import json
+import re
+import sys
+import tempfile
+import threading
+import warnings
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..dsl.syntax import Rule
+from ..match.matcher import Matcher
+from ..rewrite import rewrite_text
+from .measure import (
+    MODES,
+    RSS_RESOLUTION,
+    ModelVariant,
+    _resolve_memory_method,
+    benchmark_variants,
+    run_memory_probe,
+)
+from .report import plot, to_json
+from .results import BenchResult, MemoryStats
+
+__all__ = [
+    "DROPOUT_MODES",
+    "BenchTargetError",
+    "FactoryBuild",
+    "NoSiteError",
+    "TransformersBuild",
+    "TransformersTarget",
+    "VariantPlan",
+    "base_model_class",
+    "bench_config",
+    "judge_variant",
+    "build_from_factory",
+    "build_transformers",
+    "make_bench_inputs",
+    "only_faster_rules",
+    "parse_config_overrides",
+    "patch_text",
+    "patched_source_file",
+    "plan_variants",
+    "resolve_transformers_target",
+    "run_bench",
+]
+
+DROPOUT_MODES = ("config", "no-attention", "none")
+"""How the training step treats dropout.
+
+``config``: as configured. ``no-attention``: attention-probability dropout set to 0 (the
+fused-attention kernels then take their fast path in training too; other dropout stays). Where
+a configuration has no separate attention-dropout setting (T5's ``dropout_rate`` covers every
+dropout) that shared rate is set to 0. ``none``: every dropout probability set to 0.
+"""
+
+BASELINE = "original"
+PATCHED = "patched"
+_SIBLING_PREFIX = "_adopter_bench_"
+_SCRATCH = Path(tempfile.gettempdir()) / "adopter-bench"
+
+_LAYER_KEYS = frozenset(
+    {
+        "num_hidden_layers",
+        "num_layers",
+        "num_decoder_layers",
+        "n_layer",
+        "n_layers",
+        "encoder_layers",
+        "decoder_layers",
+    }
+)
+_LAYER_LIST_KEYS = frozenset({"depths"})
+_ATTENTION_DROPOUT = re.compile(
+    r"^(attention_probs_dropout_prob|attn_pdrop|attention_dropout|attention_dropout_prob|"
+    r"attn_dropout|attention_dropout_rate)$"
+)
+_SHARED_DROPOUT = frozenset({"dropout_rate"})  # T5: one rate for attention and the rest
+_ANY_DROPOUT = re.compile(r"(dropout|_pdrop$|drop_rate|drop_prob|drop_path)")
+
+
+class BenchTargetError(ValueError):
+    """The target cannot be benchmarked (unknown model, nothing patched, bad factory)."""
+
+
+class NoSiteError(BenchTargetError):
+    """No selected rule patches anything in the target: there is nothing to compare."""
+
+
+# ----------------------------------------------------------------------------------------------
+# rewriting
+
+
+def _rule_ids(rules: Sequence[Rule]) -> list[str]:
+    return [rule.id for rule in rules]
+
+
+def patch_text(text: str, path: str, rules: Sequence[Rule]) -> tuple[str, Counter[str]]:
+    """The text rewritten with ``rules``, and the number of patched sites per rule id.
+
+    Sites a larger fused site already contains (status ``covered``) and refused sites
+    (``skipped``) are not counted: only what changed the code is.
+    """
+    if not rules:
+        return text, Counter()
+    rewrite = rewrite_text(text, path, Matcher(list(rules)))
+    if rewrite.error:
+        raise BenchTargetError(f"rewriting {path} failed: {rewrite.error}")
+    patched = Counter(r.site.rule.id for r in rewrite.results if r.status == "patched")
+    return (rewrite.patched if patched else text), patched
+
+
+def patched_source_file(text: str, name: str) -> Path:
+    """Write ``text`` to a scratch file named by its content hash; return the path.
+
+    Content-addressed so that variants stay valid after :func:`run_bench` returns (the memory
+    probe subprocess and later profiling read the file again), repeated runs reuse the file, and
+    two different patches of one model never collide. Files are a few hundred KiB at most.
+    """
+    digest = hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
+    folder = _SCRATCH / digest
+    path = folder / name
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        scratch = folder / f".{name}.{threading.get_ident()}.tmp"
+        scratch.write_text(text, encoding="utf-8")
+        scratch.replace(path)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
+# loading modules
+
+
+_LOADED: dict[str, ModuleType] = {}
+_LOAD_LOCK = threading.Lock()
+
+
+def _load_sibling(module_name: str, tag: str, path: Path) -> ModuleType:
+    """Execute ``path`` as ``<package>._adopter_bench_<tag>_<name>`` next to ``module_name``.
+
+    A sibling in the same package, so relative imports in the file resolve to the objects the
+    original module uses (same configuration class, same ``PreTrainedModel``). Loaded once per
+    name and process: the tag carries the content hash, so the same name is the same text.
+    """
+    package, _, base = module_name.rpartition(".")
+    stem = f"{_SIBLING_PREFIX}{tag}_{base}"
+    name = f"{package}.{stem}" if package else stem
+    with _LOAD_LOCK:
+        if name in _LOADED:
+            return _LOADED[name]
+        if package:
+            importlib.import_module(package)
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {path} as {name}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses and pickling look the module up here
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+        _LOADED[name] = module
+        return module
+
+
+def _tag(label: str, text: str) -> str:
+    safe = re.sub(r"\W+", "_", label).strip("_") or "v"
+    return f"{safe}_{hashlib.sha1(text.encode('utf-8')).hexdigest()[:10]}"
+
+
+def _import_quietly(module_name: str) -> ModuleType:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return importlib.import_module(module_name)
+
+
+# ----------------------------------------------------------------------------------------------
+# transformers targets
+
+
+@dataclass(frozen=True)
+class TransformersTarget:
+    """A resolved transformers target: which module, which source text, loaded how."""
+
+    module_name: str
+    path: Path
+    text: str
+    installed: bool
+    """Whether the installed module has exactly this text (then it is imported as is)."""
+
+
+def _module_name_from_path(path: Path) -> str | None:
+    """``.../transformers/models/bert/modeling_bert.py`` -> its dotted module name."""
+    parts = path.with_suffix("").parts
+    for index in range(len(parts) - 1, -1, -1):
+        if parts[index] == "transformers" and index < len(parts) - 1:
+            return ".".join(parts[index:])
+    return None
+
+
+def resolve_transformers_target(target: str) -> TransformersTarget:
+    """Turn ``bert`` / ``transformers.models.bert.modeling_bert`` / a path into a target.
+
+    A path may point into any copy of the transformers tree (the installed package, an unpacked
+    wheel under ``.cache/corpus``, a fork): the module name is taken from the path below its
+    last ``transformers`` folder. When that text differs from the installed module's, the given
+    text runs as a sibling module inside the installed package, so the benchmark measures the
+    source it was asked about.
+    """
+    given: Path | None = None
+    candidate = Path(target)
+    if candidate.suffix == ".py" or candidate.exists():
+        given = candidate / f"modeling_{candidate.name}.py" if candidate.is_dir() else candidate
+        if not given.is_file():
+            raise BenchTargetError(f"{target}: no such modeling file ({given})")
+        module_name = _module_name_from_path(given.resolve()) or _module_name_from_path(given)
+        if module_name is None:
+            raise BenchTargetError(
+                f"{target}: not inside a transformers package tree; for other code use "
+                "--factory module:function"
+            )
+    elif re.fullmatch(r"[A-Za-z_][\w.]*", target):
+        module_name = target if "." in target else f"transformers.models.{target}.modeling_{target}"
+    else:
+        raise BenchTargetError(f"{target!r} is neither a model name nor a modeling file")
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError) as exc:
+        raise BenchTargetError(f"{target}: cannot import {module_name}: {exc}") from exc
+    if spec is None or not spec.origin or not Path(spec.origin).is_file():
+        raise BenchTargetError(
+            f"{target}: {module_name} is not importable here; its package must be installed"
+        )
+    installed = Path(spec.origin)
+    path = given if given is not None else installed
+    text = path.read_text(encoding="utf-8")
+    same = installed.resolve() == path.resolve() or installed.read_text(encoding="utf-8") == text
+    return TransformersTarget(module_name, path, text, same)
+
+
+def base_model_class(module: ModuleType, class_name: str | None) -> type:
+    """The class to benchmark: ``class_name``, else the base model named after the config.
+
+    The base model (``BertModel`` for ``BertConfig``) is the part the rules rewrite; task
+    heads add layers (often a vocabulary-sized projection) that no rule touches and that would
+    only dilute the measured difference.
+    """
+    if class_name:
+        cls = getattr(module, class_name, None)
+        if not isinstance(cls, type) or not issubclass(cls, nn.Module):
+            raise BenchTargetError(f"{module.__name__} has no nn.Module class {class_name!r}")
+        return cls
+    candidates = [
+        obj
+        for name, obj in vars(module).items()
+        if isinstance(obj, type)
+        and issubclass(obj, nn.Module)
+        and obj.__module__ == module.__name__
+        and getattr(obj, "config_class", None) is not None
+        and not name.endswith("PreTrainedModel")
+    ]
+    named = [
+        cls
+        for cls in candidates
+        if cls.config_class.__name__.endswith("Config")
+        and cls.__name__ == cls.config_class.__name__[:-6] + "Model"
+    ]
+    if named:  # GroupViTModel, not its towers GroupViTTextModel / GroupViTVisionModel
+        return min(named, key=lambda cls: len(cls.__name__))
+    plain = [c for c in candidates if c.__name__.endswith("Model")]
+    if plain:
+        return plain[0]
+    raise BenchTargetError(
+        f"{module.__name__} defines no model class with a config_class; pass model_class"
+    )
+
+
+def _reduce_layers(config: dict[str, Any], layers: int) -> dict[str, Any]:
+    """Overrides that cut every layer count in ``config`` (and its sub-configs) to ``layers``."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and (key.endswith("config") or "model_type" in value):
+            nested = _reduce_layers(value, layers)
+            if nested:
+                out[key] = {**value, **nested}
+        elif key in _LAYER_KEYS and isinstance(value, int) and not isinstance(value, bool):
+            if value > layers:
+                out[key] = layers
+        elif key in _LAYER_LIST_KEYS and isinstance(value, list):
+            if all(isinstance(v, int) for v in value) and any(v > layers for v in value):
+                out[key] = [min(v, layers) for v in value]
+    # Staged models (GroupViT's vision tower) also state the total depth; keep it the sum.
+    if "depths" in out and isinstance(config.get("num_hidden_layers"), int):
+        out["num_hidden_layers"] = sum(out["depths"])
+    # GPT-Neo keeps a per-layer attention pattern whose length must equal the layer count.
+    if "attention_types" in config and isinstance(config.get("attention_layers"), list):
+        count = out.get("num_layers", config.get("num_layers"))
+        kinds = list(config["attention_layers"])[: int(count or len(config["attention_layers"]))]
+        if len(kinds) != len(config["attention_layers"]):
+            out["attention_types"] = [[[kind], 1] for kind in kinds]
+    return out
+
+
+def _dropout_overrides(config: dict[str, Any], mode: str) -> dict[str, Any]:
+    """Overrides that set the dropout probabilities ``mode`` asks for to 0 (recursively)."""
+    if mode == "config":
+        return {}
+    if mode not in DROPOUT_MODES:
+        raise ValueError(f"unknown dropout mode {mode!r} (use {', '.join(DROPOUT_MODES)})")
+    out: dict[str, Any] = {}
+    own_attention_key = any(_ATTENTION_DROPOUT.match(k) for k in config if isinstance(k, str))
+    for key, value in config.items():
+        if isinstance(value, dict) and (key.endswith("config") or "model_type" in value):
+            nested = _dropout_overrides(value, mode)
+            if nested:
+                out[key] = {**value, **nested}
+            continue
+        if not isinstance(value, float) or value == 0.0:
+            continue
+        if mode == "none" and _ANY_DROPOUT.search(key):
+            out[key] = 0.0
+        elif mode == "no-attention" and (
+            _ATTENTION_DROPOUT.match(key) or (not own_attention_key and key in _SHARED_DROPOUT)
+        ):
+            out[key] = 0.0
+    return out
+
+
+def _set_dotted(overrides: dict[str, Any], defaults: dict[str, Any], key: str, value: Any) -> None:
+    """Apply ``text_config.hidden_size=...``-style keys to nested sub-configuration dicts."""
+    head, dot, rest = key.partition(".")
+    if not dot:
+        overrides[head] = value
+        return
+    current = overrides.get(head, defaults.get(head))
+    if not isinstance(current, dict):
+        raise BenchTargetError(f"config override {key!r}: {head!r} is not a sub-configuration")
+    nested = dict(current)
+    _set_dotted(nested, current, rest, value)
+    overrides[head] = nested
+
+
+def bench_config(
+    config_class: type,
+    *,
+    layers: int | None = 2,
+    overrides: Mapping[str, Any] | None = None,
+    dropout: str = "config",
+    image_size: int | None = None,
+) -> Any:
+    """The benchmark configuration: defaults, ``layers`` layers, explicit overrides, dropout.
+
+    Widths, heads and vocabulary stay at the defaults (the sizes people run); only depth is cut,
+    because every layer does the same work and the speedup per layer is what a rewrite changes.
+    Overrides go through the configuration's constructor, so derived attributes (head sizes,
+    T5's decoder depth) are recomputed. ``image_size`` is set where the configuration has one,
+    so position tables match the images the inputs carry.
+    """
+    defaults = config_class().to_dict()
+    changes: dict[str, Any] = {}
+    if layers is not None:
+        changes.update(_reduce_layers(defaults, layers))
+    if image_size is not None:
+        for key, value in defaults.items():
+            if key == "image_size" and isinstance(value, int):
+                changes[key] = image_size
+            elif key.endswith("config") and isinstance(value, dict) and "image_size" in value:
+                changes[key] = {**changes.get(key, value), "image_size": image_size}
+    for key, value in (overrides or {}).items():
+        _set_dotted(changes, defaults, key, value)
+    merged = {**defaults, **changes}
+    changes.update(_dropout_overrides(merged, dropout))
+    return config_class(**changes)
+
+
+def _sub_config(config: Any, attribute: str) -> Any:
+    for name in ("text_config", "vision_config"):
+        inner = getattr(config, name, None)
+        if inner is not None and getattr(inner, attribute, None) is not None:
+            return inner
+    return config
+
+
+def make_bench_inputs(
+    model: nn.Module,
+    config: Any,
+    *,
+    batch_size: int,
+    seq_len: int,
+    image_size: int,
+    decoder_seq_len: int | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Realistic, seeded inputs for ``model.forward``: full-length token ids and images.
+
+    Token ids (``batch_size x seq_len``) with an all-ones attention mask - the common case of
+    packed or equal-length batches; images ``batch_size x C x image_size x image_size``;
+    encoder-decoders get ``decoder_input_ids`` of ``decoder_seq_len`` (default ``seq_len``).
+    A text tower of a multimodal model (GroupViT, CLIP) gets at most its own context length
+    (77 tokens). ``use_cache=False`` where accepted (training does not keep a KV cache) and
+    ``return_loss=True`` for contrastive models (their real training loss).
+    """
+    params = inspect.signature(model.forward).parameters
+    gen = torch.Generator().manual_seed(seed)
+    inputs: dict[str, Any] = {}
+    if "input_ids" in params:
+        text = _sub_config(config, "vocab_size")
+        vocab = int(getattr(text, "vocab_size", 1000))
+        limit = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None)
+        length = seq_len
+        if limit is not None and seq_len > int(limit):
+            if text is config:
+                raise BenchTargetError(f"seq_len {seq_len} exceeds the model's {limit} positions")
+            length = int(limit)
+        inputs["input_ids"] = torch.randint(0, vocab, (batch_size, length), generator=gen)
+        if "attention_mask" in params:
+            inputs["attention_mask"] = torch.ones((batch_size, length), dtype=torch.long)
+    if "pixel_values" in params:
+        channels = int(getattr(_sub_config(config, "num_channels"), "num_channels", 3))
+        shape = (batch_size, channels, image_size, image_size)
+        inputs["pixel_values"] = torch.randn(shape, generator=gen)
+    if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:
+        vocab = int(getattr(config, "vocab_size", 1000))
+        length = decoder_seq_len or seq_len
+        inputs["decoder_input_ids"] = torch.randint(0, vocab, (batch_size, length), generator=gen)
+    if not inputs:
+        raise BenchTargetError(
+            f"cannot make inputs for {type(model).__name__}: it takes neither input_ids nor "
+            "pixel_values; use --factory"
+        )
+    if "use_cache" in params:
+        inputs["use_cache"] = False
+    if "return_loss" in params:
+        inputs["return_loss"] = True
+    return inputs
+
+
+@dataclass(frozen=True)
+class TransformersBuild:
+    """Everything needed to build one transformers variant; picklable for the memory probe."""
+
+    module_name: str
+    source: str | None
+    """A file to run as a sibling module, or ``None`` for the installed module itself."""
+    tag: str
+    class_name: str | None = None
+    overrides: tuple[tuple[str, Any], ...] = ()
+    layers: int | None = 2
+    dropout: str = "config"
+    batch_size: int = 2
+    seq_len: int = 128
+    image_size: int = 224
+    decoder_seq_len: int | None = None
+    seed: int = 0
+
+    def module(self) -> ModuleType:
+        """The module defining this variant's classes."""
+        if self.source is None:
+            return _import_quietly(self.module_name)
+        return _load_sibling(self.module_name, self.tag, Path(self.source))
+
+
+def build_transformers(spec: TransformersBuild) -> tuple[nn.Module, dict[str, Any]]:
+    """Build model and inputs for ``spec`` (a :class:`~adopter.bench.measure.Factory`).
+
+    The model class is looked up in the original module and taken by the same name from the
+    variant's module, so original and patched are the same architecture from the same
+    configuration.
+    """
+    original = _import_quietly(spec.module_name)
+    reference = base_model_class(original, spec.class_name)
+    cls = getattr(spec.module(), reference.__name__, None)
+    if not isinstance(cls, type):
+        raise BenchTargetError(f"the {spec.tag} source does not define {reference.__name__}")
+    config = bench_config(
+        reference.config_class,
+        layers=spec.layers,
+        overrides=dict(spec.overrides),
+        dropout=spec.dropout,
+        image_size=spec.image_size,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = cls(config)
+    inputs = make_bench_inputs(
+        model,
+        config,
+        batch_size=spec.batch_size,
+        seq_len=spec.seq_len,
+        image_size=spec.image_size,
+        decoder_seq_len=spec.decoder_seq_len,
+        seed=spec.seed,
+    )
+    return model, inputs
+
+
+# ----------------------------------------------------------------------------------------------
+# factory targets
+
+
+@dataclass(frozen=True)
+class FactoryBuild:
+    """A user factory, from its own module or from a patched copy of that module's source."""
+
+    module_name: str
+    function: str
+    source: str | None = None
+    """A file to run as a sibling of ``module_name`` (a patched copy), or ``None``."""
+    tag: str = ""
+
+    def module(self) -> ModuleType:
+        """The module the factory function is taken from."""
+        if self.source is None:
+            return importlib.import_module(self.module_name)
+        return _load_sibling(self.module_name, self.tag, Path(self.source))
+
+
+def build_from_factory(spec: FactoryBuild) -> tuple[nn.Module, Any]:
+    """Call the factory function of ``spec`` (a :class:`~adopter.bench.measure.Factory`)."""
+    obj: Any = spec.module()
+    for part in spec.function.split("."):
+        obj = getattr(obj, part)
+    return obj()
+
+
+def _split_factory(spec: str) -> tuple[str, str, Path]:
+    """``module:function`` or ``path/to/file.py:function`` -> (module name, function, file).
+
+    A file path is imported as a top-level module named after the file, with its folder put
+    on ``sys.path`` (so the memory-probe child, which inherits ``sys.path``, finds it too).
+    """
+    target, sep, function = spec.rpartition(":")
+    if not sep or not target or not function:
+        raise BenchTargetError(f"factory must look like 'module:function', got {spec!r}")
+    if target.endswith(".py"):
+        path = Path(target).resolve()
+        if not path.is_file():
+            raise BenchTargetError(f"factory file {path} does not exist")
+        if str(path.parent) not in sys.path:
+            sys.path.append(str(path.parent))
+        return path.stem, function, path
+    try:
+        found = importlib.util.find_spec(target)
+    except (ImportError, ValueError) as exc:
+        raise BenchTargetError(f"cannot import the factory module {target!r}: {exc}") from exc
+    if found is None or not found.origin or not Path(found.origin).is_file():
+        raise BenchTargetError(f"cannot find the source of the factory module {target!r}")
+    return target, function, Path(found.origin)
+
+
+# ----------------------------------------------------------------------------------------------
+# planning the variants
+
+
+@dataclass
+class VariantPlan:
+    """The variants of one benchmark and what each of them is."""
+
+    variants: list[ModelVariant]
+    baseline: str = BASELINE
+    info: dict[str, Any] = field(default_factory=dict)
+    """Target, module, model class, configuration, rules and patched sites per variant."""
+    no_site: list[str] = field(default_factory=list)
+    """Rule ids that patch nothing in the target when applied alone."""
+
+
+def _ablation_name(rule_id: str) -> str:
+    return f"{rule_id} only"
+
+
+def plan_variants(
+    target: str | None = None,
+    *,
+    rules: Sequence[Rule] | None = None,
+    factory: str | None = None,
+    patched_factory: str | None = None,
+    model_class: str | None = None,
+    config_overrides: Mapping[str, Any] | None = None,
+    batch_size: int = 2,
+    seq_len: int = 128,
+    image_size: int = 224,
+    decoder_seq_len: int | None = None,
+    layers: int | None = 2,
+    dropout: str = "config",
+    ablation: bool = False,
+    combined: bool = True,
+    seed: int = 0,
+) -> VariantPlan:
+    """The :class:`ModelVariant` list for :func:`run_bench` (see there for the arguments).
+
+    ``combined=False`` leaves out the all-rules ``patched`` variant (used by
+    :func:`only_faster_rules`, which judges rules one by one). Raises
+    :class:`BenchTargetError` when nothing would be compared.
+    """
+    if dropout not in DROPOUT_MODES:
+        raise ValueError(f"unknown dropout mode {dropout!r} (use {', '.join(DROPOUT_MODES)})")
+    if rules is None:
+        from ..rules import load_rule_set
+
+        rules = load_rule_set("paper")
+    rules = list(rules)
+    if patched_factory is not None:
+        if factory is None:
+            raise BenchTargetError("--patched-factory needs --factory (the original)")
+        if ablation or not combined:
+            raise BenchTargetError(
+                "per-rule variants need the rules applied to source: give --factory without "
+                "--patched-factory"
+            )
+        variants = [
+            ModelVariant(BASELINE, factory),
+            ModelVariant(PATCHED, patched_factory),
+        ]
+        info = {"target": factory, "kind": "factories", "patched_factory": patched_factory}
+        return VariantPlan(variants, info=info)
+
+    if factory is not None:
+        module_name, function, path = _split_factory(factory)
+        text = path.read_text(encoding="utf-8")
+
+        def make(label: str, patched: str | None) -> Any:
+            if patched is None:
+                return functools.partial(build_from_factory, FactoryBuild(module_name, function))
+            file = patched_source_file(patched, path.name)
+            spec = FactoryBuild(module_name, function, str(file), _tag(label, patched))
+            return functools.partial(build_from_factory, spec)
+
+        info: dict[str, Any] = {"target": factory, "kind": "factory", "source": str(path)}
+    else:
+        if target is None:
+            raise BenchTargetError("give a target (model name or modeling file) or --factory")
+        resolved = resolve_transformers_target(target)
+        path, text = resolved.path, resolved.text
+        common = {
+            "class_name": model_class,
+            "overrides": tuple(sorted((config_overrides or {}).items())),
+            "layers": layers,
+            "dropout": dropout,
+            "batch_size": batch_size,
+            "seq_len": seq_len,
+            "image_size": image_size,
+            "decoder_seq_len": decoder_seq_len,
+            "seed": seed,
+        }
+
+        def make(label: str, patched: str | None) -> Any:
+            if patched is None:
+                source = None if resolved.installed else str(resolved.path)
+                tag = "original" if resolved.installed else _tag("original", resolved.text)
+                spec = TransformersBuild(resolved.module_name, source, tag, **common)
+            else:
+                file = patched_source_file(patched, path.name)
+                spec = TransformersBuild(
+                    resolved.module_name, str(file), _tag(label, patched), **common
+                )
+            return functools.partial(build_transformers, spec)
+
+        info = {
+            "target": target,
+            "kind": "transformers",
+            "module": resolved.module_name,
+            "source": str(resolved.path),
+            "installed_source": resolved.installed,
+            "layers": layers,
+            "dropout": dropout,
+            "config_overrides": dict(config_overrides or {}),
+            "batch_size": batch_size,
+            "seq_len": seq_len,
+            "image_size": image_size,
+            "decoder_seq_len": decoder_seq_len or seq_len,
+        }
+
+    variants = [ModelVariant(BASELINE, make(BASELINE, None))]
+    sites: dict[str, dict[str, int]] = {}
+    notes: list[str] = []
+    combined_text, combined_sites = patch_text(text, str(path), rules)
+    if combined:
+        if not combined_sites:
+            raise NoSiteError(
+                f"no rule of {', '.join(_rule_ids(rules)) or '(none)'} patches anything in "
+                f"{path}: nothing to compare"
+            )
+        variants.append(ModelVariant(PATCHED, make(PATCHED, combined_text)))
+        sites[PATCHED] = dict(combined_sites)
+    no_site: list[str] = []
+    if ablation or not combined:
+        for rule in rules:
+            solo_text, solo_sites = patch_text(text, str(path), [rule])
+            if not solo_sites:
+                no_site.append(rule.id)
+                continue
+            if combined and solo_text == combined_text:
+                notes.append(f"{_ablation_name(rule.id)} is the same source as {PATCHED!r}")
+                continue
+            name = _ablation_name(rule.id)
+            variants.append(ModelVariant(name, make(name, solo_text)))
+            sites[name] = dict(solo_sites)
+        if not combined and len(variants) == 1:
+            raise NoSiteError(f"no rule patches anything in {path}: nothing to compare")
+    info.update(
+        {
+            "rules": _rule_ids(rules),
+            "patched_sites": sites,
+            "no_site": no_site,
+            "notes": notes,
+            "model_class": model_class,
+        }
+    )
+    return VariantPlan(variants, info=info, no_site=no_site)
+
+
+def _describe_model(plan: VariantPlan) -> dict[str, Any]:
+    """Class name, parameter count and key widths of the baseline model, for the report."""
+    model, _ = plan.variants[0].build()
+    described: dict[str, Any] = {
+        "class": type(model).__name__,
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
+    config = getattr(model, "config", None)
+    if config is not None:
+        keep = ("hidden_size", "n_embd", "d_model", "num_attention_heads", "n_head", "num_heads")
+        described["config"] = {
+            k: getattr(config, k) for k in keep if isinstance(getattr(config, k, None), int)
+        }
+    del model
+    return described
+
+
+# ----------------------------------------------------------------------------------------------
+# memory of a subset
+
+
+def _probe_subset(
+    result: BenchResult,
+    plan: VariantPlan,
+    *,
+    names: Sequence[str],
+    modes: Sequence[str],
+    dtype: str,
+    compile: bool,
+    threads: int | None,
+    optimizer: str,
+    seed: int,
+    progress: Callable[[str], None],
+) -> None:
+    """Fresh-process RSS probes for ``names`` x ``modes`` only, ratios against the baseline.
+
+    The subset exists because a probe costs an interpreter start plus two steps per variant; a
+    report over many models and settings measures memory where it is asked about (training at
+    the long sequence) and times everything else.
+    """
+    by_name = {v.name: v for v in plan.variants}
+    wanted = [plan.baseline, *[n for n in names if n != plan.baseline and n in by_name]]
+    for name in wanted:
+        ok_modes = [m for m in modes if m in result.modes and result.get(name, m).error is None]
+        if not ok_modes:
+            continue
+        progress(f"memory: {name}")
+        measured = run_memory_probe(
+            by_name[name],
+            modes=ok_modes,
+            dtype=dtype,
+            compile=compile,
+            threads=threads if threads is not None else torch.get_num_threads(),
+            optimizer=optimizer,
+            seed=seed,
+        )
+        for mode, value in measured.items():
+            res = result.get(name, mode)
+            if isinstance(value, MemoryStats):
+                res.memory = value
+            else:
+                res.memory_error = value
+    for mode in modes:
+        base = result.get(plan.baseline, mode).memory
+        for name in wanted[1:]:
+            res = result.get(name, mode)
+            if base is None or res.memory is None:
+                continue
+            if base.peak_bytes < RSS_RESOLUTION:
+                res.memory_error = "no memory ratio: the baseline's step peak is below 1 MiB"
+            else:
+                res.memory = MemoryStats(
+                    res.memory.method,
+                    res.memory.peak_bytes,
+                    res.memory.absolute_bytes,
+                    res.memory.peak_bytes / base.peak_bytes,
+                )
+    result.settings["memory"] = "rss_subprocess"
+    result.settings["memory_subset"] = {"variants": wanted, "modes": list(modes)}
+
+
+# ----------------------------------------------------------------------------------------------
+# the commands
+
+
+def run_bench(
+    target: str | None = None,
+    *,
+    rules: Sequence[Rule] | None = None,
+    factory: str | None = None,
+    patched_factory: str | None = None,
+    model_class: str | None = None,
+    config_overrides: Mapping[str, Any] | None = None,
+    batch_size: int = 2,
+    seq_len: int = 128,
+    image_size: int = 224,
+    decoder_seq_len: int | None = None,
+    layers: int | None = 2,
+    dropout: str = "config",
+    device: str = "cpu",
+    dtype: str = "float32",
+    compile: bool = False,
+    ablation: bool = False,
+    modes: Sequence[str] = MODES,
+    warmup: int = 2,
+    repeats: int = 10,
+    memory: str | None = None,
+    memory_modes: Sequence[str] | None = None,
+    memory_variants: Sequence[str] | None = None,
+    threads: int | None = None,
+    optimizer: str = "adamw",
+    seed: int = 0,
+    plot_path: str | Path | None = None,
+    json_out: str | Path | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> BenchResult:
+    """Benchmark the original model against its rewrite (and per-rule rewrites).
+
+    Args:
+        target: a transformers model name (``bert``, ``gpt_neo``), dotted module name, or path
+            to a modeling file or model folder of any transformers tree. Ignored with
+            ``factory``.
+        rules: the rules to apply (default: the ``paper`` set).
+        factory: ``module:function`` or ``file.py:function`` returning ``(model, inputs)``
+            for plain ``nn.Module`` code. Without ``patched_factory`` the function's own module
+            source is rewritten with ``rules`` and the function is called from the patched
+            copy; with it, the two factories are compared as given (no ablation).
+        patched_factory: the rewritten model's factory, same form.
+        model_class: transformers class to build (default: the base model, ``BertModel``).
+        config_overrides: configuration values to set (``{"hidden_size": 256}``; dotted keys
+            reach sub-configurations: ``text_config.hidden_size``).
+        batch_size, seq_len, image_size, decoder_seq_len: input sizes for transformers
+            targets (decoder length defaults to ``seq_len``; a multimodal text tower gets at
+            most its own context length).
+        layers: layer count of every stack (``None``: the default depth); widths stay default.
+        dropout: ``config``, ``no-attention`` or ``none`` (see :data:`DROPOUT_MODES`).
+        device, dtype, compile, modes, warmup, repeats, threads, optimizer, seed: passed to
+            :func:`~adopter.bench.measure.benchmark_variants`.
+        ablation: add one variant per rule that patches something alone (``paper.5 only``);
+            a rule whose solo rewrite equals the combined one is not repeated.
+        memory: ``None``, ``auto``, ``rss``, ``profiler`` or ``cuda`` (see ``benchmark_variants``).
+        memory_modes, memory_variants: with RSS probing (``auto`` on CPU), only these modes /
+            variants (the baseline always) are probed; other methods measure everything.
+        plot_path, json_out: also write a PNG chart / the JSON result here.
+        progress: called with short status messages.
+
+    Returns:
+        The :class:`BenchResult`; ``settings["target"]`` says what was compared (module, class,
+        parameters, configuration, rules and patched sites per variant).
+
+    Raises:
+        BenchTargetError: unknown target, nothing patched, unusable factory.
+        CheckpointMismatchError: a rewrite changed parameter names or shapes.
+    """
+    say = progress or (lambda _message: None)
+    plan = plan_variants(
+        target,
+        rules=rules,
+        factory=factory,
+        patched_factory=patched_factory,
+        model_class=model_class,
+        config_overrides=config_overrides,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        image_size=image_size,
+        decoder_seq_len=decoder_seq_len,
+        layers=layers,
+        dropout=dropout,
+        ablation=ablation,
+        seed=seed,
+    )
+    method = _resolve_memory_method(memory, torch.device(device))
+    subset = method == "rss_subprocess" and (
+        memory_modes is not None or memory_variants is not None
+    )
+    result = benchmark_variants(
+        plan.variants,
+        baseline=plan.baseline,
+        modes=modes,
+        warmup=warmup,
+        repeats=repeats,
+        device=device,
+        dtype=dtype,
+        compile=compile,
+        threads=threads,
+        memory=None if subset else method,
+        optimizer=optimizer,
+        seed=seed,
+        progress=say,
+    )
+    if subset:
+        previous = torch.get_num_threads()
+        if threads is not None:
+            torch.set_num_threads(threads)
+        try:
+            _probe_subset(
+                result,
+                plan,
+                names=list(memory_variants) if memory_variants is not None else result.names,
+                modes=list(memory_modes) if memory_modes is not None else list(result.modes),
+                dtype=dtype,
+                compile=compile,
+                threads=threads,
+                optimizer=optimizer,
+                seed=seed,
+                progress=say,
+            )
+        finally:
+            torch.set_num_threads(previous)
+    info = dict(plan.info)
+    try:
+        info["model"] = _describe_model(plan)
+    except Exception as exc:  # description only; the benchmark itself already succeeded
+        info["model"] = {"error": repr(exc)}
+    result.settings["target"] = info
+    if json_out is not None:
+        out = Path(json_out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(to_json(result), indent=1, default=str), encoding="utf-8")
+    if plot_path is not None:
+        label = str(info.get("target") or "model")
+        plot({Path(label).stem if label.endswith(".py") else label: result}, plot_path)
+    return result
+
+
+def only_faster_rules(
+    target: str | None,
+    rules: Sequence[Rule],
+    *,
+    factory: str | None = None,
+    model_class: str | None = None,
+    config_overrides: Mapping[str, Any] | None = None,
+    batch_size: int = 2,
+    seq_len: int = 128,
+    image_size: int = 224,
+    layers: int | None = 2,
+    device: str = "cpu",
+    dtype: str = "float32",
+    modes: Sequence[str] = MODES,
+    warmup: int = 1,
+    repeats: int = 5,
+    threads: int | None = None,
+    optimizer: str = "adamw",
+    threshold: float = 1.0,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[Rule], dict[str, str]]:
+    """The rules worth applying to ``target`` on this machine, and why each was kept or not.
+
+    Every rule that patches something alone becomes a variant (the source rewritten with that
+    rule only); all of them are timed against the original in one short interleaved run with
+    the configured dropout. Criterion, per rule, from the bootstrap confidence intervals of
+    the speedup:
+
+    * **kept** when it is reliably faster in at least one mode (CI lower bound
+      ``>= threshold``, as :func:`~adopter.bench.selection.faster_variants` decides) and not
+      reliably slower in any mode (CI upper bound ``>= 1``). "Faster in inference" alone
+      would drop rules that only pay off in training (dropout + residual + layer norm) and
+      "faster in every mode" would drop eval-only folds (conv + batch-norm falls back to the
+      original in training and is exactly as fast there);
+    * **dropped** otherwise, with the numbers: noise-level gains are not worth a rewrite;
+    * ``no site``: the rule patches nothing in this file;
+    * a rule whose variant fails to build or run is dropped with the error.
+
+    A short run (``warmup=1, repeats=5``) keeps ``apply --only-faster`` quick; its intervals
+    are wide, so only clear wins survive (conservative by design).
+
+    Args:
+        target, factory, model_class, config_overrides, batch_size, seq_len, image_size,
+            layers: what to build, as for :func:`run_bench` (a factory's own module source is
+            rewritten; there is no ``patched_factory`` here).
+        rules: the candidate rules (e.g. what ``apply`` would use).
+        device, dtype, modes, warmup, repeats, threads, optimizer, seed: the measurement.
+        threshold: the CI lower bound a rule must reach in some mode.
+        progress: called with short status messages.
+
+    Returns:
+        ``(kept, reasons)``: the kept rules in their given order, and a one-line reason for
+        every rule id (``"no site"``, ``"kept: faster in train (...)"``, ``"dropped: ..."``).
+
+    Raises:
+        BenchTargetError: the target cannot be built (not a transformers file, bad factory).
+    """
+    say = progress or (lambda _message: None)
+    rules = list(rules)
+    reasons: dict[str, str] = {}
+    try:
+        plan = plan_variants(
+            target,
+            rules=rules,
+            factory=factory,
+            model_class=model_class,
+            config_overrides=config_overrides,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            image_size=image_size,
+            layers=layers,
+            ablation=True,
+            combined=False,
+            seed=seed,
+        )
+    except NoSiteError:
+        return [], dict.fromkeys(_rule_ids(rules), "no site")
+    for rule_id in plan.no_site:
+        reasons[rule_id] = "no site"
+    result = benchmark_variants(
+        plan.variants,
+        baseline=plan.baseline,
+        modes=modes,
+        warmup=warmup,
+        repeats=repeats,
+        device=device,
+        dtype=dtype,
+        threads=threads,
+        optimizer=optimizer,
+        seed=seed,
+        progress=say,
+    )
+    kept: list[Rule] = []
+    for rule in rules:
+        if rule.id in reasons:
+            continue
+        keep, reasons[rule.id] = judge_variant(result, _ablation_name(rule.id), threshold)
+        if keep:
+            kept.append(rule)
+    return kept, reasons
+
+
+def judge_variant(result: BenchResult, name: str, threshold: float = 1.0) -> tuple[bool, str]:
+    """The ``--only-faster`` criterion for one variant (see :func:`only_faster_rules`).
+
+    Kept when :func:`~adopter.bench.selection.faster_variants` finds it reliably faster (CI
+    lower bound ``>= threshold``) in at least one measured mode and no mode is reliably slower
+    (CI upper bound below 1); a failed mode drops it. Returns ``(keep, reason)``.
+    """
+    from .selection import faster_variants
+
+    per_mode = [(mode, result.get(name, mode)) for mode in result.modes]
+    errors = [f"{mode}: {res.error}" for mode, res in per_mode if res.error]
+    if errors:
+        return False, "dropped: " + "; ".join(errors)
+    missing = [mode for mode, res in per_mode if res.speedup is None]
+    if missing:
+        return False, f"dropped: no timing in {', '.join(missing)}"
+    faster = [m for m in result.modes if name in faster_variants(result, threshold, modes=m)]
+    slower = [mode for mode, res in per_mode if res.speedup and res.speedup.ci_high < 1.0]
+    numbers = "; ".join(
+        f"{mode} {res.speedup.ratio:.2f}x [{res.speedup.ci_low:.2f}, {res.speedup.ci_high:.2f}]"
+        for mode, res in per_mode
+        if res.speedup is not None
+    )
+    if slower:
+        return False, f"dropped: slower in {', '.join(slower)} ({numbers})"
+    if faster:
+        return True, f"kept: faster in {', '.join(faster)} ({numbers})"
+    return False, f"dropped: not reliably faster ({numbers})"
+
+
+def parse_config_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """``["hidden_size=256", "text_config.num_hidden_layers=1"]`` -> overrides dict.
+
+    Values are read as JSON where they parse (numbers, ``true``, lists), else kept as strings,
+    so ``--config hidden_act=gelu`` and ``--config hidden_size=256`` both do what they say.
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise BenchTargetError(f"config override must look like key=value, got {item!r}")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        out[key.strip()] = value
+    return out

@@ -1,0 +1,1098 @@
+"""Measure the payoff of the rewrites on the paper's nine models; write docs/performance.md.
+
+    python benchmarks/perf_report.py                 # the full report (~25-30 min on 2 cores)
+    python benchmarks/perf_report.py --quick         # tiny configurations, to test the pipeline
+    python benchmarks/perf_report.py --render-only   # re-render the Markdown from saved JSON
+
+For each model (bert, roberta, gpt2, gpt_neo, distilbert, t5, albert, groupvit, resnet) the
+original ``transformers==4.34.0`` modeling file is rewritten with the nine paper rules and the
+original and patched models are built from the same configuration (default widths, 2 layers)
+and timed interleaved with :func:`adopter.bench.run_bench`:
+
+* ``long``: 512 tokens (images 224 px), inference and training with attention dropout 0, one
+  extra variant per rule (ablation), peak training memory of original and patched
+  (fresh-process RSS probe);
+* ``long_dropout``: 512 tokens, training with the configured dropout (skipped where the
+  configured attention dropout is already 0: the ``long`` run is that configuration);
+* ``short``: 128 tokens, inference and training, original and patched;
+* ``compile``: ``torch.compile`` on both sides, inference only, BERT (128 tokens) and ResNet;
+* ``profile``: ``torch.profiler`` over BERT training and inference steps at 512 tokens and
+  ResNet inference steps, ops grouped into what the rules change and what they cannot.
+
+Each run's result is saved as JSON under ``.cache/perf/`` (``--quick``: ``.cache/perf-quick/``)
+and the Markdown is rendered from those files, so the text can be re-rendered without
+re-measuring. A model that fails to build or run is reported with the error; the rest go on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import os
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from adopter.bench import BenchResult, from_json, plot, to_json  # noqa: E402
+from adopter.bench.command import (  # noqa: E402
+    base_model_class,
+    bench_config,
+    plan_variants,
+    resolve_transformers_target,
+    run_bench,
+)
+from adopter.bench.measure import make_optimizer, make_step, prepare_variant  # noqa: E402
+
+TRANSFORMERS = ("bert", "roberta", "gpt2", "gpt_neo", "distilbert", "t5", "albert")
+ALL_MODELS = (*TRANSFORMERS, "groupvit", "resnet")
+OPTIMIZER = "adamw-fused"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How one model is benchmarked, and why where it deviates from the defaults."""
+
+    name: str
+    family: str
+    """``text`` (a transformer judged at 512 tokens), ``image`` or ``multimodal``."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    deviation: str = ""
+    image_batch: int = 2
+
+
+SPECS = {
+    "bert": ModelSpec("bert", "text"),
+    "roberta": ModelSpec(
+        "roberta",
+        "text",
+        {"max_position_embeddings": 514},
+        "max_position_embeddings 514 as in the released roberta-base (RoBERTa offsets positions "
+        "by the padding index; the class default of 512 fits only 510 tokens)",
+    ),
+    "gpt2": ModelSpec("gpt2", "text"),
+    "gpt_neo": ModelSpec(
+        "gpt_neo",
+        "text",
+        {"hidden_size": 768, "num_heads": 12},
+        "widths of gpt-neo-125M (768 wide, 12 heads): the class default is the 1.3B model "
+        "(2048 wide), whose step takes ~7x longer than this machine's time budget allows",
+    ),
+    "distilbert": ModelSpec("distilbert", "text"),
+    "t5": ModelSpec("t5", "text"),
+    "albert": ModelSpec(
+        "albert",
+        "text",
+        {"hidden_size": 768, "num_attention_heads": 12, "intermediate_size": 3072},
+        "widths of albert-base-v2 (768 wide, 12 heads, 3072 FFN): the class default is "
+        "albert-xxlarge (4096 wide, 16384 FFN), ~25x the work per layer",
+    ),
+    "groupvit": ModelSpec("groupvit", "multimodal"),
+    "resnet": ModelSpec("resnet", "image"),
+}
+
+
+@dataclass
+class Settings:
+    """Sizes and repetition counts of one report run (full or ``--quick``)."""
+
+    quick: bool
+    long_seq: int = 512
+    long_batch: int = 2
+    short_seq: int = 128
+    short_batch: int = 4
+    image_size: int = 224
+    layers: int = 2
+    warmup: int = 1
+    repeats: int = 7
+    compile_repeats: int = 5
+    profile_steps: int = 3
+    threads: int = 1
+    """One torch thread: on this shared 2-core machine other CPU-bound jobs run alongside, and
+    two OpenMP threads then stall on each other at every barrier - a probe measured BERT's step
+    2x *slower* with 2 threads than with 1, with far more spread."""
+
+    @classmethod
+    def make(cls, quick: bool) -> Settings:
+        if quick:
+            return cls(quick, long_seq=32, short_seq=16, image_size=32, repeats=3)
+        return cls(quick)
+
+    def decoder(self, seq: int) -> int:
+        """T5's target length: a quarter of the input (summarisation-like), at least 8."""
+        return max(8, seq // 4)
+
+
+def quick_overrides(name: str) -> dict[str, Any]:
+    """Tiny configuration for ``--quick`` (shrunk generically, as adopter verify does)."""
+    from adopter.verify.shrink import SHRINK_SETTINGS, shrink_config_dict
+
+    return shrink_config_dict(_config_class(name)().to_dict(), SHRINK_SETTINGS[0])
+
+
+# ----------------------------------------------------------------------------------------------
+# running
+
+
+@dataclass
+class Job:
+    """One ``run_bench`` call of the report."""
+
+    study: str
+    model: str
+    options: dict[str, Any]
+
+
+def jobs_for(settings: Settings, models: list[str]) -> list[Job]:
+    """All benchmark runs, most important first (the 512-token targets)."""
+    jobs: list[Job] = []
+    base = {
+        "warmup": settings.warmup,
+        "repeats": settings.repeats,
+        "optimizer": OPTIMIZER,
+        "threads": settings.threads,
+    }
+    for name in models:
+        spec = SPECS[name]
+        options: dict[str, Any] = {
+            **base,
+            "dropout": "no-attention",
+            "modes": ("inference", "train"),
+            "ablation": True,
+        }
+        if spec.family == "text":
+            options.update(
+                seq_len=settings.long_seq,
+                batch_size=settings.long_batch,
+                decoder_seq_len=settings.decoder(settings.long_seq),
+                memory="auto",
+                memory_modes=("train",),
+                memory_variants=("patched",),
+            )
+        else:
+            options.update(
+                seq_len=settings.short_seq,
+                batch_size=spec.image_batch,
+                image_size=settings.image_size,
+            )
+        jobs.append(Job("long", name, options))
+    text = [name for name in models if SPECS[name].family == "text"]
+    for name in text:
+        options = {
+            **base,
+            "seq_len": settings.long_seq,
+            "batch_size": settings.long_batch,
+            "decoder_seq_len": settings.decoder(settings.long_seq),
+            "dropout": "config",
+            "modes": ("train",),
+        }
+        jobs.append(Job("long_dropout", name, options))
+    for name in text:
+        options = {
+            **base,
+            "seq_len": settings.short_seq,
+            "batch_size": settings.short_batch,
+            "decoder_seq_len": settings.decoder(settings.short_seq),
+            "dropout": "no-attention",
+            "modes": ("inference", "train"),
+        }
+        jobs.append(Job("short", name, options))
+    for name in ("bert", "resnet"):
+        if name not in models:
+            continue
+        image = SPECS[name].family != "text"
+        options = {
+            "warmup": 1,
+            "repeats": settings.compile_repeats,
+            "seq_len": settings.short_seq,
+            "batch_size": SPECS[name].image_batch if image else settings.short_batch,
+            "image_size": settings.image_size,
+            "modes": ("inference",),
+            "compile": True,
+            "threads": settings.threads,
+        }
+        jobs.append(Job("compile", name, options))
+    return jobs
+
+
+def _config_class(name: str) -> type:
+    """The configuration class of a model's base class (``BertConfig`` for ``bert``)."""
+    target = resolve_transformers_target(name)
+    module = importlib.import_module(target.module_name)
+    return base_model_class(module, None).config_class
+
+
+def _dropout_is_configured_zero(name: str, overrides: dict[str, Any]) -> bool:
+    """Whether attention dropout is already 0 as configured (then no separate run is needed)."""
+    config_class = _config_class(name)
+    configured = bench_config(config_class, layers=2, overrides=overrides).to_dict()
+    quiet = bench_config(config_class, layers=2, overrides=overrides, dropout="no-attention")
+    return configured == quiet.to_dict()
+
+
+def _overrides(name: str, settings: Settings) -> dict[str, Any]:
+    return quick_overrides(name) if settings.quick else dict(SPECS[name].overrides)
+
+
+def run_job(job: Job, settings: Settings, cache: Path, say: Callable[[str], None]) -> None:
+    """Run one job and save its result (or the error, or why it was skipped) as JSON."""
+    out = cache / f"{job.study}__{job.model}.json"
+    overrides = _overrides(job.model, settings)
+    record: dict[str, Any] = {"study": job.study, "model": job.model, "overrides": overrides}
+    record["options"] = {k: list(v) if isinstance(v, tuple) else v for k, v in job.options.items()}
+    started = time.perf_counter()
+    try:
+        if job.study == "long_dropout" and _dropout_is_configured_zero(job.model, overrides):
+            record["skipped"] = (
+                "the configured attention dropout is already 0: the `long` training run is "
+                "this configuration"
+            )
+        else:
+            result = run_bench(
+                job.model,
+                config_overrides=overrides,
+                layers=settings.layers,
+                progress=lambda message: say(f"  {job.study}/{job.model}: {message}"),
+                **job.options,
+            )
+            record["result"] = to_json(result)
+    except Exception as exc:  # the report says which model failed and why; the rest go on
+        record["error"] = f"{type(exc).__name__}: {exc}"
+        record["traceback"] = traceback.format_exc(limit=6)
+    record["seconds"] = round(time.perf_counter() - started, 1)
+    out.write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")
+    status = "skipped" if "skipped" in record else ("FAILED" if "error" in record else "done")
+    say(f"{job.study}/{job.model}: {status} in {record['seconds']:.0f} s")
+
+
+# ----------------------------------------------------------------------------------------------
+# profiling
+
+GROUPS: list[tuple[str, Callable[[str], bool]]] = [
+    ("fused attention (SDPA)", lambda op: "scaled_dot_product" in op or "flash_attention" in op),
+    ("linear GEMMs (mm / addmm)", lambda op: op in {"aten::mm", "aten::addmm", "aten::linear"}),
+    ("attention matmuls (bmm)", lambda op: op in {"aten::bmm", "aten::baddbmm"}),
+    ("convolution", lambda op: "conv" in op),
+    ("batch norm", lambda op: "batch_norm" in op),
+    ("layer norm", lambda op: "layer_norm" in op),
+    ("softmax", lambda op: "softmax" in op),
+    ("dropout / RNG", lambda op: "dropout" in op or "bernoulli" in op),
+    ("optimizer (fused AdamW)", lambda op: "adam" in op.lower()),
+    ("embedding", lambda op: "embedding" in op),
+    ("activation", lambda op: any(k in op for k in ("gelu", "tanh", "relu", "clamp_min"))),
+    ("pooling", lambda op: "pool" in op),
+]
+UNCHANGEABLE = {
+    "bert": ("linear GEMMs (mm / addmm)", "optimizer (fused AdamW)", "embedding"),
+    "resnet": ("convolution", "pooling"),
+}
+"""Work no paper rule removes: every rewrite still runs these GEMMs, convolutions, optimizer."""
+PROFILES = {"bert": ("inference", "train"), "resnet": ("inference",)}
+
+
+def categorise(op: str) -> str:
+    """The group of an op name (``aten::...``), for the profile tables."""
+    for label, test in GROUPS:
+        if test(op):
+            return label
+    return "elementwise, copies, other"
+
+
+def profile_job(name: str, settings: Settings, cache: Path, say: Callable[[str], None]) -> None:
+    """Profile ``profile_steps`` steps per mode, original and patched; save per-op self time."""
+    out = cache / f"profile__{name}.json"
+    image = SPECS[name].family != "text"
+    record: dict[str, Any] = {
+        "model": name,
+        "steps": settings.profile_steps,
+        "batch_size": SPECS[name].image_batch if image else settings.long_batch,
+        "seq_len": None if image else settings.long_seq,
+        "image_size": settings.image_size if image else None,
+    }
+    started = time.perf_counter()
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        torch.set_num_threads(settings.threads)
+        plan = plan_variants(
+            name,
+            config_overrides=_overrides(name, settings),
+            layers=settings.layers,
+            seq_len=settings.long_seq,
+            batch_size=record["batch_size"],
+            image_size=settings.image_size,
+            dropout="no-attention",
+        )
+        reference = None
+        record["variants"] = {}
+        for variant in plan.variants:
+            model, args, kwargs = prepare_variant(variant, torch.device("cpu"), torch.float32, 0)
+            if reference is None:
+                reference = model.state_dict()
+            else:
+                model.load_state_dict(reference, strict=True)
+            optimizer = make_optimizer(model, OPTIMIZER)
+            per_mode: dict[str, Any] = {}
+            for mode in PROFILES[name]:
+                model.train(mode == "train")
+                step = make_step(model, args, kwargs, mode, optimizer)
+                step()
+                step()
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    for _ in range(settings.profile_steps):
+                        step()
+                ops = {
+                    event.key: float(event.self_cpu_time_total) / settings.profile_steps
+                    for event in prof.key_averages()
+                    if event.self_cpu_time_total > 0
+                }
+                per_mode[mode] = {"ops_us": ops}
+            record["variants"][variant.name] = per_mode
+            del model, optimizer
+    except Exception as exc:
+        record["error"] = f"{type(exc).__name__}: {exc}"
+        record["traceback"] = traceback.format_exc(limit=6)
+    record["seconds"] = round(time.perf_counter() - started, 1)
+    out.write_text(json.dumps(record, indent=1), encoding="utf-8")
+    status = "FAILED" if "error" in record else "done"
+    say(f"profile/{name}: {status} in {record['seconds']:.0f} s")
+
+
+def profile_groups(record: dict[str, Any] | None, variant: str, mode: str) -> dict[str, float]:
+    """Milliseconds per op group for one variant and mode of a profile record."""
+    if not record:
+        return {}
+    ops = record.get("variants", {}).get(variant, {}).get(mode, {}).get("ops_us", {})
+    groups: dict[str, float] = {}
+    for op, us in ops.items():
+        groups[categorise(op)] = groups.get(categorise(op), 0.0) + us / 1e3
+    return groups
+
+
+def unchangeable_share(record: dict[str, Any] | None, model: str, mode: str) -> float | None:
+    """Share of the original step spent in work no rule changes (see :data:`UNCHANGEABLE`)."""
+    groups = profile_groups(record, "original", mode)
+    total = sum(groups.values())
+    if not total:
+        return None
+    return sum(groups.get(g, 0.0) for g in UNCHANGEABLE[model]) / total
+
+
+# ----------------------------------------------------------------------------------------------
+# rendering helpers
+
+
+def load_records(cache: Path) -> dict[tuple[str, str], dict[str, Any]]:
+    """Every saved record, by (study, model)."""
+    records: dict[tuple[str, str], dict[str, Any]] = {}
+    for path in sorted(cache.glob("*__*.json")):
+        study, _, model = path.stem.partition("__")
+        records[(study, model)] = json.loads(path.read_text(encoding="utf-8"))
+    return records
+
+
+def result_of(record: dict[str, Any] | None) -> BenchResult | None:
+    if not record or "result" not in record:
+        return None
+    return from_json(record["result"])
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
+
+
+def speed_cell(result: BenchResult | None, variant: str, mode: str) -> str:
+    if result is None:
+        return "-"
+    res = result.get(variant, mode)
+    if res.error:
+        return f"failed: {res.error[:80]}"
+    if res.speedup is None:
+        return "-"
+    sp = res.speedup
+    mark = " ✓" if sp.ci_low >= 1.0 and sp.ratio > 1.0 else (" ✗" if sp.ci_high < 1.0 else "")
+    return f"{sp.ratio:.2f}× [{sp.ci_low:.2f}, {sp.ci_high:.2f}]{mark}"
+
+
+def speed_of(result: BenchResult | None, variant: str, mode: str) -> float | None:
+    if result is None:
+        return None
+    res = result.get(variant, mode)
+    return res.speedup.ratio if res.speedup is not None and not res.error else None
+
+
+def ms(result: BenchResult | None, variant: str, mode: str) -> str:
+    if result is None:
+        return "-"
+    timing = result.get(variant, mode).timing
+    return f"{timing.median_s * 1e3:,.0f}" if timing else "-"
+
+
+def memory_ratio(result: BenchResult | None, variant: str = "patched") -> float | None:
+    if result is None:
+        return None
+    memory = result.get(variant, "train").memory
+    return memory.ratio if memory is not None else None
+
+
+def memory_cell(result: BenchResult | None) -> str:
+    if result is None:
+        return "-"
+    base = result.get("original", "train").memory
+    res = result.get("patched", "train")
+    if res.memory is None or res.memory.ratio is None or base is None:
+        return res.memory_error or "not measured"
+    mib = 1 << 20
+    change = (res.memory.ratio - 1) * 100
+    return f"{base.peak_bytes / mib:,.0f} → {res.memory.peak_bytes / mib:,.0f} MiB ({change:+.1f}%)"
+
+
+def sites(result: BenchResult | None, variant: str = "patched") -> str:
+    if result is None:
+        return "-"
+    found = result.settings.get("target", {}).get("patched_sites", {}).get(variant, {})
+    return ", ".join(f"{rule}×{count}" for rule, count in sorted(found.items())) or "-"
+
+
+def verdict(measured: float | None, target: float, higher: bool = True) -> str:
+    if measured is None or math.isnan(measured):
+        return "not measured"
+    if higher:
+        if measured >= target:
+            return f"**reached** ({measured:.2f}× ≥ {target:.2f}×)"
+        return (
+            f"**missed** by {target - measured:.2f}× ({measured:.2f}× vs {target:.2f}×; "
+            f"{(target / measured - 1) * 100:.0f}% more speed needed)"
+        )
+    if measured <= target:
+        return f"**reached** ({(measured - 1) * 100:+.1f}% ≤ {(target - 1) * 100:+.0f}%)"
+    return (
+        f"**missed** by {(measured - target) * 100:.1f} points ({(measured - 1) * 100:+.1f}% vs "
+        f"{(target - 1) * 100:+.0f}%)"
+    )
+
+
+def study_seconds(records: dict[tuple[str, str], dict[str, Any]]) -> str:
+    """Seconds spent per study, e.g. ``long 310 s, short 280 s``."""
+    totals: dict[str, float] = {}
+    for (study, _), record in records.items():
+        totals[study] = totals.get(study, 0.0) + float(record.get("seconds") or 0.0)
+    return ", ".join(f"{study} {seconds:.0f} s" for study, seconds in totals.items())
+
+
+def fmt_x(value: float | None) -> str:
+    return "-" if value is None or math.isnan(value) else f"{value:.2f}×"
+
+
+def fmt_pct(ratio: float | None) -> str:
+    return "-" if ratio is None or math.isnan(ratio) else f"{(ratio - 1) * 100:+.1f}%"
+
+
+# ----------------------------------------------------------------------------------------------
+# the document
+
+
+@dataclass
+class Numbers:
+    """The aggregates the targets and the explanations are computed from."""
+
+    inference: dict[str, float] = field(default_factory=dict)
+    train: dict[str, float] = field(default_factory=dict)
+    train_dropout: dict[str, float] = field(default_factory=dict)
+    memory: dict[str, float] = field(default_factory=dict)
+    resnet_inference: float | None = None
+    groupvit_fold: float | None = None
+
+
+def collect(records: dict[tuple[str, str], dict[str, Any]]) -> Numbers:
+    numbers = Numbers()
+    for m in TRANSFORMERS:
+        long = result_of(records.get(("long", m)))
+        if (v := speed_of(long, "patched", "inference")) is not None:
+            numbers.inference[m] = v
+        if (v := speed_of(long, "patched", "train")) is not None:
+            numbers.train[m] = v
+        if (r := memory_ratio(long)) is not None:
+            numbers.memory[m] = r
+        record = records.get(("long_dropout", m)) or {}
+        source = long if "skipped" in record else result_of(record)
+        if (v := speed_of(source, "patched", "train")) is not None:
+            numbers.train_dropout[m] = v
+    numbers.resnet_inference = speed_of(
+        result_of(records.get(("long", "resnet"))), "patched", "inference"
+    )
+    numbers.groupvit_fold = speed_of(
+        result_of(records.get(("long", "groupvit"))), "paper.8 only", "inference"
+    )
+    return numbers
+
+
+def targets_section(numbers: Numbers, settings: Settings) -> list[str]:
+    inf, train = list(numbers.inference.values()), list(numbers.train.values())
+    dropout, memory = list(numbers.train_dropout.values()), list(numbers.memory.values())
+    slower = [m for m, v in numbers.train_dropout.items() if v < 1.0]
+    lines = [
+        "## Targets\n",
+        f"Transformer models: {', '.join(TRANSFORMERS)} at {settings.long_seq} tokens, geometric "
+        "mean over the models that ran (per-model numbers and intervals in the tables below). "
+        "The machine was shared with other CPU-bound jobs: two full runs of this script "
+        "differed by up to 0.15× for single models, more than some intervals suggest, so read "
+        "single-model numbers with care; the verdicts below do not depend on any one of them.\n",
+        "| target | measured | verdict |",
+        "|---|---|---|",
+        f"| inference geomean ≥ 1.30× faster | {fmt_x(geomean(inf))} ({len(inf)} models) | "
+        f"{verdict(geomean(inf), 1.30)} |",
+        f"| training, attention dropout 0, geomean ≥ 1.15× faster | {fmt_x(geomean(train))} "
+        f"({len(train)} models) | {verdict(geomean(train), 1.15)} |",
+        f"| training, configured dropout, no slower (geomean ≥ 1.00×) | {fmt_x(geomean(dropout))} "
+        f"({len(dropout)} models; point estimate below 1 for: {', '.join(slower) or 'none'}) | "
+        f"{verdict(geomean(dropout), 1.0)} |",
+        f"| peak training memory, attention dropout 0, ≥ 10% lower (geomean) | "
+        f"{fmt_pct(geomean(memory))} ({len(memory)} models) | "
+        f"{verdict(geomean(memory), 0.90, higher=False)} |",
+        f"| CNN inference with folded conv + batch norm ≥ 1.20× faster (ResNet) | "
+        f"{fmt_x(numbers.resnet_inference)} | {verdict(numbers.resnet_inference, 1.20)} |",
+        f"| (the same for GroupViT's Linear + BatchNorm1d fold, `paper.8 only`; GroupViT has no "
+        f"conv + batch-norm pair) | {fmt_x(numbers.groupvit_fold)} | "
+        f"{verdict(numbers.groupvit_fold, 1.20)} |",
+        "",
+    ]
+    return lines
+
+
+def why_section(records: dict[tuple[str, str], dict[str, Any]], numbers: Numbers) -> list[str]:
+    """Why targets are missed and what would close each gap, from the measured numbers."""
+    bert = records.get(("profile", "bert"))
+    resnet = records.get(("profile", "resnet"))
+    attention = [m for m in ("bert", "gpt2", "t5") if m in numbers.inference]
+    others = [m for m in numbers.inference if m not in attention]
+    lines = ["### Why the targets are missed, and what would close the gaps\n"]
+    share_inf = unchangeable_share(bert, "bert", "inference")
+    share_train = unchangeable_share(bert, "bert", "train")
+    if share_inf and share_train:
+        bound = 1 / share_inf
+        conclusion = (
+            "**So 1.30× in inference is out of reach on this CPU for any rewrite that keeps "
+            f"the GEMMs as they are** (BERT's bound is {bound:.2f}×; the other six models are "
+            "built from the same GEMM-dominated layers)."
+            if bound < 1.30
+            else "The bound leaves room above 1.30×; the gap is in how much of the rest the "
+            "kernels remove."
+        )
+        lines.append(
+            f"* **The GEMMs stay, and on a CPU they are most of the step.** In the BERT profile "
+            f"below, the linear-layer GEMMs, the optimizer and the embedding lookups - work no "
+            f"paper rule changes - are {share_inf * 100:.0f}% of the original inference step "
+            f"and {share_train * 100:.0f}% of the training step. Even if the rewrite made "
+            f"everything else free, BERT could get at most {bound:.2f}× faster in inference and "
+            f"{1 / share_train:.2f}× in training (Amdahl). The rules remove memory-bound work "
+            "between the GEMMs (materialised attention scores, separate softmax, dropout, "
+            "residual add, layer norm and activation passes); on a GPU that work is a far larger "
+            "share of the step, which is where the paper's speedups come from. "
+            + conclusion
+            + " Closing it needs kernel work on the GEMM side: bf16 (or int8) GEMMs where the "
+            "CPU supports them, and oneDNN linear primitives with the bias + activation (and "
+            "dropout + residual + layer norm) as fused post-ops, so activations are written once."
+        )
+    if attention and others:
+        gain = geomean([numbers.inference[m] for m in attention])
+        rest = geomean([numbers.inference[m] for m in others])
+        gain_train = geomean([numbers.train[m] for m in attention if m in numbers.train])
+        rest_train = geomean([numbers.train[m] for m in others if m in numbers.train])
+        lines.append(
+            f"* **Only {', '.join(attention)} get their attention rewritten.** paper.1-paper.3 "
+            "name the attention classes of BERT, T5 and GPT-2; the attention of "
+            f"{', '.join(others)} is a different class (RoBERTa's is a verbatim copy of BERT's "
+            "under another name), so those models only get the softmax, dropout + residual + "
+            "layer norm, bias + activation and QKV rewrites. Geomean for the attention-rewritten "
+            f"models: {gain:.2f}× inference, {gain_train:.2f}× training; for the rest: "
+            f"{rest:.2f}× and {rest_train:.2f}×. This part of the gap needs no new kernel: rule "
+            "instances for `RobertaSelfAttention`, `MultiHeadSelfAttention` (DistilBERT), "
+            "`AlbertAttention` and `GPTNeoSelfAttention` mapped onto the existing SDPA kernels."
+        )
+    if bert and "variants" in bert:
+        orig = profile_groups(bert, "original", "train")
+        patched = profile_groups(bert, "patched", "train")
+        before = sum(orig.get(g, 0.0) for g in ("attention matmuls (bmm)", "softmax"))
+        after = patched.get("fused attention (SDPA)", 0.0)
+        if before and after:
+            ratio = before / after
+            lines.append(
+                f"* **Fused attention on a CPU core.** In the BERT training profile the unfused "
+                f"attention (batched matmuls + softmax, forward and backward) takes "
+                f"{before:,.0f} ms per step and the fused SDPA kernel {after:,.0f} ms "
+                f"({ratio:.2f}×). "
+                + (
+                    "The flash kernel's backward recomputes the probabilities blockwise, so on "
+                    "a CPU the fusion saves memory and memory traffic but little time. A CPU "
+                    "attention backward that keeps the probabilities when they fit in cache, or "
+                    "bf16 matmuls inside the kernel, would make it pay in training too."
+                    if ratio < 1.3
+                    else "The fused kernel is clearly faster; what limits the step is the rest."
+                )
+            )
+    if numbers.train_dropout:
+        lines.append(
+            "* **Configured dropout.** With attention dropout > 0 PyTorch's CPU "
+            "`scaled_dot_product_attention` has no fused path: it runs its math fallback "
+            "(batched matmuls, softmax, dropout - the original's work) plus the kernel's "
+            "dispatch, and the same happens in T5's training whenever the learned position bias "
+            "(a mask that needs a gradient) is passed (both checked with torch.profiler on "
+            "direct SDPA calls: they dispatch to `_scaled_dot_product_attention_math`). So there is nothing to gain and a little to "
+            f"lose: geomean {fmt_x(geomean(list(numbers.train_dropout.values())))}. A one-line "
+            "kernel change closes it: on CPU, fall back to the module's original forward "
+            "(as the kernels already do for other unsupported cases) when dropout is active; a "
+            "real gain needs a CPU flash kernel with in-kernel (counter-based) dropout."
+        )
+    if numbers.memory:
+        saved = {m: r for m, r in numbers.memory.items() if r <= 0.95}
+        flat = [m for m in numbers.memory if m not in saved]
+        projected = dict(numbers.memory)
+        reference = [numbers.memory[m] for m in ("bert", "gpt2") if m in numbers.memory]
+        for m in ("roberta", "distilbert", "gpt_neo"):
+            if m in projected and reference:
+                projected[m] = geomean(reference)
+        bert_long = result_of(records.get(("long", "bert")))
+        base = bert_long.get("original", "train").memory if bert_long else None
+        embedding = ""
+        if base is not None and not base.ratio:
+            from transformers import BertConfig
+
+            config = BertConfig()
+            grad_mib = config.vocab_size * config.hidden_size * 4 / (1 << 20)
+            embedding = (
+                f" At 2 layers much of every step's peak is gradients no rule touches: for BERT "
+                f"the word-embedding gradient alone is {grad_mib:.0f} MiB of the original's "
+                f"{base.peak_bytes / (1 << 20):.0f} MiB."
+            )
+        lines.append(
+            "* **Memory.** The step peak drops where the rewrite stops keeping score-sized or "
+            "activation-sized intermediates for backward: "
+            + (", ".join(f"{m} {fmt_pct(r)}" for m, r in saved.items()) or "none")
+            + (
+                f"; it stays flat (within ±5%) for {', '.join(flat)}: RoBERTa, DistilBERT and "
+                "GPT-Neo have no attention rule (GPT-Neo's fused QKV projection even "
+                "concatenates its three weights anew in every training step), and T5's "
+                "attention runs the unfused math path in training (previous point)."
+                if flat
+                else "."
+            )
+            + embedding
+            + " Projection: with the attention rule instances proposed above, RoBERTa, "
+            "DistilBERT and GPT-Neo would save what BERT and GPT-2 save, and the geomean would "
+            f"be about {fmt_pct(geomean(list(projected.values())))}."
+        )
+    if resnet and "variants" in resnet:
+        groups = profile_groups(resnet, "original", "inference")
+        total = sum(groups.values())
+        bn = groups.get("batch norm", 0.0)
+        conv = groups.get("convolution", 0.0)
+        ops = resnet["variants"]["original"]["inference"]["ops_us"]
+        slow = sum(us for op, us in ops.items() if "slow_conv" in op) / 1e3
+        if total and bn:
+            lines.append(
+                f"* **ResNet: batch norm is {bn / total * 100:.0f}% of the inference step, the "
+                f"convolutions {conv / total * 100:.0f}%.** Folding removes the batch-norm pass, "
+                f"so {1 / (1 - bn / total):.2f}× is the most the fold can give here. The folded "
+                "convolutions also gain a bias, which PyTorch's non-oneDNN convolution "
+                f"(`_slow_conv2d_forward`, {slow / total * 100:.0f}% of the step) applies as an "
+                "extra copy of the output. 1.20× needs the conv kernel to do more than fold: run "
+                "every convolution through oneDNN in channels-last layout with the folded bias "
+                "and the following ReLU as post-ops (one primitive per conv + BN + ReLU), or "
+                "bf16/int8 convolutions."
+            )
+    lines.append(
+        "* **`torch.compile`.** The kernels trace without graph breaks (checked with "
+        "`torch._dynamo.explain` on BERT and ResNet), but under compilation their weight "
+        "caches are off by design, so the batch-norm fold is recomputed inside the graph on "
+        "every call, while Inductor already fuses the original's batch norm + ReLU and "
+        "softmax chains into single passes: both sides end up doing about the same work. "
+        "Folding at compile time (Inductor's `freezing` for inference) would serve both sides."
+    )
+    lines.append("")
+    return lines
+
+
+MODEL_NOTES = {
+    "bert": "all three rule kinds: SDPA attention (paper.1; paper.4's softmax is inside it), "
+    "dropout + residual + layer norm (paper.5), bias + GELU (paper.6).",
+    "roberta": "paper.1 names `BertSelfAttention`; `RobertaSelfAttention` is the same code under "
+    "another name, so only the softmax inside it (paper.4) and the paper.5/paper.6 blocks are "
+    "rewritten.",
+    "gpt2": "paper.3 routes `GPT2Attention` through SDPA (its softmax, paper.4, is inside it).",
+    "gpt_neo": "softmax (paper.4) and one fused QKV projection (paper.9); the attention itself "
+    "(fp32 upcast, local/global causal masks) is not rewritten.",
+    "distilbert": "only the softmax of `MultiHeadSelfAttention` (paper.4).",
+    "t5": "paper.2 routes `T5Attention` through SDPA with T5's relative position bias as a dense "
+    "`heads × L × L` additive mask; in training that mask needs a gradient, which sends CPU SDPA "
+    "to its unfused math path, so only inference uses the fused kernel.",
+    "albert": "softmax (paper.4), dropout + residual + layer norm (paper.5), bias + `gelu_new` "
+    "(paper.6: one native tanh-GELU kernel instead of the formula's chain of elementwise ops, "
+    "which is also what cuts its training memory).",
+    "groupvit": "softmax (paper.4), bias + activation (paper.6) and Linear + BatchNorm1d folding "
+    "in the projection heads (paper.8, eval only).",
+    "resnet": "conv + batch-norm folding in every `ResNetConvLayer` and shortcut (paper.7, eval "
+    "only; training runs the original modules).",
+}
+
+
+def machine_section(records: dict[tuple[str, str], dict[str, Any]], meta: dict[str, Any]) -> str:
+    env: dict[str, Any] = {}
+    for record in records.values():
+        if "result" in record:
+            env = record["result"].get("environment", {})
+            break
+    extra = "; ".join(meta.get("extra_runs", []))
+    lines = [
+        "| | |",
+        "|---|---|",
+        "| device | **CPU only**: no GPU was lent to this session, so no CUDA/Triton kernel ran |",
+        f"| CPU | {env.get('cpu', '?')}, {env.get('cpu_count', os.cpu_count())} logical cores |",
+        f"| torch threads | {env.get('threads', '?')}, deliberately: other CPU-bound jobs shared "
+        "the 2 cores, and two OpenMP threads then stall on each other at every barrier (a probe "
+        "before this run measured BERT's step 2× slower with 2 threads than with 1) |",
+        f"| software | torch {env.get('torch', torch.__version__)}, transformers "
+        f"{meta.get('transformers', '?')}, Python {env.get('python', platform.python_version())} |",
+        f"| platform | {env.get('platform', platform.platform())} |",
+        f"| load | shared machine: 1-minute load average {meta.get('load_start', '?')} at the "
+        f"start, {meta.get('load_end', '?')} at the end |",
+        f"| wall time | {meta.get('wall_min', '?')} min ({study_seconds(records)})"
+        + (f"; {extra}" if extra else "")
+        + " |",
+    ]
+    return "\n".join(lines)
+
+
+def profile_table(record: dict[str, Any] | None, modes: tuple[str, ...]) -> list[str]:
+    if not record or "variants" not in record:
+        return [f"Not available: {record.get('error') if record else 'not run'}\n"]
+    columns = [(mode, variant) for mode in modes for variant in ("original", "patched")]
+    data = {col: profile_groups(record, col[1], col[0]) for col in columns}
+    totals = {col: sum(values.values()) for col, values in data.items()}
+    groups = sorted(
+        {g for values in data.values() for g in values},
+        key=lambda g: -data[(modes[-1], "original")].get(g, 0.0),
+    )
+    header = " | ".join(f"{mode} {variant} ms" for mode, variant in columns)
+    lines = [f"| op group | {header} |", "|---|" + "---|" * len(columns)]
+    for group in groups:
+        cells = []
+        for col in columns:
+            value = data[col].get(group, 0.0)
+            share = value / totals[col] * 100 if totals[col] else 0.0
+            cells.append(f"{value:,.1f} ({share:.0f}%)")
+        lines.append(f"| {group} | " + " | ".join(cells) + " |")
+    lines.append("| **total** | " + " | ".join(f"{totals[c]:,.1f}" for c in columns) + " |")
+    lines.append("")
+    return lines
+
+
+def render(cache: Path, out: Path, png: Path, settings: Settings) -> None:
+    """Write the Markdown report (and the PNG) from the saved records."""
+    records = load_records(cache)
+    meta_path = cache / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    get = records.get
+    numbers = collect(records)
+    long = {m: result_of(get(("long", m))) for m in ALL_MODELS}
+    md: list[str] = []
+    w = md.append
+    w("# Performance: what the rewrites buy, before and after\n")
+    kind = "**--quick: tiny configurations, not a measurement**" if settings.quick else "full run"
+    w(
+        f"Generated by `python benchmarks/perf_report.py` ({kind}) on {meta.get('date', '?')}, "
+        "**on a CPU** (no GPU was available). Each model's `transformers==4.34.0` modeling file "
+        "is rewritten with the nine paper rules; original and patched model are built from the "
+        "same configuration, the patched one loads the original's `state_dict` strictly, both "
+        "get the same inputs and are timed interleaved. Speedup = original median / patched "
+        "median step time, with a 95% paired-bootstrap confidence interval (✓: the whole "
+        "interval is above 1, ✗: below 1).\n"
+    )
+    md.extend(targets_section(numbers, settings))
+    md.extend(why_section(records, numbers))
+
+    w("## Machine, command, method\n")
+    w(machine_section(records, meta) + "\n")
+    w(
+        "```bash\npython benchmarks/perf_report.py"
+        + (" --quick" if settings.quick else "")
+        + "\n```\n"
+    )
+    w(
+        f"* Models: the base model class of each modeling file (`BertModel`, `T5Model`, "
+        f"`GroupViTModel`, `ResNetModel`), the class's default configuration with every layer "
+        f"stack cut to {settings.layers} layers (ResNet: {settings.layers} blocks per stage; "
+        "widths, heads and vocabulary at their defaults), float32, eager PyTorch unless stated."
+    )
+    w(
+        f"* Inputs: {settings.long_batch} × {settings.long_seq} and {settings.short_batch} × "
+        f"{settings.short_seq} token ids with an all-ones attention mask (T5: target length a "
+        "quarter of the input); GroupViT: its 77-token text context plus "
+        f"{SPECS['groupvit'].image_batch} images of {settings.image_size} px; ResNet: "
+        f"{SPECS['resnet'].image_batch} images of {settings.image_size} px."
+    )
+    w(
+        "* Training step: zero_grad, forward, loss (mean square of the last hidden state; "
+        "GroupViT: its contrastive loss), backward, AdamW step with `fused=True` (the "
+        "per-tensor AdamW loop would be a large, rule-independent part of a CPU step)."
+    )
+    w(
+        f"* Timing: {settings.warmup} warm-up step, then {settings.repeats} rounds in which every "
+        "variant takes one step in shuffled order (interleaving spreads the shared machine's "
+        "load changes over all variants). Few rounds, to fit the time budget: the intervals "
+        "are correspondingly wide."
+    )
+    w(
+        "* Memory: the training step's peak resident set above the level just before it, in a "
+        "fresh process per variant (activations kept for backward, gradients, temporaries; not "
+        "weights, optimizer state or inputs)."
+    )
+    w(
+        "* Attention dropout 0: the attention-probability dropout set to 0 (T5, which has one "
+        "shared dropout rate, with all dropout 0); other dropout as configured.\n"
+    )
+    deviations = [f"* **{s.name}**: {s.deviation}" for s in SPECS.values() if s.deviation]
+    if deviations and not settings.quick:
+        w("Deviations from the class defaults, all to fit the machine or to be runnable:\n")
+        w("\n".join(deviations) + "\n")
+
+    w(f"## {settings.long_seq} tokens (images {settings.image_size} px)\n")
+    w(
+        "| model | patched sites | inference | training, attention dropout 0 | training, "
+        "configured dropout | peak training memory, attention dropout 0 | median step ms, "
+        "original → patched (inference / training) |"
+    )
+    w("|---|---|---|---|---|---|---|")
+    for m in ALL_MODELS:
+        record = get(("long", m))
+        if record is None:
+            continue
+        if "error" in record:
+            w(f"| {m} | failed: {record['error'][:200]} | | | | | |")
+            continue
+        res = long[m]
+        dropout_record = get(("long_dropout", m)) or {}
+        if SPECS[m].family != "text":
+            dropout_cell = "n/a (configured dropout is 0)"
+        elif "skipped" in dropout_record:
+            dropout_cell = "same as the previous column (configured attention dropout is 0)"
+        elif "error" in dropout_record:
+            dropout_cell = f"failed: {dropout_record['error'][:120]}"
+        else:
+            dropout_cell = speed_cell(result_of(dropout_record), "patched", "train")
+        steps = (
+            f"{ms(res, 'original', 'inference')} → {ms(res, 'patched', 'inference')} / "
+            f"{ms(res, 'original', 'train')} → {ms(res, 'patched', 'train')}"
+        )
+        memory = memory_cell(res) if SPECS[m].family == "text" else "not measured"
+        w(
+            f"| {m} | {sites(res)} | {speed_cell(res, 'patched', 'inference')} | "
+            f"{speed_cell(res, 'patched', 'train')} | {dropout_cell} | {memory} | {steps} |"
+        )
+    w("")
+    w(f"![speedup and memory per model]({png.name})\n")
+
+    w(f"### What each rule contributes ({settings.long_seq} tokens / {settings.image_size} px)\n")
+    w(
+        "One variant per rule that patches something on its own (`paper.5 only`: the source "
+        "rewritten with that rule alone), measured in the same interleaved run as `patched` "
+        "(all rules). Training with attention dropout 0. Models with a single rewriting rule "
+        "(its solo rewrite is `patched` itself) have no extra rows.\n"
+    )
+    w("| model | variant | patched sites | inference | training |")
+    w("|---|---|---|---|---|")
+    for m in ALL_MODELS:
+        res = long[m]
+        if res is None:
+            continue
+        for variant in res.candidates:
+            w(
+                f"| {m} | {variant} | {sites(res, variant)} | "
+                f"{speed_cell(res, variant, 'inference')} | {speed_cell(res, variant, 'train')} |"
+            )
+    w("")
+
+    w(f"## {settings.short_seq} tokens\n")
+    w(f"{settings.short_batch} × {settings.short_seq} tokens, training with attention dropout 0.\n")
+    w(
+        "| model | inference | training | median step ms, original → patched (inference / training) |"
+    )
+    w("|---|---|---|---|")
+    for m in TRANSFORMERS:
+        record = get(("short", m))
+        if record is None:
+            continue
+        if "error" in record:
+            w(f"| {m} | failed: {record['error'][:200]} | | |")
+            continue
+        res = result_of(record)
+        w(
+            f"| {m} | {speed_cell(res, 'patched', 'inference')} | "
+            f"{speed_cell(res, 'patched', 'train')} | {ms(res, 'original', 'inference')} → "
+            f"{ms(res, 'patched', 'inference')} / {ms(res, 'original', 'train')} → "
+            f"{ms(res, 'patched', 'train')} |"
+        )
+    w("")
+
+    w("## With `torch.compile` on both sides\n")
+    w(
+        "Inductor compiles slowly on this 2-core CPU, so this is bounded to inference for BERT "
+        f"({settings.short_batch} × {settings.short_seq} tokens) and ResNet "
+        f"({SPECS['resnet'].image_batch} × {settings.image_size} px): does the rewrite still pay "
+        "off once the compiler fuses what it can by itself? (The seconds include compilation; "
+        "Inductor's on-disk cache may have been warm from earlier runs.)\n"
+    )
+    w(
+        "| model | inference, compiled original → compiled patched | median ms | seconds incl. compilation |"
+    )
+    w("|---|---|---|---|")
+    for m in ("bert", "resnet"):
+        record = get(("compile", m))
+        if record is None:
+            w(f"| {m} | not run | | |")
+        elif "error" in record or "skipped" in record:
+            w(f"| {m} | {record.get('error') or record.get('skipped')} | | |")
+        else:
+            res = result_of(record)
+            w(
+                f"| {m} | {speed_cell(res, 'patched', 'inference')} | "
+                f"{ms(res, 'original', 'inference')} → {ms(res, 'patched', 'inference')} | "
+                f"{record['seconds']:.0f} |"
+            )
+    w("")
+
+    w("## Where the time goes (torch.profiler)\n")
+    bert = get(("profile", "bert"))
+    steps = (bert or {}).get("steps", settings.profile_steps)
+    w(
+        f"Self CPU time per op, averaged over {steps} profiled steps and summed into groups "
+        "(the profiler's own overhead inflates small ops a little). The variants are profiled "
+        "one after the other, not interleaved, so absolute milliseconds move with the machine's "
+        "load; the shares are what the explanations above use. BERT: "
+        f"{settings.long_batch} × {settings.long_seq} tokens, attention dropout 0.\n"
+    )
+    md.extend(profile_table(bert, PROFILES["bert"]))
+    w(
+        f"ResNet inference ({SPECS['resnet'].image_batch} × {settings.image_size} px; "
+        f"{settings.layers} blocks per stage):\n"
+    )
+    md.extend(profile_table(get(("profile", "resnet")), PROFILES["resnet"]))
+
+    w("## What was rewritten in each model\n")
+    for m in ALL_MODELS:
+        res = long[m]
+        w(f"* **{m}** ({sites(res)}): {MODEL_NOTES[m]}")
+    w("")
+
+    failed = [(key, record) for key, record in records.items() if "error" in record]
+    w("## Failures\n")
+    if failed:
+        for (study, model), record in failed:
+            w(f"* `{study}` / **{model}**: {record['error']}")
+    else:
+        w("None: every model built, loaded the original's weights and ran in every study.")
+    w("")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(md) + "\n", encoding="utf-8")
+
+    plotted = {}
+    for m in ALL_MODELS:
+        res = long[m]
+        if res is not None:
+            keep = {k: v for k, v in res.variants.items() if k in ("original", "patched")}
+            plotted[m] = BenchResult(res.baseline, res.modes, keep, res.settings, res.environment)
+    if plotted:
+        title = (
+            f"Patched vs. original, {settings.long_seq} tokens / {settings.image_size} px, "
+            "attention dropout 0 (CPU, 95% CI)"
+        )
+        plot(plotted, png, title=title)
+
+
+# ----------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny configurations (pipeline test)")
+    parser.add_argument("--models", default=",".join(ALL_MODELS), help="comma-separated subset")
+    parser.add_argument("--studies", default="long,long_dropout,short,compile,profile")
+    parser.add_argument("--render-only", action="store_true", help="only re-render the Markdown")
+    parser.add_argument("--out", type=Path, default=None, help="Markdown file to write")
+    parser.add_argument(
+        "--budget-min",
+        type=float,
+        default=26.0,
+        help="skip compile / profile runs that would start past this many minutes",
+    )
+    args = parser.parse_args(argv)
+    settings = Settings.make(args.quick)
+    cache = ROOT / ".cache" / ("perf-quick" if args.quick else "perf")
+    cache.mkdir(parents=True, exist_ok=True)
+    default = Path("/tmp/performance-quick.md") if args.quick else ROOT / "docs" / "performance.md"
+    out = args.out or default
+    png = out.with_suffix(".png")
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = sorted(set(models) - set(ALL_MODELS))
+    if unknown:
+        parser.error(f"unknown model(s): {', '.join(unknown)}")
+    all_studies = "long,long_dropout,short,compile,profile".split(",")
+    studies = [s.strip() for s in args.studies.split(",") if s.strip()]
+
+    def say(message: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+    if not args.render_only:
+        import transformers
+
+        started = time.perf_counter()
+        load_start = f"{os.getloadavg()[0]:.1f}"
+        for job in jobs_for(settings, models):
+            if job.study not in studies:
+                continue
+            elapsed = (time.perf_counter() - started) / 60
+            if job.study == "compile" and elapsed > args.budget_min - 4:
+                record = {"skipped": f"time budget: {elapsed:.0f} min already spent", "seconds": 0}
+                (cache / f"compile__{job.model}.json").write_text(json.dumps(record))
+                say(f"compile/{job.model}: skipped (budget)")
+                continue
+            say(f"{job.study}/{job.model}: start ({elapsed:.1f} min elapsed)")
+            run_job(job, settings, cache, say)
+        if "profile" in studies:
+            for name in PROFILES:
+                if name in models and (time.perf_counter() - started) / 60 < args.budget_min:
+                    profile_job(name, settings, cache, say)
+        wall = f"{(time.perf_counter() - started) / 60:.1f}"
+        meta_path = cache / "meta.json"
+        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        if studies == all_studies and models == list(ALL_MODELS):
+            meta = {
+                "date": time.strftime("%Y-%m-%d"),
+                "load_start": load_start,
+                "load_end": f"{os.getloadavg()[0]:.1f}",
+                "wall_min": wall,
+                "transformers": transformers.__version__,
+            }
+        else:  # a partial re-run: say so next to the main run's numbers
+            meta.setdefault("extra_runs", []).append(
+                f"re-ran {','.join(studies)} for {','.join(models)} separately ({wall} min)"
+            )
+        meta_path.write_text(json.dumps(meta), encoding="utf-8")
+    render(cache, out, png, settings)
+    say(f"wrote {out} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""``run_bench`` / ``only_faster_rules``: the machinery on tiny models, never the speed.
+
+Timings on a shared CI machine are noise at this size, so the tests check what was compared
+(variants, patched sites, configurations, weights, outputs written), not which one won. The
+``--only-faster`` criterion itself is tested on hand-made results.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from adopter.bench import from_json
+from adopter.bench.command import (
+    BenchTargetError,
+    NoSiteError,
+    bench_config,
+    judge_variant,
+    only_faster_rules,
+    parse_config_overrides,
+    plan_variants,
+    resolve_transformers_target,
+    run_bench,
+)
+from adopter.rules import load_rule_set
+from tests.bench.synthetic import make_result
+
+pytest.importorskip("transformers")
+
+TINY_BERT = {
+    "hidden_size": 32,
+    "num_attention_heads": 2,
+    "intermediate_size": 37,
+    "vocab_size": 99,
+}
+QUICK = {"warmup": 1, "repeats": 3, "threads": 1}
+
+
+def paper(*ids: str):
+    """A subset of the paper rules, by id."""
+    return [rule for rule in load_rule_set("paper") if rule.id in ids]
+
+
+def test_run_bench_bert_original_patched_and_ablation(tmp_path: Path) -> None:
+    json_out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    result = run_bench(
+        "bert",
+        config_overrides=TINY_BERT,
+        layers=1,
+        seq_len=16,
+        batch_size=2,
+        ablation=True,
+        json_out=json_out,
+        plot_path=png,
+        **QUICK,
+    )
+    assert result.baseline == "original"
+    assert result.names == [
+        "original",
+        "patched",
+        "paper.1 only",
+        "paper.4 only",
+        "paper.5 only",
+        "paper.6 only",
+    ]
+    for name in result.names:
+        for mode in ("inference", "train"):
+            res = result.get(name, mode)
+            assert res.ok, (name, mode, res.error)
+            assert len(res.timing.times_s) == 3
+            assert res.speedup is not None
+    target = result.settings["target"]
+    # paper.4 is inside the attention paper.1 replaces: covered in the combined rewrite.
+    assert target["patched_sites"]["patched"] == {"paper.1": 1, "paper.5": 2, "paper.6": 2}
+    assert target["patched_sites"]["paper.4 only"] == {"paper.4": 1}
+    assert set(target["no_site"]) == {"paper.2", "paper.3", "paper.7", "paper.8", "paper.9"}
+    assert target["model"]["class"] == "BertModel"
+    assert target["model"]["config"]["hidden_size"] == 32
+    assert result.settings["input_shapes"]["input_ids"] == [2, 16]
+    assert from_json(json.loads(json_out.read_text())).names == result.names
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_same_weights_and_outputs_original_vs_patched() -> None:
+    """Both sides come from one configuration; the patched loads the original's weights."""
+    import torch
+
+    plan = plan_variants("bert", config_overrides=TINY_BERT, layers=1, seq_len=16)
+    (original, inputs), (patched, _) = (v.build() for v in plan.variants)
+    assert type(original).__module__ == "transformers.models.bert.modeling_bert"
+    assert "_adopter_bench_patched_" in type(patched).__module__
+    patched.load_state_dict(original.state_dict(), strict=True)
+    original.eval(), patched.eval()
+    with torch.no_grad():
+        expected = original(**inputs).last_hidden_state
+        actual = patched(**inputs).last_hidden_state
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_only_faster_rules_reasons_for_every_rule() -> None:
+    rules = paper("paper.2", "paper.5", "paper.6")
+    kept, reasons = only_faster_rules(
+        "bert", rules, config_overrides=TINY_BERT, layers=1, seq_len=16, **QUICK
+    )
+    assert set(reasons) == {"paper.2", "paper.5", "paper.6"}
+    assert reasons["paper.2"] == "no site"
+    for rule_id in ("paper.5", "paper.6"):
+        assert reasons[rule_id].startswith(("kept: ", "dropped: ")), reasons[rule_id]
+        assert "inference" in reasons[rule_id] and "train" in reasons[rule_id]
+    assert {rule.id for rule in kept} == {r for r, why in reasons.items() if why.startswith("kept")}
+
+
+def test_only_faster_rules_without_any_site() -> None:
+    kept, reasons = only_faster_rules("resnet", paper("paper.1", "paper.2"), **QUICK)
+    assert kept == []
+    assert reasons == {"paper.1": "no site", "paper.2": "no site"}
+
+
+@pytest.mark.parametrize(
+    ("entries", "keep", "start"),
+    [
+        ({"inference": (1.3, 1.1, 1.5), "train": (1.0, 0.95, 1.05)}, True, "kept: faster in inf"),
+        ({"inference": (1.0, 0.9, 1.1), "train": (1.2, 1.05, 1.3)}, True, "kept: faster in train"),
+        ({"inference": (1.3, 1.1, 1.5), "train": (0.9, 0.85, 0.95)}, False, "dropped: slower"),
+        ({"inference": (1.05, 0.9, 1.2), "train": (1.0, 0.9, 1.1)}, False, "dropped: not reli"),
+        ({"inference": "step failed: boom", "train": (1.2, 1.1, 1.3)}, False, "dropped: inference"),
+    ],
+)
+def test_only_faster_criterion(entries, keep: bool, start: str) -> None:
+    result = make_result({"paper.5 only": entries})
+    decided, reason = judge_variant(result, "paper.5 only")
+    assert decided is keep
+    assert reason.startswith(start), reason
+
+
+def test_factory_source_is_rewritten(tmp_path: Path) -> None:
+    """Plain nn.Module code: the factory's module is patched and the factory called from it."""
+    result = run_bench(
+        factory="tests.bench.plain_model:build",
+        rules=paper("paper.5", "paper.7"),
+        ablation=True,
+        modes=("inference",),
+        **QUICK,
+    )
+    assert result.names == ["original", "patched", "paper.5 only", "paper.7 only"]
+    sites = result.settings["target"]["patched_sites"]
+    assert sites["patched"] == {"paper.5": 1, "paper.7": 1}
+    assert all(result.get(name, "inference").ok for name in result.names)
+
+
+def test_factory_pair_with_memory_subset(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two factories as given; memory probed only for the requested modes, ratios computed.
+
+    The probe itself (a fresh interpreter per variant) is tested in test_memory.py; here it is
+    replaced so that only the subset bookkeeping is checked, in milliseconds.
+    """
+    from adopter.bench import MemoryStats, command
+
+    probed: list[tuple[str, tuple[str, ...]]] = []
+    peaks = {"original": 8 << 20, "patched": 6 << 20}
+
+    def fake_probe(variant, *, modes, **_options):
+        probed.append((variant.name, tuple(modes)))
+        return {mode: MemoryStats("rss_subprocess", peaks[variant.name]) for mode in modes}
+
+    monkeypatch.setattr(command, "run_memory_probe", fake_probe)
+    result = run_bench(
+        factory="tests.bench.toy:original",
+        patched_factory="tests.bench.toy:patched",
+        modes=("inference", "train"),
+        memory="auto",
+        memory_modes=("train",),
+        **QUICK,
+    )
+    assert result.names == ["original", "patched"]
+    assert probed == [("original", ("train",)), ("patched", ("train",))]
+    assert result.settings["memory_subset"] == {
+        "variants": ["original", "patched"],
+        "modes": ["train"],
+    }
+    assert result.get("patched", "inference").memory is None
+    assert result.get("patched", "train").memory.ratio == pytest.approx(0.75)
+    assert result.get("original", "train").memory.ratio is None
+
+
+def test_factory_errors() -> None:
+    with pytest.raises(BenchTargetError, match="module:function"):
+        plan_variants(factory="no_colon")
+    with pytest.raises(BenchTargetError, match="ablation|per-rule"):
+        plan_variants(factory="a:b", patched_factory="c:d", ablation=True)
+    with pytest.raises(NoSiteError):
+        plan_variants(factory="tests.bench.plain_model:build", rules=paper("paper.1"))
+
+
+def test_targets_resolve_from_names_paths_and_copies(tmp_path: Path) -> None:
+    by_name = resolve_transformers_target("bert")
+    assert by_name.module_name == "transformers.models.bert.modeling_bert"
+    assert by_name.installed
+    by_folder = resolve_transformers_target(str(by_name.path.parent))
+    assert by_folder.path == by_name.path and by_folder.installed
+    copy = tmp_path / "transformers" / "models" / "bert" / "modeling_bert.py"
+    copy.parent.mkdir(parents=True)
+    shutil.copyfile(by_name.path, copy)
+    assert resolve_transformers_target(str(copy)).installed  # same text: the installed module
+    copy.write_text(by_name.text + "\n# edited\n", encoding="utf-8")
+    edited = resolve_transformers_target(str(copy))
+    assert edited.module_name == by_name.module_name and not edited.installed
+    with pytest.raises(BenchTargetError):
+        resolve_transformers_target("no_such_model_xyz")
+    stray = tmp_path / "model.py"
+    stray.write_text("x = 1\n", encoding="utf-8")
+    with pytest.raises(BenchTargetError, match="transformers package"):
+        resolve_transformers_target(str(stray))
+
+
+def test_bench_config_layers_and_dropout() -> None:
+    from transformers import BertConfig, GPTNeoConfig, GroupViTConfig, T5Config
+
+    bert = bench_config(BertConfig, layers=2, dropout="no-attention")
+    assert (bert.num_hidden_layers, bert.hidden_size) == (2, 768)  # widths stay default
+    assert bert.attention_probs_dropout_prob == 0.0 and bert.hidden_dropout_prob == 0.1
+    assert bench_config(BertConfig, dropout="none").hidden_dropout_prob == 0.0
+    assert bench_config(BertConfig).attention_probs_dropout_prob == 0.1
+
+    neo = bench_config(GPTNeoConfig, layers=2)
+    assert neo.num_layers == 2 and neo.attention_layers == ["global", "local"]
+
+    t5 = bench_config(T5Config, layers=2, dropout="no-attention")  # one shared rate
+    assert (t5.num_layers, t5.num_decoder_layers, t5.dropout_rate) == (2, 2, 0.0)
+
+    vit = bench_config(
+        GroupViTConfig, layers=2, overrides={"text_config.hidden_size": 64}, image_size=64
+    )
+    assert vit.vision_config.depths == [2, 2, 2]
+    assert vit.vision_config.num_hidden_layers == 6
+    assert vit.text_config.num_hidden_layers == 2
+    assert vit.text_config.hidden_size == 64
+    assert vit.vision_config.image_size == 64
+    with pytest.raises(ValueError, match="dropout"):
+        bench_config(BertConfig, dropout="some")
+
+
+def test_parse_config_overrides() -> None:
+    assert parse_config_overrides(["hidden_size=256", "hidden_act=gelu", "x.y=[1, 2]"]) == {
+        "hidden_size": 256,
+        "hidden_act": "gelu",
+        "x.y": [1, 2],
+    }
+    with pytest.raises(BenchTargetError):
+        parse_config_overrides(["novalue"])
