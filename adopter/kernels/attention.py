@@ -92,6 +92,13 @@ def _dropout_p(module: Any) -> float | None:
     return None
 
 
+def _unfused_on_cpu(dropout_p: float, hidden_states: torch.Tensor) -> bool:
+    """PyTorch's CPU attention kernels have no dropout: with attention dropout in training,
+    ``scaled_dot_product_attention`` runs its unfused math path, which is slower than the
+    model's own code (measured in docs/performance.md). There the original code runs."""
+    return dropout_p > 0 and hidden_states.device.type == "cpu"
+
+
 def _mask_is_float(mask: object) -> bool:
     return mask is None or (isinstance(mask, torch.Tensor) and mask.is_floating_point())
 
@@ -194,6 +201,7 @@ def _make_bert(base: type) -> type:
                 output_attentions
                 or head_mask is not None
                 or p is None
+                or _unfused_on_cpu(p, hidden_states)
                 or getattr(self, "position_embedding_type", "absolute") != "absolute"
                 or hidden_states.dim() != 3
                 or not _mask_is_float(mask)
@@ -310,6 +318,7 @@ def _make_t5(base: type) -> type:
                 or hidden_states.dim() != 3
                 or (past_key_value is not None and len(past_key_value) != 2)
                 or (mask is not None and not mask.is_floating_point())
+                or (self.training and _unfused_on_cpu(float(drop), hidden_states))
             ):
                 return original()
 
@@ -471,6 +480,7 @@ def _make_gpt2(base: type) -> type:
                 output_attentions
                 or head_mask is not None
                 or p is None
+                or _unfused_on_cpu(p, hidden_states)
                 or getattr(self, "reorder_and_upcast_attn", False)
                 or (is_cross and not hasattr(self, "q_attn"))
                 or (self.scale_attn_by_inverse_layer_idx and self.layer_idx is None)
