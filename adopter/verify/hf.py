@@ -9,6 +9,7 @@ ever imported inside the worker subprocess.
 
 from __future__ import annotations
 
+import copy
 import inspect
 import re
 import sys
@@ -119,6 +120,7 @@ def build_config(
     *,
     cls_name: str = "",
     zero_dropout: bool = False,
+    fixes: dict[str, Any] | None = None,
 ) -> Any:
     """A configuration shrunk to ``setting`` (``None``: defaults), optionally without dropout.
 
@@ -129,15 +131,63 @@ def build_config(
     """
     defaults = config_class().to_dict()
     overrides = shrink_config_dict(defaults, setting) if setting is not None else {}
+    flipped = any(
+        isinstance(value, bool) and defaults.get(key) is not value
+        for key, value in overrides.items()
+    )
+    if setting is not None and flipped:
+        # A flipped switch (a transformers backbone instead of a timm one) can bring in
+        # sub-configs that the defaults did not have: shrink those too.
+        try:  # a deep copy: constructors pop keys (``model_type``) from nested dicts
+            switched = config_class(**copy.deepcopy(overrides)).to_dict()
+        except Exception:
+            switched = {}
+        for key, value in switched.items():
+            if isinstance(value, dict) and not isinstance(defaults.get(key), dict):
+                nested = shrink_config_dict({key: value}, setting).get(key)
+                if isinstance(nested, dict):
+                    overrides[key] = nested
     if (
         "SequenceClassification" in cls_name
         and "pad_token_id" in defaults
         and defaults["pad_token_id"] is None
     ):
         overrides["pad_token_id"] = 0
+    overrides.update(fixes or {})
     if zero_dropout:
         overrides.update(zero_dropout_dict({**defaults, **overrides}))
     return config_class(**overrides)
+
+
+_SIZE_PAIRS = (
+    re.compile(r"should contain (\d+) elements not (\d+)"),
+    re.compile(r"to have (\d+) channels, but got (\d+) channels"),
+)
+
+
+def size_fixes(config: Any, error: str) -> dict[str, Any]:
+    """Top-level sizes to change after a size-mismatch error, so that the sizes agree.
+
+    A layer built from one configuration size meets a tensor built from another; when the
+    error names both numbers (``running_mean should contain 1280 elements not 16``), the
+    configuration attributes holding either get the other's value. Only sizes, and only
+    where a single attribute holds the number (several: it is not clear which one).
+    """
+    for pattern in _SIZE_PAIRS:
+        match = pattern.search(error)
+        if match is None:
+            continue
+        a, b = int(match.group(1)), int(match.group(2))
+        sizes = {
+            key: value
+            for key, value in config.to_dict().items()
+            if isinstance(value, int) and not isinstance(value, bool) and value in (a, b)
+            and re.search(r"(size|dim|channels)$", key)
+        }
+        if len(sizes) == 1:
+            key, value = next(iter(sizes.items()))
+            return {key: b if value == a else a}
+    return {}
 
 
 def _sub_attr(config: Any, name: str, default: Any = None) -> Any:
@@ -184,7 +234,11 @@ _MODALITIES = ("input_ids", "pixel_values", "input_features", "input_values")
 
 
 def make_inputs(
-    model: torch.nn.Module, config: Any, seed: int, every_modality: bool = True
+    model: torch.nn.Module,
+    config: Any,
+    seed: int,
+    every_modality: bool = True,
+    require: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Seeded inputs for ``model.forward``: every required parameter plus the usual masks.
 
@@ -208,6 +262,10 @@ def make_inputs(
     lead: tuple[int, ...] = (BATCH,)
     if "MultipleChoice" in type(model).__name__:
         lead = (BATCH, NUM_CHOICES)
+    codebooks = _sub_attr(config, "num_codebooks", None)
+    id_lead = lead
+    if isinstance(codebooks, int) and codebooks > 1:  # one token stream per codebook
+        id_lead = (lead[0] * codebooks, *lead[1:])
     vocab = int(_sub_attr(config, "vocab_size", 99))
     positions = _sub_attr(config, "max_position_embeddings", None) or _sub_attr(
         config, "n_positions", None
@@ -221,7 +279,7 @@ def make_inputs(
     def ids(length: int, high: int = vocab, text: bool = True) -> torch.Tensor:
         """Random token ids. For text: no special tokens inside, and ``eos`` last where the
         model has one (sequence-classification heads of seq2seq models pool at the eos)."""
-        drawn = torch.randint(0, max(1, high), (*lead, length), generator=gen)
+        drawn = torch.randint(0, max(1, high), (*id_lead, length), generator=gen)
         if not text:
             return drawn
         ordinary = [i for i in range(high) if i not in special]
@@ -267,7 +325,13 @@ def make_inputs(
                 _sub_attr(config, "input_channels", 1)
             )
             inputs["input_features"] = torch.randn((*lead, 20, features), generator=gen)
-    if "input_values" in wanted:
+    bins = _sub_attr(config, "num_mel_bins", None)
+    frames_total = getattr(config, "max_length", None)
+    if "input_values" in wanted and isinstance(bins, int) and _sub_attr(config, "conv_dim") is None:
+        # A spectrogram transformer: (batch, frames, mel bins), as many frames as it embeds.
+        length = frames_total if isinstance(frames_total, int) and frames_total > 20 else 128
+        inputs["input_values"] = torch.randn((*lead, length, bins), generator=gen)
+    elif "input_values" in wanted:
         # Half a second at 16 kHz: long enough after the conv feature extractor's striding
         # for the time-masking spans models apply in training.
         inputs["input_values"] = torch.randn((*lead, AUDIO_SAMPLES), generator=gen)
@@ -280,16 +344,83 @@ def make_inputs(
     if "return_dict" in params:
         inputs["return_dict"] = True
 
-    missing = [
+    required = [
         name
         for name, p in params.items()
         if p.default is inspect.Parameter.empty
         and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
         and name not in inputs
     ]
+    # Inputs the model cannot run without although the signature makes them optional: the
+    # ones it raises about when absent (``You have to specify bbox``) are named by the caller.
+    series = [n for n in params if _SERIES.match(n) and main.startswith("past_")]
+    for name in dict.fromkeys([*required, *series, *[n for n in require if n in params]]):
+        if name in inputs:
+            continue
+        value = _named_input(name, config, lead, seq, gen)
+        if value is not None:
+            inputs[name] = value
+    missing = [name for name in required if name not in inputs]
     if missing:
         raise ValueError(f"cannot generate the required input(s) {', '.join(missing)}")
     return inputs
+
+
+_BOX = re.compile(r"(^|_)(bbox|boxes)$")
+_SERIES = re.compile(r"^(past|future)_(values|time_features|observed_mask)$")
+
+
+def _series_input(
+    name: str, config: Any, lead: tuple[int, ...], gen: torch.Generator
+) -> torch.Tensor | None:
+    """Time-series inputs: ``past_*`` spans the context plus the largest lag, ``future_*`` the
+    prediction length; values are ``input_size`` wide, time features ``num_time_features``."""
+    match = _SERIES.match(name)
+    prediction = getattr(config, "prediction_length", None)
+    if match is None or not isinstance(prediction, int):
+        return None
+    context = getattr(config, "context_length", None) or prediction
+    lags = getattr(config, "lags_sequence", None) or [0]
+    length = context + max(lags) if match.group(1) == "past" else prediction
+    size = getattr(config, "input_size", 1)
+    width: tuple[int, ...] = () if size == 1 else (size,)
+    if match.group(2) == "time_features":
+        width = (int(getattr(config, "num_time_features", 0) or 0),)
+    if match.group(2) == "observed_mask":
+        return torch.ones((*lead, length, *width))
+    return torch.randn((*lead, length, *width), generator=gen)
+
+
+def _named_input(
+    name: str, config: Any, lead: tuple[int, ...], seq: int, gen: torch.Generator
+) -> torch.Tensor | None:
+    """A tensor for an input only its name and the configuration describe, else ``None``.
+
+    Boxes (``bbox``): sorted corner coordinates per token, as many as ``dim_bbox`` says (4
+    otherwise), integers below ``max_2d_position_embeddings`` where the model embeds them, else
+    fractions. Feature inputs (``visual_feats``, ``visual_pos``): one vector per position, as
+    wide as the configuration's ``<name>_dim`` (singular or plural).
+    """
+    series = _series_input(name, config, lead, gen)
+    if series is not None:
+        return series
+    stems = {name, name.rstrip("s")}
+    dims = [f"{stem}_dim" for stem in stems] + [f"dim_{stem}" for stem in stems]
+    dim = next(
+        (v for v in (_sub_attr(config, d) for d in dims) if isinstance(v, int) and v > 0), None
+    )
+    if _BOX.search(name):
+        corners = dim if dim is not None and dim % 2 == 0 else 4
+        high = _sub_attr(config, "max_2d_position_embeddings", None)
+        points = torch.rand((*lead, seq, corners // 2, 2), generator=gen)
+        points = points.sort(dim=-2).values  # x0 <= x1, y0 <= y1
+        box = points.reshape(*lead, seq, corners)
+        if isinstance(high, int) and high > 1:
+            return (box * (high - 1)).long()
+        return box
+    if dim is not None:
+        return torch.randn((*lead, seq, dim), generator=gen)
+    return None
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,21 @@ SHRINK_SETTINGS: tuple[ShrinkSetting | None, ...] = (
         channels=16,
         window=4,
     ),
+    # Widths in multiples of 32, the group count GroupNorm layers usually have, and stage
+    # widths in multiples of 128, so that a quarter of one (a bottleneck) still is one.
+    ShrinkSetting(
+        "grouped",
+        layers=1,
+        heads=2,
+        head_dim=32,
+        intermediate=64,
+        vocab=128,
+        positions=128,
+        image_size=64,
+        patch_size=16,
+        channels=128,
+        window=4,
+    ),
     ShrinkSetting(
         "medium",
         layers=2,
@@ -178,9 +193,23 @@ def shrink_config_dict(defaults: dict[str, Any], setting: ShrinkSetting) -> dict
         if isinstance(key, str) and _VOCAB.match(key) and key not in _KEEP and isinstance(new, int):
             vocab = new if vocab is None else min(vocab, new)
     _shrink_width_lists(defaults, overrides, setting)
+    _follow_sub_config_widths(defaults, overrides)
+    _shrink_layer_patterns(defaults, overrides)
+    _shrink_stage_names(defaults, overrides)
     _couple_equal_sizes(defaults, overrides)
+    _switch_defaults(defaults, overrides)
     if vocab is not None:
+        _shrink_cutoffs(defaults, overrides, vocab)
+        tokenizer_ids = any(
+            isinstance(k, str) and _VOCAB.match(k) and v is None for k, v in defaults.items()
+        )
+        spare = 1
         for key, value in defaults.items():
+            if tokenizer_ids and key in ("pad_token_id", "mask_token_id") and value is None:
+                # The vocabulary is the tokenizer's (ESM), so are its special ids: pick some.
+                overrides[key] = spare
+                spare += 1
+                continue
             if isinstance(key, str) and _TOKEN_ID.match(key):
                 clamped = _clamp_token_id(value, vocab)
                 if clamped != value:
@@ -280,7 +309,204 @@ def _shrink_width_lists(
             overrides[key] = shrunk
 
 
+_CUTOFFS = re.compile(r"^(.*_)?cutoffs?$")
+
+
+def _shrink_cutoffs(defaults: dict[str, Any], overrides: dict[str, Any], vocab: int) -> None:
+    """Scale adaptive-softmax cluster boundaries (``cutoffs``) into the shrunk vocabulary,
+    keeping them strictly increasing and below it."""
+    old_vocab = max(
+        (v for k, v in defaults.items() if isinstance(k, str) and _VOCAB.match(k) and _is_int(v)),
+        default=None,
+    )
+    if not old_vocab or old_vocab <= vocab:
+        return
+    for key, value in defaults.items():
+        if not (isinstance(key, str) and _CUTOFFS.match(key) and isinstance(value, (list, tuple))):
+            continue
+        if not value or not all(_is_int(v) for v in value):
+            continue
+        scaled: list[int] = []
+        for v in value:
+            new = max(v * vocab // old_vocab, scaled[-1] + 1 if scaled else 1)
+            scaled.append(new)
+        if scaled[-1] < vocab:
+            overrides[key] = scaled
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _pattern_length(value: Any) -> int | None:
+    """Expanded length of ``[[pattern, count], ...]`` (GPT-Neo's ``attention_types``), else None.
+
+    Each entry is a list/tuple pattern (one element per layer) and an integer repeat count.
+    """
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    total = 0
+    for entry in value:
+        if not (isinstance(entry, (list, tuple)) and len(entry) == 2):
+            return None
+        pattern, count = entry
+        if not (isinstance(pattern, (list, tuple)) and pattern and _is_int(count) and count > 0):
+            return None
+        total += len(pattern) * count
+    return total
+
+
+_PER_LAYER = re.compile(r"(layers|types)$")
+
+
+def _shrink_layer_patterns(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Keep per-layer structures consistent with a shrunk layer count.
+
+    A repeat pattern ``[[pattern, count], ...]`` whose expansion has as many entries as a layer
+    count had gets its counts scaled down (at least one repeat each); the layer count then
+    becomes the new expanded length, which may exceed the target when a pattern is longer.
+    A flat list of names with one entry per original layer (``attention_layers``,
+    ``layer_types``) is cut to the new layer count.
+    """
+    reduced = {
+        key: (defaults[key], new)
+        for key, new in overrides.items()
+        if isinstance(key, str)
+        and _LAYER_COUNT.match(key)
+        and _is_int(defaults.get(key))
+        and _is_int(new)
+        and new < defaults[key]
+    }
+    if not reduced:
+        return
+    for key, value in defaults.items():
+        if key in overrides or not isinstance(key, str) or _is_sub_config(key, value):
+            continue
+        expanded = _pattern_length(value)
+        if expanded is None:
+            continue
+        for old, new in reduced.values():
+            if expanded != old:
+                continue
+            scaled = [
+                [list(pattern), max(1, (count * new) // old)] for pattern, count in value
+            ]
+            length = _pattern_length(scaled)
+            overrides[key] = scaled
+            for other, (other_old, _) in reduced.items():
+                if other_old == old:
+                    overrides[other] = length
+            break
+    for key, value in defaults.items():
+        if key in overrides or not isinstance(key, str) or _is_sub_config(key, value):
+            continue
+        if not isinstance(value, (list, tuple)) or _pattern_length(value) is not None:
+            continue
+        if not _PER_LAYER.search(key) or not all(isinstance(v, str) for v in value):
+            continue  # per-layer sizes (``conv_stride``) belong to other layer counts
+        for layer_key, (old, _) in reduced.items():
+            if len(value) == old and old > 1:
+                overrides[key] = list(value[: overrides[layer_key]])
+                break
+
+
+def _shrink_stage_names(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Backbone outputs (``out_features``/``out_indices``) of stages that a shrunk layer count
+    removed move to the last remaining stage; ``stage_names`` is cut to match."""
+    names = defaults.get("stage_names")
+    if not (isinstance(names, (list, tuple)) and names) or "stage_names" in overrides:
+        return
+    depth = next(
+        (
+            new
+            for key, new in overrides.items()
+            if isinstance(key, str)
+            and _LAYER_COUNT.match(key)
+            and _is_int(new)
+            and defaults.get(key) == len(names) - 1
+        ),
+        None,
+    )
+    if depth is None or depth >= len(names) - 1:
+        return
+    if any(
+        isinstance(k, str) and _LAYER_LISTS.match(k) and isinstance(v, (list, tuple))
+        and len(v) == len(names) - 1
+        for k, v in defaults.items()
+    ):
+        return  # stages come from a per-stage list (Swin's ``depths``), which keeps its length
+    kept = list(names[: depth + 1])
+    overrides["stage_names"] = kept
+    features = defaults.get("out_features")
+    if isinstance(features, (list, tuple)):
+        moved = [kept[min(names.index(f), depth)] for f in features if f in names]
+        overrides["out_features"] = list(dict.fromkeys(moved))
+    indices = defaults.get("out_indices")
+    if isinstance(indices, (list, tuple)) and all(_is_int(i) for i in indices):
+        overrides["out_indices"] = list(dict.fromkeys(min(i, depth) for i in indices))
+
+
+# ``default_language: None`` beside ``languages: [...]``: the model needs one picked.
+_DEFAULT_CHOICE = re.compile(r"^default_(\w+)$")
+# Backbones from optional libraries (``use_timm_backbone``): use the transformers one instead.
+_OPTIONAL_BACKBONE = re.compile(r"^use_\w+_backbone$")
+
+
+# Horizons a forecasting model must be given (``prediction_length``: no default).
+_REQUIRED_LENGTH = re.compile(r"^prediction_length$")
+
+
+def _switch_defaults(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Settings a model cannot run without, picked from the configuration itself."""
+    for key, value in defaults.items():
+        if not isinstance(key, str):
+            continue
+        choice = _DEFAULT_CHOICE.match(key)
+        if choice and value is None:
+            for plural in (choice.group(1) + "s", choice.group(1) + "es"):
+                options = defaults.get(plural)
+                if isinstance(options, (list, tuple)) and options:
+                    overrides[key] = options[0]
+                    break
+        if _OPTIONAL_BACKBONE.match(key) and value is True:
+            overrides[key] = False
+        if _REQUIRED_LENGTH.match(key) and value is None:
+            overrides[key] = 4
+
+
 _COUPLED = re.compile(r"(stride|size|dim)")
+# Sizes a parent configuration repeats from a backbone's stage widths (UperNet's
+# ``auxiliary_in_channels``, ViT-hybrid's ``backbone_featmap_shape``).
+_CHANNEL_REFS = re.compile(r"(channels|featmap_shape)$")
+
+
+def _follow_sub_config_widths(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Map channel sizes of this configuration the way a sub-config's width lists were mapped."""
+    mapping: dict[int, int] = {}
+    for key, new in overrides.items():
+        old = defaults.get(key)
+        if not (_is_sub_config(key, old) and isinstance(new, dict)):
+            continue
+        for name, values in old.items():
+            shrunk = new.get(name)
+            if not (isinstance(name, str) and _WIDTH_LISTS.match(name)):
+                continue
+            if isinstance(values, (list, tuple)) and isinstance(shrunk, list):
+                if len(values) == len(shrunk):
+                    mapping.update(
+                        (a, b) for a, b in zip(values, shrunk) if _is_int(a) and a != b
+                    )
+    if not mapping:
+        return
+    for key, value in defaults.items():
+        if key in overrides or not isinstance(key, str) or not _CHANNEL_REFS.search(key):
+            continue
+        if _is_int(value) and value in mapping:
+            overrides[key] = mapping[value]
+        elif isinstance(value, (list, tuple)) and any(
+            _is_int(v) and v in mapping for v in value
+        ):
+            overrides[key] = [mapping.get(v, v) if _is_int(v) else v for v in value]
 
 
 def _couple_equal_sizes(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:

@@ -251,6 +251,16 @@ def _refuse_if_too_large(cls: type, config: Any, *, must_size: bool) -> None:
         raise ValueError(f"{size:,} parameters, too many to check within the timeout")
 
 
+def _named_parameters(exc: BaseException, model: Any, inputs: dict[str, Any]) -> tuple[str, ...]:
+    """Forward parameters the error message names that the inputs leave out."""
+    import inspect
+    import re
+
+    params = inspect.signature(model.forward).parameters
+    words = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", str(exc))
+    return tuple(dict.fromkeys(w for w in words if w in params and w not in inputs))
+
+
 def _error_line(exc: BaseException) -> str:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {first}"[:300]
@@ -272,7 +282,7 @@ def check_transformers_class(
         snapshot_state,
         zero_dropout_modules,
     )
-    from .hf import build_config, make_inputs, recipes
+    from .hf import build_config, make_inputs, recipes, size_fixes
     from .results import NOT_CHECKABLE, REFUTED, ClassVerification
 
     original_cls = getattr(original_module, name, None)
@@ -285,18 +295,36 @@ def check_transformers_class(
     dtype = _torch_dtype(job["dtype"])
 
     failures: dict[str, list[str]] = {}  # error -> the recipes that hit it
-    for recipe in recipes():
+    attempts = [(recipe, {}) for recipe in recipes()]
+    fixes: dict[str, Any] = {}
+    while attempts:
+        recipe, fixes = attempts.pop(0)
+        config = None
         try:
-            config = build_config(config_class, recipe.setting, cls_name=name)
+            config = build_config(config_class, recipe.setting, cls_name=name, fixes=fixes)
             _refuse_if_too_large(original_cls, config, must_size=recipe.setting is None)
             probe = _build(original_cls, config, job)  # only to try the recipe: then dropped
-            inputs = make_inputs(probe, config, job["seed"], recipe.every_modality)
-            inputs = _cast_inputs(inputs, dtype)
             probe.eval()
-            with torch.no_grad():
-                probe(**inputs)
+            require: tuple[str, ...] = ()
+            while True:
+                inputs = make_inputs(probe, config, job["seed"], recipe.every_modality, require)
+                inputs = _cast_inputs(inputs, dtype)
+                try:
+                    with torch.no_grad():
+                        probe(**inputs)
+                except Exception as exc:
+                    # "You have to specify bbox": generate the optional inputs it names, once.
+                    named = _named_parameters(exc, probe, inputs)
+                    if not named or len(require) > 8:
+                        raise
+                    require = (*require, *named)
+                    continue
+                break
         except Exception as exc:
             failures.setdefault(_error_line(exc), []).append(recipe.label)
+            more = size_fixes(config, str(exc)) if config is not None else {}
+            if more and len(fixes) < 4 and not set(more) <= set(fixes):
+                attempts.insert(0, (recipe, {**fixes, **more}))  # same recipe, sizes agreed
             continue
         break
     else:
@@ -336,7 +364,9 @@ def check_transformers_class(
         )
     if "train" in job["modes"]:
         try:
-            quiet = build_config(config_class, recipe.setting, cls_name=name, zero_dropout=True)
+            quiet = build_config(
+                config_class, recipe.setting, cls_name=name, zero_dropout=True, fixes=fixes
+            )
             quiet_original, quiet_patched, quiet_state, problem = sources(quiet)
         except Exception as exc:
             outcomes["train"] = ModeOutcome(

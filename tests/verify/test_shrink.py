@@ -161,3 +161,116 @@ def test_zero_dropout_covers_the_naming_styles() -> None:
     assert overrides["text_config"]["attention_dropout"] == 0.0
     assert "classifier_dropout" not in overrides  # None: falls back to a zeroed one
     assert "layer_norm_eps" not in overrides
+
+
+def test_repeat_patterns_follow_the_layer_count() -> None:
+    gpt_neo = {
+        "num_layers": 24,
+        "attention_types": [[["global", "local"], 12]],
+        "attention_layers": ["global", "local"] * 12,
+    }
+    overrides = shrink_config_dict(gpt_neo, TINY)
+    assert overrides["attention_types"] == [[["global", "local"], 1]]
+    assert overrides["num_layers"] == 2
+    assert overrides["attention_layers"] == ["global", "local"]
+
+
+def test_a_pattern_longer_than_the_target_sets_the_layer_count() -> None:
+    small = SHRINK_SETTINGS[1]
+    assert isinstance(small, ShrinkSetting) and small.layers == 1
+    overrides = shrink_config_dict(
+        {"num_layers": 24, "attention_types": [[["global", "local"], 12]]}, small
+    )
+    assert overrides["num_layers"] == 2  # one repeat of a two-layer pattern
+    assert overrides["attention_types"] == [[["global", "local"], 1]]
+
+
+def test_per_layer_lists_are_cut_to_the_new_depth() -> None:
+    overrides = shrink_config_dict(
+        {"num_hidden_layers": 6, "layer_types": ["a", "b", "a", "b", "a", "b"]}, TINY
+    )
+    assert overrides["layer_types"] == ["a", "b"]
+
+
+def test_cutoffs_scale_into_the_shrunk_vocabulary() -> None:
+    overrides = shrink_config_dict({"vocab_size": 267735, "cutoffs": [20000, 40000, 200000]}, TINY)
+    cutoffs = overrides["cutoffs"]
+    assert cutoffs == sorted(set(cutoffs)) and 0 < cutoffs[0] and cutoffs[-1] < TINY.vocab
+
+
+def test_tokenizer_defined_vocabulary_gets_pad_and_mask_ids() -> None:
+    overrides = shrink_config_dict(
+        {"vocab_size": None, "pad_token_id": None, "mask_token_id": None, "eos_token_id": None},
+        TINY,
+    )
+    assert overrides["vocab_size"] == TINY.vocab
+    assert overrides["pad_token_id"] != overrides["mask_token_id"]
+    assert max(overrides["pad_token_id"], overrides["mask_token_id"]) < TINY.vocab
+    assert "eos_token_id" not in overrides
+
+
+def test_switches_pick_defaults_and_library_free_backbones() -> None:
+    config = {
+        "default_language": None,
+        "languages": ["en_XX", "de_DE"],
+        "use_timm_backbone": True,
+        "prediction_length": None,
+        "hidden_size": 768,
+    }
+    overrides = shrink_config_dict(config, TINY)
+    assert overrides["default_language"] == "en_XX"
+    assert overrides["use_timm_backbone"] is False
+    assert isinstance(overrides["prediction_length"], int)
+
+
+def test_parent_channel_sizes_follow_the_backbone_widths() -> None:
+    upernet_like = {
+        "backbone_config": {"model_type": "resnet", "hidden_sizes": [256, 512, 1024, 2048]},
+        "auxiliary_in_channels": 1024,
+        "backbone_featmap_shape": [1, 2048, 7, 7],
+    }
+    overrides = shrink_config_dict(upernet_like, TINY)
+    widths = overrides["backbone_config"]["hidden_sizes"]
+    assert overrides["auxiliary_in_channels"] == widths[2]
+    assert overrides["backbone_featmap_shape"] == [1, widths[3], 7, 7]
+
+
+def test_grouped_setting_keeps_stage_widths_divisible_by_group_counts() -> None:
+    grouped = next(s for s in SHRINK_SETTINGS if s is not None and s.name == "grouped")
+    overrides = shrink_config_dict({"hidden_sizes": [256, 512, 1024, 2048]}, grouped)
+    assert all(w % 128 == 0 for w in overrides.get("hidden_sizes", [256, 512, 1024, 2048]))
+    assert grouped.width % 32 == 0
+
+
+def test_backbone_outputs_move_to_the_stages_that_remain() -> None:
+    vitdet = {
+        "num_hidden_layers": 12,
+        "stage_names": ["stem"] + [f"stage{i}" for i in range(1, 13)],
+        "out_features": ["stage4"],
+        "out_indices": [4],
+    }
+    overrides = shrink_config_dict(vitdet, TINY)
+    assert overrides["stage_names"] == ["stem", "stage1", "stage2"]
+    assert overrides["out_features"] == ["stage2"] and overrides["out_indices"] == [2]
+
+
+def test_stage_names_of_per_stage_lists_are_left_alone() -> None:
+    swin = {
+        "num_layers": 4,
+        "depths": [2, 2, 6, 2],
+        "stage_names": ["stem", "stage1", "stage2", "stage3", "stage4"],
+        "out_features": ["stage1", "stage2", "stage3", "stage4"],
+    }
+    overrides = shrink_config_dict(swin, TINY)
+    assert "stage_names" not in overrides and "out_features" not in overrides
+
+
+def test_per_layer_size_lists_of_other_layer_counts_keep_their_length() -> None:
+    wav2vec2 = {
+        "num_hidden_layers": 12,
+        "num_feat_extract_layers": 7,
+        "conv_stride": [5, 2, 2, 2, 2, 2, 2],
+        "conv_kernel": [10, 3, 3, 3, 3, 2, 2],
+    }
+    overrides = shrink_config_dict(wav2vec2, TINY)
+    assert "conv_stride" not in overrides and "conv_kernel" not in overrides

@@ -1,0 +1,69 @@
+"""Input generation by parameter name and size fixes after mismatch errors (``hf``)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from adopter.verify.hf import make_inputs, size_fixes  # noqa: E402
+
+
+class _Forward(torch.nn.Module):
+    main_input_name = "input_ids"
+
+    def forward(self, input_ids: Any, bbox: Any, visual_feats: Any = None) -> Any:
+        return input_ids
+
+
+class _Series(torch.nn.Module):
+    main_input_name = "past_values"
+
+    def forward(
+        self,
+        past_values: Any,
+        past_time_features: Any,
+        past_observed_mask: Any,
+        future_values: Any = None,
+    ) -> Any:
+        return past_values
+
+
+class _Config(SimpleNamespace):
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def test_required_boxes_and_named_features_come_from_the_config() -> None:
+    config = _Config(vocab_size=50, dim_bbox=8, max_2d_position_embeddings=100, visual_feat_dim=6)
+    inputs = make_inputs(_Forward(), config, seed=0)
+    bbox = inputs["bbox"]
+    assert bbox.shape[-1] == 8 and bbox.dtype == torch.long and int(bbox.max()) < 100
+    corners = bbox.reshape(*bbox.shape[:-1], 4, 2)
+    assert bool((corners[..., 0, :] <= corners[..., 1, :]).all())  # sorted x0 <= x1, y0 <= y1
+    assert "visual_feats" not in inputs  # optional: only generated when an error names it
+    inputs = make_inputs(_Forward(), config, seed=0, require=("visual_feats",))
+    assert inputs["visual_feats"].shape == (2, inputs["input_ids"].shape[-1], 6)
+
+
+def test_time_series_inputs_span_context_plus_lags_and_the_horizon() -> None:
+    config = _Config(
+        prediction_length=4, context_length=None, lags_sequence=[1, 2, 3], num_time_features=2
+    )
+    inputs = make_inputs(_Series(), config, seed=0)
+    assert inputs["past_values"].shape == (2, 4 + 3)
+    assert inputs["past_time_features"].shape == (2, 4 + 3, 2)
+    assert inputs["future_values"].shape == (2, 4)
+
+
+def test_size_fixes_take_the_single_attribute_holding_a_mismatched_size() -> None:
+    config = _Config(hidden_dim=16, num_labels=3)
+    assert size_fixes(config, "running_mean should contain 1280 elements not 16") == {
+        "hidden_dim": 1280
+    }
+    ambiguous = _Config(hidden_dim=16, embed_dim=16)
+    assert size_fixes(ambiguous, "running_mean should contain 1280 elements not 16") == {}
+    assert size_fixes(config, "some other error") == {}
