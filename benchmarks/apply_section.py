@@ -66,8 +66,9 @@ def installed_transformers() -> Path | None:
 
 
 def package_copy(installed: Path, scratch: Path) -> Path:
-    """A symlink farm of the installed package: patched files are written over the links."""
+    """A symlink farm of a transformers package: patched files are written over the links."""
     target = scratch / "site" / "transformers"
+    installed = installed.resolve()  # links must not depend on the working directory
     for folder, _, files in os.walk(installed):
         relative = Path(folder).relative_to(installed)
         if "__pycache__" in relative.parts:
@@ -130,43 +131,44 @@ def run_apply(paths: dict[str, Path], rules, jobs: int, import_check: bool) -> A
 
 
 def check_imports(copies: dict[str, Path], scratch: Path, report: ApplyReport) -> None:
+    """Import each patched module inside a copy of its own transformers package: the installed
+    4.34.0, or for a model newer than that (owlv2) the release the benchmark took it from."""
     installed = installed_transformers()
     if installed is None:
         report.import_skipped = "transformers is not installed (pip install -e '.[test]')"
         return
-    package = package_copy(installed, scratch)
-    modules = []
+    groups: dict[Path, list[tuple[str, Path]]] = {}
     for model, copy in copies.items():
-        target = package / "models" / model / copy.name
-        if not target.parent.exists():  # a model newer than the installed package (owlv2)
-            source_dir = copy.parent
-            target.parent.mkdir(parents=True)
-            original_dir = Path(str(_original_dir(model)))
-            for name in os.listdir(original_dir):
-                if name.endswith(".py"):
-                    (target.parent / name).symlink_to(original_dir / name)
-            del source_dir
-        if target.exists() or target.is_symlink():
-            target.unlink()
-        shutil.copyfile(copy, target)
-        modules.append(f"transformers.models.{model}.{copy.stem}")
-    env = {**os.environ, "PYTHONPATH": str(package.parent), "TRANSFORMERS_OFFLINE": "1",
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+        root = installed if (installed / "models" / model).is_dir() else (
+            _original_dir(model).parents[1]
+        )
+        groups.setdefault(root, []).append((model, copy))
     started = time.perf_counter()
-    completed = subprocess.run(
-        [sys.executable, "-c", _IMPORT_PROBE, json.dumps(modules)],
-        capture_output=True, text=True, env=env, timeout=IMPORT_TIMEOUT, cwd=scratch,
-    )
+    for number, (root, members) in enumerate(sorted(groups.items())):
+        package = package_copy(root, scratch / f"package-{number}")
+        modules = []
+        for model, copy in members:
+            target = package / "models" / model / copy.name
+            if target.exists() or target.is_symlink():
+                target.unlink()
+            shutil.copyfile(copy, target)
+            modules.append(f"transformers.models.{model}.{copy.stem}")
+        env = {**os.environ, "PYTHONPATH": str(package.parent), "TRANSFORMERS_OFFLINE": "1",
+               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+        completed = subprocess.run(
+            [sys.executable, "-c", _IMPORT_PROBE, json.dumps(modules)],
+            capture_output=True, text=True, env=env, timeout=IMPORT_TIMEOUT, cwd=scratch,
+        )
+        if completed.returncode != 0:
+            report.import_skipped = f"import probe failed: {completed.stderr.strip()[-300:]}"
+            return
+        outcome = json.loads(completed.stdout.strip().splitlines()[-1])
+        for name, error in outcome.items():
+            if error is None:
+                report.imported += 1
+            else:
+                report.import_failures[name] = error
     report.import_seconds = time.perf_counter() - started
-    if completed.returncode != 0:
-        report.import_skipped = f"import probe failed: {completed.stderr.strip()[-300:]}"
-        return
-    outcome = json.loads(completed.stdout.strip().splitlines()[-1])
-    for name, error in outcome.items():
-        if error is None:
-            report.imported += 1
-        else:
-            report.import_failures[name] = error
 
 
 _ORIGINAL_DIRS: dict[str, Path] = {}
@@ -192,7 +194,7 @@ def render(report: ApplyReport, jobs: int) -> list[str]:
     w(f"Every site the scan finds is rewritten in a scratch copy of the {report.files} files "
       f"(`adopter apply --write`, {jobs} worker processes). The patched files are then compiled, "
       "imported inside a copy of the installed `transformers==4.34.0` package (a subprocess; "
-      "`owlv2` is imported with its own 4.35.0 package folder placed inside it), and patched "
+      "`owlv2`, first released in 4.35.0, inside a copy of that release), and patched "
       "again to check that nothing is left to do.\n")
     total = report.patched_sites + len(report.skipped) + len(report.covered)
     share = 100 * report.patched_sites / max(1, total)

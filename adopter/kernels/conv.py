@@ -25,6 +25,7 @@ from torch import nn
 
 from ._fold import bn_foldable, folded_weight_bias
 from ._util import is_plain, plain_tensors
+from .linear import _gradients_wanted
 
 __all__ = ["conv_batch_norm"]
 
@@ -40,8 +41,8 @@ _BN_FOR_DIMS: dict[int, type[nn.Module]] = {
 def conv_batch_norm(x: torch.Tensor, conv: nn.Module, batch_norm: nn.Module) -> torch.Tensor:
     """Return ``batch_norm(conv(x))``, folding the BatchNorm into ``conv`` in eval mode.
 
-    Gradients w.r.t. ``x``, the conv weight/bias and the BatchNorm weight/bias are correct on
-    every path: with autograd recording, the fold is recomputed differentiably each call.
+    Under autograd (eval-mode fine-tuning with frozen statistics) the two modules run as they
+    are: the fold pays off in inference only.
     """
     if not is_plain(conv, *_CONVS):
         return batch_norm(conv(x))
@@ -51,7 +52,7 @@ def conv_batch_norm(x: torch.Tensor, conv: nn.Module, batch_norm: nn.Module) -> 
         return batch_norm(conv(x))
     if not isinstance(batch_norm, _BN_FOR_DIMS[spatial]):
         return batch_norm(conv(x))
-    if not bn_foldable(batch_norm, weight, conv.out_channels):
+    if not bn_foldable(batch_norm, weight, conv.out_channels) or _gradients_wanted(x, conv):
         return batch_norm(conv(x))
     new_weight, new_bias = folded_weight_bias(conv, weight, bias, batch_norm)
     return conv._conv_forward(x, new_weight, new_bias)
