@@ -57,9 +57,14 @@ class ApplyReport:
 def installed_transformers() -> Path | None:
     """Location of the installed transformers package, found without importing it."""
     probe = subprocess.run(
-        [sys.executable, "-c", "import importlib.util as u; s = u.find_spec('transformers'); "
-         "print(s.submodule_search_locations[0] if s else '')"],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-c",
+            "import importlib.util as u; s = u.find_spec('transformers'); "
+            "print(s.submodule_search_locations[0] if s else '')",
+        ],
+        capture_output=True,
+        text=True,
     )
     location = probe.stdout.strip()
     return Path(location) if location else None
@@ -98,8 +103,12 @@ def run_apply(paths: dict[str, Path], rules, jobs: int, import_check: bool) -> A
         report.seconds = time.perf_counter() - started
         report.changed_files = len(result.changed)
         for item in result.results:
-            where = (Path(item.site.path).parent.name, item.site.line, item.site.rule.id,
-                     item.reason)
+            where = (
+                Path(item.site.path).parent.name,
+                item.site.line,
+                item.site.rule.id,
+                item.reason,
+            )
             if item.status == "patched":
                 report.patched_sites += 1
                 report.patched_by_rule[item.site.rule.id] += 1
@@ -107,8 +116,12 @@ def run_apply(paths: dict[str, Path], rules, jobs: int, import_check: bool) -> A
                 report.covered.append(where)
             else:
                 report.skipped.append(
-                    (Path(item.site.path).parent.name, item.site.line, item.site.rule.id,
-                     item.reason)
+                    (
+                        Path(item.site.path).parent.name,
+                        item.site.line,
+                        item.site.rule.id,
+                        item.reason,
+                    )
                 )
         for copy in copies.values():
             text = copy.read_text(encoding="utf-8")
@@ -139,8 +152,10 @@ def check_imports(copies: dict[str, Path], scratch: Path, report: ApplyReport) -
         return
     groups: dict[Path, list[tuple[str, Path]]] = {}
     for model, copy in copies.items():
-        root = installed if (installed / "models" / model).is_dir() else (
-            _original_dir(model).parents[1]
+        root = (
+            installed
+            if (installed / "models" / model).is_dir()
+            else (_original_dir(model).parents[1])
         )
         groups.setdefault(root, []).append((model, copy))
     started = time.perf_counter()
@@ -153,11 +168,20 @@ def check_imports(copies: dict[str, Path], scratch: Path, report: ApplyReport) -
                 target.unlink()
             shutil.copyfile(copy, target)
             modules.append(f"transformers.models.{model}.{copy.stem}")
-        env = {**os.environ, "PYTHONPATH": str(package.parent), "TRANSFORMERS_OFFLINE": "1",
-               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(package.parent),
+            "TRANSFORMERS_OFFLINE": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+        }
         completed = subprocess.run(
             [sys.executable, "-c", _IMPORT_PROBE, json.dumps(modules)],
-            capture_output=True, text=True, env=env, timeout=IMPORT_TIMEOUT, cwd=scratch,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=IMPORT_TIMEOUT,
+            cwd=scratch,
         )
         if completed.returncode != 0:
             report.import_skipped = f"import probe failed: {completed.stderr.strip()[-300:]}"
@@ -191,11 +215,13 @@ def render(report: ApplyReport, jobs: int) -> list[str]:
     out: list[str] = []
     w = out.append
     w("## Apply: patching the benchmark\n")
-    w(f"Every site the scan finds is rewritten in a scratch copy of the {report.files} files "
-      f"(`adopter apply --write`, {jobs} worker processes). The patched files are then compiled, "
-      "imported inside a copy of the installed `transformers==4.34.0` package (a subprocess; "
-      "`owlv2`, first released in 4.35.0, inside a copy of that release), and patched "
-      "again to check that nothing is left to do.\n")
+    w(
+        f"Every site the scan finds is rewritten in a scratch copy of the {report.files} files "
+        f"(`adopter apply --write`, {jobs} worker processes). The patched files are then compiled, "
+        "imported inside a copy of the installed `transformers==4.34.0` package (a subprocess; "
+        "`owlv2`, first released in 4.35.0, inside a copy of that release), and patched "
+        "again to check that nothing is left to do.\n"
+    )
     total = report.patched_sites + len(report.skipped) + len(report.covered)
     share = 100 * report.patched_sites / max(1, total)
     handled = 100 * (report.patched_sites + len(report.covered)) / max(1, total)
@@ -203,8 +229,10 @@ def render(report: ApplyReport, jobs: int) -> list[str]:
     w("|---|---|")
     w(f"| sites found by the scan | {total} |")
     w(f"| sites patched | {report.patched_sites} ({share:.1f}%) |")
-    w(f"| sites covered by an enclosing rewrite (e.g. a softmax inside an attention class that "
-      f"paper.1-3 replace) | {len(report.covered)} |")
+    w(
+        f"| sites covered by an enclosing rewrite (e.g. a softmax inside an attention class that "
+        f"paper.1-3 replace) | {len(report.covered)} |"
+    )
     w(f"| patched or covered | {handled:.1f}% |")
     w(f"| sites skipped (with a reason) | {len(report.skipped)} |")
     w(f"| files changed | {report.changed_files} of {report.files} |")
@@ -212,14 +240,19 @@ def render(report: ApplyReport, jobs: int) -> list[str]:
     if report.import_skipped:
         w(f"| patched modules that import | {report.import_skipped} |")
     else:
-        w(f"| patched modules that import | {report.imported} of {report.files} "
-          f"({report.import_seconds:.0f} s) |")
+        w(
+            f"| patched modules that import | {report.imported} of {report.files} "
+            f"({report.import_seconds:.0f} s) |"
+        )
     w(f"| files changed by a second apply | {report.second_run_changes} |")
     w(f"| wall time, apply (scan + synthesis + atomic writes) | {report.seconds:.2f} s |")
     w(f"| wall time, second apply | {report.second_seconds:.2f} s |")
     w("")
-    w("Patched sites per rule: " + ", ".join(
-        f"{rule}: {count}" for rule, count in sorted(report.patched_by_rule.items())) + ".\n")
+    w(
+        "Patched sites per rule: "
+        + ", ".join(f"{rule}: {count}" for rule, count in sorted(report.patched_by_rule.items()))
+        + ".\n"
+    )
     if report.compile_failures:
         w("**Files that do not compile:** " + "; ".join(report.compile_failures) + "\n")
     if report.import_failures:

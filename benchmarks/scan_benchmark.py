@@ -330,9 +330,11 @@ def main() -> int:
         register_original_dirs(paths)
         report = run_apply(paths, rules, args.jobs, import_check=not args.no_import_check)
         out.extend(render(report, args.jobs))
-        print(f"apply: {report.patched_sites} patched, {len(report.skipped)} skipped, "
-              f"{report.compiled}/{report.files} compile, {report.imported} import, "
-              f"second run changes {report.second_run_changes}, {report.seconds:.2f} s")
+        print(
+            f"apply: {report.patched_sites} patched, {len(report.skipped)} skipped, "
+            f"{report.compiled}/{report.files} compile, {report.imported} import, "
+            f"second run changes {report.second_run_changes}, {report.seconds:.2f} s"
+        )
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text("\n".join(out) + "\n", encoding="utf-8")
     print(

@@ -44,7 +44,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--timeout", type=float, default=300)
-    parser.add_argument("--heads", type=int, default=1, help="head classes per file besides the base model")
+    parser.add_argument(
+        "--heads", type=int, default=1, help="head classes per file besides the base model"
+    )
     parser.add_argument("--models", help="comma-separated subset (default: all 199)")
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "verification.md")
     args = parser.parse_args()
@@ -87,8 +89,13 @@ def main() -> int:
 
     def run(batch):
         files = [item for _, item, _ in batch]
-        return list(zip(batch, verify_patched_files(files, timeout=args.timeout,
-                                                    max_heads=args.heads), strict=True))
+        return list(
+            zip(
+                batch,
+                verify_patched_files(files, timeout=args.timeout, max_heads=args.heads),
+                strict=True,
+            )
+        )
 
     with ThreadPoolExecutor(args.jobs) as pool:
         for results in pool.map(run, [b for b in batches if b]):
@@ -100,7 +107,8 @@ def main() -> int:
                 if diffs:
                     worst = max(diffs)
                     where = next(
-                        f"{c.cls}: {c.where}" for c in verification.classes
+                        f"{c.cls}: {c.where}"
+                        for c in verification.classes
                         if c.max_abs_diff == worst
                     )
                 outcome[model] = (status, reason, worst, where)
@@ -122,38 +130,48 @@ def main() -> int:
     out: list[str] = []
     w = out.append
     w("# Verification: every patched benchmark model, original vs patched\n")
-    w(f"Produced by `python benchmarks/verify_benchmark.py --jobs {args.jobs} --timeout "
-      f"{args.timeout:g} --heads {args.heads}` at commit `{git_revision()}` on {machine()}, "
-      f"torch 2.13.0 (CPU), transformers 4.34.0. Wall time: {seconds / 60:.1f} min.\n")
-    w("For each of the 199 modeling files, all nine rules are applied (in memory). Every file "
-      "that changed is checked by `adopter verify`: the base model class and up to "
-      f"{args.heads} head class(es) are built from the same shrunken configuration, the "
-      "original's `state_dict` is loaded strictly into the patched model, both get the same "
-      "seeded inputs, and outputs, parameter gradients and buffers are compared in eval mode and "
-      "in train mode (dropout probabilities set to 0; with the configured dropout too where the "
-      "kernels draw random numbers like the original).\n")
+    w(
+        f"Produced by `python benchmarks/verify_benchmark.py --jobs {args.jobs} --timeout "
+        f"{args.timeout:g} --heads {args.heads}` at commit `{git_revision()}` on {machine()}, "
+        f"torch 2.13.0 (CPU), transformers 4.34.0. Wall time: {seconds / 60:.1f} min.\n"
+    )
+    w(
+        "For each of the 199 modeling files, all nine rules are applied (in memory). Every file "
+        "that changed is checked by `adopter verify`: the base model class and up to "
+        f"{args.heads} head class(es) are built from the same shrunken configuration, the "
+        "original's `state_dict` is loaded strictly into the patched model, both get the same "
+        "seeded inputs, and outputs, parameter gradients and buffers are compared in eval mode and "
+        "in train mode (dropout probabilities set to 0; with the configured dropout too where the "
+        "kernels draw random numbers like the original).\n"
+    )
     w("## Summary\n")
     w("| outcome | models |")
     w("|---|---|")
     w(f"| patched | {len(patched_models)} of {len(models)} |")
     for status in ("verified", "refuted", "not checkable"):
         w(f"| {status} | {counts.get(status, 0)} |")
-    w(f"| built and checked (verified or refuted) | {len(checked)} of {len(patched_models)} "
-      f"({100 * len(checked) / max(1, len(patched_models)):.1f}%) |")
+    w(
+        f"| built and checked (verified or refuted) | {len(checked)} of {len(patched_models)} "
+        f"({100 * len(checked) / max(1, len(patched_models)):.1f}%) |"
+    )
     w(f"| unchanged (no site) | {counts.get('unchanged', 0)} |")
     w("")
     w("## Per rule\n")
-    w("A model counts under every rule that patched it; the largest difference is the largest "
-      "absolute difference of any compared output, gradient or buffer in a model patched by "
-      "that rule (float32).\n")
+    w(
+        "A model counts under every rule that patched it; the largest difference is the largest "
+        "absolute difference of any compared output, gradient or buffer in a model patched by "
+        "that rule (float32).\n"
+    )
     w("| rule | models patched | verified | refuted | not checkable | largest difference (where) |")
     w("|---|---|---|---|---|---|")
     for rule in sorted(per_rule):
         stats = per_rule[rule]
         worst = worst_by_rule.get(rule)
         worst_text = f"{worst[0]:.2e} in {worst[1]}" if worst else "-"
-        w(f"| {rule} | {sum(stats.values())} | {stats['verified']} | {stats['refuted']} | "
-          f"{stats['not checkable']} | {worst_text} |")
+        w(
+            f"| {rule} | {sum(stats.values())} | {stats['verified']} | {stats['refuted']} | "
+            f"{stats['not checkable']} | {worst_text} |"
+        )
     w("")
     for title, status in (("Refuted", "refuted"), ("Not checkable", "not checkable")):
         chosen = [m for m in patched_models if outcome[m][0] == status]

@@ -181,7 +181,9 @@ def size_fixes(config: Any, error: str) -> dict[str, Any]:
         sizes = {
             key: value
             for key, value in config.to_dict().items()
-            if isinstance(value, int) and not isinstance(value, bool) and value in (a, b)
+            if isinstance(value, int)
+            and not isinstance(value, bool)
+            and value in (a, b)
             and re.search(r"(size|dim|channels)$", key)
         }
         if len(sizes) == 1:

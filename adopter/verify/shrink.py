@@ -388,9 +388,7 @@ def _shrink_layer_patterns(defaults: dict[str, Any], overrides: dict[str, Any]) 
         for old, new in reduced.values():
             if expanded != old:
                 continue
-            scaled = [
-                [list(pattern), max(1, (count * new) // old)] for pattern, count in value
-            ]
+            scaled = [[list(pattern), max(1, (count * new) // old)] for pattern, count in value]
             length = _pattern_length(scaled)
             overrides[key] = scaled
             for other, (other_old, _) in reduced.items():
@@ -430,7 +428,9 @@ def _shrink_stage_names(defaults: dict[str, Any], overrides: dict[str, Any]) -> 
     if depth is None or depth >= len(names) - 1:
         return
     if any(
-        isinstance(k, str) and _LAYER_LISTS.match(k) and isinstance(v, (list, tuple))
+        isinstance(k, str)
+        and _LAYER_LISTS.match(k)
+        and isinstance(v, (list, tuple))
         and len(v) == len(names) - 1
         for k, v in defaults.items()
     ):
@@ -493,9 +493,7 @@ def _follow_sub_config_widths(defaults: dict[str, Any], overrides: dict[str, Any
                 continue
             if isinstance(values, (list, tuple)) and isinstance(shrunk, list):
                 if len(values) == len(shrunk):
-                    mapping.update(
-                        (a, b) for a, b in zip(values, shrunk) if _is_int(a) and a != b
-                    )
+                    mapping.update((a, b) for a, b in zip(values, shrunk) if _is_int(a) and a != b)
     if not mapping:
         return
     for key, value in defaults.items():
@@ -503,9 +501,7 @@ def _follow_sub_config_widths(defaults: dict[str, Any], overrides: dict[str, Any
             continue
         if _is_int(value) and value in mapping:
             overrides[key] = mapping[value]
-        elif isinstance(value, (list, tuple)) and any(
-            _is_int(v) and v in mapping for v in value
-        ):
+        elif isinstance(value, (list, tuple)) and any(_is_int(v) and v in mapping for v in value):
             overrides[key] = [mapping.get(v, v) if _is_int(v) else v for v in value]
 
 

@@ -522,8 +522,15 @@ def test_linear_bn_eval_folding_with_grads(dtype, affine, bias):
 def test_linear_bn_eval_is_folded(monkeypatch):
     lin, bn = make_lin_bn()
     bn.eval()
-    monkeypatch.setattr(F, "batch_norm", lambda *a, **k: pytest.fail("BN must be folded"))
+    with monkeypatch.context() as patch:
+        patch.setattr(F, "batch_norm", lambda *a, **k: pytest.fail("BN must be folded"))
+        with torch.no_grad():
+            linear_batch_norm(torch.randn(3, 6, dtype=torch.float64), lin, bn)
+    calls = []
+    real = F.batch_norm
+    monkeypatch.setattr(F, "batch_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
     linear_batch_norm(torch.randn(3, 6, dtype=torch.float64), lin, bn)
+    assert calls == [1]
 
 
 def test_linear_bn_cache_invalidation_after_optimizer_step():

@@ -33,7 +33,10 @@ def test_refuted_rule_is_dropped_and_the_good_one_kept():
     path = Path(spec.submodule_search_locations[0]) / "models" / "bert" / "modeling_bert.py"
     rules = [r for r in load_rule_set("paper") if r.id == "paper.6"] + parse_rules(WRONG_SOFTMAX)
     rewrite = rewrite_text(path.read_text(encoding="utf-8"), str(path), Matcher(rules))
-    assert {r.site.rule.id for r in rewrite.results if r.status == "patched"} == {"paper.6", "bad.1"}
+    assert {r.site.rule.id for r in rewrite.results if r.status == "patched"} == {
+        "paper.6",
+        "bad.1",
+    }
     (gated,) = gate_rewrites([rewrite], rules, timeout=300, modes=("eval",), max_heads=0)
     assert gated.status == "verified"
     assert gated.kept_rules == ["paper.6"]
