@@ -212,6 +212,14 @@ def run_side(
         for name, value in model.state_dict().items()
         if name not in param_names
     ]
+    if not training:
+        # Inference takes other kernel paths (folded batch norms, cached fused weights): check
+        # those outputs too, not only the ones computed for the backward pass.
+        seed_everything(seed)
+        with torch.no_grad():
+            inference: list[tuple[str, Any]] = []
+            _flatten(_call(model, _fresh(inputs)), "", inference)
+        outputs += [(f"no_grad {name}", value) for name, value in inference]
     detached = [(n, v.detach() if isinstance(v, torch.Tensor) else v) for n, v in outputs]
     return SideRun(detached, grads, buffers)
 
