@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import ast
+import hashlib
+import os
+import pickle
+import tempfile
 from functools import cache
 from pathlib import Path
 
@@ -341,8 +345,32 @@ def load_rule_file(path: str | Path) -> list[Rule]:
         raise DslError(str(path), 1, error.start + 1, "rule file is not valid UTF-8") from None
     except OSError as error:
         raise DslError(str(path), 1, 1, f"cannot read rule file: {error.strerror}") from None
+    cached = _cache_file(text, str(path))
+    try:
+        with cached.open("rb") as stream:
+            return pickle.load(stream)
+    except (OSError, pickle.PickleError, EOFError, AttributeError, TypeError):
+        pass
     doc = leading_comment(text)
-    return [_with_doc(rule, doc) for rule in parse_rules(text, str(path))]
+    rules = [_with_doc(rule, doc) for rule in parse_rules(text, str(path))]
+    try:  # parsed rules are reused by later runs: parsing costs more than a scan of one file
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        temporary = cached.with_suffix(f".{os.getpid()}.tmp")
+        with temporary.open("wb") as stream:
+            pickle.dump(rules, stream)
+        os.replace(temporary, cached)
+    except OSError:
+        pass
+    return rules
+
+
+def _cache_file(text: str, path: str) -> Path:
+    """Where the parse of this exact text (for this grammar and this path) is kept."""
+    digest = hashlib.sha256()
+    for part in (text, path, _GRAMMAR.read_text(encoding="utf-8"), str(pickle.HIGHEST_PROTOCOL)):
+        digest.update(part.encode("utf-8"))
+        digest.update(b"\0")
+    return Path(tempfile.gettempdir()) / "adopter-rules" / f"{digest.hexdigest()[:32]}.pickle"
 
 
 def leading_comment(text: str) -> str:
