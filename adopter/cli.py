@@ -278,18 +278,13 @@ def apply(
         from .verify.gate import describe, gate_rewrites
 
         gated = gate_rewrites(result.changed, rules, timeout=verify_timeout)
-        kept = {id(g.rewrite): g for g in gated}
         for item in gated:
             console.print(describe(item.rewrite.path, item), soft_wrap=True, markup=False)
-        verified_files = []
-        for rewrite in result.changed:
-            item = next((g for g in gated if g.rewrite.path == rewrite.path), None)
-            if item is not None and item.text is not None:
-                verified_files.append(item.rewrite)
+        # Only what was proven goes on: the (possibly narrowed) rewrite of each verified file.
+        verified_files = [item.rewrite for item in gated if item.text is not None]
         result.files = [
             r for r in result.files if not r.changed or r.error is not None
         ] + verified_files
-        del kept
     out = Console(highlight=False)
     if output_format == "json":
         records = [r.as_record() for r in result.results]

@@ -68,7 +68,6 @@ class _FunctionEditor(cst.CSTTransformer):
         self.statements: dict[tuple[int, int], str | None] = {}
         self.hoists: dict[tuple[int, int], tuple[list[tuple[int, int]], int]] = {}
         self.hoisted: dict[tuple[int, int], cst.SimpleStatementLine] = {}
-        self.applied: set[int] = set()
         for plan in plans:
             for node, text in plan.replace_expressions:
                 self.expressions[(*locate(node), type(node).__name__)] = text
@@ -104,7 +103,6 @@ class _FunctionEditor(cst.CSTTransformer):
             text = self.expressions.get(key)
             if text is not None:
                 replacement = cst.parse_expression(text)
-                self.applied.add(hash(key))
                 return replacement.with_changes(lpar=updated.lpar, rpar=updated.rpar)
         return super().on_leave(original, updated)
 
