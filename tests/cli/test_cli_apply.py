@@ -34,7 +34,10 @@ class Nothing(nn.Module):
         return x * 2
 """
 
-runner = CliRunner()
+try:  # keep stderr (progress, summaries) out of the parsed stdout on every click version
+    runner = CliRunner(mix_stderr=False)
+except TypeError:  # click >= 8.2 always keeps them apart
+    runner = CliRunner()
 
 
 def project(tmp_path: Path) -> tuple[Path, Path]:

@@ -36,7 +36,10 @@ class Attention(nn.Module):
         return F.softmax(scores, dim=-1)
 """
 
-runner = CliRunner()
+try:  # keep stderr (progress, summaries) out of the parsed stdout on every click version
+    runner = CliRunner(mix_stderr=False)
+except TypeError:  # click >= 8.2 always keeps them apart
+    runner = CliRunner()
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
