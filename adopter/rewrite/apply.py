@@ -252,17 +252,14 @@ def _spans(plans: list[Plan], planner: Planner) -> list[tuple[int, int, list[Pla
 def _aligned(planner: Planner, function: ast.FunctionDef, start: int, end: int) -> bool:
     """Lines ``start..end`` are exactly consecutive whole statements of one block."""
     for body, index, _, _ in planner.blocks(function).where.values():
-        if index != 0 and body[index].lineno != start:
+        if body[index].lineno != start:
             continue
-        for first in range(index, len(body)):
-            if body[first].lineno != start:
-                continue
-            for last in range(first, len(body)):
-                if (body[last].end_lineno or 0) == end:
-                    return True
-                if (body[last].end_lineno or 0) > end:
-                    break
-            return False
+        for statement in body[index:]:
+            statement_end = statement.end_lineno or statement.lineno
+            if statement_end == end:
+                return True
+            if statement_end > end:
+                break
     return False
 
 
