@@ -42,7 +42,7 @@ from ..extract.model import (
     consistent,
 )
 from ..extract.model import Step as FlowStep
-from ..extract.names import dotted_suffix_match
+from ..extract.names import dotted_suffix_match, parameter_names
 
 MAX_CANDIDATES = 2000  # per pattern step, a guard against pathological files
 
@@ -547,8 +547,6 @@ def _first_module_var(compiled: CompiledRule) -> str | None:
 
 
 def _signature_names(step: FlowStep) -> list[str]:
-    from ..extract.names import parameter_names
-
     return parameter_names(step.kind)[0]
 
 

@@ -39,6 +39,7 @@ from ..dsl.syntax import (
 from ..dsl.syntax import Step as PatternStep
 from ..extract.model import Construction, Operand
 from ..extract.model import Step as FlowStep
+from ..extract.names import parameter_names
 from ..match.matcher import BoundModule, BoundOutput, Site
 from .source import Blocks, SourceText, assigned_names, contains, has_call, read_names
 
@@ -555,8 +556,6 @@ class Planner:
 
     def forward_rest(self, pattern: PatternStep, step: FlowStep) -> list[str]:
         """Arguments of the final matched call that its pattern did not name, as keywords."""
-        from ..extract.names import parameter_names
-
         consumed: list[Operand] = []
         positional_patterns = [a for a in pattern.args if isinstance(a, Positional)]
         consumed += step.positional[: len(positional_patterns)]
