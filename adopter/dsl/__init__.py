@@ -1,7 +1,7 @@
 """The Adopter DSL: model-structure sequences and ``pattern => replacement`` rules."""
 
 from .errors import DslError, LocatedError
-from .parser import leading_comment, load_rule_file, parse_rules, parse_sequence
+from .loading import leading_comment, load_rule_file, parse_rules, parse_sequence
 from .syntax import (
     DETECT_ONLY,
     Call,

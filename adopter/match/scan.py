@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -124,6 +123,8 @@ def map_files(
                 progress(results[-1])
         return results
     initargs = (rules, parallel_work or work)
+    from concurrent.futures import ProcessPoolExecutor  # only multi-file runs pay for it
+
     with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=initargs) as pool:
         for result in pool.map(_work_in_worker, names, chunksize=2):
             results.append(result)

@@ -95,7 +95,7 @@ def test_broken_file_is_reported_and_not_written(tmp_path):
     broken = tmp_path / "broken.py"
     broken.write_text("def f(:\n")
     result = subprocess.run(
-        [sys.executable, "-m", "adopter.cli", "apply", str(tmp_path), "--write"],
+        [sys.executable, "-m", "adopter", "apply", str(tmp_path), "--write"],
         capture_output=True,
         text=True,
     )

@@ -44,7 +44,7 @@ except TypeError:  # click >= 8.2 always keeps them apart
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "adopter.cli", *args],
+        [sys.executable, "-m", "adopter", *args],
         capture_output=True,
         text=True,
         cwd=cwd,
@@ -167,3 +167,21 @@ def test_parallel_scan_matches_serial(tmp_path):
     parallel = runner.invoke(app, ["scan", str(tmp_path), "-f", "json", "--jobs", "2"])
     assert json.loads(serial.stdout) == json.loads(parallel.stdout)
     assert len(json.loads(serial.stdout)) == 12
+
+
+def test_help_and_usage_errors_through_the_console_entry_point():
+    help_text = run_cli("--help")
+    assert help_text.returncode == 0 and "scan" in help_text.stdout
+    scan_help = run_cli("scan", "--help")
+    assert scan_help.returncode == 0 and "--format" in scan_help.stdout
+    usage = run_cli("scan", "--no-such-option", "x.py")
+    assert usage.returncode == 2
+    assert "No such option: --no-such-option" in usage.stderr
+
+
+def test_launcher_decides_help_from_the_arguments():
+    from adopter.launcher import wants_help
+
+    assert wants_help([])
+    assert wants_help(["scan", "--help"])
+    assert not wants_help(["scan", "model.py", "--format", "json"])
