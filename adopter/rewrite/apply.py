@@ -67,8 +67,17 @@ class _FunctionEditor(cst.CSTTransformer):
         self.expressions: dict[tuple[int, int, str], str] = {}
         self.statements: dict[tuple[int, int], str | None] = {}
         self.hoists: dict[tuple[int, int], tuple[list[tuple[int, int]], int]] = {}
+        self.sinks: dict[tuple[int, int], list[str]] = {}
         self.hoisted: dict[tuple[int, int], cst.SimpleStatementLine] = {}
+        self.inserted: dict[tuple[int, int], list[str]] = {}
+        self.new_keywords: dict[tuple[int, int], list[str]] = {}
         for plan in plans:
+            for statement, text in plan.insert_before:
+                self.inserted.setdefault(locate(statement), []).append(text)
+            if plan.keyword_parameters:
+                self.new_keywords.setdefault(locate(plan.function), []).extend(
+                    plan.keyword_parameters
+                )
             for node, text in plan.replace_expressions:
                 self.expressions[(*locate(node), type(node).__name__)] = text
             for statement, text in plan.replace_statements:
@@ -80,6 +89,7 @@ class _FunctionEditor(cst.CSTTransformer):
                 for statement in moved:
                     self.statements[locate(statement)] = None
                 self.hoists[locate(if_statement)] = ([locate(s) for s in moved], arm)
+                self.sinks[locate(if_statement)] = plan.sunk
                 outer = indentation(if_statement.lineno)
                 inner = indentation(if_statement.body[0].lineno)
                 self.arm_indents[locate(if_statement)] = inner[len(outer) :] or "    "
@@ -110,6 +120,18 @@ class _FunctionEditor(cst.CSTTransformer):
         self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
     ):
         key = self._start(original)
+        inserted = self.inserted.get(key)
+        if inserted:
+            new_statements = [cst.parse_statement(text) for text in inserted]
+            return cst.FlattenSentinel([*new_statements, self._edited(key, original, updated)])
+        return self._edited(key, original, updated)
+
+    def _edited(
+        self,
+        key: tuple[int, int],
+        original: cst.SimpleStatementLine,
+        updated: cst.SimpleStatementLine,
+    ) -> cst.SimpleStatementLine:
         if key not in self.statements:
             return updated
         if any(key in targets for targets, _ in self.hoists.values()):
@@ -121,27 +143,47 @@ class _FunctionEditor(cst.CSTTransformer):
         assert isinstance(new, cst.SimpleStatementLine)
         return updated.with_changes(body=new.body)
 
+    def leave_FunctionDef(  # noqa: N802 - LibCST visitor name
+        self, original: cst.FunctionDef, updated: cst.FunctionDef
+    ):
+        names = self.new_keywords.get(self._start(original))
+        if not names:
+            return updated
+        params = updated.params
+        tight = cst.AssignEqual(
+            whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")
+        )
+        added = [
+            cst.Param(name=cst.Name(name), default=cst.Name("None"), equal=tight) for name in names
+        ]
+        star = params.star_arg
+        if isinstance(star, cst.MaybeSentinel):
+            star = cst.ParamStar()
+        return updated.with_changes(
+            params=params.with_changes(star_arg=star, kwonly_params=[*params.kwonly_params, *added])
+        )
+
     def leave_If(self, original: cst.If, updated: cst.If):  # noqa: N802 - LibCST visitor name
-        hoist = self.hoists.get(self._start(original))
+        key = self._start(original)
+        hoist = self.hoists.get(key)
         if hoist is None:
             return updated
         statement_keys, fused_arm = hoist
-        moved = [self.hoisted[key].with_changes(leading_lines=()) for key in statement_keys]
-        if fused_arm == 0:
-            orelse = updated.orelse
-            if orelse is None:
-                indent = self.arm_indents[self._start(original)]
-                block = cst.IndentedBlock(body=moved, indent=indent)
-                return updated.with_changes(orelse=cst.Else(body=block))
-            assert isinstance(orelse, cst.Else)
-            block = orelse.body
+        before = [self.hoisted[k].with_changes(leading_lines=()) for k in statement_keys]
+        after = [cst.parse_statement(text) for text in self.sinks.get(key, [])]
+
+        def extended(block: cst.BaseSuite) -> cst.IndentedBlock:
             assert isinstance(block, cst.IndentedBlock)
-            return updated.with_changes(
-                orelse=orelse.with_changes(body=block.with_changes(body=[*moved, *block.body]))
-            )
-        block = updated.body
-        assert isinstance(block, cst.IndentedBlock)
-        return updated.with_changes(body=block.with_changes(body=[*moved, *block.body]))
+            return block.with_changes(body=[*before, *block.body, *after])
+
+        if fused_arm == 1:
+            return updated.with_changes(body=extended(updated.body))
+        orelse = updated.orelse
+        if orelse is None:
+            block = cst.IndentedBlock(body=[*before, *after], indent=self.arm_indents[key])
+            return updated.with_changes(orelse=cst.Else(body=block))
+        assert isinstance(orelse, cst.Else)
+        return updated.with_changes(orelse=orelse.with_changes(body=extended(orelse.body)))
 
     def leave_IndentedBlock(  # noqa: N802 - LibCST visitor name
         self, original: cst.IndentedBlock, updated: cst.IndentedBlock
@@ -424,7 +466,8 @@ def _overlaps(first: Plan, second: Plan) -> bool:
     def spans(plan: Plan) -> list[tuple[tuple[int, int], tuple[int, int]]]:
         return [
             ((n.lineno, n.col_offset), (n.end_lineno, n.end_col_offset))  # type: ignore[attr-defined]
-            for n in plan.touched
+            for part in (plan, *plan.companions)
+            for n in part.touched
         ]
 
     for a_start, a_end in spans(first):
@@ -450,6 +493,8 @@ def rewrite_source(text: str, path: str, sites: Sequence[Site], tree: ast.Module
             for instance in site.instances:
                 extra = planner.plan(instance)
                 site_plans[0].imports |= extra.imports
+                if _same_helper_edit(site_plans[0], extra):
+                    extra.companions = []
                 site_plans.append(extra)
         except Refusal as refusal:
             results.append(SiteResult(site, "skipped", str(refusal)))
@@ -458,6 +503,7 @@ def rewrite_source(text: str, path: str, sites: Sequence[Site], tree: ast.Module
             extra.instance_of = site
         plans.extend(site_plans)
     plans = resolve_overlaps(plans, results, _already_fused_classes(tree))
+    plans = [part for plan in plans for part in (plan, *plan.companions)]
     plans = _merge_sequential(plans, source)
     if not plans:
         return FileRewrite(path, text, text, _ordered(results))
@@ -466,6 +512,19 @@ def rewrite_source(text: str, path: str, sites: Sequence[Site], tree: ast.Module
         try:
             new_lines = _edit_span(source, start, end, group)
         except (cst.ParserSyntaxError, Refusal, AssertionError, KeyError) as error:
+            if any(p.companions or p.instance_of is p.site for p in group):
+                # Half of a two-function edit cannot stand alone: plan again without the site.
+                failed = {
+                    id(p.site): p.site
+                    for p in group
+                    if p.instance_of is None or p.instance_of is p.site
+                }
+                retry = rewrite_source(text, path, [s for s in sites if id(s) not in failed], tree)
+                skipped = [
+                    SiteResult(site, "skipped", f"synthesis failed: {error}")
+                    for site in failed.values()
+                ]
+                return FileRewrite(path, text, retry.patched, _ordered(retry.results + skipped))
             for plan in group:
                 results.append(SiteResult(plan.site, "skipped", f"synthesis failed: {error}"))
             plans = [p for p in plans if p not in group]
@@ -495,6 +554,15 @@ def rewrite_source(text: str, path: str, sites: Sequence[Site], tree: ast.Module
             if done.instance_of is None:
                 results.append(SiteResult(done.site, "patched", summary=plan.summary))
     return FileRewrite(path, text, patched, _ordered(results))
+
+
+def _same_helper_edit(first: Plan, second: Plan) -> bool:
+    """Two callers of one helper need its edit once."""
+    edits = [
+        [(id(c.function), [(id(s), text) for s, text in c.insert_before]) for c in plan.companions]
+        for plan in (first, second)
+    ]
+    return bool(edits[0]) and edits[0] == edits[1]
 
 
 def _ordered(results: list[SiteResult]) -> list[SiteResult]:

@@ -10,6 +10,9 @@ A rule's replacement is rendered with the matched values' *own source text* (``h
 * when the first computation sits before an ``if`` and the rest inside one arm (paper Fig. 4),
   the first statement moves into every arm (an ``else:`` is added when missing) and the fusion
   happens in the arm that has both;
+* the mirror image: when the last computation follows an ``if`` whose arm ends with the one
+  before it (``x = drop(x)``, ``if c: x = x + r``, ``y = norm(x)``), the last statement is
+  copied to the end of the other arms and the fused call ends the arm that has them all;
 * several outputs (``-> ($q, $k, $v)``) become one tuple assignment in place of the first
   statement.
 
@@ -21,7 +24,7 @@ methods — is refused with a reason rather than guessed.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..dsl.syntax import (
     DETECT_ONLY,
@@ -93,9 +96,15 @@ class Plan:
     delete_statements: list[ast.stmt] = field(default_factory=list)
     # statements moved into the arms of an ``if``; the arm that fuses them gets none
     hoist: tuple[list[ast.stmt], ast.If, int] | None = None
+    # source text of statements copied to the end of the arms that do not fuse
+    sunk: list[str] = field(default_factory=list)
     sequential: SequentialPiece | None = None
     merged_pieces: list[SequentialPiece] = field(default_factory=list)
     also_patched: list[Plan] = field(default_factory=list)
+    # edits in other functions that only make sense together with this one (a helper's forward)
+    companions: list[Plan] = field(default_factory=list)
+    insert_before: list[tuple[ast.stmt, str]] = field(default_factory=list)
+    keyword_parameters: list[str] = field(default_factory=list)  # added to ``function``
     instance_of: Site | None = None  # another call of a site already reported
     imports: set[str] = field(default_factory=set)
     touched: list[ast.AST] = field(default_factory=list)
@@ -112,6 +121,8 @@ class Planner:
         self.aliases: dict[str, str] = {}
         self._blocks: dict[int, Blocks] = {}
         self._moved_calls: list[ast.stmt] = []
+        self._var_text: dict[str, str] = {}
+        self._extra_inputs: set[str] = set()
 
     def blocks(self, function: ast.FunctionDef) -> Blocks:
         found = self._blocks.get(id(function))
@@ -135,6 +146,8 @@ class Planner:
     # -- entry -------------------------------------------------------------------------------
     def plan(self, site: Site) -> Plan:
         self._moved_calls = []
+        self._var_text = {}
+        self._extra_inputs = set()
         rule = site.rule
         init_replacement = rule.init.replacement if rule.init else None
         forward_replacement = rule.forward.replacement if rule.forward else None
@@ -211,10 +224,10 @@ class Planner:
         if len(steps) != len(pattern):
             raise Refusal("internal: matched steps do not line up with the pattern")
         functions = {id(step.function) for step in steps}
-        if len(functions) != 1 or steps[0].function is None:
-            raise Refusal("the match spans several methods or classes; not rewritten")
-        if len({step.inline_chain for step in steps}) != 1:
-            raise Refusal("the match spans several methods or classes; not rewritten")
+        if len(functions) != 1 or len({step.inline_chain for step in steps}) != 1:
+            return self.plan_across_call(site, replacement)
+        if steps[0].function is None:
+            raise Refusal("a matched computation is not inside a function")
         plan = Plan(site=site, function=steps[0].function)
         if any(step.synthetic for step in steps):
             return self.plan_sequential(site, replacement, plan)
@@ -236,7 +249,13 @@ class Planner:
             raise Refusal("a matched computation is not inside a statement")
         if len(targets) > 1:
             return self.plan_tuple(site, plan, call_text, targets, producer_of, blocks)
+        return self.fuse_statements(plan, site, steps, final_index, call_text)
 
+    def fuse_statements(
+        self, plan: Plan, site: Site, steps: list[FlowStep], final_index: int, call_text: str
+    ) -> Plan:
+        """Replace the final computation by ``call_text`` and remove the other matched ones."""
+        blocks = self.blocks(plan.function)
         final = steps[final_index]
         final_statement = final.statement
         assert final_statement is not None
@@ -270,13 +289,241 @@ class Planner:
                     "statement with other work"
                 )
         deleted.sort(key=lambda statement: (statement.lineno, statement.col_offset))
-        self.place(plan, site, deleted, final_statement, blocks)
-        self.check_moved_calls(plan, deleted, final_statement, blocks)
+        anchor = self.sink_into_branch(plan, deleted, final_statement, final_node, blocks)
+        self.place(plan, site, deleted, anchor, blocks)
+        self.check_moved_calls(plan, deleted, anchor, blocks)
         plan.statements.extend([final_statement, *deleted])
+        if anchor is not final_statement:
+            plan.statements.append(anchor)
         if plan.hoist is not None:
             plan.statements.append(plan.hoist[1])
         plan.summary = f"{self.source.segment(final_node)} -> {call_text}"
         return plan
+
+    # -- a match that starts at the end of a helper and ends in its caller ---------------------
+    def plan_across_call(self, site: Site, replacement: tuple[PatternStep, ...]) -> Plan:
+        """Fuse a match whose first computation ends a helper (``MLP.forward`` returns
+        ``self.dropout(h)``) and whose rest runs in the caller (``ln_2(n + self.mlp(n))``).
+
+        The helper gains keyword-only parameters, ``None`` by default, for the caller's values
+        and returns the kernel's result when they are given; every other caller still runs the
+        original code. When several callers match, each passes its own values to the one
+        edited helper. The caller passes them and drops the computations the kernel took over::
+
+            def forward(self, x, *, residual=None, norm=None):
+                h2 = self.c_proj(self.act(self.c_fc(x)))
+                if norm is not None:
+                    return dropout_add_layer_norm(h2, residual, self.dropout, norm)
+                return self.dropout(h2)
+
+            h = self.mlp(n, residual=n, norm=self.ln_2)
+        """
+        why = "the match spans several methods or classes; not rewritten"
+        steps = site.steps
+        pattern = site.rule.forward.steps  # type: ignore[union-attr]
+        inner, outer = steps[0], steps[1:]
+        helper, caller = inner.function, outer[0].function if outer else None
+        if helper is None or caller is None or helper is caller:
+            raise Refusal(why)
+        if any(s.function is not caller or s.inline_chain != outer[0].inline_chain for s in outer):
+            raise Refusal(why)
+        if inner.inline_chain[:-1] != outer[0].inline_chain:
+            raise Refusal(why)
+        if len(replacement) != 1 or any(s.synthetic for s in steps):
+            raise Refusal(why)
+        (new_step,) = replacement
+        if [t.name for t in new_step.targets] != [t.name for t in pattern[-1].targets]:
+            raise Refusal("the replacement's outputs are not values of the pattern")
+        self.check_dropped_arguments(site, pattern, new_step, len(pattern) - 1)
+        if self.forward_rest(pattern[-1], steps[-1]):
+            raise Refusal(f"line {steps[-1].line}: the final call passes extra arguments")
+        insert_at = self.helper_return(helper, inner)
+        call, call_statement = self.helper_call(caller, inner, outer[0])
+
+        # Which replacement inputs the caller has to hand over, and under which names.
+        taken = {a.arg for a in ast.walk(helper.args) if isinstance(a, ast.arg)}
+        taken |= read_names(helper) | assigned_names(helper)
+        handed: dict[str, str] = {}
+        for arg in new_step.args:
+            value = getattr(arg, "value", None)
+            if not isinstance(value, Var) or self.bound_by_first_step(site, value.name):
+                continue
+            name = value.name if value.name not in taken else f"fused_{value.name}"
+            if name in taken:
+                raise Refusal(f"the helper already uses the name `{name}`")
+            handed[value.name] = name
+        if not handed:
+            raise Refusal(why)
+
+        helper_plan = Plan(site=site, function=helper)
+        self._var_text = dict(handed)
+        try:
+            kernel_call = self.render_call(new_step, site, helper_plan, pattern[-1], steps[-1])
+        finally:
+            self._var_text = {}
+        # An input with a call is evaluated just before its own statement: the same point.
+        if any(owner is not insert_at for owner in self._moved_calls):
+            raise Refusal(f"{helper.name}(): an input with a call would move")
+        self._moved_calls = []
+        guard = next(
+            (handed[n] for n in handed if isinstance(site.bindings.get(n), BoundModule)),
+            next(iter(handed.values())),
+        )
+        helper_plan.insert_before.append(
+            (insert_at, f"if {guard} is not None:\n    return {kernel_call}\n")
+        )
+        helper_plan.keyword_parameters = list(handed.values())
+        helper_plan.touched.append(insert_at)
+        helper_plan.statements.extend([helper, insert_at])  # type: ignore[list-item]
+        helper_plan.instance_of = site
+
+        caller_plan = Plan(site=site, function=caller)
+        arguments = [self.source.segment(a) for a in call.args]
+        arguments += [
+            ("**" if k.arg is None else f"{k.arg}=") + self.source.segment(k.value)
+            for k in call.keywords
+        ]
+        for variable, name in handed.items():
+            arguments.append(f"{name}={self.render_value(Var(variable), site, caller_plan, None)}")
+        call_text = f"{self.source.segment(call.func)}({', '.join(arguments)})"
+        self._moved_calls.append(call_statement)
+        stand_in = replace(inner, node=call, statement=call_statement, function=caller)
+        self._extra_inputs = read_names(call)
+        self.fuse_statements(caller_plan, site, [stand_in, *outer], len(steps) - 1, call_text)
+        caller_plan.companions.append(helper_plan)
+        caller_plan.summary = (
+            f"{caller_plan.summary}; {helper.name}() returns {kernel_call} when given "
+            + ", ".join(handed.values())
+        )
+        return caller_plan
+
+    def bound_by_first_step(self, site: Site, variable: str) -> bool:
+        """Whether a matched value or module belongs to the match's first computation."""
+        bound = site.bindings.get(variable)
+        first = site.steps[0]
+        if isinstance(bound, BoundModule):
+            return first.module == bound.path
+        return any(operand is bound for operand in first.operands())
+
+    def helper_return(self, helper: ast.FunctionDef, step: FlowStep) -> ast.stmt:
+        """The statement before which the helper can return the kernel's result: the one that
+        computes ``step``, when the helper then returns that value and nothing else."""
+        body = helper.body
+        last = body[-1] if body else None
+        node = step.node
+        if not isinstance(last, ast.Return) or last.value is None or node is None:
+            raise Refusal(f"{helper.name}() does not end by returning the matched value")
+        if sum(isinstance(n, ast.Return) for n in ast.walk(helper)) != 1:
+            raise Refusal(f"{helper.name}() returns in several places")
+        if last.value is node:
+            return last
+        previous = body[-2] if len(body) > 1 else None
+        if (
+            isinstance(last.value, ast.Name)
+            and previous is not None
+            and _is_plain_assignment(previous, node)  # type: ignore[arg-type]
+            and isinstance(previous, ast.Assign)
+            and isinstance(previous.targets[0], ast.Name)
+            and previous.targets[0].id == last.value.id
+        ):
+            return previous
+        raise Refusal(f"{helper.name}() does not end by returning the matched value")
+
+    def helper_call(
+        self, caller: ast.FunctionDef, inner: FlowStep, consumer: FlowStep
+    ) -> tuple[ast.Call, ast.stmt]:
+        """The call of the helper in the caller, and the statement that holds it."""
+        operand = next(
+            (o for o in consumer.operands() if any(flow.value == inner.output for flow in o.flows)),
+            None,
+        )
+        if operand is None or operand.node is None:
+            raise Refusal("the helper's result reaches the caller in a way not followed")
+        node = operand.node
+        if isinstance(node, ast.Call):
+            return node, self.statement_containing(caller, node)
+        if not isinstance(node, ast.Name) or consumer.statement is None:
+            raise Refusal("the helper's result reaches the caller in a way not followed")
+        blocks = self.blocks(caller)
+        body, index, _, _ = blocks.block_of(consumer.statement)
+        for statement in reversed(body[:index]):
+            if node.id in assigned_names(statement):
+                if (
+                    isinstance(statement, ast.Assign)
+                    and isinstance(statement.value, ast.Call)
+                    and _is_plain_assignment(statement, statement.value)
+                    and statement.targets[0].id == node.id  # type: ignore[attr-defined]
+                ):
+                    return statement.value, statement
+                break
+        raise Refusal("the helper's result reaches the caller in a way not followed")
+
+    def sink_into_branch(
+        self,
+        plan: Plan,
+        deleted: list[ast.stmt],
+        final_statement: ast.stmt,
+        final_node: ast.expr,
+        blocks: Blocks,
+    ) -> ast.stmt:
+        """Where the fused call goes: the final statement itself, or, when the statement before
+        it in the match ends an arm of the ``if`` just above it, that arm's last statement.
+
+        ``x = drop(x); if c: x = x + r; y = norm(x)`` runs drop, add and norm only when ``c``
+        holds; otherwise drop then norm. The norm statement is copied to the end of the other
+        arms (an ``else:`` is added when missing), the fused call replaces the add, and
+        :meth:`place` moves the drop into the other arms as in Fig. 4.
+        """
+        block, index, _, _ = blocks.block_of(final_statement)
+        if index == 0 or not isinstance(block[index - 1], ast.If):
+            return final_statement
+        branch = block[index - 1]
+        in_arms = [statement for statement in deleted if blocks.block_of(statement)[0] is not block]
+        if not in_arms:
+            return final_statement
+        last = in_arms[-1]
+        _, _, parent, field_name = blocks.block_of(last)
+        if parent is not branch:
+            return final_statement  # deeper nesting: place() refuses with its reason
+        arm_body = branch.body if field_name == "body" else branch.orelse
+        if arm_body[-1] is not last:
+            raise Refusal(f"line {last.lineno}: the fused statement is not the last of its branch")
+        if isinstance(final_statement, ast.Return) and final_statement.value is final_node:
+            head = "return "
+        elif _is_plain_assignment(final_statement, final_node):
+            assert isinstance(final_statement, (ast.Assign, ast.AnnAssign))
+            target = (
+                final_statement.targets[0]
+                if isinstance(final_statement, ast.Assign)
+                else final_statement.target
+            )
+            head = f"{self.source.segment(target)} = "
+        else:
+            raise Refusal(
+                f"line {final_statement.lineno}: the statement after the branch does more"
+            )
+        self.check_no_elif(branch)
+        ((_, call_text),) = plan.replace_expressions
+        plan.replace_expressions.clear()
+        plan.touched.remove(final_node)
+        plan.replace_statements.append((last, head + call_text))
+        plan.delete_statements.append(final_statement)
+        plan.touched.extend([last, final_statement])
+        text = self.source.segment(final_statement)
+        rest = self.source.lines[final_statement.end_lineno - 1].encode("utf-8")  # type: ignore[operator]
+        comment = rest[final_statement.end_col_offset :].decode("utf-8").strip()  # type: ignore[misc]
+        plan.sunk = [f"{text}  {comment}" if comment.startswith("#") else text]
+        plan.hoist = ([], branch, 0 if field_name == "body" else 1)
+        deleted.remove(last)
+        return last
+
+    def check_no_elif(self, branch: ast.If) -> None:
+        if (
+            len(branch.orelse) == 1
+            and isinstance(branch.orelse[0], ast.If)
+            and self.source.lines[branch.orelse[0].lineno - 1].lstrip().startswith("elif")
+        ):
+            raise Refusal("the branch continues with `elif`; not rewritten")
 
     def place(
         self,
@@ -289,7 +536,7 @@ class Planner:
         """Delete the fused statements, moving one into the branches when Fig. 4 applies, and
         check that every input still means the same value where the kernel call now sits."""
         final_block, _, _, _ = blocks.block_of(final_statement)
-        inputs = self.input_names(site)
+        inputs = self.input_names(site) | self._extra_inputs
         for statement in deleted:
             block, index, _, _ = blocks.block_of(statement)
             if block is final_block:
@@ -311,12 +558,11 @@ class Planner:
                 for between in arm_body[: arm_body.index(final_statement)]:
                     if assigned_names(between) & (inputs | assigned_names(statement)):
                         raise Refusal(f"line {between.lineno} changes a value the fused call reads")
-            if (
-                len(if_statement.orelse) == 1
-                and isinstance(if_statement.orelse[0], ast.If)
-                and self.source.lines[if_statement.orelse[0].lineno - 1].lstrip().startswith("elif")
-            ):
-                raise Refusal("the branch continues with `elif`; not rewritten")
+            self.check_no_elif(if_statement)
+            if read_names(if_statement.test) & assigned_names(statement):
+                raise Refusal(f"line {if_statement.lineno}: the condition reads what would move")
+            if has_call(if_statement.test):
+                raise Refusal(f"line {if_statement.lineno}: the condition calls something")
             moved = plan.hoist[0] if plan.hoist else []
             plan.hoist = ([*moved, statement], if_statement, arm)
             plan.touched.append(statement)
@@ -528,6 +774,8 @@ class Planner:
         if isinstance(value, (Index, Call)):
             raise Refusal(f"cannot render replacement argument {value}")
         assert isinstance(value, Var)
+        if value.name in self._var_text:
+            return self._var_text[value.name]
         bound = site.bindings.get(value.name)
         if isinstance(bound, BoundModule):
             if module_text is not None and bound.path in module_text:

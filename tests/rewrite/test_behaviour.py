@@ -82,6 +82,56 @@ class Model(nn.Module):
         lambda: (torch.randn(2, 3, 6, 6),),
         {"paper.7"},
     ),
+    "norm_after_branch": (
+        """
+class Model(nn.Module):
+    def __init__(self, residual=True):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.dropout = nn.Dropout(0.0)
+        self.layer_norm = nn.LayerNorm(4)
+        self.residual = residual
+
+    def forward(self, h):
+        attn_out = self.proj(h)
+        attn_out = self.dropout(attn_out)
+        if self.residual:
+            attn_out = attn_out + h
+        output = self.layer_norm(attn_out)
+        return output
+""",
+        lambda: (torch.randn(2, 3, 4),),
+        {"paper.5"},
+    ),
+    "helper_ends_with_dropout": (
+        """
+class MLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 8)
+        self.proj = nn.Linear(8, 4)
+        self.dropout = nn.Dropout(0.0)
+
+    def forward(self, x):
+        h = torch.relu(self.fc(x))
+        return self.dropout(self.proj(h))
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mlp = MLP()
+        self.ln = nn.LayerNorm(4)
+        self.unfused = MLP()  # also an MLP, called without the add and norm
+
+    def forward(self, x):
+        m = self.mlp(x)
+        h = self.ln(x + m)
+        return h + self.unfused(h)
+""",
+        lambda: (torch.randn(2, 3, 4),),
+        {"paper.5"},
+    ),
     "qkv": (
         """
 class Model(nn.Module):
@@ -181,3 +231,16 @@ def test_fig4_path_without_norm_still_matches():
     patched.load_state_dict(original.state_dict())
     (image,) = make_inputs()
     torch.testing.assert_close(patched(image), original(image))
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_norm_after_branch_on_the_path_without_the_add(training):
+    body, make_inputs, _ = MODELS["norm_after_branch"]
+    original_code = HEAD + textwrap.dedent(body)
+    rewritten = rewrite_text(original_code, "model.py", Matcher(load_rule_set("paper")))
+    torch.manual_seed(0)
+    original = _load(original_code)(residual=False).train(training)
+    patched = _load(rewritten.patched)(residual=False).train(training)
+    patched.load_state_dict(original.state_dict())
+    (hidden,) = make_inputs()
+    torch.testing.assert_close(patched(hidden), original(hidden))

@@ -129,6 +129,104 @@ class ConvLayer(nn.Module):
     )
 
 
+def test_statement_after_a_branch_moves_into_the_other_arm():
+    result = rewrite("""
+class PostAttention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dropout = nn.Dropout(0.1)
+        self.layer_norm = nn.LayerNorm(4)
+
+    def forward(self, h, attn_out, residual=True):
+        attn_out = self.dropout(attn_out)
+        if residual:
+            attn_out = attn_out + h
+        output = self.layer_norm(attn_out)  # post-norm
+        return output
+""")
+    assert [r.status for r in result.results] == ["patched"]
+    assert (
+        "        if residual:\n"
+        "            output = dropout_add_layer_norm(attn_out, h, self.dropout, self.layer_norm)\n"
+        "        else:\n"
+        "            attn_out = self.dropout(attn_out)\n"
+        "            output = self.layer_norm(attn_out)  # post-norm\n"
+        "        return output\n"
+    ) in result.patched
+    again = rewrite_text(result.patched, "model.py", Matcher(load_rule_set("paper")))
+    assert not again.changed
+
+
+HELPER_AND_CALLERS = """
+class FeedForward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Linear(4, 4)
+        self.output_dropout = nn.Dropout(0.1)
+
+    def forward(self, hidden_states, norm=1):
+        hidden_states = self.dense(hidden_states)
+        hidden_states = self.output_dropout(hidden_states)
+        return hidden_states
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.feed_forward = FeedForward()
+        self.final_layer_norm = nn.LayerNorm(4)
+
+    def forward(self, hidden_states):
+        hidden_states = hidden_states + self.feed_forward(hidden_states)
+        hidden_states = self.final_layer_norm(hidden_states)
+        return hidden_states
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ffn = FeedForward()
+        self.norm = nn.LayerNorm(4)
+
+    def forward(self, x):
+        y = self.ffn(x)
+        return self.norm(x + y)
+"""
+
+
+def test_helper_that_ends_with_dropout_takes_the_callers_values():
+    result = rewrite(HELPER_AND_CALLERS)
+    assert [r.status for r in result.results] == ["patched"]  # one site, reached twice
+    patched = body_of(result.patched)
+    # `norm` is already a parameter of the helper, so the new one gets a prefix.
+    assert "def forward(self, hidden_states, norm=1, *, residual=None, fused_norm=None):" in patched
+    assert (
+        "        if fused_norm is not None:\n"
+        "            return dropout_add_layer_norm(hidden_states, residual, self.output_dropout, "
+        "fused_norm)\n"
+        "        hidden_states = self.output_dropout(hidden_states)\n"
+    ) in patched
+    assert patched.count("if fused_norm is not None") == 1  # one helper edit for two callers
+    assert (
+        "hidden_states = self.feed_forward(hidden_states, residual=hidden_states, "
+        "fused_norm=self.final_layer_norm)\n        return hidden_states"
+    ) in patched
+    assert "return self.ffn(x, residual=x, fused_norm=self.norm)" in patched
+    again = rewrite_text(result.patched, "model.py", Matcher(load_rule_set("paper")))
+    assert not again.changed
+
+
+def test_helper_with_several_returns_is_refused():
+    source = HELPER_AND_CALLERS.replace(
+        "        hidden_states = self.dense(hidden_states)\n",
+        "        if hidden_states is None:\n            return None\n"
+        "        hidden_states = self.dense(hidden_states)\n",
+    )
+    result = rewrite(source)
+    assert not result.changed
+    assert {r.reason for r in result.results} == {"forward() returns in several places"}
+
+
 def test_fused_qkv_becomes_one_tuple_assignment():
     result = rewrite("""
 class Attention(nn.Module):
@@ -233,6 +331,40 @@ class L(nn.Module):
         return self.norm(y + residual)
 """,
             "shares its statement with other work",
+        ),
+        (
+            """
+class L(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.1)
+        self.norm = nn.LayerNorm(4)
+
+    def forward(self, x, residual):
+        x = self.drop(x)
+        if torch.rand([]) > 0.5:
+            x = x + residual
+        return self.norm(x)
+""",
+            "the condition calls something",
+        ),
+        (
+            """
+class L(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.1)
+        self.norm = nn.LayerNorm(4)
+
+    def forward(self, x, residual, mask):
+        x = self.drop(x)
+        if residual is not None:
+            x = x + residual
+            self.count = 1
+        y = self.norm(x)
+        return y
+""",
+            "the fused statement is not the last of its branch",
         ),
     ],
 )
