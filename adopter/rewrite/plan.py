@@ -323,6 +323,12 @@ class Planner:
         pattern = site.rule.forward.steps  # type: ignore[union-attr]
         inner, outer = steps[0], steps[1:]
         helper, caller = inner.function, outer[0].function if outer else None
+        if outer and outer[0].function is helper and outer[0].inline_chain == inner.inline_chain:
+            held = sum(s.function is helper and s.inline_chain == inner.inline_chain for s in steps)
+            raise Refusal(
+                f"{helper.name}() holds {held} of the matched computations and its caller the "
+                "rest; only a helper that ends with the first one is rewritten"
+            )
         if helper is None or caller is None or helper is caller:
             raise Refusal(why)
         if any(s.function is not caller or s.inline_chain != outer[0].inline_chain for s in outer):
