@@ -335,6 +335,9 @@ class Planner:
             raise Refusal(why)
         if inner.inline_chain[:-1] != outer[0].inline_chain:
             raise Refusal(why)
+        if helper.name != "forward" or inner.cls == outer[0].cls:
+            # A method called on ``self`` may be overridden with the old signature.
+            raise Refusal(f"{helper.name}() is a method of the caller's class; not rewritten")
         if len(replacement) != 1 or any(s.synthetic for s in steps):
             raise Refusal(why)
         (new_step,) = replacement

@@ -227,6 +227,26 @@ def test_helper_with_several_returns_is_refused():
     assert {r.reason for r in result.results} == {"forward() returns in several places"}
 
 
+def test_helper_method_of_the_same_class_is_refused():
+    result = rewrite("""
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Linear(4, 4)
+        self.dropout = nn.Dropout(0.1)
+        self.norm = nn.LayerNorm(4)
+
+    def feed_forward(self, x):
+        return self.dropout(self.dense(x))
+
+    def forward(self, x):
+        return self.norm(x + self.feed_forward(x))
+""")
+    assert not result.changed
+    (only,) = result.results
+    assert "feed_forward() is a method of the caller's class" in only.reason
+
+
 def test_fused_qkv_becomes_one_tuple_assignment():
     result = rewrite("""
 class Attention(nn.Module):
