@@ -321,21 +321,21 @@ class Planner:
         why = "the match spans several methods or classes; not rewritten"
         steps = site.steps
         pattern = site.rule.forward.steps  # type: ignore[union-attr]
-        inner, outer = steps[0], steps[1:]
-        helper, caller = inner.function, outer[0].function if outer else None
-        if outer and outer[0].function is helper and outer[0].inline_chain == inner.inline_chain:
-            held = sum(s.function is helper and s.inline_chain == inner.inline_chain for s in steps)
-            raise Refusal(
-                f"{helper.name}() holds {held} of the matched computations and its caller the "
-                "rest; only a helper that ends with the first one is rewritten"
-            )
+        helper, chain = steps[0].function, steps[0].inline_chain
+        held = 0
+        while held < len(steps) and steps[held].function is helper:
+            if steps[held].inline_chain != chain:
+                break
+            held += 1
+        inner, outer = steps[:held], steps[held:]
+        caller = outer[0].function if outer else None
         if helper is None or caller is None or helper is caller:
             raise Refusal(why)
         if any(s.function is not caller or s.inline_chain != outer[0].inline_chain for s in outer):
             raise Refusal(why)
-        if inner.inline_chain[:-1] != outer[0].inline_chain:
+        if chain[:-1] != outer[0].inline_chain:
             raise Refusal(why)
-        if helper.name != "forward" or inner.cls == outer[0].cls:
+        if helper.name != "forward" or inner[0].cls == outer[0].cls:
             # A method called on ``self`` may be overridden with the old signature.
             raise Refusal(f"{helper.name}() is a method of the caller's class; not rewritten")
         if len(replacement) != 1 or any(s.synthetic for s in steps):
@@ -346,8 +346,9 @@ class Planner:
         self.check_dropped_arguments(site, pattern, new_step, len(pattern) - 1)
         if self.forward_rest(pattern[-1], steps[-1]):
             raise Refusal(f"line {steps[-1].line}: the final call passes extra arguments")
-        insert_at = self.helper_return(helper, inner)
-        call, call_statement = self.helper_call(caller, inner, outer[0])
+        insert_at = self.helper_tail(helper, inner)
+        self.check_read_before_changed(site, inner)
+        call, call_statement = self.helper_call(caller, inner[-1], outer[0])
 
         # Which replacement inputs the caller has to hand over, and under which names.
         taken = {a.arg for a in ast.walk(helper.args) if isinstance(a, ast.arg)}
@@ -355,7 +356,7 @@ class Planner:
         handed: dict[str, str] = {}
         for arg in new_step.args:
             value = getattr(arg, "value", None)
-            if not isinstance(value, Var) or self.bound_by_first_step(site, value.name):
+            if not isinstance(value, Var) or self.bound_in(site, value.name, inner):
                 continue
             name = value.name if value.name not in taken else f"fused_{value.name}"
             if name in taken:
@@ -396,9 +397,9 @@ class Planner:
             arguments.append(f"{name}={self.render_value(Var(variable), site, caller_plan, None)}")
         call_text = f"{self.source.segment(call.func)}({', '.join(arguments)})"
         self._moved_calls.append(call_statement)
-        stand_in = replace(inner, node=call, statement=call_statement, function=caller)
+        stand_in = replace(inner[-1], node=call, statement=call_statement, function=caller)
         self._extra_inputs = read_names(call)
-        self.fuse_statements(caller_plan, site, [stand_in, *outer], len(steps) - 1, call_text)
+        self.fuse_statements(caller_plan, site, [stand_in, *outer], len(outer), call_text)
         caller_plan.companions.append(helper_plan)
         caller_plan.summary = (
             f"{caller_plan.summary}; {helper.name}() returns {kernel_call} when given "
@@ -406,37 +407,58 @@ class Planner:
         )
         return caller_plan
 
-    def bound_by_first_step(self, site: Site, variable: str) -> bool:
-        """Whether a matched value or module belongs to the match's first computation."""
+    def bound_in(self, site: Site, variable: str, steps: list[FlowStep]) -> bool:
+        """Whether a matched value or module belongs to one of ``steps``."""
         bound = site.bindings.get(variable)
-        first = site.steps[0]
         if isinstance(bound, BoundModule):
-            return first.module == bound.path
-        return any(operand is bound for operand in first.operands())
+            return any(step.module == bound.path for step in steps)
+        return any(operand is bound for step in steps for operand in step.operands())
 
-    def helper_return(self, helper: ast.FunctionDef, step: FlowStep) -> ast.stmt:
-        """The statement before which the helper can return the kernel's result: the one that
-        computes ``step``, when the helper then returns that value and nothing else."""
+    def check_read_before_changed(self, site: Site, steps: list[FlowStep]) -> None:
+        """The kernel reads every input where the first matched statement stood: no matched
+        statement before the one that reads an input may assign a name that input reads."""
+        for index, step in enumerate(steps):
+            for value in site.bindings.values():
+                if not isinstance(value, Operand) or value.node is None:
+                    continue
+                if not any(operand is value for operand in step.operands()):
+                    continue
+                names = read_names(value.node)
+                for earlier in steps[:index]:
+                    if earlier.statement is not None and assigned_names(earlier.statement) & names:
+                        raise Refusal(f"line {earlier.line} changes an input of the fused call")
+
+    def helper_tail(self, helper: ast.FunctionDef, steps: list[FlowStep]) -> ast.stmt:
+        """The statement before which the helper can return the kernel's result: the first of
+        the matched statements, when they end the helper and it returns the last one's value."""
         body = helper.body
         last = body[-1] if body else None
-        node = step.node
-        if not isinstance(last, ast.Return) or last.value is None or node is None:
+        if not isinstance(last, ast.Return) or last.value is None:
             raise Refusal(f"{helper.name}() does not end by returning the matched value")
         if sum(isinstance(n, ast.Return) for n in ast.walk(helper)) != 1:
             raise Refusal(f"{helper.name}() returns in several places")
-        if last.value is node:
-            return last
-        previous = body[-2] if len(body) > 1 else None
-        if (
-            isinstance(last.value, ast.Name)
-            and previous is not None
-            and _is_plain_assignment(previous, node)  # type: ignore[arg-type]
-            and isinstance(previous, ast.Assign)
-            and isinstance(previous.targets[0], ast.Name)
-            and previous.targets[0].id == last.value.id
-        ):
-            return previous
-        raise Refusal(f"{helper.name}() does not end by returning the matched value")
+        final = steps[-1].node
+        returned = last.value is final
+        if not returned and isinstance(last.value, ast.Name) and len(body) > 1:
+            previous = body[-2]
+            returned = (
+                isinstance(previous, ast.Assign)
+                and _is_plain_assignment(previous, final)  # type: ignore[arg-type]
+                and previous.targets[0].id == last.value.id  # type: ignore[attr-defined]
+            )
+        if not returned:
+            raise Refusal(f"{helper.name}() does not end by returning the matched value")
+        statements = [step.statement for step in steps]
+        first = next((i for i, s in enumerate(body) if s is statements[0]), None)
+        if first is None:
+            raise Refusal(f"{helper.name}(): the matched computation sits in a nested block")
+        for statement in body[first:-1]:
+            if not any(statement is s for s in statements):
+                raise Refusal(
+                    f"line {statement.lineno}: {helper.name}() does more after the matched "
+                    "computation starts"
+                )
+        return body[first]
 
     def helper_call(
         self, caller: ast.FunctionDef, inner: FlowStep, consumer: FlowStep
@@ -454,9 +476,12 @@ class Planner:
         if not isinstance(node, ast.Name) or consumer.statement is None:
             raise Refusal("the helper's result reaches the caller in a way not followed")
         blocks = self.blocks(caller)
-        body, index, _, _ = blocks.block_of(consumer.statement)
-        for statement in reversed(body[:index]):
-            if node.id in assigned_names(statement):
+        holder: ast.stmt | None = consumer.statement
+        while holder is not None:  # the nearest assignment before it, in its block or around
+            body, index, parent, _ = blocks.block_of(holder)
+            for statement in reversed(body[:index]):
+                if node.id not in assigned_names(statement):
+                    continue
                 if (
                     isinstance(statement, ast.Assign)
                     and isinstance(statement.value, ast.Call)
@@ -464,7 +489,8 @@ class Planner:
                     and statement.targets[0].id == node.id  # type: ignore[attr-defined]
                 ):
                     return statement.value, statement
-                break
+                raise Refusal("the helper's result reaches the caller in a way not followed")
+            holder = parent if isinstance(parent, ast.If) else None
         raise Refusal("the helper's result reaches the caller in a way not followed")
 
     def sink_into_branch(
@@ -584,6 +610,8 @@ class Planner:
         for owner in self._moved_calls:
             if owner is final:
                 continue
+            if plan.hoist is not None and self.moves_whole(plan.hoist, owner, final, blocks):
+                continue
             if plan.hoist is not None or not any(owner is d for d in deleted):
                 raise Refusal(f"line {owner.lineno}: an input with a call would move")
             if blocks.block_of(owner)[0] is not blocks.block_of(final)[0]:
@@ -593,6 +621,24 @@ class Planner:
                     raise Refusal(
                         f"line {between.lineno} runs between an input with a call and the kernel"
                     )
+
+    def moves_whole(
+        self,
+        hoist: tuple[list[ast.stmt], ast.If, int],
+        owner: ast.stmt,
+        final: ast.stmt,
+        blocks: Blocks,
+    ) -> bool:
+        """A statement moved into the arms of the ``if`` right after it runs at the same point
+        when the fused statement opens its arm (the condition was checked to call nothing)."""
+        moved, branch, arm = hoist
+        arm_body = branch.body if arm == 0 else branch.orelse
+        return (
+            any(owner is statement for statement in moved)
+            and bool(arm_body)
+            and arm_body[0] is final
+            and not list(blocks.between(owner, branch))
+        )
 
     def enclosing_branch(
         self, statement: ast.stmt, block: list[ast.stmt], blocks: Blocks
@@ -676,19 +722,24 @@ class Planner:
         (``self.proj[2](kernel(x, self.proj[0], self.proj[1]))``), keeping the same modules."""
         steps = site.steps
         call = steps[0].node
-        if not all(step.synthetic and step.node is call for step in steps):
-            raise Refusal("the match mixes nn.Sequential elements and other calls")
         if len(replacement) != 1 or not isinstance(call, ast.Call) or len(call.args) != 1:
             raise Refusal("only a one-argument nn.Sequential call can be split")
+        inside = [step for step in steps if step.synthetic and step.node is call]
+        if steps[: len(inside)] != inside:
+            raise Refusal("the match mixes nn.Sequential elements and other calls")
         container = self.source.segment(call.func)
         elements = [s for s in site.flow.steps if s.node is call] if site.flow else []
         if not elements:
             raise Refusal("internal: nn.Sequential elements not available")
-        indices = [elements.index(step) for step in steps]
+        indices = [elements.index(step) for step in inside]
         if indices != list(range(indices[0], indices[0] + len(indices))):
             raise Refusal("the fused nn.Sequential elements are not consecutive")
         (new_step,) = replacement
         module_text = {step.module: f"{container}[{elements.index(step)}]" for step in elements}
+        if len(inside) < len(steps):
+            if indices[-1] != len(elements) - 1:
+                raise Refusal("the matched nn.Sequential elements are not its last ones")
+            return self.plan_sequential_tail(site, plan, new_step, call, indices[0], module_text)
         template = self.render_call(
             new_step,
             site,
@@ -709,6 +760,48 @@ class Planner:
         assert steps[0].statement is not None
         plan.statements.append(steps[0].statement)
         return plan
+
+    def plan_sequential_tail(
+        self,
+        site: Site,
+        plan: Plan,
+        new_step: PatternStep,
+        call: ast.Call,
+        first: int,
+        module_text: dict[str | None, str],
+    ) -> Plan:
+        """A match that starts with the last elements of an ``nn.Sequential`` and goes on
+        outside it (``core = self.net(x)`` ending in Dropout, then ``norm(x + core)``): the
+        elements before the match are called one by one and the kernel takes the rest."""
+        steps = site.steps
+        inside = [step for step in steps if step.synthetic and step.node is call]
+        outside = steps[len(inside) :]
+        if any(step.synthetic or step.function is not plan.function for step in outside):
+            raise Refusal("the match mixes nn.Sequential elements and other calls")
+        if len({step.inline_chain for step in steps}) != 1:
+            raise Refusal("the match spans several methods or classes; not rewritten")
+        prefix = self.source.segment(call.args[0])
+        for index in range(first):
+            prefix = f"{self.source.segment(call.func)}[{index}]({prefix})"
+        pattern = site.rule.forward.steps  # type: ignore[union-attr]
+        if [t.name for t in new_step.targets] != [t.name for t in pattern[-1].targets]:
+            raise Refusal("the replacement's outputs are not values of the pattern")
+        if self.forward_rest(pattern[-1], steps[-1]):
+            raise Refusal(f"line {steps[-1].line}: the final call passes extra arguments")
+        call_text = self.render_call(
+            new_step,
+            site,
+            plan,
+            pattern[-1],
+            steps[-1],
+            module_text=module_text,
+            first_input=prefix,
+        )
+        statement = self.statement_containing(plan.function, call)
+        self._moved_calls.append(statement)
+        self._extra_inputs = read_names(call)
+        stand_in = replace(inside[-1], node=call, statement=statement, synthetic=False)
+        return self.fuse_statements(plan, site, [stand_in, *outside], len(outside), call_text)
 
     # -- rendering ---------------------------------------------------------------------------
     def render_call(

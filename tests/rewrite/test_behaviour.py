@@ -132,6 +132,56 @@ class Model(nn.Module):
         lambda: (torch.randn(2, 3, 4),),
         {"paper.5"},
     ),
+    "sequential_ends_with_dropout": (
+        """
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.core = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 4), nn.Dropout(0.0))
+        self.layer_norm = nn.LayerNorm(4)
+
+    def forward(self, inp):
+        core_out = self.core(inp)
+        output = self.layer_norm(inp + core_out)
+        return output
+""",
+        lambda: (torch.randn(2, 3, 4),),
+        {"paper.5"},
+    ),
+    "helper_adds_caller_norms_in_branch": (
+        """
+class SelfOutput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Linear(4, 4)
+        self.LayerNorm = nn.LayerNorm(4)
+        self.dropout = nn.Dropout(0.0)
+
+    def forward(self, hidden_states, input_tensor):
+        hidden_states = self.dense(hidden_states)
+        hidden_states = self.dropout(hidden_states)
+        hidden_states = hidden_states + input_tensor
+        return hidden_states
+
+
+class Model(nn.Module):
+    def __init__(self, pre_norm=False):
+        super().__init__()
+        self.output = SelfOutput()
+        self.pre_norm = pre_norm
+
+    def forward(self, x):
+        residual = x
+        if self.pre_norm:
+            x = self.output.LayerNorm(x)
+        attention_output = self.output(x * 2, residual)
+        if not self.pre_norm:
+            attention_output = self.output.LayerNorm(attention_output)
+        return attention_output
+""",
+        lambda: (torch.randn(2, 3, 4),),
+        {"paper.5"},
+    ),
     "qkv": (
         """
 class Model(nn.Module):
@@ -241,6 +291,19 @@ def test_norm_after_branch_on_the_path_without_the_add(training):
     torch.manual_seed(0)
     original = _load(original_code)(residual=False).train(training)
     patched = _load(rewritten.patched)(residual=False).train(training)
+    patched.load_state_dict(original.state_dict())
+    (hidden,) = make_inputs()
+    torch.testing.assert_close(patched(hidden), original(hidden))
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_helper_path_without_the_norm(training):
+    body, make_inputs, _ = MODELS["helper_adds_caller_norms_in_branch"]
+    original_code = HEAD + textwrap.dedent(body)
+    rewritten = rewrite_text(original_code, "model.py", Matcher(load_rule_set("paper")))
+    torch.manual_seed(0)
+    original = _load(original_code)(pre_norm=True).train(training)
+    patched = _load(rewritten.patched)(pre_norm=True).train(training)
     patched.load_state_dict(original.state_dict())
     (hidden,) = make_inputs()
     torch.testing.assert_close(patched(hidden), original(hidden))

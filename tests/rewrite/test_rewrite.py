@@ -227,6 +227,18 @@ def test_helper_with_several_returns_is_refused():
     assert {r.reason for r in result.results} == {"forward() returns in several places"}
 
 
+def test_helper_that_does_more_after_the_dropout_is_refused():
+    source = HELPER_AND_CALLERS.replace(
+        "        hidden_states = self.output_dropout(hidden_states)\n",
+        "        hidden_states = self.output_dropout(hidden_states)\n        self.calls = 1\n",
+    )
+    result = rewrite(source)
+    assert not result.changed
+    assert {r.reason for r in result.results} == {
+        "forward() does not end by returning the matched value"
+    }
+
+
 def test_helper_method_of_the_same_class_is_refused():
     result = rewrite("""
 class Layer(nn.Module):
@@ -245,6 +257,72 @@ class Layer(nn.Module):
     assert not result.changed
     (only,) = result.results
     assert "feed_forward() is a method of the caller's class" in only.reason
+
+
+def test_sequential_that_ends_with_the_dropout():
+    result = rewrite("""
+class PositionwiseFF(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.CoreNet = nn.Sequential(nn.Linear(4, 8), nn.ReLU(inplace=True), nn.Dropout(0.1))
+        self.layer_norm = nn.LayerNorm(8)
+
+    def forward(self, inp):
+        core_out = self.CoreNet(inp)
+        output = self.layer_norm(inp + core_out)
+        return output
+""")
+    assert [r.status for r in result.results] == ["patched"]
+    assert (
+        "        output = dropout_add_layer_norm(self.CoreNet[1](self.CoreNet[0](inp)), inp, "
+        "self.CoreNet[2], self.layer_norm)\n        return output\n"
+    ) in result.patched
+    assert "core_out" not in result.patched
+
+
+def test_helper_call_moves_into_the_branch_that_norms():
+    result = rewrite("""
+class SelfOutput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Linear(4, 4)
+        self.LayerNorm = nn.LayerNorm(4)
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, hidden_states, input_tensor):
+        hidden_states = self.dense(hidden_states)
+        hidden_states = self.dropout(hidden_states)
+        hidden_states = hidden_states + input_tensor
+        return hidden_states
+
+
+class Attention(nn.Module):
+    def __init__(self, pre_norm):
+        super().__init__()
+        self.output = SelfOutput()
+        self.pre_norm = pre_norm
+
+    def forward(self, x, residual):
+        attention_output = self.output(x, residual)
+        if not self.pre_norm:
+            attention_output = self.output.LayerNorm(attention_output)
+        return attention_output
+""")
+    assert [r.status for r in result.results] == ["patched"]
+    patched = body_of(result.patched)
+    assert "    def forward(self, hidden_states, input_tensor, *, norm=None):\n" in patched
+    assert (
+        "        hidden_states = self.dense(hidden_states)\n"
+        "        if norm is not None:\n"
+        "            return dropout_add_layer_norm(hidden_states, input_tensor, self.dropout, norm)\n"
+        "        hidden_states = self.dropout(hidden_states)\n"
+    ) in patched
+    assert (
+        "        if not self.pre_norm:\n"
+        "            attention_output = self.output(x, residual, norm=self.output.LayerNorm)\n"
+        "        else:\n"
+        "            attention_output = self.output(x, residual)\n"
+    ) in patched
 
 
 def test_fused_qkv_becomes_one_tuple_assignment():
