@@ -271,39 +271,22 @@ def test_patched_model_matches_original(name, training):
             torch.testing.assert_close(b2, b1, msg=label)
 
 
-def test_fig4_path_without_norm_still_matches():
-    body, make_inputs, _ = MODELS["conv_branch"]
-    original_code = HEAD + textwrap.dedent(body)
-    rewritten = rewrite_text(original_code, "model.py", Matcher(load_rule_set("paper")))
-    torch.manual_seed(0)
-    original = _load(original_code)(use_bn=False).eval()
-    patched = _load(rewritten.patched)(use_bn=False).eval()
-    patched.load_state_dict(original.state_dict())
-    (image,) = make_inputs()
-    torch.testing.assert_close(patched(image), original(image))
-
-
+@pytest.mark.parametrize(
+    ("name", "other_path"),
+    [
+        ("conv_branch", {"use_bn": False}),  # the arm without the batch norm (Fig. 4)
+        ("norm_after_branch", {"residual": False}),  # dropout then norm, no add
+        ("helper_adds_caller_norms_in_branch", {"pre_norm": True}),  # the helper's own code
+    ],
+)
 @pytest.mark.parametrize("training", [False, True])
-def test_norm_after_branch_on_the_path_without_the_add(training):
-    body, make_inputs, _ = MODELS["norm_after_branch"]
+def test_the_path_the_rewrite_does_not_fuse_still_matches(name, other_path, training):
+    body, make_inputs, _ = MODELS[name]
     original_code = HEAD + textwrap.dedent(body)
     rewritten = rewrite_text(original_code, "model.py", Matcher(load_rule_set("paper")))
     torch.manual_seed(0)
-    original = _load(original_code)(residual=False).train(training)
-    patched = _load(rewritten.patched)(residual=False).train(training)
+    original = _load(original_code)(**other_path).train(training)
+    patched = _load(rewritten.patched)(**other_path).train(training)
     patched.load_state_dict(original.state_dict())
-    (hidden,) = make_inputs()
-    torch.testing.assert_close(patched(hidden), original(hidden))
-
-
-@pytest.mark.parametrize("training", [False, True])
-def test_helper_path_without_the_norm(training):
-    body, make_inputs, _ = MODELS["helper_adds_caller_norms_in_branch"]
-    original_code = HEAD + textwrap.dedent(body)
-    rewritten = rewrite_text(original_code, "model.py", Matcher(load_rule_set("paper")))
-    torch.manual_seed(0)
-    original = _load(original_code)(pre_norm=True).train(training)
-    patched = _load(rewritten.patched)(pre_norm=True).train(training)
-    patched.load_state_dict(original.state_dict())
-    (hidden,) = make_inputs()
-    torch.testing.assert_close(patched(hidden), original(hidden))
+    inputs = make_inputs()
+    torch.testing.assert_close(patched(*inputs), original(*inputs))
