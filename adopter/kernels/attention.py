@@ -92,11 +92,29 @@ def _dropout_p(module: Any) -> float | None:
     return None
 
 
-def _unfused_on_cpu(dropout_p: float, hidden_states: torch.Tensor) -> bool:
-    """PyTorch's CPU attention kernels have no dropout: with attention dropout in training,
-    ``scaled_dot_product_attention`` runs its unfused math path, which is slower than the
-    model's own code (measured in docs/performance.md). There the original code runs."""
-    return dropout_p > 0 and hidden_states.device.type == "cpu"
+# PyTorch's CPU attention kernels support neither dropout nor a mask that needs a gradient:
+# there ``scaled_dot_product_attention`` runs its unfused math path, the original's work plus
+# the kernel's overhead, and keeps more for backward (docs/performance.md). In those cases the
+# module's own code runs. The kernel tests switch this off to check the fused math on a CPU.
+ORIGINAL_WHEN_UNFUSED_ON_CPU = True
+
+
+def _unfused_on_cpu(
+    dropout_p: float, hidden_states: torch.Tensor, mask_needs_grad: bool = False
+) -> bool:
+    """Whether SDPA would fall back to its unfused math path on this (CPU) input."""
+    if not ORIGINAL_WHEN_UNFUSED_ON_CPU or hidden_states.device.type != "cpu":
+        return False
+    return dropout_p > 0 or (mask_needs_grad and torch.is_grad_enabled())
+
+
+def _t5_bias_needs_grad(module: nn.Module, position_bias: torch.Tensor | None) -> bool:
+    """Whether T5's additive mask (position bias + padding mask) will need a gradient."""
+    if position_bias is not None:
+        return position_bias.requires_grad
+    if getattr(module, "has_relative_attention_bias", False):
+        return bool(module.relative_attention_bias.weight.requires_grad)
+    return bool(getattr(module, "gradient_checkpointing", False) and module.training)
 
 
 def _mask_is_float(mask: object) -> bool:
@@ -277,7 +295,8 @@ def fused_t5_attention(cls: T) -> T:
     additive float mask with ``scale=1.0`` (T5 does not scale scores). ``past_key_value`` /
     ``use_cache`` / cross-attention follow the original, including the prefix-tuning case where
     cached cross keys have a different length. Falls back for ``output_attentions`` and
-    ``layer_head_mask``.
+    ``layer_head_mask``, and on a CPU while attention dropout is active or the position bias
+    needs a gradient (training): CPU SDPA could only run its unfused math path there.
     """
     return _build("t5_attention", cls, _make_t5)  # type: ignore[return-value]
 
@@ -318,7 +337,11 @@ def _make_t5(base: type) -> type:
                 or hidden_states.dim() != 3
                 or (past_key_value is not None and len(past_key_value) != 2)
                 or (mask is not None and not mask.is_floating_point())
-                or (self.training and _unfused_on_cpu(float(drop), hidden_states))
+                or _unfused_on_cpu(
+                    float(drop) if self.training else 0.0,
+                    hidden_states,
+                    _t5_bias_needs_grad(self, position_bias),
+                )
             ):
                 return original()
 

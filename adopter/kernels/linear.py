@@ -108,6 +108,13 @@ def _fusable(x: torch.Tensor, linears: Sequence[nn.Module]) -> bool:
     return plain_tensors(x)
 
 
+# Devices where, under autograd, separate GEMMs serve better than one: on a CPU the single
+# GEMM is no faster, and the concatenated weight it builds every step stays alive for backward
+# (GPT-Neo's training peak grew by that copy, docs/performance.md). Tests empty it to check
+# the concatenated path.
+SEPARATE_UNDER_AUTOGRAD = {"cpu"}
+
+
 def fused_linears(x: torch.Tensor, linears: Sequence[nn.Module]) -> tuple[torch.Tensor, ...]:
     """``tuple(lin(x) for lin in linears)`` computed with one GEMM (see :func:`qkv_projection`)."""
     if len(linears) < 2 or not _fusable(x, linears):
@@ -116,6 +123,8 @@ def fused_linears(x: torch.Tensor, linears: Sequence[nn.Module]) -> tuple[torch.
     biases = [lin.bias for lin in linears]
     sizes = tuple(int(w.shape[0]) for w in weights)
     if grad_needed(*weights, *biases):
+        if x.device.type in SEPARATE_UNDER_AUTOGRAD:
+            return tuple(lin(x) for lin in linears)
         weight, bias = _concat(weights, biases)
     else:
         slot = "concat:" + ":".join(str(id(lin)) for lin in linears[1:])
@@ -137,7 +146,9 @@ def qkv_projection(
     """Return ``(query(x), key(x), value(x))`` computed with a single matmul.
 
     The three modules must be ``nn.Linear`` with equal ``in_features`` (out_features and the
-    presence of a bias may differ); otherwise the three modules are simply called.
+    presence of a bias may differ); otherwise the three modules are simply called. So are they
+    on a CPU under autograd, where one GEMM is no faster and its concatenated weight would be
+    kept for backward.
     """
     q, k, v = fused_linears(x, (query, key, value))
     return q, k, v

@@ -20,7 +20,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from adopter.kernels import attention as attention_module
 from adopter.kernels import fused_bert_self_attention, fused_gpt2_attention, fused_t5_attention
+
+
+@pytest.fixture(autouse=True)
+def fused_path_even_where_cpu_prefers_the_original(monkeypatch):
+    """These tests check the fused math on the CPU they run on; the CPU preference for the
+    original code (dropout, a mask that needs a gradient) has tests of its own below."""
+    monkeypatch.setattr(attention_module, "ORIGINAL_WHEN_UNFUSED_ON_CPU", False)
+
+
+@pytest.fixture
+def cpu_prefers_the_original(monkeypatch):
+    monkeypatch.setattr(attention_module, "ORIGINAL_WHEN_UNFUSED_ON_CPU", True)
+
 
 # ---------------------------------------------------------------------------------------------
 # Reference modules
@@ -615,7 +629,7 @@ def test_bert_encoder(dtype, train, with_mask):
     assert len(calls) == 1 and calls[0]["dropout_p"] == 0.0
 
 
-def test_bert_dropout_in_training_runs_the_original_code_on_cpu():
+def test_bert_dropout_in_training_runs_the_original_code_on_cpu(cpu_prefers_the_original):
     # CPU SDPA has no dropout kernel (it would run its slower math path): keep the original.
     ref, fused = make_pair(BertSelfAttention, fused_bert_self_attention, 16, 4, dropout=0.25)
     ref.train()
@@ -798,7 +812,30 @@ def test_t5_encoder_relative_bias(dtype, train):
     )
 
 
-def test_t5_dropout_in_training_runs_the_original_code_on_cpu():
+def test_t5_bias_that_needs_a_gradient_runs_the_original_code_on_cpu(cpu_prefers_the_original):
+    # CPU SDPA cannot differentiate through the mask in a fused kernel: keep the original.
+    ref, fused = make_pair(
+        T5Attention, fused_t5_attention, 16, 4, 3, has_relative_attention_bias=True
+    )
+    ref.train()
+    fused.train()
+    h = torch.randn(2, 6, 16, dtype=torch.float64)
+    with sdpa_spy() as calls:
+        compare_t5(ref, fused, dict(hidden_states=h))
+    assert calls == []
+    with torch.no_grad(), sdpa_spy() as calls:
+        fused.eval()
+        fused(h)
+    assert len(calls) == 1
+    # A later layer receives the bias from the first: it needs a gradient too.
+    ref2, fused2 = make_pair(T5Attention, fused_t5_attention, 16, 4, 3, seed=9)
+    bias = torch.randn(1, 3, 6, 6, dtype=torch.float64, requires_grad=True)
+    with sdpa_spy() as calls:
+        compare_t5(ref2, fused2, dict(hidden_states=h, position_bias=bias))
+    assert calls == []
+
+
+def test_t5_dropout_in_training_runs_the_original_code_on_cpu(cpu_prefers_the_original):
     _, fused = make_pair(T5Attention, fused_t5_attention, 8, 4, 2, dropout=0.3)
     fused.train()
     with sdpa_spy() as calls:

@@ -18,7 +18,16 @@ from adopter.kernels import (
     linear_bias_activation,
     qkv_projection,
 )
+from adopter.kernels import linear as linear_module
 from adopter.kernels._activations import resolve_activation
+
+
+@pytest.fixture(autouse=True)
+def one_gemm_even_under_autograd_on_cpu(monkeypatch):
+    """These tests check the concatenated path on the CPU they run on; the CPU preference for
+    separate GEMMs under autograd has a test of its own."""
+    monkeypatch.setattr(linear_module, "SEPARATE_UNDER_AUTOGRAD", set())
+
 
 TOL = {
     torch.float64: dict(rtol=1e-10, atol=1e-10),
@@ -365,6 +374,27 @@ def test_qkv_single_matmul(monkeypatch):
 
     monkeypatch.setattr(F, "linear", spy)
     qkv_projection(torch.randn(3, 5, dtype=torch.float64), q, k, v)
+    assert calls == [torch.Size([18, 5])]
+
+
+def test_qkv_under_autograd_on_cpu_runs_three_gemms(monkeypatch):
+    monkeypatch.setattr(linear_module, "SEPARATE_UNDER_AUTOGRAD", {"cpu"})
+    q, k, v = make_qkv()
+    calls = []
+    real = F.linear
+
+    def spy(*args, **kwargs):
+        calls.append(args[1].shape)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(F, "linear", spy)
+    x = torch.randn(3, 5, dtype=torch.float64)
+    out = qkv_projection(x, q, k, v)
+    assert calls == [torch.Size([6, 5])] * 3
+    torch.testing.assert_close(out[1], k(x))
+    calls.clear()
+    with torch.no_grad():
+        qkv_projection(x, q, k, v)
     assert calls == [torch.Size([18, 5])]
 
 
