@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -16,7 +18,7 @@ from .extract import SourceError, analyse_file
 from .extract.printer import format_class
 from .match import Matcher
 from .match.report import json_records, sarif_log
-from .match.scan import FileResult, collect_python_files, scan_paths
+from .match.scan import collect_python_files, scan_paths
 from .rules import RULE_SETS, load_rule_set
 
 app = typer.Typer(
@@ -37,6 +39,24 @@ class OutputFormat(str, Enum):
 
 def _stderr() -> Console:
     return Console(stderr=True, highlight=False)
+
+
+@contextmanager
+def _progress_bar(console: Console, label: str, total: int) -> Iterator[Callable[[], None]]:
+    """A transient progress bar on ``console``; yields the function that advances it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    )
+    with progress:
+        task = progress.add_task(label, total=total)
+        yield lambda: progress.advance(task)
 
 
 def _fail(message: str) -> typer.Exit:
@@ -121,34 +141,14 @@ def scan(
 
     Exit code 0 when the scan ran (with or without sites), 2 when any input was bad.
     """
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-    )
-
     rules = load_rules(rule_files, rule_set, select)
     files, _ = collect_python_files(paths)
     console = _stderr()
-    show_progress = len(files) >= PROGRESS_MIN_FILES and console.is_terminal
-    progress = Progress(
-        TextColumn("scanning"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=not show_progress,
-    )
-    with progress:
-        task = progress.add_task("scan", total=len(files))
-
-        def advance(_: FileResult) -> None:
-            progress.advance(task)
-
-        result = scan_paths(paths, rules, jobs=jobs, progress=advance)
+    if len(files) >= PROGRESS_MIN_FILES and console.is_terminal:
+        with _progress_bar(console, "scanning", len(files)) as advance:
+            result = scan_paths(paths, rules, jobs=jobs, progress=lambda _: advance())
+    else:  # a few files finish before a bar would be drawn
+        result = scan_paths(paths, rules, jobs=jobs)
     for error in result.errors:
         console.print(f"[red]error:[/red] {error}", soft_wrap=True, markup=True, highlight=False)
     sites = result.sites + (result.not_applicable if show_not_applicable else [])
