@@ -15,8 +15,6 @@ as oneDNN returns it (channels-last), and converted back to NCHW after each conv
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import random
 import statistics
 import sys
@@ -25,25 +23,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from machine import describe_machine  # noqa: E402
 
 from adopter.bench.command import plan_variants  # noqa: E402
 from adopter.bench.stats import bootstrap_ratio_ci  # noqa: E402
 
 LAYOUTS = {"NCHW": torch.contiguous_format, "channels-last": torch.channels_last}
-
-
-def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{os.cpu_count()} cores ({cpu}), torch {torch.__version__}"
 
 
 def build(variant, layout: torch.memory_format):
@@ -129,7 +117,7 @@ def main() -> int:
     base = times["original, NCHW"]
     lines = [
         "# ResNet on a CPU: the conv + batch-norm fold and the memory layout\n",
-        f"Produced by `python benchmarks/conv_layout_study.py` on {machine()}, "
+        f"Produced by `python benchmarks/conv_layout_study.py` on {describe_machine()}, torch {torch.__version__}, "
         f"{args.threads} torch thread(s), no GPU. `ResNetModel` from `transformers==4.34.0` "
         f"(default configuration, 2 blocks per stage), batch {args.batch_size}, "
         f"{args.image_size} px, eval mode under `torch.no_grad`; *patched* is the modeling file "

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from machine import describe_machine  # noqa: E402
 
 from adopter.corpus import fetch_wheel  # noqa: E402
 from adopter.match.scan import scan_paths  # noqa: E402
@@ -108,20 +109,6 @@ def corpus_paths(models: list[str]) -> dict[str, Path]:
             base = fetch_wheel(f"transformers=={OWLV2_VERSION}") / "transformers" / "models"
         paths[model] = base / model / f"modeling_{model}.py"
     return paths
-
-
-def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (
-        f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, {platform.system()}"
-    )
 
 
 def git_revision() -> str:
@@ -249,7 +236,7 @@ def main() -> int:
     w("# Scan benchmark: the paper's 199 models x 9 rules\n")
     w(
         f"Produced by `python benchmarks/scan_benchmark.py --jobs {args.jobs}` at commit "
-        f"`{git_revision()}` on {machine()}. Corpus: the modeling files of `transformers=={MAIN_VERSION}` "
+        f"`{git_revision()}` on {describe_machine()}. Corpus: the modeling files of `transformers=={MAIN_VERSION}` "
         f"(`owlv2` from `{OWLV2_VERSION}`), fetched from PyPI at run time; expected counts from "
         "`shared/benchmark/expected-sites.tsv` (the paper's hand count).\n"
     )

@@ -363,31 +363,30 @@ def test_qkv_matches_and_grads(dtype, biases, outs):
         )
 
 
-def test_qkv_single_matmul(monkeypatch):
-    q, k, v = make_qkv()
-    calls = []
+@pytest.fixture
+def linear_weight_shapes(monkeypatch):
+    """The weight shape of every ``F.linear`` call made while the test runs."""
+    shapes = []
     real = F.linear
 
     def spy(*args, **kwargs):
-        calls.append(args[1].shape)
+        shapes.append(args[1].shape)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(F, "linear", spy)
+    return shapes
+
+
+def test_qkv_single_matmul(linear_weight_shapes):
+    q, k, v = make_qkv()
     qkv_projection(torch.randn(3, 5, dtype=torch.float64), q, k, v)
-    assert calls == [torch.Size([18, 5])]
+    assert linear_weight_shapes == [torch.Size([18, 5])]
 
 
-def test_qkv_under_autograd_on_cpu_runs_three_gemms(monkeypatch):
+def test_qkv_under_autograd_on_cpu_runs_three_gemms(monkeypatch, linear_weight_shapes):
     monkeypatch.setattr(linear_module, "SEPARATE_UNDER_AUTOGRAD", {"cpu"})
     q, k, v = make_qkv()
-    calls = []
-    real = F.linear
-
-    def spy(*args, **kwargs):
-        calls.append(args[1].shape)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(F, "linear", spy)
+    calls = linear_weight_shapes
     x = torch.randn(3, 5, dtype=torch.float64)
     out = qkv_projection(x, q, k, v)
     assert calls == [torch.Size([6, 5])] * 3
