@@ -49,11 +49,13 @@ from adopter.bench import BenchResult, from_json, plot, to_json  # noqa: E402
 from adopter.bench.command import (  # noqa: E402
     base_model_class,
     bench_config,
+    only_faster_rules,
     plan_variants,
     resolve_transformers_target,
     run_bench,
 )
 from adopter.bench.measure import make_optimizer, make_step, prepare_variant  # noqa: E402
+from adopter.rules import load_rule_set  # noqa: E402
 
 TRANSFORMERS = ("bert", "roberta", "gpt2", "gpt_neo", "distilbert", "t5", "albert")
 ALL_MODELS = (*TRANSFORMERS, "groupvit", "resnet")
@@ -208,6 +210,21 @@ def jobs_for(settings: Settings, models: list[str]) -> list[Job]:
             "modes": ("inference", "train"),
         }
         jobs.append(Job("short", name, options))
+    for name in models:
+        # What `apply --only-faster` keeps on this machine, then that rewrite against the
+        # original with the configured dropout, both modes.
+        spec = SPECS[name]
+        text_model = spec.family == "text"
+        options = {
+            **base,
+            "seq_len": settings.long_seq if text_model else settings.short_seq,
+            "batch_size": settings.long_batch if text_model else spec.image_batch,
+            "image_size": settings.image_size,
+            "modes": ("inference", "train"),
+        }
+        if text_model:
+            options["decoder_seq_len"] = settings.decoder(settings.long_seq)
+        jobs.append(Job("only_faster", name, options))
     for name in ("bert", "resnet"):
         if name not in models:
             continue
@@ -253,7 +270,9 @@ def run_job(job: Job, settings: Settings, cache: Path, say: Callable[[str], None
     record["options"] = {k: list(v) if isinstance(v, tuple) else v for k, v in job.options.items()}
     started = time.perf_counter()
     try:
-        if job.study == "long_dropout" and _dropout_is_configured_zero(job.model, overrides):
+        if job.study == "only_faster":
+            record.update(run_only_faster(job, settings, overrides, say))
+        elif job.study == "long_dropout" and _dropout_is_configured_zero(job.model, overrides):
             record["skipped"] = (
                 "the configured attention dropout is already 0: the `long` training run is "
                 "this configuration"
@@ -274,6 +293,43 @@ def run_job(job: Job, settings: Settings, cache: Path, say: Callable[[str], None
     out.write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")
     status = "skipped" if "skipped" in record else ("FAILED" if "error" in record else "done")
     say(f"{job.study}/{job.model}: {status} in {record['seconds']:.0f} s")
+
+
+def run_only_faster(
+    job: Job, settings: Settings, overrides: dict[str, Any], say: Callable[[str], None]
+) -> dict[str, Any]:
+    """The rules ``apply --only-faster`` keeps for this model, and the kept rewrite timed
+    against the original (configured dropout, inference and training)."""
+    options = dict(job.options)
+    selection = {
+        key: options[key]
+        for key in ("seq_len", "batch_size", "image_size", "modes", "threads")
+        if key in options
+    }
+    kept, reasons = only_faster_rules(
+        job.model,
+        load_rule_set("paper"),
+        config_overrides=overrides,
+        layers=settings.layers,
+        optimizer=OPTIMIZER,
+        progress=lambda message: say(f"  only_faster/{job.model}: {message}"),
+        **selection,
+    )
+    record: dict[str, Any] = {"kept": [rule.id for rule in kept], "reasons": reasons}
+    if not kept:
+        record["unchanged"] = "no rule was reliably faster here: the model is left as it is"
+        return record
+    result = run_bench(
+        job.model,
+        rules=kept,
+        config_overrides=overrides,
+        layers=settings.layers,
+        dropout="config",
+        progress=lambda message: say(f"  only_faster/{job.model}: {message}"),
+        **options,
+    )
+    record["result"] = to_json(result)
+    return record
 
 
 # ----------------------------------------------------------------------------------------------
@@ -515,6 +571,8 @@ class Numbers:
     train_dropout_slower: list[str] = field(default_factory=list)
     memory: dict[str, float] = field(default_factory=dict)
     resnet_inference: float | None = None
+    only_faster_models: list[str] = field(default_factory=list)
+    only_faster_slower: list[str] = field(default_factory=list)  # interval wholly below 1
     groupvit_fold: float | None = None
 
 
@@ -541,6 +599,16 @@ def collect(records: dict[tuple[str, str], dict[str, Any]]) -> Numbers:
     numbers.groupvit_fold = speed_of(
         result_of(records.get(("long", "groupvit"))), "paper.8 only", "inference"
     )
+    for m in ALL_MODELS:
+        record = records.get(("only_faster", m))
+        if not record or "error" in record:
+            continue
+        numbers.only_faster_models.append(m)
+        result = result_of(record)
+        for mode in ("inference", "train"):
+            speedup = result.get("patched", mode).speedup if result else None
+            if speedup is not None and speedup.ci_high < 1.0:
+                numbers.only_faster_slower.append(f"{m} ({mode})")
     return numbers
 
 
@@ -571,6 +639,17 @@ def targets_section(numbers: Numbers, settings: Settings) -> list[str]:
         f"{verdict(geomean(memory), 0.90, higher=False)} |",
         f"| CNN inference with folded conv + batch norm ≥ 1.20× faster (ResNet) | "
         f"{fmt_x(numbers.resnet_inference)} | {verdict(numbers.resnet_inference, 1.20)} |",
+        "| no model slower than its original after `apply --only-faster` (no interval wholly "
+        f"below 1) | {len(numbers.only_faster_models)} models; measurably slower: "
+        f"{', '.join(numbers.only_faster_slower) or 'none'} | "
+        + (
+            "not measured"
+            if not numbers.only_faster_models
+            else "**reached**"
+            if not numbers.only_faster_slower
+            else "**missed**"
+        )
+        + " |",
         f"| (the same for GroupViT's Linear + BatchNorm1d fold, `paper.8 only`; GroupViT has no "
         f"conv + batch-norm pair) | {fmt_x(numbers.groupvit_fold)} | "
         f"{verdict(numbers.groupvit_fold, 1.20)} |",
@@ -944,6 +1023,41 @@ def render(cache: Path, out: Path, png: Path, settings: Settings) -> None:
             )
     w("")
 
+    w("## After `apply --only-faster`\n")
+    w(
+        "`adopter apply --only-faster` keeps a rule's patches only where a short interleaved run "
+        "on this machine shows them reliably faster: the rule alone against the original, "
+        "configured dropout, inference and training; kept when its interval clears 1.00× in "
+        "one mode and reaches 1.00× in the other. The kept rewrite is then timed against the "
+        "original like the runs above, with the configured dropout. A model where no rule is "
+        "reliably faster is left as it is.\n"
+    )
+    w("| model | kept | dropped | inference | training, configured dropout |")
+    w("|---|---|---|---|---|")
+    for m in ALL_MODELS:
+        record = get(("only_faster", m))
+        if record is None:
+            continue
+        if "error" in record:
+            w(f"| {m} | failed: {record['error'][:100]} | | | |")
+            continue
+        reasons = record.get("reasons", {})
+        kept = ", ".join(record.get("kept", [])) or "nothing"
+        dropped = "; ".join(
+            f"{rule}: {why.removeprefix('dropped: ')}"
+            for rule, why in reasons.items()
+            if why.startswith("dropped")
+        )
+        result = result_of(record)
+        if result is None:
+            w(f"| {m} | {kept} | {dropped or '-'} | 1.00× (unchanged) | 1.00× (unchanged) |")
+            continue
+        w(
+            f"| {m} | {kept} | {dropped or '-'} | {speed_cell(result, 'patched', 'inference')} "
+            f"| {speed_cell(result, 'patched', 'train')} |"
+        )
+    w("")
+
     w(f"## {settings.short_seq} tokens\n")
     w(f"{settings.short_batch} × {settings.short_seq} tokens, training with attention dropout 0.\n")
     w(
@@ -1048,7 +1162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny configurations (pipeline test)")
     parser.add_argument("--models", default=",".join(ALL_MODELS), help="comma-separated subset")
-    parser.add_argument("--studies", default="long,long_dropout,short,compile,profile")
+    parser.add_argument("--studies", default="long,long_dropout,short,compile,profile,only_faster")
     parser.add_argument("--render-only", action="store_true", help="only re-render the Markdown")
     parser.add_argument("--out", type=Path, default=None, help="Markdown file to write")
     parser.add_argument(
@@ -1068,7 +1182,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(models) - set(ALL_MODELS))
     if unknown:
         parser.error(f"unknown model(s): {', '.join(unknown)}")
-    all_studies = "long,long_dropout,short,compile,profile".split(",")
+    all_studies = "long,long_dropout,short,compile,profile,only_faster".split(",")
     studies = [s.strip() for s in args.studies.split(",") if s.strip()]
 
     def say(message: str) -> None:
