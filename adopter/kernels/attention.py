@@ -26,8 +26,10 @@ Instances pickle / ``copy.deepcopy`` fine: the subclass reduces to "factory(base
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
+import warnings
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -78,9 +80,46 @@ def _build(kind: str, cls: type, make: Callable[[type], type]) -> type:
     with _LOCK:
         fused = _FUSED.get((kind, cls))
         if fused is None:
-            fused = _finish(kind, cls, make(cls))
+            candidate = make(cls)
+            unknown = _unknown_parameters(cls, candidate)
+            if unknown:
+                warnings.warn(
+                    f"{kind}: {cls.__qualname__}.forward takes {', '.join(unknown)}, which the "
+                    "fused forward was not written for; the original class is used unchanged",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                fused = cls
+            else:
+                fused = _finish(kind, cls, candidate)
             _FUSED[(kind, cls)] = fused
         return fused
+
+
+def _unknown_parameters(base: type, fused: type) -> list[str]:
+    """Parameters of ``base.forward`` that ``fused.forward`` would not take in the same place.
+
+    The fused forwards follow one release's signature (transformers 4.34); a later release
+    that adds a parameter (T5's ``cache_position``) or changes the order would otherwise get
+    calls the fused code misreads, or rejects.
+    """
+    try:
+        original = list(inspect.signature(base.forward).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return ["an unreadable signature"]
+    ours = [p.name for p in list(inspect.signature(fused.forward).parameters.values())[1:]]
+    unknown = []
+    for index, parameter in enumerate(original):
+        if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            unknown.append(
+                ("*" if parameter.kind.name == "VAR_POSITIONAL" else "**") + parameter.name
+            )
+        elif parameter.kind is inspect.Parameter.KEYWORD_ONLY:
+            if parameter.name not in ours:
+                unknown.append(parameter.name)
+        elif index >= len(ours) or ours[index] != parameter.name:
+            unknown.append(parameter.name)
+    return unknown
 
 
 def _dropout_p(module: Any) -> float | None:

@@ -181,9 +181,13 @@ class Planner:
         original_callee = self.source.segment(call.func)
         pattern_name = _dotted(pattern.callee).rsplit(".", 1)[-1]
         callee = self.render_callee(new_step.callee, plan, {pattern_name: original_callee}, site)
-        arguments = self.render_arguments(
-            new_step.args, site, plan, rest=self.construction_rest(pattern, construction)
-        )
+        rest = self.construction_rest(pattern, construction)
+        if rest and not any(isinstance(arg, Rest) for arg in new_step.args):
+            raise Refusal(
+                f"line {call.lineno}: the construction also passes {', '.join(rest)}, which the "
+                "replacement would drop"
+            )
+        arguments = self.render_arguments(new_step.args, site, plan, rest=rest)
         text = f"{callee}({', '.join(arguments)})"
         plan.replace_expressions.append((call, text))
         plan.touched.append(call)

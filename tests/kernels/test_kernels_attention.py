@@ -1186,3 +1186,36 @@ def test_gpt2_shapes_property(batch, seq, past, heads, head_dim, masked):
             dict(hidden_states=h, layer_past=layer_past, attention_mask=mask, use_cache=True),
         )
     assert len(calls) == 1
+
+
+def test_a_forward_with_parameters_the_kernel_does_not_know_keeps_the_original_class():
+    class NewerT5Attention(T5Attention):
+        def forward(
+            self,
+            hidden_states,
+            mask=None,
+            key_value_states=None,
+            position_bias=None,
+            past_key_value=None,
+            layer_head_mask=None,
+            query_length=None,
+            use_cache=False,
+            output_attentions=False,
+            cache_position=None,
+        ):
+            return super().forward(
+                hidden_states,
+                mask,
+                key_value_states,
+                position_bias,
+                past_key_value,
+                layer_head_mask,
+                query_length,
+                use_cache,
+                output_attentions,
+            )
+
+    with pytest.warns(RuntimeWarning, match="cache_position"):
+        built = fused_t5_attention(NewerT5Attention)
+    assert built is NewerT5Attention
+    assert fused_t5_attention(NewerT5Attention) is NewerT5Attention  # decided once

@@ -491,3 +491,47 @@ class Bad(nn.Module):
     result = rewrite(source)
     assert sorted(r.status for r in result.results) == ["patched", "skipped"]
     assert "dropout_add_layer_norm(hidden_states, input_tensor" in result.patched
+
+
+def test_construction_arguments_a_replacement_would_drop_are_refused():
+    from adopter.dsl import parse_rules
+
+    (rule,) = parse_rules("""
+rule test.1 {
+    name: "narrow"
+    kernel: "adopter.kernels.fused_bert_self_attention"
+    site: "init"
+    init {
+        @SelfAttention($config) -> $attention
+    } => {
+        @adopter.kernels.fused_bert_self_attention(SelfAttention)($config) -> $attention
+    }
+    forward {
+        $attention(...) -> $output
+    }
+}
+""")
+    result = rewrite(
+        """
+class SelfAttention(nn.Module):
+    def __init__(self, config, layer_idx=None):
+        super().__init__()
+        self.layer_idx = layer_idx
+
+    def forward(self, x):
+        return x
+
+
+class Layer(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.attention = SelfAttention(config, layer_idx=layer_idx)
+
+    def forward(self, x):
+        return self.attention(x)
+""",
+        rules=[rule],
+    )
+    assert not result.changed
+    (only,) = result.results
+    assert "passes layer_idx=layer_idx, which the replacement would drop" in only.reason
