@@ -49,6 +49,7 @@ from torch import nn
 from ..dsl.syntax import Rule
 from ..match.matcher import Matcher
 from ..rewrite import rewrite_text
+from ..verify.worker import load_sibling
 from .measure import (
     MODES,
     RSS_RESOLUTION,
@@ -170,7 +171,7 @@ def patched_source_file(text: str, name: str) -> Path:
 # loading modules
 
 
-_LOADED: dict[str, ModuleType] = {}
+_LOADED: dict[tuple[str, str], ModuleType] = {}
 _LOAD_LOCK = threading.Lock()
 
 
@@ -181,28 +182,13 @@ def _load_sibling(module_name: str, tag: str, path: Path) -> ModuleType:
     original module uses (same configuration class, same ``PreTrainedModel``). Loaded once per
     name and process: the tag carries the content hash, so the same name is the same text.
     """
-    package, _, base = module_name.rpartition(".")
-    stem = f"{_SIBLING_PREFIX}{tag}_{base}"
-    name = f"{package}.{stem}" if package else stem
+    prefix = f"{_SIBLING_PREFIX}{tag}_"
     with _LOAD_LOCK:
-        if name in _LOADED:
-            return _LOADED[name]
-        if package:
-            importlib.import_module(package)
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load {path} as {name}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses and pickling look the module up here
-        try:
+        if (module_name, prefix) not in _LOADED:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                spec.loader.exec_module(module)
-        except BaseException:
-            sys.modules.pop(name, None)
-            raise
-        _LOADED[name] = module
-        return module
+                _LOADED[module_name, prefix] = load_sibling(module_name, prefix, path)
+        return _LOADED[module_name, prefix]
 
 
 def _tag(label: str, text: str) -> str:
