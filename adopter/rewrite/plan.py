@@ -122,7 +122,6 @@ class Planner:
         self._blocks: dict[int, Blocks] = {}
         self._moved_calls: list[ast.stmt] = []
         self._var_text: dict[str, str] = {}
-        self._extra_inputs: set[str] = set()
 
     def blocks(self, function: ast.FunctionDef) -> Blocks:
         found = self._blocks.get(id(function))
@@ -147,7 +146,6 @@ class Planner:
     def plan(self, site: Site) -> Plan:
         self._moved_calls = []
         self._var_text = {}
-        self._extra_inputs = set()
         rule = site.rule
         init_replacement = rule.init.replacement if rule.init else None
         forward_replacement = rule.forward.replacement if rule.forward else None
@@ -256,9 +254,18 @@ class Planner:
         return self.fuse_statements(plan, site, steps, final_index, call_text)
 
     def fuse_statements(
-        self, plan: Plan, site: Site, steps: list[FlowStep], final_index: int, call_text: str
+        self,
+        plan: Plan,
+        site: Site,
+        steps: list[FlowStep],
+        final_index: int,
+        call_text: str,
+        extra_inputs: frozenset[str] = frozenset(),
     ) -> Plan:
-        """Replace the final computation by ``call_text`` and remove the other matched ones."""
+        """Replace the final computation by ``call_text`` and remove the other matched ones.
+
+        ``extra_inputs``: names the kernel call reads besides the matched values.
+        """
         blocks = self.blocks(plan.function)
         final = steps[final_index]
         final_statement = final.statement
@@ -294,7 +301,7 @@ class Planner:
                 )
         deleted.sort(key=lambda statement: (statement.lineno, statement.col_offset))
         anchor = self.sink_into_branch(plan, deleted, final_statement, final_node, blocks)
-        self.place(plan, site, deleted, anchor, blocks)
+        self.place(plan, site, deleted, anchor, blocks, extra_inputs)
         self.check_moved_calls(plan, deleted, anchor, blocks)
         plan.statements.extend([final_statement, *deleted])
         if anchor is not final_statement:
@@ -345,11 +352,8 @@ class Planner:
         if len(replacement) != 1 or any(s.synthetic for s in steps):
             raise Refusal(why)
         (new_step,) = replacement
-        if [t.name for t in new_step.targets] != [t.name for t in pattern[-1].targets]:
-            raise Refusal("the replacement's outputs are not values of the pattern")
+        self.check_final_output_only(site, new_step)
         self.check_dropped_arguments(site, pattern, new_step, len(pattern) - 1)
-        if self.forward_rest(pattern[-1], steps[-1]):
-            raise Refusal(f"line {steps[-1].line}: the final call passes extra arguments")
         insert_at = self.helper_tail(helper, inner)
         self.check_read_before_changed(site, inner)
         call, call_statement = self.helper_call(caller, inner[-1], outer[0])
@@ -400,16 +404,22 @@ class Planner:
         for variable, name in handed.items():
             arguments.append(f"{name}={self.render_value(Var(variable), site, caller_plan, None)}")
         call_text = f"{self.source.segment(call.func)}({', '.join(arguments)})"
-        self._moved_calls.append(call_statement)
-        stand_in = replace(inner[-1], node=call, statement=call_statement, function=caller)
-        self._extra_inputs = read_names(call)
-        self.fuse_statements(caller_plan, site, [stand_in, *outer], len(outer), call_text)
+        self.fuse_through_call(caller_plan, site, inner[-1], call, call_statement, outer, call_text)
         caller_plan.companions.append(helper_plan)
         caller_plan.summary = (
             f"{caller_plan.summary}; {helper.name}() returns {kernel_call} when given "
             + ", ".join(handed.values())
         )
         return caller_plan
+
+    def check_final_output_only(self, site: Site, new_step: PatternStep) -> None:
+        """A kernel that takes over computations other code runs must produce exactly what the
+        pattern's last computation did, from the arguments the pattern names."""
+        pattern = site.rule.forward.steps  # type: ignore[union-attr]
+        if [t.name for t in new_step.targets] != [t.name for t in pattern[-1].targets]:
+            raise Refusal("the replacement's outputs are not values of the pattern")
+        if self.forward_rest(pattern[-1], site.steps[-1]):
+            raise Refusal(f"line {site.steps[-1].line}: the final call passes extra arguments")
 
     def bound_in(self, site: Site, variable: str, steps: list[FlowStep]) -> bool:
         """Whether a matched value or module belongs to one of ``steps``."""
@@ -571,11 +581,12 @@ class Planner:
         deleted: list[ast.stmt],
         final_statement: ast.stmt,
         blocks: Blocks,
+        extra_inputs: frozenset[str] = frozenset(),
     ) -> None:
         """Delete the fused statements, moving one into the branches when Fig. 4 applies, and
         check that every input still means the same value where the kernel call now sits."""
         final_block, _, _, _ = blocks.block_of(final_statement)
-        inputs = self.input_names(site) | self._extra_inputs
+        inputs = self.input_names(site) | extra_inputs
         for statement in deleted:
             block, index, _, _ = blocks.block_of(statement)
             if block is final_block:
@@ -785,13 +796,10 @@ class Planner:
         if len({step.inline_chain for step in steps}) != 1:
             raise Refusal("the match spans several methods or classes; not rewritten")
         prefix = self.source.segment(call.args[0])
-        for index in range(first):
-            prefix = f"{self.source.segment(call.func)}[{index}]({prefix})"
+        for element_call in list(module_text.values())[:first]:  # in element order
+            prefix = f"{element_call}({prefix})"
+        self.check_final_output_only(site, new_step)
         pattern = site.rule.forward.steps  # type: ignore[union-attr]
-        if [t.name for t in new_step.targets] != [t.name for t in pattern[-1].targets]:
-            raise Refusal("the replacement's outputs are not values of the pattern")
-        if self.forward_rest(pattern[-1], steps[-1]):
-            raise Refusal(f"line {steps[-1].line}: the final call passes extra arguments")
         call_text = self.render_call(
             new_step,
             site,
@@ -802,10 +810,29 @@ class Planner:
             first_input=prefix,
         )
         statement = self.statement_containing(plan.function, call)
+        return self.fuse_through_call(plan, site, inside[-1], call, statement, outside, call_text)
+
+    def fuse_through_call(
+        self,
+        plan: Plan,
+        site: Site,
+        produced_by: FlowStep,
+        call: ast.Call,
+        statement: ast.stmt,
+        rest: list[FlowStep],
+        call_text: str,
+    ) -> Plan:
+        """Fuse ``rest`` with ``call`` standing in for the matched computations it runs
+        (a helper's forward, an ``nn.Sequential``): ``call_text`` is ``call`` rewritten, and
+        it moves to where the kernel runs, so its statement goes and its inputs must still
+        hold their values there."""
         self._moved_calls.append(statement)
-        self._extra_inputs = read_names(call)
-        stand_in = replace(inside[-1], node=call, statement=statement, synthetic=False)
-        return self.fuse_statements(plan, site, [stand_in, *outside], len(outside), call_text)
+        stand_in = replace(
+            produced_by, node=call, statement=statement, function=plan.function, synthetic=False
+        )
+        return self.fuse_statements(
+            plan, site, [stand_in, *rest], len(rest), call_text, frozenset(read_names(call))
+        )
 
     # -- rendering ---------------------------------------------------------------------------
     def render_call(
