@@ -10,6 +10,7 @@ import hashlib
 import os
 import pickle
 import tempfile
+from functools import cache
 from pathlib import Path
 
 from .errors import DslError
@@ -62,11 +63,15 @@ def load_rule_file(path: str | Path) -> list[Rule]:
     return rules
 
 
+@cache
+def _grammar_text() -> str:
+    return GRAMMAR_PATH.read_text(encoding="utf-8")
+
+
 def _cache_file(text: str, path: str) -> Path:
     """Where the parse of this exact text (for this grammar and this path) is kept."""
     digest = hashlib.sha256()
-    grammar = GRAMMAR_PATH.read_text(encoding="utf-8")
-    for part in (text, path, grammar, str(pickle.HIGHEST_PROTOCOL)):
+    for part in (text, path, _grammar_text(), str(pickle.HIGHEST_PROTOCOL)):
         digest.update(part.encode("utf-8"))
         digest.update(b"\0")
     return Path(tempfile.gettempdir()) / "adopter-rules" / f"{digest.hexdigest()[:32]}.pickle"

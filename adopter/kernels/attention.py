@@ -111,9 +111,8 @@ def _unknown_parameters(base: type, fused: type) -> list[str]:
     unknown = []
     for index, parameter in enumerate(original):
         if parameter.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
-            unknown.append(
-                ("*" if parameter.kind.name == "VAR_POSITIONAL" else "**") + parameter.name
-            )
+            stars = "*" if parameter.kind is inspect.Parameter.VAR_POSITIONAL else "**"
+            unknown.append(stars + parameter.name)
         elif parameter.kind is inspect.Parameter.KEYWORD_ONLY:
             if parameter.name not in ours:
                 unknown.append(parameter.name)
