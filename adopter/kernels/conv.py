@@ -24,8 +24,7 @@ import torch
 from torch import nn
 
 from ._fold import bn_foldable, folded_weight_bias
-from ._util import is_plain, plain_tensors
-from .linear import _gradients_wanted
+from ._util import grad_needed, is_plain, plain_tensors
 
 __all__ = ["conv_batch_norm"]
 
@@ -52,7 +51,7 @@ def conv_batch_norm(x: torch.Tensor, conv: nn.Module, batch_norm: nn.Module) -> 
         return batch_norm(conv(x))
     if not isinstance(batch_norm, _BN_FOR_DIMS[spatial]):
         return batch_norm(conv(x))
-    if not bn_foldable(batch_norm, weight, conv.out_channels) or _gradients_wanted(x, conv):
+    if not bn_foldable(batch_norm, weight, conv.out_channels) or grad_needed(x, *conv.parameters()):
         return batch_norm(conv(x))
     new_weight, new_bias = folded_weight_bias(conv, weight, bias, batch_norm)
     return conv._conv_forward(x, new_weight, new_bias)

@@ -161,15 +161,11 @@ def linear_batch_norm(x: torch.Tensor, linear: nn.Module, batch_norm: nn.Module)
     weight, bias = linear.weight, linear.bias
     if x.dim() != 2 or not plain_tensors(x, weight, bias):
         return batch_norm(linear(x))
-    if not bn_foldable(batch_norm, weight, linear.out_features) or _gradients_wanted(x, linear):
+    # Folding pays off in inference only: under autograd the folded weights would be rebuilt
+    # every call, and their backward rounds differently from the two layers it replaces.
+    if not bn_foldable(batch_norm, weight, linear.out_features) or grad_needed(
+        x, *linear.parameters()
+    ):
         return batch_norm(linear(x))
     new_weight, new_bias = folded_weight_bias(linear, weight, bias, batch_norm)
     return F.linear(x, new_weight, new_bias)
-
-
-def _gradients_wanted(x: torch.Tensor, module: nn.Module) -> bool:
-    """Folding only pays off in inference: under autograd the folded weights would be rebuilt
-    every call, and their backward rounds differently from the two layers it replaces."""
-    return torch.is_grad_enabled() and (
-        x.requires_grad or any(p.requires_grad for p in module.parameters())
-    )
