@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from scan_benchmark import corpus_paths, git_revision, load_expected, machine  # noqa: E402
+from machine import describe_machine  # noqa: E402
+from scan_benchmark import corpus_paths, git_revision, load_expected  # noqa: E402
 
 from adopter.match import Matcher  # noqa: E402
 from adopter.rewrite import rewrite_text  # noqa: E402
@@ -132,7 +133,7 @@ def main() -> int:
     w("# Verification: every patched benchmark model, original vs patched\n")
     w(
         f"Produced by `python benchmarks/verify_benchmark.py --jobs {args.jobs} --timeout "
-        f"{args.timeout:g} --heads {args.heads}` at commit `{git_revision()}` on {machine()}, "
+        f"{args.timeout:g} --heads {args.heads}` at commit `{git_revision()}` on {describe_machine()}, "
         f"torch 2.13.0 (CPU), transformers 4.34.0. Wall time: {seconds / 60:.1f} min.\n"
     )
     w(
