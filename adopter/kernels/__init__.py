@@ -9,6 +9,11 @@ lazily on CUDA when installed. See :func:`describe_backends` for what runs on th
 from ._backend import describe_backends
 from ._util import clear_caches
 from .attention import fused_bert_self_attention, fused_gpt2_attention, fused_t5_attention
+from .attention_extended import (
+    fused_albert_attention,
+    fused_distilbert_attention,
+    fused_gpt_neo_self_attention,
+)
 from .conv import conv_batch_norm
 from .linear import linear_batch_norm, linear_bias_activation, qkv_projection
 from .norm import dropout_add_layer_norm
@@ -19,8 +24,11 @@ __all__ = [
     "conv_batch_norm",
     "describe_backends",
     "dropout_add_layer_norm",
+    "fused_albert_attention",
     "fused_bert_self_attention",
+    "fused_distilbert_attention",
     "fused_gpt2_attention",
+    "fused_gpt_neo_self_attention",
     "fused_t5_attention",
     "linear_batch_norm",
     "linear_bias_activation",

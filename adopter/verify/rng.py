@@ -30,7 +30,16 @@ _NO_RNG = frozenset(
 # Kernels whose dropout mask is drawn like nn.Dropout only in eager mode on the CPU.
 _SAME_RNG_EAGER_CPU = frozenset({"dropout_add_layer_norm"})
 # Kernels that hand dropout to scaled_dot_product_attention, which draws its own mask.
-_OWN_RNG = frozenset({"fused_bert_self_attention", "fused_t5_attention", "fused_gpt2_attention"})
+_OWN_RNG = frozenset(
+    {
+        "fused_bert_self_attention",
+        "fused_t5_attention",
+        "fused_gpt2_attention",
+        "fused_distilbert_attention",
+        "fused_albert_attention",
+        "fused_gpt_neo_self_attention",
+    }
+)
 
 KERNEL_NAMES = _NO_RNG | _SAME_RNG_EAGER_CPU | _OWN_RNG
 
