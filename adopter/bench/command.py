@@ -612,6 +612,7 @@ def plan_variants(
     dropout: str = "config",
     ablation: bool = False,
     combined: bool = True,
+    rule_groups: Mapping[str, Sequence[Rule]] | None = None,
     seed: int = 0,
 ) -> VariantPlan:
     """The :class:`ModelVariant` list for :func:`run_bench` (see there for the arguments).
@@ -725,6 +726,17 @@ def plan_variants(
             sites[name] = dict(solo_sites)
         if not combined and len(variants) == 1:
             raise NoSiteError(f"no rule patches anything in {path}: nothing to compare")
+    for group, group_rules in (rule_groups or {}).items():
+        group_text, group_sites = patch_text(text, str(path), list(group_rules))
+        if not group_sites:
+            notes.append(f"{group!r} patches nothing here")
+        elif combined and group_text == combined_text:
+            notes.append(f"{group!r} is the same source as {PATCHED!r}")
+        elif any(group == variant.name for variant in variants):
+            raise ValueError(f"rule group {group!r} has the name of another variant")
+        else:
+            variants.append(ModelVariant(group, make(group, group_text)))
+            sites[group] = dict(group_sites)
     info.update(
         {
             "rules": _rule_ids(rules),
@@ -840,6 +852,7 @@ def run_bench(
     dtype: str = "float32",
     compile: bool = False,
     ablation: bool = False,
+    rule_groups: Mapping[str, Sequence[Rule]] | None = None,
     modes: Sequence[str] = MODES,
     warmup: int = 2,
     repeats: int = 10,
@@ -877,6 +890,9 @@ def run_bench(
             :func:`~adopter.bench.measure.benchmark_variants`.
         ablation: add one variant per rule that patches something alone (``paper.5 only``);
             a rule whose solo rewrite equals the combined one is not repeated.
+        rule_groups: named subsets of ``rules`` measured as variants of their own (``{"paper
+            rules": load_rule_set("paper")}`` next to the ``all`` set); a group that patches
+            nothing, or the same source as all the rules, is noted instead.
         memory: ``None``, ``auto``, ``rss``, ``profiler`` or ``cuda`` (see ``benchmark_variants``).
         memory_modes, memory_variants: with RSS probing (``auto`` on CPU), only these modes /
             variants (the baseline always) are probed; other methods measure everything.
@@ -906,6 +922,7 @@ def run_bench(
         layers=layers,
         dropout=dropout,
         ablation=ablation,
+        rule_groups=rule_groups,
         seed=seed,
     )
     method = _resolve_memory_method(memory, torch.device(device))

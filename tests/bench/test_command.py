@@ -151,6 +151,25 @@ def test_factory_source_is_rewritten(tmp_path: Path) -> None:
     assert all(result.get(name, "inference").ok for name in result.names)
 
 
+def test_rule_groups_are_variants_of_their_own() -> None:
+    """A named rule subset is measured next to all rules, unless it adds nothing new."""
+    plan = plan_variants(
+        factory="tests.bench.plain_model:build",
+        rules=paper("paper.5", "paper.7"),
+        rule_groups={"norm rules": paper("paper.5"), "same": paper("paper.5", "paper.7")},
+    )
+    assert [v.name for v in plan.variants] == ["original", "patched", "norm rules"]
+    assert plan.info["patched_sites"]["norm rules"] == {"paper.5": 1}
+    assert "'same' is the same source as 'patched'" in plan.info["notes"]
+    plan = plan_variants(
+        factory="tests.bench.plain_model:build",
+        rules=paper("paper.5"),
+        rule_groups={"attention": paper("paper.1")},
+    )
+    assert [v.name for v in plan.variants] == ["original", "patched"]
+    assert "'attention' patches nothing here" in plan.info["notes"]
+
+
 def test_factory_pair_with_memory_subset(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two factories as given; memory probed only for the requested modes, ratios computed.
 
