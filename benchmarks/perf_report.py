@@ -57,6 +57,8 @@ from adopter.bench.command import (  # noqa: E402
 from adopter.bench.measure import make_optimizer, make_step, prepare_variant  # noqa: E402
 from adopter.rules import load_rule_set  # noqa: E402
 
+PAPER_GROUP = "paper rules"
+"""The variant rewritten with the nine paper rules only, next to ``patched`` (all rules)."""
 TRANSFORMERS = ("bert", "roberta", "gpt2", "gpt_neo", "distilbert", "t5", "albert")
 ALL_MODELS = (*TRANSFORMERS, "groupvit", "resnet")
 OPTIMIZER = "adamw-fused"
@@ -120,16 +122,20 @@ class Settings:
     repeats: int = 7
     compile_repeats: int = 5
     profile_steps: int = 3
+    rule_set: str = "all"
+    """The built-in rule set every model is rewritten with (``all``: paper + extended)."""
     threads: int = 1
     """One torch thread: on this shared 2-core machine other CPU-bound jobs run alongside, and
     two OpenMP threads then stall on each other at every barrier - a probe measured BERT's step
     2x *slower* with 2 threads than with 1, with far more spread."""
 
     @classmethod
-    def make(cls, quick: bool) -> Settings:
+    def make(cls, quick: bool, rule_set: str = "all") -> Settings:
         if quick:
-            return cls(quick, long_seq=32, short_seq=16, image_size=32, repeats=3)
-        return cls(quick)
+            return cls(
+                quick, long_seq=32, short_seq=16, image_size=32, repeats=3, rule_set=rule_set
+            )
+        return cls(quick, rule_set=rule_set)
 
     def decoder(self, seq: int) -> int:
         """T5's target length: a quarter of the input (summarisation-like), at least 8."""
@@ -180,7 +186,7 @@ def jobs_for(settings: Settings, models: list[str]) -> list[Job]:
                 decoder_seq_len=settings.decoder(settings.long_seq),
                 memory="auto",
                 memory_modes=("train",),
-                memory_variants=("patched",),
+                memory_variants=("patched", PAPER_GROUP),
             )
         else:
             options.update(
@@ -258,6 +264,10 @@ def _dropout_is_configured_zero(name: str, overrides: dict[str, Any]) -> bool:
     return configured == quiet.to_dict()
 
 
+def _rules(settings: Settings) -> list[Any]:
+    return load_rule_set(settings.rule_set)
+
+
 def _overrides(name: str, settings: Settings) -> dict[str, Any]:
     return quick_overrides(name) if settings.quick else dict(SPECS[name].overrides)
 
@@ -278,8 +288,13 @@ def run_job(job: Job, settings: Settings, cache: Path, say: Callable[[str], None
                 "this configuration"
             )
         else:
+            groups = {}
+            if job.study == "long" and settings.rule_set != "paper":
+                groups[PAPER_GROUP] = load_rule_set("paper")
             result = run_bench(
                 job.model,
+                rules=_rules(settings),
+                rule_groups=groups,
                 config_overrides=overrides,
                 layers=settings.layers,
                 progress=lambda message: say(f"  {job.study}/{job.model}: {message}"),
@@ -308,7 +323,7 @@ def run_only_faster(
     }
     kept, reasons = only_faster_rules(
         job.model,
-        load_rule_set("paper"),
+        _rules(settings),
         config_overrides=overrides,
         layers=settings.layers,
         optimizer=OPTIMIZER,
@@ -383,6 +398,7 @@ def profile_job(name: str, settings: Settings, cache: Path, say: Callable[[str],
         torch.set_num_threads(settings.threads)
         plan = plan_variants(
             name,
+            rules=_rules(settings),
             config_overrides=_overrides(name, settings),
             layers=settings.layers,
             seq_len=settings.long_seq,
@@ -1166,13 +1182,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--render-only", action="store_true", help="only re-render the Markdown")
     parser.add_argument("--out", type=Path, default=None, help="Markdown file to write")
     parser.add_argument(
+        "--rule-set", default="all", help="built-in rule set to rewrite with (default: all)"
+    )
+    parser.add_argument(
         "--budget-min",
         type=float,
-        default=26.0,
+        default=45.0,
         help="skip compile / profile runs that would start past this many minutes",
     )
     args = parser.parse_args(argv)
-    settings = Settings.make(args.quick)
+    settings = Settings.make(args.quick, args.rule_set)
     cache = ROOT / ".cache" / ("perf-quick" if args.quick else "perf")
     cache.mkdir(parents=True, exist_ok=True)
     default = Path("/tmp/performance-quick.md") if args.quick else ROOT / "docs" / "performance.md"
@@ -1218,6 +1237,7 @@ def main(argv: list[str] | None = None) -> int:
                 "load_end": f"{os.getloadavg()[0]:.1f}",
                 "wall_min": wall,
                 "transformers": transformers.__version__,
+                "rule_set": settings.rule_set,
             }
         else:  # a partial re-run: say so next to the main run's numbers
             meta.setdefault("extra_runs", []).append(
