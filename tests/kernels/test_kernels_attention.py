@@ -1219,3 +1219,19 @@ def test_a_forward_with_parameters_the_kernel_does_not_know_keeps_the_original_c
         built = fused_t5_attention(NewerT5Attention)
     assert built is NewerT5Attention
     assert fused_t5_attention(NewerT5Attention) is NewerT5Attention  # decided once
+
+
+def test_an_all_zero_mask_is_dropped_and_the_answer_follows_the_tensor():
+    drop = attention_module._without_zero_mask
+    zeros = torch.zeros(2, 1, 1, 5)
+    assert drop(zeros) is None
+    zeros[1, ..., -1] = torch.finfo(torch.float32).min  # padding written in place
+    assert drop(zeros) is zeros
+    assert drop(torch.zeros(2, 1, 1, 5)) is None  # another tensor, checked anew
+    wanted = torch.zeros(2, 1, 1, 5, requires_grad=True)
+    assert drop(wanted) is wanted  # its gradient is asked for
+    with torch.no_grad():
+        assert drop(wanted) is None
+    boolean = torch.ones(2, 1, 1, 5, dtype=torch.bool)
+    assert drop(boolean) is boolean
+    assert drop(None) is None
