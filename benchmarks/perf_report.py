@@ -54,7 +54,12 @@ from adopter.bench.command import (  # noqa: E402
     resolve_transformers_target,
     run_bench,
 )
-from adopter.bench.measure import make_optimizer, make_step, prepare_variant  # noqa: E402
+from adopter.bench.measure import (  # noqa: E402
+    make_optimizer,
+    make_step,
+    prepare_variant,
+    run_memory_probe,
+)
 from adopter.rules import load_rule_set  # noqa: E402
 
 EXTENDED_ATTENTION = ("roberta", "gpt_neo", "distilbert", "albert")
@@ -64,6 +69,10 @@ PAPER_GROUP = "paper rules"
 TRANSFORMERS = ("bert", "roberta", "gpt2", "gpt_neo", "distilbert", "t5", "albert")
 ALL_MODELS = (*TRANSFORMERS, "groupvit", "resnet")
 OPTIMIZER = "adamw-fused"
+RELEASED_DEPTH = {"gpt_neo": 12}
+"""Layer counts for the ``memory_depth`` study where the class default is not the released base
+model's (GPT-Neo's default is the 1.3B model's 24 layers; gpt-neo-125M, whose widths the
+report uses, has 12). The other classes default to their base model's depth."""
 
 
 @dataclass(frozen=True)
@@ -349,6 +358,73 @@ def run_only_faster(
     return record
 
 
+def memory_depth_job(
+    name: str, settings: Settings, cache: Path, say: Callable[[str], None]
+) -> None:
+    """Peak training memory of original, patched and paper-rules variants at the released depth.
+
+    At the report's 2 layers the largest gradient (the word embeddings) can set a step's peak,
+    hiding what the rewrites save in activations; a real model is 6-12 layers deep. Memory
+    only: one fresh-process probe per variant, no timing.
+    """
+    out = cache / f"memory_depth__{name}.json"
+    depth = RELEASED_DEPTH.get(name)
+    record: dict[str, Any] = {
+        "model": name,
+        "layers": depth or "class default",
+        "batch_size": settings.long_batch,
+        "seq_len": settings.long_seq,
+    }
+    started = time.perf_counter()
+    try:
+        groups = {PAPER_GROUP: load_rule_set("paper")} if settings.rule_set != "paper" else {}
+        plan = plan_variants(
+            name,
+            rules=_rules(settings),
+            rule_groups=groups,
+            config_overrides=_overrides(name, settings),
+            layers=depth,
+            seq_len=settings.long_seq,
+            batch_size=settings.long_batch,
+            decoder_seq_len=settings.decoder(settings.long_seq),
+            dropout="no-attention",
+        )
+        record["patched_sites"] = plan.info["patched_sites"]
+        record["variants"] = {}
+        for variant in plan.variants:
+            if variant.name not in (plan.baseline, "patched", PAPER_GROUP):
+                continue
+            say(f"  memory_depth/{name}: {variant.name}")
+            measured = run_memory_probe(
+                variant, modes=("train",), threads=settings.threads, optimizer=OPTIMIZER
+            )["train"]
+            record["variants"][variant.name] = (
+                {"peak_bytes": measured.peak_bytes, "absolute_bytes": measured.absolute_bytes}
+                if not isinstance(measured, str)
+                else {"error": measured}
+            )
+        model, _ = plan.variants[0].build()
+        record["layers"] = _depth_of(model)
+        del model
+    except Exception as exc:
+        record["error"] = f"{type(exc).__name__}: {exc}"
+        record["traceback"] = traceback.format_exc(limit=6)
+    record["seconds"] = round(time.perf_counter() - started, 1)
+    out.write_text(json.dumps(record, indent=1), encoding="utf-8")
+    status = "FAILED" if "error" in record else "done"
+    say(f"memory_depth/{name}: {status} in {record['seconds']:.0f} s")
+
+
+def _depth_of(model: torch.nn.Module) -> str:
+    """The model's layer count(s), read from its configuration."""
+    config = getattr(model, "config", None)
+    keys = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers")
+    found = {k: getattr(config, k) for k in keys if isinstance(getattr(config, k, None), int)}
+    if "num_layers" in found and "num_decoder_layers" in found:  # T5: encoder + decoder
+        return f"{found['num_layers']} + {found['num_decoder_layers']}"
+    return str(next(iter(found.values()), "?"))
+
+
 # ----------------------------------------------------------------------------------------------
 # profiling
 
@@ -592,10 +668,30 @@ class Numbers:
     paper_inference: dict[str, float] = field(default_factory=dict)
     paper_train: dict[str, float] = field(default_factory=dict)
     paper_memory: dict[str, float] = field(default_factory=dict)
+    # peak training memory ratios at the released depth (``memory_depth`` study)
+    depth_memory: dict[str, float] = field(default_factory=dict)
+    depth_memory_paper: dict[str, float] = field(default_factory=dict)
     resnet_inference: float | None = None
     only_faster_models: list[str] = field(default_factory=list)
     only_faster_slower: list[str] = field(default_factory=list)  # interval wholly below 1
     groupvit_fold: float | None = None
+
+
+def depth_ratio(record: dict[str, Any] | None, variant: str) -> float | None:
+    """Peak-memory ratio variant / original of a ``memory_depth`` record."""
+    variants = (record or {}).get("variants", {})
+    base = variants.get("original", {}).get("peak_bytes")
+    peak = variants.get(variant, {}).get("peak_bytes")
+    return peak / base if base and peak is not None else None
+
+
+def depth_cell(record: dict[str, Any], ratio: float | None, variant: str) -> str:
+    """``peak MiB (change)`` of one variant of a ``memory_depth`` record, or its error."""
+    variants = record.get("variants", {})
+    base = variants.get("original", {}).get("peak_bytes")
+    if ratio is None or not base:
+        return variants.get(variant, {}).get("error", "-")
+    return f"{base * ratio / (1 << 20):,.0f} MiB ({fmt_pct(ratio)})"
 
 
 def paper_variant(result: BenchResult | None) -> str | None:
@@ -633,6 +729,17 @@ def collect(records: dict[tuple[str, str], dict[str, Any]]) -> Numbers:
             speedup = source.get("patched", "train").speedup if source else None
             if speedup is not None and speedup.ci_high < 1.0:
                 numbers.train_dropout_slower.append(m)
+    for m in TRANSFORMERS:
+        for variant, into in (("patched", numbers.depth_memory), (PAPER_GROUP, None)):
+            ratio = depth_ratio(records.get(("memory_depth", m)), variant)
+            if ratio is None and variant == PAPER_GROUP:
+                # no variant of its own: the paper rules are the same source as all rules
+                record = records.get(("memory_depth", m)) or {}
+                sites_all = record.get("patched_sites", {}).get("patched", {})
+                if sites_all and all(r.startswith("paper.") for r in sites_all):
+                    ratio = depth_ratio(record, "patched")
+            if ratio is not None:
+                (into if into is not None else numbers.depth_memory_paper)[m] = ratio
     numbers.resnet_inference = speed_of(
         result_of(records.get(("long", "resnet"))), "patched", "inference"
     )
@@ -685,6 +792,12 @@ def targets_section(numbers: Numbers, settings: Settings) -> list[str]:
         f"{verdict(geomean(list(numbers.paper_inference.values())), 1.30).split(' (')[0]}, "
         f"{verdict(geomean(list(numbers.paper_train.values())), 1.15).split(' (')[0]}, "
         f"{verdict(geomean(list(numbers.paper_memory.values())), 0.90, higher=False).split(' (')[0]} |",
+        f"| (peak training memory at the released depth, 6-12 layers: all rules; paper rules "
+        f"only) | {fmt_pct(geomean(list(numbers.depth_memory.values())))} "
+        f"({len(numbers.depth_memory)} models); "
+        f"{fmt_pct(geomean(list(numbers.depth_memory_paper.values())))} | "
+        f"{verdict(geomean(list(numbers.depth_memory.values())), 0.90, higher=False).split(' (')[0]}"
+        f"; {verdict(geomean(list(numbers.depth_memory_paper.values())), 0.90, higher=False).split(' (')[0]} |",
         f"| CNN inference with folded conv + batch norm ≥ 1.20× faster (ResNet) | "
         f"{fmt_x(numbers.resnet_inference)} | {verdict(numbers.resnet_inference, 1.20)} |",
         "| no model slower than its original after `apply --only-faster` (no interval wholly "
@@ -1090,6 +1203,32 @@ def render(cache: Path, out: Path, png: Path, settings: Settings) -> None:
             )
     w("")
 
+    w(f"### Peak training memory at the released depth ({settings.long_seq} tokens)\n")
+    w(
+        "The same step as above (attention dropout 0, one fresh process per variant, memory "
+        "only) with every layer of the released base model: at 2 layers the largest gradient, "
+        "the word embeddings', can set the step's peak and hide what the rewrites save in "
+        "activations (`--studies memory_depth`).\n"
+    )
+    w("| model | layers | original | all rules | paper rules only |")
+    w("|---|---|---|---|---|")
+    mib = 1 << 20
+    for m in TRANSFORMERS:
+        record = get(("memory_depth", m))
+        if record is None:
+            continue
+        if "error" in record:
+            w(f"| {m} | failed: {record['error'][:200]} | | | |")
+            continue
+        base = record.get("variants", {}).get("original", {}).get("peak_bytes")
+        w(
+            f"| {m} | {record.get('layers', '?')} | "
+            + (f"{base / mib:,.0f} MiB" if base else "-")
+            + f" | {depth_cell(record, depth_ratio(record, 'patched'), 'patched')} | "
+            f"{depth_cell(record, numbers.depth_memory_paper.get(m), PAPER_GROUP)} |"
+        )
+    w("")
+
     w("## After `apply --only-faster`\n")
     w(
         "`adopter apply --only-faster` keeps a rule's patches only where a short interleaved run "
@@ -1229,7 +1368,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny configurations (pipeline test)")
     parser.add_argument("--models", default=",".join(ALL_MODELS), help="comma-separated subset")
-    parser.add_argument("--studies", default="long,long_dropout,short,compile,profile,only_faster")
+    parser.add_argument(
+        "--studies", default="long,long_dropout,short,compile,profile,only_faster,memory_depth"
+    )
     parser.add_argument("--render-only", action="store_true", help="only re-render the Markdown")
     parser.add_argument("--out", type=Path, default=None, help="Markdown file to write")
     parser.add_argument(
@@ -1252,7 +1393,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(models) - set(ALL_MODELS))
     if unknown:
         parser.error(f"unknown model(s): {', '.join(unknown)}")
-    all_studies = "long,long_dropout,short,compile,profile,only_faster".split(",")
+    all_studies = "long,long_dropout,short,compile,profile,only_faster,memory_depth".split(",")
     studies = [s.strip() for s in args.studies.split(",") if s.strip()]
 
     def say(message: str) -> None:
@@ -1274,6 +1415,11 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             say(f"{job.study}/{job.model}: start ({elapsed:.1f} min elapsed)")
             run_job(job, settings, cache, say)
+        if "memory_depth" in studies:
+            for name in TRANSFORMERS:
+                if name in models:
+                    say(f"memory_depth/{name}: start")
+                    memory_depth_job(name, settings, cache, say)
         if "profile" in studies:
             for name in PROFILES:
                 if name in models and (time.perf_counter() - started) / 60 < args.budget_min:
