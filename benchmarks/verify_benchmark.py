@@ -50,6 +50,9 @@ def main() -> int:
     )
     parser.add_argument("--models", help="comma-separated subset (default: all 199)")
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "verification.md")
+    parser.add_argument(
+        "--rule-set", default="paper", help="built-in rule set to patch with (paper, extended, all)"
+    )
     args = parser.parse_args()
 
     models, _ = load_expected()
@@ -57,7 +60,7 @@ def main() -> int:
         models = [m for m in models if m in set(args.models.split(","))]
     paths = corpus_paths(models)
     installed = installed_models_dir()
-    rules = load_rule_set("paper")
+    rules = load_rule_set(args.rule_set)
     matcher = Matcher(rules)
 
     items: list[tuple[str, PatchedFile, list[str]]] = []
@@ -133,11 +136,15 @@ def main() -> int:
     w("# Verification: every patched benchmark model, original vs patched\n")
     w(
         f"Produced by `python benchmarks/verify_benchmark.py --jobs {args.jobs} --timeout "
-        f"{args.timeout:g} --heads {args.heads}` at commit `{git_revision()}` on {describe_machine()}, "
+        f"{args.timeout:g} --heads {args.heads}"
+        + (f" --rule-set {args.rule_set}" if args.rule_set != "paper" else "")
+        + (f" --models {args.models}" if args.models else "")
+        + f"` at commit `{git_revision()}` on {describe_machine()}, "
         f"torch 2.13.0 (CPU), transformers 4.34.0. Wall time: {seconds / 60:.1f} min.\n"
     )
     w(
-        "For each of the 199 modeling files, all nine rules are applied (in memory). Every file "
+        f"For each of the {len(models)} modeling files, the {len(rules)} rules of the "
+        f"`{args.rule_set}` set are applied (in memory). Every file "
         "that changed is checked by `adopter verify`: the base model class and up to "
         f"{args.heads} head class(es) are built from the same shrunken configuration, the "
         "original's `state_dict` is loaded strictly into the patched model, both get the same "
