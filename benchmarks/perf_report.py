@@ -313,12 +313,22 @@ def run_job(job: Job, settings: Settings, cache: Path, say: Callable[[str], None
             )
             record["result"] = to_json(result)
     except Exception as exc:  # the report says which model failed and why; the rest go on
-        record["error"] = f"{type(exc).__name__}: {exc}"
-        record["traceback"] = traceback.format_exc(limit=6)
+        record.update(_failure(exc))
+    _save(record, out, started, f"{job.study}/{job.model}", say)
+
+
+def _failure(exc: Exception) -> dict[str, str]:
+    return {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=6)}
+
+
+def _save(
+    record: dict[str, Any], out: Path, started: float, label: str, say: Callable[[str], None]
+) -> None:
+    """Write one study record as JSON, with its duration, and say how it ended."""
     record["seconds"] = round(time.perf_counter() - started, 1)
     out.write_text(json.dumps(record, indent=1, default=str), encoding="utf-8")
     status = "skipped" if "skipped" in record else ("FAILED" if "error" in record else "done")
-    say(f"{job.study}/{job.model}: {status} in {record['seconds']:.0f} s")
+    say(f"{label}: {status} in {record['seconds']:.0f} s")
 
 
 def run_only_faster(
@@ -407,12 +417,8 @@ def memory_depth_job(
         record["layers"] = _depth_of(model)
         del model
     except Exception as exc:
-        record["error"] = f"{type(exc).__name__}: {exc}"
-        record["traceback"] = traceback.format_exc(limit=6)
-    record["seconds"] = round(time.perf_counter() - started, 1)
-    out.write_text(json.dumps(record, indent=1), encoding="utf-8")
-    status = "FAILED" if "error" in record else "done"
-    say(f"memory_depth/{name}: {status} in {record['seconds']:.0f} s")
+        record.update(_failure(exc))
+    _save(record, out, started, f"memory_depth/{name}", say)
 
 
 def _depth_of(model: torch.nn.Module) -> str:
@@ -511,12 +517,8 @@ def profile_job(name: str, settings: Settings, cache: Path, say: Callable[[str],
             record["variants"][variant.name] = per_mode
             del model, optimizer
     except Exception as exc:
-        record["error"] = f"{type(exc).__name__}: {exc}"
-        record["traceback"] = traceback.format_exc(limit=6)
-    record["seconds"] = round(time.perf_counter() - started, 1)
-    out.write_text(json.dumps(record, indent=1), encoding="utf-8")
-    status = "FAILED" if "error" in record else "done"
-    say(f"profile/{name}: {status} in {record['seconds']:.0f} s")
+        record.update(_failure(exc))
+    _save(record, out, started, f"profile/{name}", say)
 
 
 def profile_groups(record: dict[str, Any] | None, variant: str, mode: str) -> dict[str, float]:

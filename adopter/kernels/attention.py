@@ -236,6 +236,49 @@ def _sdpa(
     )
 
 
+def _checked_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    p: float,
+    scale: float,
+) -> torch.Tensor | None:
+    """SDPA over ``(batch, heads, len, dim)`` inputs with an additive ``mask``, or ``None``
+    when the mask or the dtypes are ones only the original code handles."""
+    ok, mask = _mask_for(mask, query)
+    if (
+        not ok
+        or not _broadcasts_into(mask, (*query.shape[:3], key.shape[2]))
+        or key.dtype != query.dtype
+        or value.dtype != query.dtype
+    ):
+        return None
+    return _sdpa(query, key, value, mask, p, scale)
+
+
+def _bert_like_needs_original(
+    module: nn.Module,
+    hidden_states: torch.Tensor,
+    mask: object,
+    p: float | None,
+    head_mask: object,
+    output_attentions: object,
+) -> bool:
+    """The cases the fused forward of a BERT-style attention (BERT, ALBERT) leaves to the
+    original code: returned probabilities, head masks, an opaque or CPU-unfused dropout,
+    relative position embeddings, other than 3-D inputs, a mask that is not a float tensor."""
+    return bool(
+        output_attentions
+        or head_mask is not None
+        or p is None
+        or _unfused_on_cpu(p, hidden_states)
+        or getattr(module, "position_embedding_type", "absolute") != "absolute"
+        or hidden_states.dim() != 3
+        or not _mask_is_float(mask)
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # BERT
 # --------------------------------------------------------------------------------------------
@@ -286,14 +329,8 @@ def _make_bert(base: type) -> type:
             p = _dropout_p(getattr(self, "dropout", None))
             is_cross = encoder_hidden_states is not None
             mask = encoder_attention_mask if is_cross else attention_mask
-            if (
-                output_attentions
-                or head_mask is not None
-                or p is None
-                or _unfused_on_cpu(p, hidden_states)
-                or getattr(self, "position_embedding_type", "absolute") != "absolute"
-                or hidden_states.dim() != 3
-                or not _mask_is_float(mask)
+            if _bert_like_needs_original(
+                self, hidden_states, mask, p, head_mask, output_attentions
             ):
                 return original()
             mask = _without_zero_mask(mask)
@@ -313,22 +350,7 @@ def _make_bert(base: type) -> type:
                     key_layer = torch.cat([past_key_value[0], key_layer], dim=2)
                     value_layer = torch.cat([past_key_value[1], value_layer], dim=2)
             query_layer = split(mixed_query)
-
-            scores_shape = (
-                query_layer.shape[0],
-                query_layer.shape[1],
-                query_layer.shape[2],
-                key_layer.shape[2],
-            )
-            ok, mask = _mask_for(mask, query_layer)
-            if (
-                not ok
-                or not _broadcasts_into(mask, scores_shape)
-                or key_layer.dtype != query_layer.dtype
-            ):
-                return original()
-
-            context = _sdpa(
+            context = _checked_sdpa(
                 query_layer,
                 key_layer,
                 value_layer,
@@ -336,6 +358,8 @@ def _make_bert(base: type) -> type:
                 p,
                 1.0 / math.sqrt(self.attention_head_size),
             )
+            if context is None:
+                return original()
             context = context.permute(0, 2, 1, 3).contiguous()
             context = context.view(context.size()[:-2] + (self.all_head_size,))
             outputs: tuple[Any, ...] = (context,)
@@ -515,6 +539,46 @@ def _causal_buffer_is_tril(owner: nn.Module, bias: torch.Tensor) -> bool:
     return cached(owner, "gpt2_causal_is_tril", [bias], None, check)
 
 
+def _causal_attention_mask(
+    owner: nn.Module,
+    causal_buffer: object,
+    mask: torch.Tensor | None,
+    query: torch.Tensor,
+    k_len: int,
+) -> tuple[torch.Tensor | None, bool] | None:
+    """``(attn_mask, is_causal)`` for SDPA from a model's boolean causal buffer and an additive
+    padding ``mask``; ``None`` when the original code must run.
+
+    The buffer slice ``[k-q:k, :k]`` is the mask (SDPA's own ``is_causal`` kernel once the
+    buffer is verified lower-triangular and there is no padding), combined with padding as
+    ``where(causal, 0, finfo.min) + mask``, which reproduces the original's ``where(causal,
+    w, finfo.min) + mask`` value for value. A query that sees only padding runs the original:
+    its outputs would agree, but the original's ``where`` stops the gradient of the hidden
+    scores it spreads over, and an additive mask would not.
+    """
+    q_len = query.size(-2)
+    if (
+        not isinstance(causal_buffer, torch.Tensor)
+        or causal_buffer.dtype != torch.bool
+        or causal_buffer.dim() != 4
+        or k_len > causal_buffer.size(-1)
+        or q_len > k_len
+    ):
+        return None
+    causal = causal_buffer[:, :, k_len - q_len : k_len, :k_len]
+    if mask is None:
+        if q_len == k_len and _causal_buffer_is_tril(owner, causal_buffer):
+            return None, True
+        return causal, False
+    lowest = torch.finfo(query.dtype).min
+    zero = torch.zeros((), dtype=query.dtype, device=query.device)
+    floor = torch.full((), lowest, dtype=query.dtype, device=query.device)
+    combined = torch.where(causal, zero, floor) + mask
+    if bool((combined <= lowest).all(dim=-1).any()):
+        return None
+    return combined, False
+
+
 def fused_gpt2_attention(cls: T) -> T:
     """Fused-SDPA subclass of a ``GPT2Attention``-like class.
 
@@ -527,15 +591,15 @@ def fused_gpt2_attention(cls: T) -> T:
     encoder_hidden_states=None, encoder_attention_mask=None, use_cache=False,
     output_attentions=False)`` returning ``(attn_output, present)``.
 
-    Causal masking: with no ``attention_mask`` and ``q_len == k_len`` (and the ``bias`` buffer
-    verified lower-triangular, checked once per buffer version) SDPA's ``is_causal`` kernel is
-    used; otherwise the original's ``bias[..., k-q:k, :k]`` slice is the mask - boolean alone,
-    or combined with the additive mask as ``where(causal, 0, finfo.min) + attention_mask``,
-    which reproduces the original's ``where(causal, w, finfo.min) + attention_mask`` (so even
-    query rows whose visible keys are all padding produce the same values; only their
-    gradients differ, because the original's ``where`` blocks gradient to future keys that
-    such rows - and only such rows - spread probability over; padding rows normally carry no
-    loss). Scale is ``1/sqrt(head_dim)`` if
+    Causal masking: with no padding (no ``attention_mask``, or an all-zero one) and ``q_len ==
+    k_len`` (and the ``bias`` buffer verified lower-triangular, checked once per buffer
+    version) SDPA's ``is_causal`` kernel is used; otherwise the original's ``bias[...,
+    k-q:k, :k]`` slice is the mask - boolean alone, or combined with the additive mask as
+    ``where(causal, 0, finfo.min) + attention_mask``, which reproduces the original's
+    ``where(causal, w, finfo.min) + attention_mask``. A batch with a query whose visible keys
+    are all padding (left padding) runs the original: the values would agree, but the
+    original's ``where`` blocks the gradient to the future keys such a query spreads its
+    probability over. Scale is ``1/sqrt(head_dim)`` if
     ``scale_attn_weights``, further divided by ``layer_idx + 1`` if
     ``scale_attn_by_inverse_layer_idx``. Falls back for ``output_attentions``, ``head_mask``,
     ``reorder_and_upcast_attn`` and unsupported masks / buffers.
@@ -608,28 +672,10 @@ def _make_gpt2(base: type) -> type:
             is_causal = False
             attn_mask = mask
             if not self.is_cross_attention:
-                causal_buffer = self.bias
-                if (
-                    not isinstance(causal_buffer, torch.Tensor)
-                    or causal_buffer.dtype != torch.bool
-                    or causal_buffer.dim() != 4
-                    or k_len > causal_buffer.size(-1)
-                    or q_len > k_len
-                ):
+                causal = _causal_attention_mask(self, self.bias, mask, query, k_len)
+                if causal is None:
                     return original()
-                if mask is None and q_len == k_len and _causal_buffer_is_tril(self, causal_buffer):
-                    is_causal = True
-                else:
-                    causal = causal_buffer[:, :, k_len - q_len : k_len, :k_len]
-                    if mask is None:
-                        attn_mask = causal
-                    else:
-                        dtype = query.dtype
-                        zero = torch.zeros((), dtype=dtype, device=query.device)
-                        lowest = torch.full(
-                            (), torch.finfo(dtype).min, dtype=dtype, device=query.device
-                        )
-                        attn_mask = torch.where(causal, zero, lowest) + mask
+                attn_mask, is_causal = causal
 
             scale = 1.0
             if self.scale_attn_weights:

@@ -19,9 +19,11 @@ import torch
 
 from .attention import (
     _FACTORIES,
+    _bert_like_needs_original,
     _broadcasts_into,
     _build,
-    _causal_buffer_is_tril,
+    _causal_attention_mask,
+    _checked_sdpa,
     _dropout_p,
     _mask_for,
     _mask_is_float,
@@ -177,37 +179,24 @@ def _make_albert(base: type) -> type:
                 )
 
             p = _dropout_p(getattr(self, "attention_dropout", None))
-            if (
-                output_attentions
-                or head_mask is not None
-                or p is None
-                or _unfused_on_cpu(p, hidden_states)
-                or getattr(self, "position_embedding_type", "absolute") != "absolute"
-                or hidden_states.dim() != 3
-                or not _mask_is_float(attention_mask)
+            if _bert_like_needs_original(
+                self, hidden_states, attention_mask, p, head_mask, output_attentions
             ):
                 return original()
 
             attention_mask = _without_zero_mask(attention_mask)
             q, k, v = qkv_projection(hidden_states, self.query, self.key, self.value)
             split = self.transpose_for_scores
-            query_layer, key_layer, value_layer = split(q), split(k), split(v)
-            scores_shape = (*query_layer.shape[:3], key_layer.shape[2])
-            ok, mask = _mask_for(attention_mask, query_layer)
-            if (
-                not ok
-                or not _broadcasts_into(mask, scores_shape)
-                or key_layer.dtype != query_layer.dtype
-            ):
-                return original()
-            context = _sdpa(
-                query_layer,
-                key_layer,
-                value_layer,
-                mask,
+            context = _checked_sdpa(
+                split(q),
+                split(k),
+                split(v),
+                attention_mask,
                 p,
                 1.0 / math.sqrt(self.attention_head_size),
             )
+            if context is None:
+                return original()
             context = context.transpose(2, 1).flatten(2)
             projected = self.dense(context)
             normed = dropout_add_layer_norm(
@@ -290,38 +279,17 @@ def _make_gpt_neo(base: type) -> type:
 
             q_len, k_len = query.size(-2), key.size(-2)
             ok, mask = _mask_for(attention_mask, query)
-            causal_buffer = self.bias
             if (
                 not ok
                 or not _broadcasts_into(mask, (query.shape[0], query.shape[1], q_len, k_len))
                 or key.dtype != query.dtype
                 or value.dtype != query.dtype
-                or not isinstance(causal_buffer, torch.Tensor)
-                or causal_buffer.dtype != torch.bool
-                or causal_buffer.dim() != 4
-                or k_len > causal_buffer.size(-1)
-                or q_len > k_len
             ):
                 return original()
-
-            mask = _without_zero_mask(mask)
-            is_causal = False
-            attn_mask: torch.Tensor | None = None
-            causal = causal_buffer[:, :, k_len - q_len : k_len, :k_len]
-            if mask is not None:
-                lowest = torch.finfo(query.dtype).min
-                zero = torch.zeros((), dtype=query.dtype, device=query.device)
-                floor = torch.full((), lowest, dtype=query.dtype, device=query.device)
-                attn_mask = torch.where(causal, zero, floor) + mask
-                if bool((attn_mask <= lowest).all(dim=-1).any()):
-                    # A query that sees only padding: the original's where() stops the score
-                    # gradient of its future keys, an additive mask would not.
-                    return original()
-            elif q_len == k_len and _causal_buffer_is_tril(self, causal_buffer):
-                is_causal = True
-            else:
-                attn_mask = causal
-
+            causal = _causal_attention_mask(self, self.bias, _without_zero_mask(mask), query, k_len)
+            if causal is None:
+                return original()
+            attn_mask, is_causal = causal
             attn_output = _sdpa(query, key, value, attn_mask, p, 1.0, is_causal=is_causal)
             attn_output = self._merge_heads(attn_output, self.num_heads, self.head_dim)
             attn_output = self.out_proj(attn_output)
