@@ -679,6 +679,26 @@ class Numbers:
     groupvit_fold: float | None = None
 
 
+def embedding_gradient_mib(name: str) -> float | None:
+    """Size of the word-embedding gradient of a text model as benchmarked (float32)."""
+    try:
+        config = _config_class(name)(**SPECS[name].overrides)
+    except Exception:
+        return None
+    width = next(
+        (
+            getattr(config, k)
+            for k in ("hidden_size", "d_model", "dim", "embedding_size")
+            if isinstance(getattr(config, k, None), int)
+        ),
+        None,
+    )
+    if name == "albert":
+        width = config.embedding_size  # ALBERT factorises its embeddings
+    vocab = getattr(config, "vocab_size", None)
+    return vocab * width * 4 / (1 << 20) if vocab and width else None
+
+
 def depth_ratio(record: dict[str, Any] | None, variant: str) -> float | None:
     """Peak-memory ratio variant / original of a ``memory_depth`` record."""
     variants = (record or {}).get("variants", {})
@@ -914,19 +934,22 @@ def why_section(records: dict[tuple[str, str], dict[str, Any]], numbers: Numbers
     if numbers.memory:
         saved = {m: r for m, r in numbers.memory.items() if r <= 0.95}
         flat = [m for m in numbers.memory if m not in saved]
-        bert_long = result_of(records.get(("long", "bert")))
-        base = bert_long.get("original", "train").memory if bert_long else None
-        embedding = ""
-        if base is not None and not base.ratio:
-            from transformers import BertConfig
-
-            config = BertConfig()
-            grad_mib = config.vocab_size * config.hidden_size * 4 / (1 << 20)
-            embedding = (
-                f" At 2 layers much of every step's peak is gradients no rule touches: for BERT "
-                f"the word-embedding gradient alone is {grad_mib:.0f} MiB of the original's "
-                f"{base.peak_bytes / (1 << 20):.0f} MiB."
-            )
+        shares = []
+        for m in ("bert", *flat):
+            long = result_of(records.get(("long", m)))
+            base = long.get("original", "train").memory if long else None
+            grad_mib = embedding_gradient_mib(m)
+            if base is not None and grad_mib:
+                shares.append(f"{m} {grad_mib:.0f} of {base.peak_bytes / (1 << 20):.0f} MiB")
+        embedding = (
+            " At 2 layers much of every step's peak is gradients no rule touches, above all "
+            "the word-embedding gradient, which is written at the very end of backward, when "
+            "the attention activations are already freed (" + "; ".join(shares) + "); where it "
+            "sets the peak, activation savings do not show - the released-depth table below "
+            "measures the same step with every layer."
+            if shares
+            else ""
+        )
         paper_only = ""
         if numbers.paper_memory:
             paper_only = (

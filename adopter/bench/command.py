@@ -995,6 +995,7 @@ def only_faster_rules(
     modes: Sequence[str] = MODES,
     warmup: int = 1,
     repeats: int = 5,
+    max_repeats: int = 12,
     threads: int | None = None,
     optimizer: str = "adamw",
     threshold: float = 1.0,
@@ -1019,7 +1020,11 @@ def only_faster_rules(
     * a rule whose variant fails to build or run is dropped with the error.
 
     A short run (``warmup=1, repeats=5``) keeps ``apply --only-faster`` quick; its intervals
-    are wide, so only clear wins survive (conservative by design).
+    are wide. Rules it leaves undecided - not kept, not reliably slower, but with a point
+    estimate above ``threshold`` in some mode - get ``max_repeats - repeats`` more rounds
+    against the original (those variants only) and are judged again on all their rounds, so a
+    real but modest gain is not dropped for want of samples. Rules that only the extension
+    could decide are still held to the same interval criterion (conservative by design).
 
     Args:
         target, factory, model_class, config_overrides, batch_size, seq_len, image_size,
@@ -1028,6 +1033,7 @@ def only_faster_rules(
         rules: the candidate rules (e.g. what ``apply`` would use).
         device, dtype, modes, warmup, repeats, threads, optimizer, seed: the measurement.
         threshold: the CI lower bound a rule must reach in some mode.
+        max_repeats: rounds an undecided rule may get in all (``repeats`` or less: none).
         progress: called with short status messages.
 
     Returns:
@@ -1072,6 +1078,25 @@ def only_faster_rules(
         seed=seed,
         progress=say,
     )
+    undecided = [
+        variant for variant in plan.variants[1:] if _undecided(result, variant.name, threshold)
+    ]
+    if undecided and max_repeats > repeats:
+        say(f"{len(undecided)} rule(s) undecided: {max_repeats - repeats} more rounds")
+        more = benchmark_variants(
+            [plan.variants[0], *undecided],
+            baseline=plan.baseline,
+            modes=modes,
+            warmup=warmup,
+            repeats=max_repeats - repeats,
+            device=device,
+            dtype=dtype,
+            threads=threads,
+            optimizer=optimizer,
+            seed=seed,
+            progress=say,
+        )
+        _pool_rounds(result, more, [v.name for v in undecided], seed)
     kept: list[Rule] = []
     for rule in rules:
         if rule.id in reasons:
@@ -1080,6 +1105,53 @@ def only_faster_rules(
         if keep:
             kept.append(rule)
     return kept, reasons
+
+
+def _undecided(result: BenchResult, name: str, threshold: float) -> bool:
+    """Neither kept nor reliably slower, yet faster than ``threshold`` on the point estimate
+    in some mode: more rounds could decide it."""
+    keep, reason = judge_variant(result, name, threshold)
+    if keep or not reason.startswith("dropped: not reliably faster"):
+        return False
+    return any(
+        (res := result.get(name, mode)).speedup is not None and res.speedup.ratio > threshold
+        for mode in result.modes
+    )
+
+
+def _pool_rounds(result: BenchResult, more: BenchResult, names: Sequence[str], seed: int) -> None:
+    """Add the rounds of ``more`` to ``result`` for ``names`` and recompute their speedups.
+
+    Both runs interleave the baseline with each variant round by round, so round ``i`` of a
+    variant still pairs with round ``i`` of the baseline after the two runs are concatenated.
+    """
+    from .results import Speedup, TimingStats
+    from .stats import bootstrap_ratio_ci
+
+    for mode in result.modes:
+        first_base, extra_base = result.get(result.baseline, mode), more.get(more.baseline, mode)
+        if first_base.timing is None or extra_base.timing is None:
+            continue
+        base_times = first_base.timing.times_s + extra_base.timing.times_s
+        for name in names:
+            first, extra = result.get(name, mode), more.get(name, mode)
+            if first.timing is None or extra.timing is None or extra.error:
+                continue
+            own_times = first.timing.times_s + extra.timing.times_s
+            first.timing = TimingStats.from_times(own_times, first.timing.batch_size)
+            paired = len(own_times) == len(base_times)
+            confidence = first.speedup.confidence if first.speedup else 0.95
+            low, high = bootstrap_ratio_ci(
+                base_times, own_times, paired=paired, confidence=confidence, seed=seed
+            )
+            base_median = TimingStats.from_times(base_times, 1).median_s
+            first.speedup = Speedup(
+                ratio=base_median / first.timing.median_s,
+                ci_low=low,
+                ci_high=high,
+                confidence=confidence,
+                method="paired" if paired else "independent",
+            )
 
 
 def judge_variant(result: BenchResult, name: str, threshold: float = 1.0) -> tuple[bool, str]:

@@ -17,6 +17,8 @@ from adopter.bench import from_json
 from adopter.bench.command import (
     BenchTargetError,
     NoSiteError,
+    _pool_rounds,
+    _undecided,
     bench_config,
     judge_variant,
     only_faster_rules,
@@ -134,6 +136,44 @@ def test_only_faster_criterion(entries, keep: bool, start: str) -> None:
     decided, reason = judge_variant(result, "paper.5 only")
     assert decided is keep
     assert reason.startswith(start), reason
+
+
+@pytest.mark.parametrize(
+    ("entries", "undecided"),
+    [
+        ({"inference": (1.05, 0.9, 1.2), "train": (0.99, 0.9, 1.1)}, True),
+        ({"inference": (0.98, 0.9, 1.05), "train": (0.99, 0.9, 1.1)}, False),  # no sign of a gain
+        ({"inference": (1.3, 1.1, 1.5), "train": (1.0, 0.95, 1.05)}, False),  # already kept
+        ({"inference": (1.3, 0.9, 1.5), "train": (0.9, 0.85, 0.95)}, False),  # reliably slower
+    ],
+)
+def test_only_faster_extends_only_undecided_rules(entries, undecided: bool) -> None:
+    assert _undecided(make_result({"paper.5 only": entries}), "paper.5 only", 1.0) is undecided
+
+
+def test_extra_rounds_are_pooled_pairwise_with_the_baseline() -> None:
+    from adopter.bench import Speedup, TimingStats
+    from adopter.bench.stats import bootstrap_ratio_ci
+
+    def with_times(base: list[float], own: list[float]):
+        result = make_result({"paper.5 only": {"inference": (1.0, 0.9, 1.1)}}, modes=("inference",))
+        result.get("original", "inference").timing = TimingStats.from_times(base, 8)
+        result.get("paper.5 only", "inference").timing = TimingStats.from_times(own, 8)
+        result.get("paper.5 only", "inference").speedup = Speedup(1.0, 0.9, 1.1, 0.95, "paired")
+        return result
+
+    first = with_times([10.0, 12.0, 11.0], [9.0, 12.5, 10.0])
+    more = with_times([10.0, 11.0, 13.0, 10.5], [9.5, 10.0, 12.0, 10.0])
+    _pool_rounds(first, more, ["paper.5 only"], seed=0)
+    pooled = first.get("paper.5 only", "inference")
+    base = [10.0, 12.0, 11.0, 10.0, 11.0, 13.0, 10.5]
+    own = [9.0, 12.5, 10.0, 9.5, 10.0, 12.0, 10.0]
+    assert pooled.timing.times_s == tuple(own)
+    assert pooled.speedup.method == "paired"
+    assert (pooled.speedup.ci_low, pooled.speedup.ci_high) == bootstrap_ratio_ci(
+        base, own, paired=True, seed=0
+    )
+    assert pooled.speedup.ratio == pytest.approx(11.0 / 10.0)
 
 
 def test_factory_source_is_rewritten(tmp_path: Path) -> None:
