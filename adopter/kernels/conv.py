@@ -15,7 +15,11 @@ When it falls back (runs ``batch_norm(conv(x))`` unchanged):
 * anything other than a stock ``nn.Conv1d/2d/3d`` followed by a stock ``_BatchNorm`` subclass
   (overridden ``forward`` such as ``SyncBatchNorm``, hooks, tensor-subclass parameters);
 * unbatched input (``Conv1d`` on ``(C, L)`` would hand BatchNorm1d a 2-D tensor whose meaning
-  differs) or mismatched channel counts / dtypes / devices.
+  differs) or mismatched channel counts / dtypes / devices;
+* under ``torch.compile``: a compiled graph cannot keep the folded weights between calls, so
+  the fold would be recomputed in every call - work the compiled original does not do (it cost
+  ResNet 12% of its compiled inference step, docs/performance.md). The compiler gets the
+  original ``batch_norm(conv(x))`` instead; Inductor's ``freezing`` folds it at compile time.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ def conv_batch_norm(x: torch.Tensor, conv: nn.Module, batch_norm: nn.Module) -> 
     Under autograd (eval-mode fine-tuning with frozen statistics) the two modules run as they
     are: the fold pays off in inference only.
     """
-    if not is_plain(conv, *_CONVS):
+    if not is_plain(conv, *_CONVS) or torch.compiler.is_compiling():
         return batch_norm(conv(x))
     weight, bias = conv.weight, conv.bias
     spatial = _SPATIAL[type(conv).forward]

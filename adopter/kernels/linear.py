@@ -155,8 +155,16 @@ def qkv_projection(
 
 
 def linear_batch_norm(x: torch.Tensor, linear: nn.Module, batch_norm: nn.Module) -> torch.Tensor:
-    """Return ``batch_norm(linear(x))``, folding an eval-mode BatchNorm1d into ``linear``."""
-    if not is_plain(linear, nn.Linear) or not isinstance(batch_norm, nn.BatchNorm1d):
+    """Return ``batch_norm(linear(x))``, folding an eval-mode BatchNorm1d into ``linear``.
+
+    Under ``torch.compile`` the two modules run as they are, for the reason
+    :func:`adopter.kernels.conv_batch_norm` gives.
+    """
+    if (
+        not is_plain(linear, nn.Linear)
+        or not isinstance(batch_norm, nn.BatchNorm1d)
+        or torch.compiler.is_compiling()
+    ):
         return batch_norm(linear(x))
     weight, bias = linear.weight, linear.bias
     if x.dim() != 2 or not plain_tensors(x, weight, bias):

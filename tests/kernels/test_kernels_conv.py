@@ -224,3 +224,28 @@ def test_property_shapes(dims, batch, size, train):
         return
     x = inputs(dims, torch.float64, batch=batch, size=size)
     assert_match(run(conv_a, bn_a, x, True), run(conv_b, bn_b, x, False), torch.float64)
+
+
+def test_under_compile_the_compiler_gets_the_unfolded_modules(monkeypatch):
+    """A compiled graph cannot cache the fold; recomputing it per call would cost more than
+    the batch-norm pass it saves, so the traced code is the original's."""
+    folds = []
+    real = _fold.folded_weight_bias
+
+    def counted(*args, **kwargs):
+        folds.append(torch.compiler.is_compiling())
+        return real(*args, **kwargs)
+
+    import adopter.kernels.conv as conv_module
+
+    monkeypatch.setattr(conv_module, "folded_weight_bias", counted)
+    conv, bn = make(2, torch.float32)
+    conv.eval(), bn.eval()
+    x = inputs(2, torch.float32)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda t: conv_batch_norm(t, conv, bn), backend="eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), bn(conv(x)), **TOL[torch.float32])
+        assert folds == []
+        conv_batch_norm(x, conv, bn)  # eager: folded
+    assert folds == [False]
