@@ -1065,12 +1065,11 @@ def only_faster_rules(
         return [], dict.fromkeys(_rule_ids(rules), "no site")
     for rule_id in plan.no_site:
         reasons[rule_id] = "no site"
-    result = benchmark_variants(
-        plan.variants,
+    measure = functools.partial(
+        benchmark_variants,
         baseline=plan.baseline,
         modes=modes,
         warmup=warmup,
-        repeats=repeats,
         device=device,
         dtype=dtype,
         threads=threads,
@@ -1078,24 +1077,13 @@ def only_faster_rules(
         seed=seed,
         progress=say,
     )
+    result = measure(plan.variants, repeats=repeats)
     undecided = [
         variant for variant in plan.variants[1:] if _undecided(result, variant.name, threshold)
     ]
     if undecided and max_repeats > repeats:
         say(f"{len(undecided)} rule(s) undecided: {max_repeats - repeats} more rounds")
-        more = benchmark_variants(
-            [plan.variants[0], *undecided],
-            baseline=plan.baseline,
-            modes=modes,
-            warmup=warmup,
-            repeats=max_repeats - repeats,
-            device=device,
-            dtype=dtype,
-            threads=threads,
-            optimizer=optimizer,
-            seed=seed,
-            progress=say,
-        )
+        more = measure([plan.variants[0], *undecided], repeats=max_repeats - repeats)
         _pool_rounds(result, more, [v.name for v in undecided], seed)
     kept: list[Rule] = []
     for rule in rules:

@@ -176,6 +176,51 @@ def test_extra_rounds_are_pooled_pairwise_with_the_baseline() -> None:
     assert pooled.speedup.ratio == pytest.approx(11.0 / 10.0)
 
 
+def test_only_faster_gives_undecided_rules_more_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule the short run cannot decide is measured again, alone with the baseline, and
+    judged on all its rounds; a rule already decided is not measured again."""
+    import adopter.bench.command as command
+    from adopter.bench import TimingStats
+
+    calls: list[tuple[list[str], int]] = []
+
+    def fake_benchmark(variants, *, repeats, **_options):
+        names = [v.name for v in variants]
+        calls.append((names, repeats))
+        if len(calls) == 1:  # paper.5: 1.05x but a wide interval; paper.6: clearly faster
+            entries = {
+                "paper.5 only": {"inference": (1.05, 0.9, 1.2), "train": (1.0, 0.9, 1.1)},
+                "paper.6 only": {"inference": (1.3, 1.1, 1.5), "train": (1.0, 0.95, 1.05)},
+            }
+        else:
+            entries = {"paper.5 only": {"inference": (1.05, 1.0, 1.1), "train": (1.0, 0.9, 1.1)}}
+        result = make_result(entries)
+        base = [0.010 * (1 + 0.01 * i) for i in range(repeats)]
+        for mode in result.modes:  # a steady 5% gain in every round
+            result.get("original", mode).timing = TimingStats.from_times(base, 8)
+            result.get("paper.5 only", mode).timing = TimingStats.from_times(
+                [t / 1.05 for t in base], 8
+            )
+        return result
+
+    monkeypatch.setattr(command, "benchmark_variants", fake_benchmark)
+    kept, reasons = only_faster_rules(
+        "bert",
+        paper("paper.5", "paper.6"),
+        config_overrides=TINY_BERT,
+        layers=1,
+        seq_len=16,
+        repeats=5,
+        max_repeats=12,
+    )
+    assert calls == [
+        (["original", "paper.5 only", "paper.6 only"], 5),
+        (["original", "paper.5 only"], 7),
+    ]
+    assert [rule.id for rule in kept] == ["paper.5", "paper.6"]
+    assert reasons["paper.5"].startswith("kept: faster in inference, train")
+
+
 def test_factory_source_is_rewritten(tmp_path: Path) -> None:
     """Plain nn.Module code: the factory's module is patched and the factory called from it."""
     result = run_bench(
