@@ -1,13 +1,15 @@
 """Measure the payoff of the rewrites on the paper's nine models; write docs/performance.md.
 
-    python benchmarks/perf_report.py                 # the full report (~25-30 min on 2 cores)
+    python benchmarks/perf_report.py                 # the full report (~50 min on 2 cores)
     python benchmarks/perf_report.py --quick         # tiny configurations, to test the pipeline
     python benchmarks/perf_report.py --render-only   # re-render the Markdown from saved JSON
 
 For each model (bert, roberta, gpt2, gpt_neo, distilbert, t5, albert, groupvit, resnet) the
-original ``transformers==4.34.0`` modeling file is rewritten with the nine paper rules and the
-original and patched models are built from the same configuration (default widths, 2 layers)
-and timed interleaved with :func:`adopter.bench.run_bench`:
+original ``transformers==4.34.0`` modeling file is rewritten with a built-in rule set
+(``--rule-set``, default ``all``: the nine paper rules and the extended attention rules; the
+paper rules alone are measured beside them) and the original and patched models are built
+from the same configuration (default widths, 2 layers) and timed interleaved with
+:func:`adopter.bench.run_bench`:
 
 * ``long``: 512 tokens (images 224 px), inference and training with attention dropout 0, one
   extra variant per rule (ablation), peak training memory of original and patched
@@ -17,7 +19,9 @@ and timed interleaved with :func:`adopter.bench.run_bench`:
 * ``short``: 128 tokens, inference and training, original and patched;
 * ``compile``: ``torch.compile`` on both sides, inference only, BERT (128 tokens) and ResNet;
 * ``profile``: ``torch.profiler`` over BERT training and inference steps at 512 tokens and
-  ResNet inference steps, ops grouped into what the rules change and what they cannot.
+  ResNet inference steps, ops grouped into what the rules change and what they cannot;
+* ``only_faster``: what ``apply --only-faster`` keeps per model, and that rewrite timed;
+* ``memory_depth``: peak training memory at the released depth (6-12 layers), memory only.
 
 Each run's result is saved as JSON under ``.cache/perf/`` (``--quick``: ``.cache/perf-quick/``)
 and the Markdown is rendered from those files, so the text can be re-rendered without
