@@ -57,9 +57,10 @@ from .measure import (
     _resolve_memory_method,
     benchmark_variants,
     run_memory_probe,
+    speedup_of,
 )
 from .report import plot, to_json
-from .results import BenchResult, MemoryStats
+from .results import BenchResult, MemoryStats, TimingStats
 
 __all__ = [
     "DROPOUT_MODES",
@@ -1113,33 +1114,22 @@ def _pool_rounds(result: BenchResult, more: BenchResult, names: Sequence[str], s
     Both runs interleave the baseline with each variant round by round, so round ``i`` of a
     variant still pairs with round ``i`` of the baseline after the two runs are concatenated.
     """
-    from .results import Speedup, TimingStats
-    from .stats import bootstrap_ratio_ci
-
     for mode in result.modes:
         first_base, extra_base = result.get(result.baseline, mode), more.get(more.baseline, mode)
         if first_base.timing is None or extra_base.timing is None:
             continue
-        base_times = first_base.timing.times_s + extra_base.timing.times_s
+        base = TimingStats.from_times(
+            first_base.timing.times_s + extra_base.timing.times_s, first_base.timing.batch_size
+        )
         for name in names:
             first, extra = result.get(name, mode), more.get(name, mode)
             if first.timing is None or extra.timing is None or extra.error:
                 continue
-            own_times = first.timing.times_s + extra.timing.times_s
-            first.timing = TimingStats.from_times(own_times, first.timing.batch_size)
-            paired = len(own_times) == len(base_times)
+            first.timing = TimingStats.from_times(
+                first.timing.times_s + extra.timing.times_s, first.timing.batch_size
+            )
             confidence = first.speedup.confidence if first.speedup else 0.95
-            low, high = bootstrap_ratio_ci(
-                base_times, own_times, paired=paired, confidence=confidence, seed=seed
-            )
-            base_median = TimingStats.from_times(base_times, 1).median_s
-            first.speedup = Speedup(
-                ratio=base_median / first.timing.median_s,
-                ci_low=low,
-                ci_high=high,
-                confidence=confidence,
-                method="paired" if paired else "independent",
-            )
+            first.speedup = speedup_of(base, first.timing, confidence=confidence, seed=seed)
 
 
 def judge_variant(result: BenchResult, name: str, threshold: float = 1.0) -> tuple[bool, str]:

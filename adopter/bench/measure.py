@@ -482,6 +482,34 @@ def environment_info(device: str | torch.device = "cpu") -> dict[str, Any]:
 # memory
 
 
+def speedup_of(
+    base: TimingStats,
+    own: TimingStats,
+    *,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> Speedup:
+    """Median speedup of ``own`` over ``base`` with its bootstrap interval: paired (rounds
+    resampled together) when both have one sample per round, independent otherwise."""
+    paired = len(base.times_s) == len(own.times_s)
+    low, high = bootstrap_ratio_ci(
+        base.times_s,
+        own.times_s,
+        paired=paired,
+        confidence=confidence,
+        resamples=resamples,
+        seed=seed,
+    )
+    return Speedup(
+        ratio=base.median_s / own.median_s,
+        ci_low=low,
+        ci_high=high,
+        confidence=confidence,
+        method="paired" if paired else "independent",
+    )
+
+
 def _resolve_memory_method(memory: str | None, device: torch.device) -> str | None:
     if memory is None:
         return None
@@ -1034,23 +1062,8 @@ def _summarise(
         for name in names:
             res = out[name][mode]
             if base.timing is not None and res.timing is not None:
-                base_times = base.timing.times_s
-                own_times = res.timing.times_s
-                paired = len(base_times) == len(own_times)
-                low, high = bootstrap_ratio_ci(
-                    base_times,
-                    own_times,
-                    paired=paired,
-                    confidence=confidence,
-                    resamples=resamples,
-                    seed=seed,
-                )
-                res.speedup = Speedup(
-                    ratio=base.timing.median_s / res.timing.median_s,
-                    ci_low=low,
-                    ci_high=high,
-                    confidence=confidence,
-                    method="paired" if paired else "independent",
+                res.speedup = speedup_of(
+                    base.timing, res.timing, confidence=confidence, resamples=resamples, seed=seed
                 )
             if base.memory is not None and res.memory is not None and name != baseline:
                 if base.memory.method != res.memory.method:
