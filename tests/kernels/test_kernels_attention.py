@@ -1184,7 +1184,10 @@ def test_gpt2_shapes_property(batch, seq, past, heads, head_dim, masked):
             fused,
             dict(hidden_states=h, layer_past=layer_past, attention_mask=mask, use_cache=True),
         )
-    assert len(calls) == 1
+    # padding_mask pads the last key of row 0: with a single key, that query sees only
+    # padding and the original code runs (its where() stops gradients an additive mask would not)
+    sees_only_padding = masked and seq + past == 1
+    assert len(calls) == (0 if sees_only_padding else 1)
 
 
 def test_a_forward_with_parameters_the_kernel_does_not_know_keeps_the_original_class():
