@@ -236,6 +236,22 @@ def _sdpa(
     )
 
 
+def _sdpa_mask(
+    mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
+) -> tuple[bool, torch.Tensor | None]:
+    """``(ok, mask)`` for SDPA over ``(batch, heads, len, dim)`` inputs: the mask in the
+    query dtype (:func:`_mask_for`); not ok when it would broadcast the scores to a bigger
+    shape or key / value have another dtype - cases only the original code handles."""
+    ok, mask = _mask_for(mask, query)
+    ok = (
+        ok
+        and _broadcasts_into(mask, (*query.shape[:3], key.shape[2]))
+        and key.dtype == query.dtype
+        and value.dtype == query.dtype
+    )
+    return ok, mask
+
+
 def _checked_sdpa(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -244,17 +260,9 @@ def _checked_sdpa(
     p: float,
     scale: float,
 ) -> torch.Tensor | None:
-    """SDPA over ``(batch, heads, len, dim)`` inputs with an additive ``mask``, or ``None``
-    when the mask or the dtypes are ones only the original code handles."""
-    ok, mask = _mask_for(mask, query)
-    if (
-        not ok
-        or not _broadcasts_into(mask, (*query.shape[:3], key.shape[2]))
-        or key.dtype != query.dtype
-        or value.dtype != query.dtype
-    ):
-        return None
-    return _sdpa(query, key, value, mask, p, scale)
+    """SDPA with an additive ``mask``, or ``None`` when :func:`_sdpa_mask` refuses it."""
+    ok, mask = _sdpa_mask(mask, query, key, value)
+    return _sdpa(query, key, value, mask, p, scale) if ok else None
 
 
 def _bert_like_needs_original(
@@ -663,10 +671,9 @@ def _make_gpt2(base: type) -> type:
                 value = torch.cat((past_value, value), dim=-2)
             present = (key, value) if use_cache is True else None
 
-            q_len, k_len = query.size(-2), key.size(-2)
-            scores_shape = (query.shape[0], query.shape[1], q_len, k_len)
-            ok, mask = _mask_for(mask, query)
-            if not ok or not _broadcasts_into(mask, scores_shape) or key.dtype != query.dtype:
+            k_len = key.size(-2)
+            ok, mask = _sdpa_mask(mask, query, key, value)
+            if not ok:
                 return original()
 
             is_causal = False

@@ -20,14 +20,13 @@ import torch
 from .attention import (
     _FACTORIES,
     _bert_like_needs_original,
-    _broadcasts_into,
     _build,
     _causal_attention_mask,
     _checked_sdpa,
     _dropout_p,
-    _mask_for,
     _mask_is_float,
     _sdpa,
+    _sdpa_mask,
     _unfused_on_cpu,
     _without_zero_mask,
 )
@@ -267,6 +266,7 @@ def _make_gpt_neo(base: type) -> type:
                 or not _mask_is_float(attention_mask)
             ):
                 return original()
+            attention_mask = _without_zero_mask(attention_mask)
 
             q, k, v = qkv_projection(hidden_states, self.q_proj, self.k_proj, self.v_proj)
             query = self._split_heads(q, self.num_heads, self.head_dim)
@@ -277,16 +277,10 @@ def _make_gpt_neo(base: type) -> type:
                 value = torch.cat((layer_past[1], value), dim=-2)
             present = (key, value) if use_cache is True else None
 
-            q_len, k_len = query.size(-2), key.size(-2)
-            ok, mask = _mask_for(attention_mask, query)
-            if (
-                not ok
-                or not _broadcasts_into(mask, (query.shape[0], query.shape[1], q_len, k_len))
-                or key.dtype != query.dtype
-                or value.dtype != query.dtype
-            ):
+            ok, mask = _sdpa_mask(attention_mask, query, key, value)
+            if not ok:
                 return original()
-            causal = _causal_attention_mask(self, self.bias, _without_zero_mask(mask), query, k_len)
+            causal = _causal_attention_mask(self, self.bias, mask, query, key.size(-2))
             if causal is None:
                 return original()
             attn_mask, is_causal = causal
