@@ -39,7 +39,7 @@ import platform
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -283,6 +283,11 @@ def _rules(settings: Settings) -> list[Any]:
     return load_rule_set(settings.rule_set)
 
 
+def _paper_group(settings: Settings) -> dict[str, list[Any]]:
+    """The paper rules as a variant of their own, unless they are the report's rule set."""
+    return {PAPER_GROUP: load_rule_set("paper")} if settings.rule_set != "paper" else {}
+
+
 def _overrides(name: str, settings: Settings) -> dict[str, Any]:
     return quick_overrides(name) if settings.quick else dict(SPECS[name].overrides)
 
@@ -303,13 +308,10 @@ def run_job(job: Job, settings: Settings, cache: Path, say: Callable[[str], None
                 "this configuration"
             )
         else:
-            groups = {}
-            if job.study == "long" and settings.rule_set != "paper":
-                groups[PAPER_GROUP] = load_rule_set("paper")
             result = run_bench(
                 job.model,
                 rules=_rules(settings),
-                rule_groups=groups,
+                rule_groups=_paper_group(settings) if job.study == "long" else None,
                 config_overrides=overrides,
                 layers=settings.layers,
                 progress=lambda message: say(f"  {job.study}/{job.model}: {message}"),
@@ -391,11 +393,10 @@ def memory_depth_job(
     }
     started = time.perf_counter()
     try:
-        groups = {PAPER_GROUP: load_rule_set("paper")} if settings.rule_set != "paper" else {}
         plan = plan_variants(
             name,
             rules=_rules(settings),
-            rule_groups=groups,
+            rule_groups=_paper_group(settings),
             config_overrides=_overrides(name, settings),
             layers=depth,
             seq_len=settings.long_seq,
@@ -720,14 +721,12 @@ def depth_cell(record: dict[str, Any], ratio: float | None, variant: str) -> str
     return f"{base * ratio / (1 << 20):,.0f} MiB ({fmt_pct(ratio)})"
 
 
-def paper_variant(result: BenchResult | None) -> str | None:
+def paper_variant(names: Iterable[str], patched_sites: dict[str, dict[str, int]]) -> str | None:
     """The variant that holds the paper rules' rewrite: its own, or ``patched`` when all the
     rules that patch this model are paper rules (then the two are the same source)."""
-    if result is None:
-        return None
-    if PAPER_GROUP in result.names:
+    if PAPER_GROUP in names:
         return PAPER_GROUP
-    found = result.settings.get("target", {}).get("patched_sites", {}).get("patched", {})
+    found = patched_sites.get("patched", {})
     return "patched" if found and all(r.startswith("paper.") for r in found) else None
 
 
@@ -735,7 +734,8 @@ def collect(records: dict[tuple[str, str], dict[str, Any]]) -> Numbers:
     numbers = Numbers()
     for m in TRANSFORMERS:
         long = result_of(records.get(("long", m)))
-        if (paper := paper_variant(long)) is not None:
+        found = long.settings.get("target", {}).get("patched_sites", {}) if long else {}
+        if long is not None and (paper := paper_variant(long.names, found)) is not None:
             if (v := speed_of(long, paper, "inference")) is not None:
                 numbers.paper_inference[m] = v
             if (v := speed_of(long, paper, "train")) is not None:
@@ -756,16 +756,12 @@ def collect(records: dict[tuple[str, str], dict[str, Any]]) -> Numbers:
             if speedup is not None and speedup.ci_high < 1.0:
                 numbers.train_dropout_slower.append(m)
     for m in TRANSFORMERS:
-        for variant, into in (("patched", numbers.depth_memory), (PAPER_GROUP, None)):
-            ratio = depth_ratio(records.get(("memory_depth", m)), variant)
-            if ratio is None and variant == PAPER_GROUP:
-                # no variant of its own: the paper rules are the same source as all rules
-                record = records.get(("memory_depth", m)) or {}
-                sites_all = record.get("patched_sites", {}).get("patched", {})
-                if sites_all and all(r.startswith("paper.") for r in sites_all):
-                    ratio = depth_ratio(record, "patched")
-            if ratio is not None:
-                (into if into is not None else numbers.depth_memory_paper)[m] = ratio
+        record = records.get(("memory_depth", m)) or {}
+        if (r := depth_ratio(record, "patched")) is not None:
+            numbers.depth_memory[m] = r
+        paper = paper_variant(record.get("variants", {}), record.get("patched_sites", {}))
+        if paper is not None and (r := depth_ratio(record, paper)) is not None:
+            numbers.depth_memory_paper[m] = r
     numbers.resnet_inference = speed_of(
         result_of(records.get(("long", "resnet"))), "patched", "inference"
     )
