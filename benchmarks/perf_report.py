@@ -1261,7 +1261,10 @@ def render(cache: Path, out: Path, png: Path, settings: Settings) -> None:
         "`adopter apply --only-faster` keeps a rule's patches only where a short interleaved run "
         "on this machine shows them reliably faster: the rule alone against the original, "
         "configured dropout, inference and training; kept when its interval clears 1.00× in "
-        "one mode and reaches 1.00× in the other. The kept rewrite is then timed against the "
+        "one mode and reaches 1.00× in the other. A rule that run leaves undecided (not kept, "
+        "not reliably slower, point estimate above 1) gets more rounds, pooled with the first "
+        "ones, before it is judged; the numbers below are over all its rounds. The kept "
+        "rewrite is then timed against the "
         "original like the runs above, with the configured dropout. A model where no rule is "
         "reliably faster is left as it is.\n"
     )
