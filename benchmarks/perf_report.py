@@ -418,17 +418,17 @@ def memory_depth_job(
                 if not isinstance(measured, str)
                 else {"error": measured}
             )
-        model, _ = plan.variants[0].build()
-        record["layers"] = _depth_of(model)
-        del model
+        config = bench_config(
+            _config_class(name), layers=depth, overrides=_overrides(name, settings)
+        )
+        record["layers"] = _depth_of(config)
     except Exception as exc:
         record.update(_failure(exc))
     _save(record, out, started, f"memory_depth/{name}", say)
 
 
-def _depth_of(model: torch.nn.Module) -> str:
-    """The model's layer count(s), read from its configuration."""
-    config = getattr(model, "config", None)
+def _depth_of(config: Any) -> str:
+    """The layer count(s) of a model configuration."""
     keys = ("num_hidden_layers", "n_layer", "num_layers", "num_decoder_layers")
     found = {k: getattr(config, k) for k in keys if isinstance(getattr(config, k, None), int)}
     if "num_layers" in found and "num_decoder_layers" in found:  # T5: encoder + decoder
