@@ -164,7 +164,7 @@ class PackagePass:
     patched_rules: Counter = field(default_factory=Counter)
     apply_crashes: list[str] = field(default_factory=list)
     compile_failures: list[str] = field(default_factory=list)
-    second_changes: int = 0
+    second_changed: list[str] = field(default_factory=list)
     second_crashes: int = 0
     apply_seconds: float = 0.0
     second_seconds: float = 0.0
@@ -212,7 +212,8 @@ def package_pass(package: str, version: str, root: Path, rules, jobs: int) -> Pa
                 report.compile_failures.append(f"{Path(path).relative_to(scratch)}: {message}")
         started = time.perf_counter()
         for result in map_files(copies, rules, apply_file, jobs=jobs):
-            report.second_changes += result.patched is not None
+            if result.patched is not None:
+                report.second_changed.append(str(Path(result.path).relative_to(scratch)))
             report.second_crashes += result.crash is not None
         report.second_seconds = time.perf_counter() - started
     finally:
@@ -399,7 +400,7 @@ def render_passes(out: list[str], passes: list[PackagePass], args) -> None:
             f"{len(p.rejected)} | {len(p.crashes)} | {p.scan_seconds:.1f} s | {p.changed_files} | "
             f"{p.statuses['patched']} | {p.statuses['skipped']} | {p.statuses['covered']} | "
             f"{len(p.apply_crashes)} | {len(p.compile_failures)} | "
-            f"{p.second_changes} ({p.second_crashes} crashes) | {p.apply_seconds:.1f} s | "
+            f"{len(p.second_changed)} ({p.second_crashes} crashes) | {p.apply_seconds:.1f} s | "
             f"{p.second_seconds:.1f} s |"
         )
     w("")
@@ -414,6 +415,7 @@ def render_passes(out: list[str], passes: list[PackagePass], args) -> None:
             [("crash", c) for c in p.crashes]
             + [("apply crash", c) for c in p.apply_crashes]
             + [("does not compile", c) for c in p.compile_failures]
+            + [("changed again by the second apply", c) for c in p.second_changed]
             + [("rejected", c) for c in p.rejected]
         )
         if not problems:
@@ -451,7 +453,7 @@ def main() -> int:
             print(
                 f"{package}: {p.files} files, {sum(p.sites.values())} sites, "
                 f"{len(p.crashes)} crashes, {p.changed_files} patched files, "
-                f"{len(p.compile_failures)} compile failures, {p.second_changes} changed again",
+                f"{len(p.compile_failures)} compile failures, {len(p.second_changed)} changed again",
                 file=sys.stderr,
             )
     args.output.parent.mkdir(parents=True, exist_ok=True)
