@@ -8,7 +8,6 @@ from .write import (
     WriteResult,
     WriteStatus,
     remove_stale_temporaries,
-    write_atomically,
     write_rewrite,
     write_rewrites,
 )
@@ -26,7 +25,6 @@ __all__ = [
     "rewrite_source",
     "rewrite_text",
     "unified_diff",
-    "write_atomically",
     "write_rewrite",
     "write_rewrites",
 ]

@@ -200,11 +200,9 @@ def _read_only(target: str, info: os.stat_result) -> bool:
     return not info.st_mode & 0o222 or not os.access(target, os.W_OK)
 
 
-def _replace_atomically(
-    target: str, new: bytes, info: os.stat_result | None, expected: bytes | None
-) -> None:
-    """Write ``new`` to a locked temporary file beside ``target`` and rename it over ``target``
-    if it still holds ``expected`` (``info``: the owner and mode to keep; None for a new file)."""
+def _replace_atomically(target: str, new: bytes, info: os.stat_result, expected: bytes) -> None:
+    """Write ``new`` to a locked temporary file beside ``target``, give it ``info``'s owner,
+    group and mode, and rename it over ``target`` if that still holds ``expected``."""
     folder, name = os.path.split(target)
     handle, temporary = tempfile.mkstemp(prefix=f".{name}.", suffix=TEMPORARY_SUFFIX, dir=folder)
     try:
@@ -213,20 +211,18 @@ def _replace_atomically(
         while view:
             view = view[os.write(handle, view) :]
         os.fsync(handle)
-        if info is not None:
-            created = os.fstat(handle)
-            if (created.st_uid, created.st_gid) != (info.st_uid, info.st_gid):
-                try:
-                    os.fchown(handle, info.st_uid, info.st_gid)
-                except PermissionError:
-                    raise _CannotKeep(
-                        f"not written: its owner and group ({info.st_uid}:{info.st_gid}) could "
-                        "not be kept (run as its owner)"
-                    ) from None
-        # after chown, which clears set-id bits
-        os.fchmod(handle, stat.S_IMODE(info.st_mode) if info is not None else 0o644)
+        created = os.fstat(handle)
+        if (created.st_uid, created.st_gid) != (info.st_uid, info.st_gid):
+            try:
+                os.fchown(handle, info.st_uid, info.st_gid)
+            except PermissionError:
+                raise _CannotKeep(
+                    f"not written: its owner and group ({info.st_uid}:{info.st_gid}) could not "
+                    "be kept (run as its owner)"
+                ) from None
+        os.fchmod(handle, stat.S_IMODE(info.st_mode))  # after chown, which clears set-id bits
         # The lock keeps other adopter runs out, not an editor: look once more, just before.
-        if expected is not None and Path(target).read_bytes() != expected:
+        if Path(target).read_bytes() != expected:
             raise _Changed
         os.replace(temporary, target)
     except BaseException:
@@ -264,19 +260,6 @@ def _sync_folder(folder: str) -> None:
         pass
     finally:
         os.close(handle)
-
-
-def write_atomically(path: str | Path, text: str | bytes) -> None:
-    """Replace a file's content all at once (a temporary file in the same folder, flushed, then
-    renamed over it), keeping its owner and mode; ``text`` is written as UTF-8. No check of what
-    the file held: :func:`write_rewrite` is the safe way to write a patch."""
-    target = os.path.realpath(path)
-    data = text.encode("utf-8") if isinstance(text, str) else text
-    try:
-        info: os.stat_result | None = os.stat(target)
-    except FileNotFoundError:
-        info = None
-    _replace_atomically(target, data, info, expected=None)
 
 
 def remove_stale_temporaries(paths: Iterable[str | Path]) -> list[str]:

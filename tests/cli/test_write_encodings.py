@@ -9,8 +9,10 @@ import pytest
 from typer.testing import CliRunner
 
 from adopter.cli import app
+from adopter.extract.source import decode_source_file
 from adopter.match import Matcher
 from adopter.rewrite import rewrite_text
+from adopter.rewrite.encoding import EncodingRefusal, encode_patched
 from adopter.rules import load_rule_set
 from tests.rewrite.samples import BERT_LIKE
 
@@ -81,3 +83,36 @@ def test_a_byte_that_does_not_round_trip_refuses_the_file(tmp_path):
         "do not survive decoding and encoding as raw_unicode_escape (line 10); file left unchanged"
         in result.stderr
     )
+
+
+def test_text_the_encoding_cannot_hold_is_refused_with_its_place():
+    """Kernel names are ASCII and copied source is the file's own, so a patch cannot add such
+    a character today; if one did, the file is refused at the character, not written."""
+    original = "# -*- coding: latin-1 -*-\nx = 'caf\u00e9'\n"
+    data = original.encode("latin-1")
+    source = decode_source_file(data, "model.py")
+    patched = original + "y = '\u03b1'\n"
+    with pytest.raises(EncodingRefusal) as refused:
+        encode_patched("model.py", data, source, patched)
+    assert str(refused.value).startswith("model.py:3:6: the patch has '\u03b1' (U+03B1) on line 3")
+    assert "iso-8859-1 cannot encode" in str(refused.value)
+    assert encode_patched("model.py", data, source, original + "y = 1\n") == (
+        original + "y = 1\n"
+    ).encode("latin-1")
+
+
+@pytest.mark.parametrize(
+    "encoding, text",
+    [
+        ("utf-7", "x = 'caf\u00e9'  # +- 1\n"),
+        ("iso2022_jp", "x = '\u3042'  # \u3044\n"),
+        ("hz", "x = '\u4e2d'  # \u6587\n"),
+    ],
+)
+def test_stateful_codecs_keep_every_unchanged_line(encoding, text):
+    """Codecs with shift states are written only when they encode line by line; these do, so
+    an added line leaves the bytes of the others as they were."""
+    original = f"# -*- coding: {encoding} -*-\n{text}y = 2\n"
+    data = original.encode(encoding)
+    source = decode_source_file(data, "model.py")
+    assert encode_patched("model.py", data, source, original + "z = 3\n") == data + b"z = 3\n"

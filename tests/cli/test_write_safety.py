@@ -227,3 +227,38 @@ def test_skip_messages_point_at_the_call_site_not_the_factory(tmp_path):
     result = runner.invoke(app, ["apply", str(source)])
     skips = [line for line in result.stderr.splitlines() if line.startswith("skipped")]
     assert len(skips) == 1 and f"{source}:15:13:" in skips[0], result.stderr
+
+
+_KILLED_MID_WRITE = """
+import os, sys, time
+from adopter.cli import app
+def stuck(source, destination):  # the temporary file is written and locked; never renamed
+    print("temporary written", flush=True)
+    time.sleep(600)
+os.replace = stuck
+app(["apply", sys.argv[1], "--write"])
+"""
+
+
+def test_a_run_killed_mid_write_leaves_the_file_whole_and_its_temporary_is_cleaned(tmp_path):
+    target = _model(tmp_path)
+    process = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_MID_WRITE, str(target)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout.readline().strip() == "temporary written"
+    finally:
+        process.kill()  # SIGKILL: no cleanup runs
+        process.communicate(timeout=60)
+    assert target.read_text(encoding="utf-8") == BERT_LIKE
+    (left,) = tmp_path.glob(".model.py.*.adopter")
+    young = runner.invoke(app, ["apply", str(tmp_path), "--write"])
+    assert young.exit_code == 0 and _patched(target)
+    assert left.exists()  # too young to tell from a live run's
+    os.utime(left, (time.time() - 60,) * 2)
+    again = runner.invoke(app, ["apply", str(tmp_path), "--write"])
+    assert again.exit_code == 0 and f"removed {left}" in again.stderr
+    assert not left.exists()
