@@ -255,15 +255,38 @@ def apply(
             "the rules that make it faster.",
         ),
     ] = False,
+    force_read_only: Annotated[
+        bool,
+        typer.Option(
+            "--force-read-only",
+            help="With --write, also write read-only files (their mode stays read-only).",
+        ),
+    ] = False,
+    in_place_hard_links: Annotated[
+        bool,
+        typer.Option(
+            "--in-place-hard-links",
+            help="With --write, rewrite a file that has several hard links in place, so every "
+            "name sees the patch (not atomic); without it such a file is skipped.",
+        ),
+    ] = False,
 ) -> None:
     """Rewrite every site to call its kernel. Prints a unified diff unless --write is given.
 
     Files are never imported. A site that cannot be rewritten safely is skipped with a reason;
-    the others still apply. Writes are atomic; untouched files are not rewritten.
+    the others still apply, until nothing more changes. --write writes a file only if it still
+    holds what was analysed, atomically, in its own encoding and line endings, keeping its
+    owner and mode (a symlink's target is written); a file it skips is named with the reason
+    and the exit code is 2.
     """
-    import difflib
-
-    from .rewrite import rewrite_paths, write_atomically
+    from .rewrite import (
+        WriteOptions,
+        WriteStatus,
+        remove_stale_temporaries,
+        rewrite_paths,
+        unified_diff,
+        write_rewrites,
+    )
 
     if output_format not in ("diff", "json"):
         raise _fail(f"--format must be diff or json, not {output_format!r}")
@@ -291,38 +314,38 @@ def apply(
         typer.echo(json.dumps(records, indent=2))
     elif not write:
         for rewrite in result.changed:
-            diff = "".join(
-                difflib.unified_diff(
-                    rewrite.original.splitlines(keepends=True),
-                    rewrite.patched.splitlines(keepends=True),
-                    f"a/{rewrite.path}",
-                    f"b/{rewrite.path}",
-                )
-            )
+            diff = unified_diff(rewrite)
             if out.is_terminal:
                 from rich.syntax import Syntax
 
                 out.print(Syntax(diff, "diff", theme="ansi_dark", background_color="default"))
             else:
                 typer.echo(diff, nl=False)
-    write_errors = 0
+    done = result.changed
+    not_written = 0
     if write:
-        for rewrite in result.changed:
-            try:
-                write_atomically(rewrite.path, rewrite.patched)
-            except OSError as error:
-                write_errors += 1
-                console.print(
-                    f"[red]error:[/red] {rewrite.path}:1:1: cannot write: {error.strerror}",
-                    soft_wrap=True,
-                    highlight=False,
-                )
-    patched = sum(r.status == "patched" for r in result.results)
+        for removed in remove_stale_temporaries(r.path for r in result.files):
+            console.print(
+                f"removed {removed}: a temporary file left by an interrupted apply",
+                soft_wrap=True,
+                markup=False,
+                highlight=False,
+            )
+        outcomes = write_rewrites(done, WriteOptions(force_read_only, in_place_hard_links))
+        for outcome in outcomes:
+            failed = outcome.status in (WriteStatus.SKIPPED, WriteStatus.FAILED)
+            not_written += failed
+            if failed or outcome.reason:
+                prefix = "error: " if outcome.status is WriteStatus.FAILED else ""
+                console.print(f"{prefix}{outcome}", soft_wrap=True, markup=False, highlight=False)
+        written = {o.path for o in outcomes if o.status is WriteStatus.WRITTEN}
+        done = [r for r in done if r.path in written]
+    patched = sum(r.status == "patched" for rewrite in done for r in rewrite.results)
     covered = sum(r.status == "covered" for r in result.results)
     skipped = [r for r in result.results if r.status == "skipped"]
     for skip in skipped:
         console.print(
-            f"skipped {skip.site.rule.id} at {skip.site.path}:{skip.site.line}:{skip.site.column}: "
+            f"skipped {skip.site.rule.id} at {skip.site.path}:{skip.line}:{skip.column}: "
             f"{skip.reason}",
             soft_wrap=True,
             highlight=False,
@@ -330,12 +353,14 @@ def apply(
         )
     verb = "patched" if write else "to patch"
     console.print(
-        f"{patched} site(s) {verb} in {len(result.changed)} file(s), {covered} covered by an "
+        f"{patched} site(s) {verb} in {len(done)} file(s), {covered} covered by an "
         f"enclosing rewrite, {len(skipped)} skipped, "
-        f"{len(result.errors) + write_errors} error(s), {result.seconds:.2f} s",
+        + (f"{not_written} file(s) not written, " if not_written else "")
+        + f"{len(result.errors)} error(s), {result.seconds:.2f} s",
         highlight=False,
+        soft_wrap=True,
     )
-    if result.errors or write_errors:
+    if result.errors or not_written:
         raise typer.Exit(EXIT_ERROR)
     if check and result.changed:
         raise typer.Exit(1)
