@@ -9,9 +9,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..dsl.errors import LocatedError
 from ..dsl.syntax import Rule
-from ..extract.source import SourceError, parse_source, read_source
+from ..extract.source import SourceError, failure_as_error, parse_source, read_source
 from ..extract.structure import FileAnalysis
 from ..match.matcher import Matcher
 from ..match.scan import collect_python_files, map_files, strip_details
@@ -26,12 +25,11 @@ def rewrite_text(text: str, path: str, matcher: Matcher) -> FileRewrite:
 
 
 def rewrite_file(path: str, matcher: Matcher) -> FileRewrite:
+    """Rewrite one file. Never raises: a failure becomes the file's located error."""
     try:
         return rewrite_text(read_source(path), path, matcher)
-    except LocatedError as error:
-        return FileRewrite(path, "", "", error=str(error))
-    except RecursionError:
-        return FileRewrite(path, "", "", error=f"{path}:1:1: source nested too deeply")
+    except Exception as error:  # noqa: BLE001 - a worker must always return a record
+        return FileRewrite(path, "", "", error=str(failure_as_error(path, error)))
 
 
 def _rewrite_light(path: str, matcher: Matcher) -> FileRewrite:
