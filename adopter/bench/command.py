@@ -25,6 +25,7 @@ that pay off on this machine.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import importlib
@@ -32,6 +33,7 @@ import importlib.util
 import inspect
 import json
 import re
+import shutil
 import tempfile
 import threading
 import warnings
@@ -97,7 +99,8 @@ dropout) that shared rate is set to 0. ``none``: every dropout probability set t
 BASELINE = "original"
 PATCHED = "patched"
 _SIBLING_PREFIX = "_adopter_bench_"
-_SCRATCH = Path(tempfile.gettempdir()) / "adopter-bench"
+_SCRATCH: Path | None = None  # see _scratch_dir
+_SCRATCH_LOCK = threading.Lock()
 
 _LAYER_KEYS = frozenset(
     {
@@ -150,18 +153,31 @@ def patch_text(text: str, path: str, rules: Sequence[Rule]) -> tuple[str, Counte
     return (rewrite.patched if patched else text), patched
 
 
+def _scratch_dir() -> Path:
+    """This process's private scratch folder (created 0700 under a random name, removed at
+    exit). The patched copies in it are imported, that is executed: a predictable folder in
+    the shared temporary folder would let another user plant the code that runs."""
+    global _SCRATCH
+    with _SCRATCH_LOCK:
+        if _SCRATCH is None:
+            _SCRATCH = Path(tempfile.mkdtemp(prefix="adopter-bench-"))
+            atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
+        return _SCRATCH
+
+
 def patched_source_file(text: str, name: str) -> Path:
     """Write ``text`` to a scratch file named by its content hash; return the path.
 
     Content-addressed so that variants stay valid after :func:`run_bench` returns (the memory
-    probe subprocess and later profiling read the file again), repeated runs reuse the file, and
-    two different patches of one model never collide. Files are a few hundred KiB at most.
+    probe subprocess and later profiling read the file again), repeated runs in this process
+    reuse the file, and two different patches of one model never collide. Files are a few
+    hundred KiB at most; the folder is private to this process (:func:`_scratch_dir`).
     """
     digest = hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
-    folder = _SCRATCH / digest
+    folder = _scratch_dir() / digest
     path = folder / name
     if not path.exists():
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
         scratch = folder / f".{name}.{threading.get_ident()}.tmp"
         scratch.write_text(text, encoding="utf-8")
         scratch.replace(path)

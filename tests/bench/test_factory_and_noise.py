@@ -223,3 +223,32 @@ def test_the_cli_prints_noise_warnings(monkeypatch):
     assert "warning: patched, inference: 95% interval [0.60, 1.70]" in " ".join(
         result.stdout.split()
     )
+
+
+# -- the patched copies bench imports live where only this process can write --------------------
+
+
+def test_patched_copies_are_never_taken_from_a_shared_folder(tmp_path):
+    """bench imports (executes) the patched copy it writes: a file planted under the name it
+    once used in the shared temporary folder (``$TMPDIR/adopter-bench/<sha1>/<name>``) must
+    never be what runs."""
+    import hashlib
+    import tempfile
+    import uuid
+
+    from adopter.bench.command import patched_source_file
+
+    text = f"MARK = {uuid.uuid4().hex!r}\n"
+    digest = hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
+    planted = Path(tempfile.gettempdir()) / "adopter-bench" / digest / "modeling_x.py"
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.write_text("raise SystemExit('planted code ran')\n")
+    try:
+        path = patched_source_file(text, "modeling_x.py")
+        assert path.read_text() == text
+        assert path.parent.stat().st_mode & 0o077 == 0
+        assert path.parent.parent.stat().st_mode & 0o077 == 0
+        assert patched_source_file(text, "modeling_x.py") == path  # reused in this process
+    finally:
+        planted.unlink()
+        planted.parent.rmdir()
