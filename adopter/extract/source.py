@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..dsl.errors import LocatedError
+from ..files import FileRefused, read_regular_file
 
 
 class SourceError(LocatedError):
@@ -78,21 +79,47 @@ def decode_source(data: bytes, path: str) -> str:
 
 
 def read_source_bytes(path: str | Path) -> bytes:
-    """A Python file's bytes; raises :class:`SourceError` with a location on any failure."""
+    """A Python file's bytes; raises :class:`SourceError` with a location on any failure (only
+    regular files of at most :func:`adopter.files.max_file_bytes` are read)."""
     name = str(path)
     try:
-        return Path(path).read_bytes()
+        return read_regular_file(path)
     except FileNotFoundError:
         raise SourceError(name, 1, 1, "no such file") from None
     except IsADirectoryError:
         raise SourceError(name, 1, 1, "is a directory, not a file") from None
+    except FileRefused as error:
+        raise SourceError(name, 1, 1, str(error)) from None
     except OSError as error:
-        raise SourceError(name, 1, 1, f"cannot read: {error.strerror}") from None
+        raise SourceError(name, 1, 1, f"cannot read: {error.strerror or error}") from None
 
 
 def read_source(path: str | Path) -> str:
     """Read a Python file; raises :class:`SourceError` with a location on any failure."""
     return decode_source(read_source_bytes(path), str(path))
+
+
+def failure_as_error(path: str, error: BaseException) -> LocatedError:
+    """The located error to report when analysing ``path`` raised ``error``.
+
+    Analysis walks syntax trees recursively and prints literals, so inputs at Python's own
+    limits fail inside it: a 100,000-term expression exceeds the recursion limit, and a hex
+    literal of thousands of digits cannot be printed in decimal. Anything else is a defect of
+    Adopter, still reported against the file so that the other files go on.
+    """
+    if isinstance(error, LocatedError):
+        return error
+    if isinstance(error, RecursionError):
+        return SourceError(path, 1, 1, "source nested too deeply (over Python's recursion limit)")
+    if isinstance(error, ValueError) and "integer string conversion" in str(error):
+        return SourceError(
+            path, 1, 1, "integer literal too large to analyse (over Python's 4300-digit limit)"
+        )
+    if isinstance(error, MemoryError):
+        return SourceError(path, 1, 1, "out of memory while analysing the file")
+    return SourceError(
+        path, 1, 1, f"internal error: {type(error).__name__}: {error} (please report this)"
+    )
 
 
 def parse_source(text: str, path: str) -> ast.Module:

@@ -16,6 +16,7 @@ from ..dsl.syntax import Rule
 from ..extract.source import (
     SourceError,
     decode_source_file,
+    failure_as_error,
     parse_source,
     read_source_bytes,
     split_lines,
@@ -173,15 +174,14 @@ def _in_original(result: SiteResult, to_original: Callable[[int], int]) -> SiteR
 def rewrite_file(path: str, matcher: Matcher) -> FileRewrite:
     """Read, decode (coding cookie, BOM) and rewrite one file. A patch that cannot be written
     in the file's own encoding, byte for byte outside the edits, leaves the file unchanged and
-    its sites skipped with the reason."""
+    its sites skipped with the reason. Never raises: a failure becomes the file's located
+    error, so a worker always returns a record."""
     try:
         data = read_source_bytes(path)
         source = decode_source_file(data, path)
         rewrite = rewrite_text(source.text, path, matcher)
-    except LocatedError as error:
-        return FileRewrite(path, "", "", error=str(error))
-    except RecursionError:
-        return FileRewrite(path, "", "", error=f"{path}:1:1: source nested too deeply")
+    except Exception as error:  # noqa: BLE001 - a worker must always return a record
+        return FileRewrite(path, "", "", error=str(failure_as_error(path, error)))
     if rewrite.changed:
         try:
             encode_patched(path, data, source, rewrite.patched)
