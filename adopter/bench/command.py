@@ -39,7 +39,7 @@ import threading
 import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -55,6 +55,7 @@ from ..verify.worker import load_sibling
 from .measure import (
     MODES,
     RSS_RESOLUTION,
+    Factory,
     ModelVariant,
     _resolve_memory_method,
     benchmark_variants,
@@ -649,126 +650,186 @@ def plan_variants(
         rules = load_rule_set("paper")
     rules = list(rules)
     if patched_factory is not None:
-        if factory is None:
-            raise BenchTargetError("--patched-factory needs --factory (the original)")
-        if ablation or not combined:
-            raise BenchTargetError(
-                "per-rule variants need the rules applied to source: give --factory without "
-                "--patched-factory"
-            )
-        variants = [
-            ModelVariant(name, functools.partial(build_from_factory, _factory_target(spec)[0]))
-            for name, spec in ((BASELINE, factory), (PATCHED, patched_factory))
-        ]
-        info = {"target": factory, "kind": "factories", "patched_factory": patched_factory}
-        return VariantPlan(variants, info=info)
-
+        return _plan_two_factories(factory, patched_factory, per_rule=ablation or not combined)
     if factory is not None:
-        original, path = _factory_target(factory)
-        text = path.read_text(encoding="utf-8")
-
-        def make(label: str, patched: str | None) -> Any:
-            if patched is None:
-                return functools.partial(build_from_factory, original)
-            file = patched_source_file(patched, path.name)
-            spec = FactoryBuild(
-                original.module_name, original.function, str(file), _tag(label, patched)
-            )
-            return functools.partial(build_from_factory, spec)
-
-        info: dict[str, Any] = {"target": factory, "kind": "factory", "source": str(path)}
+        source = _factory_source(factory)
     else:
         if target is None:
             raise BenchTargetError("give a target (model name or modeling file) or --factory")
-        resolved = resolve_transformers_target(target)
-        path, text = resolved.path, resolved.text
-        common = {
-            "class_name": model_class,
-            "overrides": tuple(sorted((config_overrides or {}).items())),
-            "layers": layers,
-            "dropout": dropout,
-            "batch_size": batch_size,
-            "seq_len": seq_len,
-            "image_size": image_size,
-            "decoder_seq_len": decoder_seq_len,
-            "seed": seed,
-        }
-
-        def make(label: str, patched: str | None) -> Any:
-            if patched is None:
-                source = None if resolved.installed else str(resolved.path)
-                tag = "original" if resolved.installed else _tag("original", resolved.text)
-                spec = TransformersBuild(resolved.module_name, source, tag, **common)
-            else:
-                file = patched_source_file(patched, path.name)
-                spec = TransformersBuild(
-                    resolved.module_name, str(file), _tag(label, patched), **common
-                )
-            return functools.partial(build_transformers, spec)
-
-        info = {
-            "target": target,
-            "kind": "transformers",
-            "module": resolved.module_name,
-            "source": str(resolved.path),
-            "installed_source": resolved.installed,
-            "layers": layers,
-            "dropout": dropout,
-            "config_overrides": dict(config_overrides or {}),
-            "batch_size": batch_size,
-            "seq_len": seq_len,
-            "image_size": image_size,
-            "decoder_seq_len": decoder_seq_len or seq_len,
-        }
-
-    variants = [ModelVariant(BASELINE, make(BASELINE, None))]
-    sites: dict[str, dict[str, int]] = {}
-    notes: list[str] = []
-    combined_text, combined_sites = patch_text(text, str(path), rules)
+        build = TransformersBuild(
+            module_name="",  # each variant sets its module, source and tag
+            source=None,
+            tag="",
+            class_name=model_class,
+            overrides=tuple(sorted((config_overrides or {}).items())),
+            layers=layers,
+            dropout=dropout,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            image_size=image_size,
+            decoder_seq_len=decoder_seq_len,
+            seed=seed,
+        )
+        source = _transformers_source(target, build, dict(config_overrides or {}))
+    plan = _RewritePlan(source)
+    combined_text, combined_sites = plan.patch(rules)
     if combined:
-        if not combined_sites:
+        plan.add_combined(combined_text, combined_sites, rules)
+    same_as = combined_text if combined else None
+    no_site = plan.add_solo_rules(rules, same_as) if ablation or not combined else []
+    if not combined and len(plan.variants) == 1:
+        raise NoSiteError(f"no rule patches anything in {source.path}: nothing to compare")
+    plan.add_rule_groups(rule_groups or {}, same_as)
+    info = {
+        **source.info,
+        "rules": _rule_ids(rules),
+        "patched_sites": plan.sites,
+        "no_site": no_site,
+        "notes": plan.notes,
+        "model_class": model_class,
+    }
+    return VariantPlan(plan.variants, info=info, no_site=no_site)
+
+
+def _plan_two_factories(factory: str | None, patched_factory: str, per_rule: bool) -> VariantPlan:
+    """Original and patched model each from a factory of its own: nothing to rewrite."""
+    if factory is None:
+        raise BenchTargetError("--patched-factory needs --factory (the original)")
+    if per_rule:
+        raise BenchTargetError(
+            "per-rule variants need the rules applied to source: give --factory without "
+            "--patched-factory"
+        )
+    variants = [
+        ModelVariant(name, functools.partial(build_from_factory, _factory_target(spec)[0]))
+        for name, spec in ((BASELINE, factory), (PATCHED, patched_factory))
+    ]
+    info = {"target": factory, "kind": "factories", "patched_factory": patched_factory}
+    return VariantPlan(variants, info=info)
+
+
+@dataclass(frozen=True)
+class _Source:
+    """The source text the variants are rewritten from, and how to build a variant of it."""
+
+    path: Path
+    text: str
+    make: Callable[[str, str | None], Factory]
+    """``make(label, patched_text)``: the factory of a variant (``None``: the original)."""
+    info: dict[str, Any]
+    """What the target is, for :attr:`VariantPlan.info`."""
+
+
+def _factory_source(factory: str) -> _Source:
+    """A ``module:function`` factory: its module's source is rewritten, and the factory
+    function of the patched copy builds the patched model."""
+    original, path = _factory_target(factory)
+
+    def make(label: str, patched: str | None) -> Factory:
+        if patched is None:
+            return functools.partial(build_from_factory, original)
+        file = patched_source_file(patched, path.name)
+        spec = FactoryBuild(
+            original.module_name, original.function, str(file), _tag(label, patched)
+        )
+        return functools.partial(build_from_factory, spec)
+
+    text = path.read_text(encoding="utf-8")
+    info: dict[str, Any] = {"target": factory, "kind": "factory", "source": str(path)}
+    return _Source(path, text, make, info)
+
+
+def _transformers_source(
+    target: str, build: TransformersBuild, config_overrides: dict[str, Any]
+) -> _Source:
+    """A transformers modeling file: every variant is ``build`` (configuration and inputs)
+    with that variant's module."""
+    resolved = resolve_transformers_target(target)
+
+    def make(label: str, patched: str | None) -> Factory:
+        if patched is None:
+            source = None if resolved.installed else str(resolved.path)
+            tag = "original" if resolved.installed else _tag("original", resolved.text)
+        else:
+            source = str(patched_source_file(patched, resolved.path.name))
+            tag = _tag(label, patched)
+        spec = replace(build, module_name=resolved.module_name, source=source, tag=tag)
+        return functools.partial(build_transformers, spec)
+
+    info = {
+        "target": target,
+        "kind": "transformers",
+        "module": resolved.module_name,
+        "source": str(resolved.path),
+        "installed_source": resolved.installed,
+        "layers": build.layers,
+        "dropout": build.dropout,
+        "config_overrides": config_overrides,
+        "batch_size": build.batch_size,
+        "seq_len": build.seq_len,
+        "image_size": build.image_size,
+        "decoder_seq_len": build.decoder_seq_len or build.seq_len,
+    }
+    return _Source(resolved.path, resolved.text, make, info)
+
+
+class _RewritePlan:
+    """The variants of one source as they are added: the original first, then one per rewrite
+    that changes something and differs from the others, with the sites each one patches."""
+
+    def __init__(self, source: _Source) -> None:
+        self.source = source
+        self.variants = [ModelVariant(BASELINE, source.make(BASELINE, None))]
+        self.sites: dict[str, dict[str, int]] = {}
+        self.notes: list[str] = []
+
+    def patch(self, rules: Sequence[Rule]) -> tuple[str, Counter[str]]:
+        """The source rewritten with ``rules``, and the patched sites per rule id."""
+        return patch_text(self.source.text, str(self.source.path), rules)
+
+    def add(self, name: str, text: str, sites: Counter[str]) -> None:
+        self.variants.append(ModelVariant(name, self.source.make(name, text)))
+        self.sites[name] = dict(sites)
+
+    def add_combined(self, text: str, sites: Counter[str], rules: Sequence[Rule]) -> None:
+        """The ``patched`` variant: every rule at once (it must patch something)."""
+        if not sites:
             raise NoSiteError(
                 f"no rule of {', '.join(_rule_ids(rules)) or '(none)'} patches anything in "
-                f"{path}: nothing to compare"
+                f"{self.source.path}: nothing to compare"
             )
-        variants.append(ModelVariant(PATCHED, make(PATCHED, combined_text)))
-        sites[PATCHED] = dict(combined_sites)
-    no_site: list[str] = []
-    if ablation or not combined:
+        self.add(PATCHED, text, sites)
+
+    def add_solo_rules(self, rules: Sequence[Rule], same_as: str | None) -> list[str]:
+        """One variant per rule that patches something alone, unless its rewrite is
+        ``same_as`` (the combined one); returns the ids of the rules that patch nothing."""
+        no_site: list[str] = []
         for rule in rules:
-            solo_text, solo_sites = patch_text(text, str(path), [rule])
-            if not solo_sites:
-                no_site.append(rule.id)
-                continue
-            if combined and solo_text == combined_text:
-                notes.append(f"{_ablation_name(rule.id)} is the same source as {PATCHED!r}")
-                continue
+            text, sites = self.patch([rule])
             name = _ablation_name(rule.id)
-            variants.append(ModelVariant(name, make(name, solo_text)))
-            sites[name] = dict(solo_sites)
-        if not combined and len(variants) == 1:
-            raise NoSiteError(f"no rule patches anything in {path}: nothing to compare")
-    for group, group_rules in (rule_groups or {}).items():
-        group_text, group_sites = patch_text(text, str(path), list(group_rules))
-        if not group_sites:
-            notes.append(f"{group!r} patches nothing here")
-        elif combined and group_text == combined_text:
-            notes.append(f"{group!r} is the same source as {PATCHED!r}")
-        elif any(group == variant.name for variant in variants):
-            raise ValueError(f"rule group {group!r} has the name of another variant")
-        else:
-            variants.append(ModelVariant(group, make(group, group_text)))
-            sites[group] = dict(group_sites)
-    info.update(
-        {
-            "rules": _rule_ids(rules),
-            "patched_sites": sites,
-            "no_site": no_site,
-            "notes": notes,
-            "model_class": model_class,
-        }
-    )
-    return VariantPlan(variants, info=info, no_site=no_site)
+            if not sites:
+                no_site.append(rule.id)
+            elif text == same_as:
+                self.notes.append(f"{name} is the same source as {PATCHED!r}")
+            else:
+                self.add(name, text, sites)
+        return no_site
+
+    def add_rule_groups(
+        self, rule_groups: Mapping[str, Sequence[Rule]], same_as: str | None
+    ) -> None:
+        """One variant per named group of rules, unless it patches nothing or its rewrite is
+        ``same_as`` (the combined one)."""
+        for group, group_rules in rule_groups.items():
+            text, sites = self.patch(list(group_rules))
+            if not sites:
+                self.notes.append(f"{group!r} patches nothing here")
+            elif text == same_as:
+                self.notes.append(f"{group!r} is the same source as {PATCHED!r}")
+            elif any(group == variant.name for variant in self.variants):
+                raise ValueError(f"rule group {group!r} has the name of another variant")
+            else:
+                self.add(group, text, sites)
 
 
 def _describe_model(plan: VariantPlan) -> dict[str, Any]:
