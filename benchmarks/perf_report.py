@@ -64,6 +64,8 @@ from adopter.bench.measure import (  # noqa: E402
     prepare_variant,
     run_memory_probe,
 )
+from adopter.bench.report import SpeedupVerdict, speedup_verdict  # noqa: E402
+from adopter.bench.selection import Judgement  # noqa: E402
 from adopter.rules import load_rule_set  # noqa: E402
 
 EXTENDED_ATTENTION = ("roberta", "gpt_neo", "distilbert", "albert")
@@ -574,6 +576,9 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
 
 
+_VERDICT_MARKS = {SpeedupVerdict.FASTER: " ✓", SpeedupVerdict.SLOWER: " ✗"}
+
+
 def speed_cell(result: BenchResult | None, variant: str, mode: str) -> str:
     if result is None:
         return "-"
@@ -583,7 +588,7 @@ def speed_cell(result: BenchResult | None, variant: str, mode: str) -> str:
     if res.speedup is None:
         return "-"
     sp = res.speedup
-    mark = " ✓" if sp.ci_low >= 1.0 and sp.ratio > 1.0 else (" ✗" if sp.ci_high < 1.0 else "")
+    mark = _VERDICT_MARKS.get(speedup_verdict(res), "")
     return f"{sp.ratio:.2f}× [{sp.ci_low:.2f}, {sp.ci_high:.2f}]{mark}"
 
 
@@ -1309,10 +1314,11 @@ def only_faster_section(records: Records) -> list[str]:
             continue
         reasons = record.get("reasons", {})
         kept = ", ".join(record.get("kept", [])) or "nothing"
+        judged = {rule: Judgement.from_reason(why) for rule, why in reasons.items()}
         dropped = "; ".join(
-            f"{rule}: {why.removeprefix('dropped: ')}"
-            for rule, why in reasons.items()
-            if why.startswith("dropped")
+            f"{rule}: {judgement.explanation}"
+            for rule, judgement in judged.items()
+            if judgement.dropped
         )
         result = result_of(record)
         if result is None:

@@ -64,6 +64,7 @@ from .measure import (
 )
 from .report import plot, to_json
 from .results import BenchResult, MemoryStats, TimingStats
+from .selection import Judgement, Outcome, judge_variant
 
 __all__ = [
     "DROPOUT_MODES",
@@ -1145,9 +1146,9 @@ def only_faster_rules(
             seed=seed,
         )
     except NoSiteError:
-        return [], dict.fromkeys(_rule_ids(rules), "no site")
+        return [], dict.fromkeys(_rule_ids(rules), Judgement(Outcome.NO_SITE).reason)
     for rule_id in plan.no_site:
-        reasons[rule_id] = "no site"
+        reasons[rule_id] = Judgement(Outcome.NO_SITE).reason
     measure = functools.partial(
         benchmark_variants,
         baseline=plan.baseline,
@@ -1172,8 +1173,9 @@ def only_faster_rules(
     for rule in rules:
         if rule.id in reasons:
             continue
-        keep, reasons[rule.id] = judge_variant(result, _ablation_name(rule.id), threshold)
-        if keep:
+        judgement = judge_variant(result, _ablation_name(rule.id), threshold)
+        reasons[rule.id] = judgement.reason
+        if judgement.keep:
             kept.append(rule)
     return kept, reasons
 
@@ -1181,8 +1183,7 @@ def only_faster_rules(
 def _undecided(result: BenchResult, name: str, threshold: float) -> bool:
     """Neither kept nor reliably slower, yet faster than ``threshold`` on the point estimate
     in some mode: more rounds could decide it."""
-    keep, reason = judge_variant(result, name, threshold)
-    if keep or not reason.startswith("dropped: not reliably faster"):
+    if judge_variant(result, name, threshold).outcome is not Outcome.NOT_RELIABLY_FASTER:
         return False
     return any(
         (res := result.get(name, mode)).speedup is not None and res.speedup.ratio > threshold
@@ -1212,36 +1213,6 @@ def _pool_rounds(result: BenchResult, more: BenchResult, names: Sequence[str], s
             )
             confidence = first.speedup.confidence if first.speedup else 0.95
             first.speedup = speedup_of(base, first.timing, confidence=confidence, seed=seed)
-
-
-def judge_variant(result: BenchResult, name: str, threshold: float = 1.0) -> tuple[bool, str]:
-    """The ``--only-faster`` criterion for one variant (see :func:`only_faster_rules`).
-
-    Kept when :func:`~adopter.bench.selection.faster_variants` finds it reliably faster (CI
-    lower bound ``>= threshold``) in at least one measured mode and no mode is reliably slower
-    (CI upper bound below 1); a failed mode drops it. Returns ``(keep, reason)``.
-    """
-    from .selection import faster_variants
-
-    per_mode = [(mode, result.get(name, mode)) for mode in result.modes]
-    errors = [f"{mode}: {res.error}" for mode, res in per_mode if res.error]
-    if errors:
-        return False, "dropped: " + "; ".join(errors)
-    missing = [mode for mode, res in per_mode if res.speedup is None]
-    if missing:
-        return False, f"dropped: no timing in {', '.join(missing)}"
-    faster = [m for m in result.modes if name in faster_variants(result, threshold, modes=m)]
-    slower = [mode for mode, res in per_mode if res.speedup and res.speedup.ci_high < 1.0]
-    numbers = "; ".join(
-        f"{mode} {res.speedup.ratio:.2f}x [{res.speedup.ci_low:.2f}, {res.speedup.ci_high:.2f}]"
-        for mode, res in per_mode
-        if res.speedup is not None
-    )
-    if slower:
-        return False, f"dropped: slower in {', '.join(slower)} ({numbers})"
-    if faster:
-        return True, f"kept: faster in {', '.join(faster)} ({numbers})"
-    return False, f"dropped: not reliably faster ({numbers})"
 
 
 def parse_config_overrides(items: Sequence[str]) -> dict[str, Any]:
