@@ -50,6 +50,13 @@ from torch import nn
 from ..dsl.syntax import Rule
 from ..match.matcher import Matcher
 from ..rewrite import rewrite_text
+from ..verify.config_names import (
+    ATTENTION_DROPOUT_NAME,
+    SHARED_DROPOUT_NAMES,
+    STACK_DEPTH_LIST_NAMES,
+    STACK_DEPTH_NAMES,
+    is_sub_config,
+)
 from ..verify.factory_spec import make_importable, parse_factory
 from ..verify.worker import load_sibling
 from .measure import (
@@ -104,23 +111,6 @@ _SIBLING_PREFIX = "_adopter_bench_"
 _SCRATCH: Path | None = None  # see _scratch_dir
 _SCRATCH_LOCK = threading.Lock()
 
-_LAYER_KEYS = frozenset(
-    {
-        "num_hidden_layers",
-        "num_layers",
-        "num_decoder_layers",
-        "n_layer",
-        "n_layers",
-        "encoder_layers",
-        "decoder_layers",
-    }
-)
-_LAYER_LIST_KEYS = frozenset({"depths"})
-_ATTENTION_DROPOUT = re.compile(
-    r"^(attention_probs_dropout_prob|attn_pdrop|attention_dropout|attention_dropout_prob|"
-    r"attn_dropout|attention_dropout_rate)$"
-)
-_SHARED_DROPOUT = frozenset({"dropout_rate"})  # T5: one rate for attention and the rest
 _ANY_DROPOUT = re.compile(r"(dropout|_pdrop$|drop_rate|drop_prob|drop_path)")
 
 
@@ -326,14 +316,14 @@ def _reduce_layers(config: dict[str, Any], layers: int) -> dict[str, Any]:
     """Overrides that cut every layer count in ``config`` (and its sub-configs) to ``layers``."""
     out: dict[str, Any] = {}
     for key, value in config.items():
-        if isinstance(value, dict) and (key.endswith("config") or "model_type" in value):
+        if is_sub_config(key, value):
             nested = _reduce_layers(value, layers)
             if nested:
                 out[key] = {**value, **nested}
-        elif key in _LAYER_KEYS and isinstance(value, int) and not isinstance(value, bool):
+        elif key in STACK_DEPTH_NAMES and isinstance(value, int) and not isinstance(value, bool):
             if value > layers:
                 out[key] = layers
-        elif key in _LAYER_LIST_KEYS and isinstance(value, list):
+        elif key in STACK_DEPTH_LIST_NAMES and isinstance(value, list):
             if all(isinstance(v, int) for v in value) and any(v > layers for v in value):
                 out[key] = [min(v, layers) for v in value]
     # Staged models (GroupViT's vision tower) also state the total depth; keep it the sum.
@@ -355,9 +345,9 @@ def _dropout_overrides(config: dict[str, Any], mode: str) -> dict[str, Any]:
     if mode not in DROPOUT_MODES:
         raise ValueError(f"unknown dropout mode {mode!r} (use {', '.join(DROPOUT_MODES)})")
     out: dict[str, Any] = {}
-    own_attention_key = any(_ATTENTION_DROPOUT.match(k) for k in config if isinstance(k, str))
+    own_attention_key = any(ATTENTION_DROPOUT_NAME.match(k) for k in config if isinstance(k, str))
     for key, value in config.items():
-        if isinstance(value, dict) and (key.endswith("config") or "model_type" in value):
+        if is_sub_config(key, value):
             nested = _dropout_overrides(value, mode)
             if nested:
                 out[key] = {**value, **nested}
@@ -367,7 +357,8 @@ def _dropout_overrides(config: dict[str, Any], mode: str) -> dict[str, Any]:
         if mode == "none" and _ANY_DROPOUT.search(key):
             out[key] = 0.0
         elif mode == "no-attention" and (
-            _ATTENTION_DROPOUT.match(key) or (not own_attention_key and key in _SHARED_DROPOUT)
+            ATTENTION_DROPOUT_NAME.match(key)
+            or (not own_attention_key and key in SHARED_DROPOUT_NAMES)
         ):
             out[key] = 0.0
     return out
@@ -446,6 +437,14 @@ def make_bench_inputs(
     A text tower of a multimodal model (GroupViT, CLIP) gets at most its own context length
     (77 tokens). ``use_cache=False`` where accepted (training does not keep a KV cache) and
     ``return_loss=True`` for contrastive models (their real training loss).
+
+    Deliberately not :func:`adopter.verify.hf.make_inputs`: that one builds a *test* for a shrunk
+    model - 7 tokens, the second sequence's last two masked out so that mask handling runs,
+    special tokens kept out of the ids, every input modality the signature accepts, audio and
+    video inputs, ``output_hidden_states=True`` so that a difference can be traced to a layer.
+    A benchmark needs the *workload* instead: the sizes asked for, no padding, only the inputs a
+    training or inference step takes (every layer's hidden states would add time and memory
+    that no real step spends) and the model's own loss. Both draw from a seeded generator.
     """
     params = inspect.signature(model.forward).parameters
     gen = torch.Generator().manual_seed(seed)
