@@ -52,6 +52,7 @@ from ..match.matcher import Matcher
 from ..rewrite import rewrite_text
 from ..verify.config_names import (
     ATTENTION_DROPOUT_NAME,
+    DROPOUT_NAME,
     SHARED_DROPOUT_NAMES,
     STACK_DEPTH_LIST_NAMES,
     STACK_DEPTH_NAMES,
@@ -102,7 +103,9 @@ DROPOUT_MODES = ("config", "no-attention", "none")
 ``config``: as configured. ``no-attention``: attention-probability dropout set to 0 (the
 fused-attention kernels then take their fast path in training too; other dropout stays). Where
 a configuration has no separate attention-dropout setting (T5's ``dropout_rate`` covers every
-dropout) that shared rate is set to 0. ``none``: every dropout probability set to 0.
+dropout) that shared rate is set to 0. ``none``: every dropout probability set to 0, drop path
+and LayerDrop included (the names :data:`adopter.verify.config_names.DROPOUT_NAME` matches):
+a step that skips a random set of layers does a different amount of work in every variant.
 """
 
 BASELINE = "original"
@@ -110,8 +113,6 @@ PATCHED = "patched"
 _SIBLING_PREFIX = "_adopter_bench_"
 _SCRATCH: Path | None = None  # see _scratch_dir
 _SCRATCH_LOCK = threading.Lock()
-
-_ANY_DROPOUT = re.compile(r"(dropout|_pdrop$|drop_rate|drop_prob|drop_path)")
 
 
 class BenchTargetError(ValueError):
@@ -354,7 +355,7 @@ def _dropout_overrides(config: dict[str, Any], mode: str) -> dict[str, Any]:
             continue
         if not isinstance(value, float) or value == 0.0:
             continue
-        if mode == "none" and _ANY_DROPOUT.search(key):
+        if mode == "none" and DROPOUT_NAME.search(key):
             out[key] = 0.0
         elif mode == "no-attention" and (
             ATTENTION_DROPOUT_NAME.match(key)

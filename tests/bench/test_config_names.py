@@ -55,3 +55,25 @@ def test_attention_and_shared_dropouts_are_dropouts(name: str) -> None:
 )
 def test_sub_configurations(key: str, value: object, nested: bool) -> None:
     assert is_sub_config(key, value) is nested
+
+
+def test_no_dropout_benchmarks_also_switch_off_layerdrop() -> None:
+    """``--dropout none``: LayerDrop skips random layers, so variants would do unequal work."""
+    from adopter.bench.command import _dropout_overrides
+
+    config = {
+        "hidden_dropout": 0.1,
+        "attention_dropout": 0.1,
+        "encoder_layerdrop": 0.05,
+        "layerdrop": 0.1,
+        "drop_path_rate": 0.1,
+        "layer_norm_eps": 1e-5,
+    }
+    assert _dropout_overrides(config, "none") == {
+        "hidden_dropout": 0.0,
+        "attention_dropout": 0.0,
+        "encoder_layerdrop": 0.0,
+        "layerdrop": 0.0,
+        "drop_path_rate": 0.0,
+    }
+    assert _dropout_overrides(config, "no-attention") == {"attention_dropout": 0.0}
