@@ -17,6 +17,7 @@ from .attention_extended import (
 from .conv import conv_batch_norm
 from .linear import linear_batch_norm, linear_bias_activation, qkv_projection
 from .norm import dropout_add_layer_norm
+from .rms_norm import rms_norm
 from .softmax import softmax
 
 __all__ = [
@@ -33,5 +34,6 @@ __all__ = [
     "linear_batch_norm",
     "linear_bias_activation",
     "qkv_projection",
+    "rms_norm",
     "softmax",
 ]
