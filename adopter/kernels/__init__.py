@@ -15,6 +15,7 @@ from .attention_extended import (
     fused_gpt_neo_self_attention,
 )
 from .conv import conv_batch_norm
+from .gated import gated_activation, gated_activation_chunked, gated_mlp
 from .linear import linear_batch_norm, linear_bias_activation, qkv_projection
 from .norm import dropout_add_layer_norm
 from .rms_norm import rms_norm
@@ -31,6 +32,9 @@ __all__ = [
     "fused_gpt2_attention",
     "fused_gpt_neo_self_attention",
     "fused_t5_attention",
+    "gated_activation",
+    "gated_activation_chunked",
+    "gated_mlp",
     "linear_batch_norm",
     "linear_bias_activation",
     "qkv_projection",

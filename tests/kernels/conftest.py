@@ -6,7 +6,7 @@ float rounding, not approximation: a kernel that computes something else fails t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -139,9 +139,14 @@ def assert_traces_like_reference(
             assert_close(a, b)
 
 
-def saved_bytes(fn: Callable[..., Any], inputs: Sequence[torch.Tensor | None]) -> int:
+def saved_bytes(
+    fn: Callable[..., Any],
+    inputs: Sequence[torch.Tensor | None],
+    exclude: Iterable[torch.Tensor] = (),
+) -> int:
     """Bytes of the distinct tensors autograd saves for backward while ``fn`` runs on leaves
-    of ``inputs`` (storage counted once, however often it is saved)."""
+    of ``inputs`` (storage counted once, however often it is saved), not counting the inputs
+    themselves nor the tensors in ``exclude`` (parameters)."""
     storages: dict[int, int] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
@@ -152,5 +157,6 @@ def saved_bytes(fn: Callable[..., Any], inputs: Sequence[torch.Tensor | None]) -
     own = leaves(*inputs)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn(*own)
-    inputs_ptrs = {t.untyped_storage().data_ptr() for t in own if t is not None}
+    held = [t for t in own if t is not None] + list(exclude)
+    inputs_ptrs = {t.untyped_storage().data_ptr() for t in held}
     return sum(size for ptr, size in storages.items() if ptr not in inputs_ptrs)
