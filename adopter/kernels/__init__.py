@@ -19,9 +19,12 @@ from .gated import gated_activation, gated_activation_chunked, gated_mlp
 from .linear import linear_batch_norm, linear_bias_activation, qkv_projection
 from .norm import dropout_add_layer_norm
 from .rms_norm import rms_norm
+from .rotary import apply_rotary, apply_rotary_complex, rotary
 from .softmax import softmax
 
 __all__ = [
+    "apply_rotary",
+    "apply_rotary_complex",
     "clear_caches",
     "conv_batch_norm",
     "describe_backends",
@@ -39,5 +42,6 @@ __all__ = [
     "linear_bias_activation",
     "qkv_projection",
     "rms_norm",
+    "rotary",
     "softmax",
 ]
