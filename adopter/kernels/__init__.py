@@ -14,6 +14,7 @@ from .attention_extended import (
     fused_distilbert_attention,
     fused_gpt_neo_self_attention,
 )
+from .attention_function import attention_function, scaled_attention
 from .conv import conv_batch_norm
 from .gated import gated_activation, gated_activation_chunked, gated_mlp
 from .linear import linear_batch_norm, linear_bias_activation, qkv_projection
@@ -23,6 +24,7 @@ from .rotary import apply_rotary, apply_rotary_complex, rotary
 from .softmax import softmax
 
 __all__ = [
+    "attention_function",
     "apply_rotary",
     "apply_rotary_complex",
     "clear_caches",
@@ -43,5 +45,6 @@ __all__ = [
     "qkv_projection",
     "rms_norm",
     "rotary",
+    "scaled_attention",
     "softmax",
 ]
