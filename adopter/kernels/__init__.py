@@ -19,6 +19,7 @@ from .conv import conv_batch_norm
 from .gated import gated_activation, gated_activation_chunked, gated_mlp
 from .linear import linear_batch_norm, linear_bias_activation, qkv_projection
 from .norm import dropout_add_layer_norm
+from .norm_act import conv_bn_act, group_norm_activation
 from .rms_norm import rms_norm
 from .rotary import apply_rotary, apply_rotary_complex, rotary
 from .softmax import softmax
@@ -29,6 +30,7 @@ __all__ = [
     "apply_rotary_complex",
     "clear_caches",
     "conv_batch_norm",
+    "conv_bn_act",
     "describe_backends",
     "dropout_add_layer_norm",
     "fused_albert_attention",
@@ -40,6 +42,7 @@ __all__ = [
     "gated_activation",
     "gated_activation_chunked",
     "gated_mlp",
+    "group_norm_activation",
     "linear_batch_norm",
     "linear_bias_activation",
     "qkv_projection",
