@@ -16,6 +16,7 @@ from .attention_extended import (
 )
 from .attention_function import attention_function, scaled_attention
 from .conv import conv_batch_norm
+from .cross_entropy import causal_lm_loss, fused_loss_applies, linear_cross_entropy
 from .gated import gated_activation, gated_activation_chunked, gated_mlp
 from .linear import linear_batch_norm, linear_bias_activation, qkv_projection
 from .norm import dropout_add_layer_norm
@@ -26,6 +27,7 @@ from .softmax import softmax
 
 __all__ = [
     "attention_function",
+    "causal_lm_loss",
     "apply_rotary",
     "apply_rotary_complex",
     "clear_caches",
@@ -38,6 +40,7 @@ __all__ = [
     "fused_distilbert_attention",
     "fused_gpt2_attention",
     "fused_gpt_neo_self_attention",
+    "fused_loss_applies",
     "fused_t5_attention",
     "gated_activation",
     "gated_activation_chunked",
@@ -45,6 +48,7 @@ __all__ = [
     "group_norm_activation",
     "linear_batch_norm",
     "linear_bias_activation",
+    "linear_cross_entropy",
     "qkv_projection",
     "rms_norm",
     "rotary",

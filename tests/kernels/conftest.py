@@ -30,13 +30,16 @@ def assert_close(
     actual: Any, expected: Any, dtype: torch.dtype | None = None, scale: float = 1.0
 ) -> None:
     """``torch.testing.assert_close`` with the shared tolerance of ``dtype`` (default: the
-    expected tensor's dtype); ``None`` must match ``None``. Dtypes must agree exactly."""
+    expected tensor's dtype); ``None`` must match ``None``, NaN must match NaN (the original's
+    ``nan`` results, e.g. a mean over nothing, are part of its semantics). Dtypes must agree."""
     if expected is None or actual is None:
         assert actual is None and expected is None, (actual, expected)
         return
     assert actual.dtype == expected.dtype, (actual.dtype, expected.dtype)
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    torch.testing.assert_close(actual, expected, **tolerance(dtype or expected.dtype, scale))
+    torch.testing.assert_close(
+        actual, expected, equal_nan=True, **tolerance(dtype or expected.dtype, scale)
+    )
 
 
 def leaves(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
