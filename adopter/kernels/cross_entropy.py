@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._trace import tracing
-from ._util import is_plain, plain_tensors
+from ._util import grad_needed, is_plain, plain_tensors
 
 __all__ = [
     "causal_lm_loss",
@@ -133,6 +133,15 @@ def _chunk_rows(vocab: int, rows: int, chunk_size: int | None) -> int:
     return max(1, min(rows, CHUNK_BYTES // (4 * max(vocab, 1))))
 
 
+def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """Row-wise log-softmax; on a CPU written over ``logits`` when they are a buffer of our own
+    (the kernel reads each row before it writes it, so the values are those of the
+    out-of-place call), which halves the chunk's memory."""
+    if logits.device.type == "cpu" and logits._base is None and logits.is_contiguous():
+        return torch.log_softmax(logits, dim=-1, out=logits)
+    return torch.log_softmax(logits, dim=-1)
+
+
 def _logit_grad(
     logp: torch.Tensor,
     targets: torch.Tensor,
@@ -175,7 +184,7 @@ def _forward_chunks(
         if softcap is not None:
             capped = torch.tanh(logits / softcap)
             logits = capped * softcap
-        logp = torch.log_softmax(logits.float(), dim=-1)
+        logp = _log_softmax(logits.float())
         del logits
         total -= logp.gather(1, y[:, None]).sum()
         if scale is None:
@@ -191,6 +200,7 @@ def _forward_chunks(
                 grad_w.addmm_(grad.t(), h)
         if grad_b is not None:
             grad_b.add_(grad.sum(0, dtype=grad_b.dtype))
+        del grad  # before the next chunk's logits are allocated
     return total
 
 
@@ -207,8 +217,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
         divisor: Any,
         softcap: float | None,
         chunk_size: int | None,
+        recording: bool,
     ) -> torch.Tensor:
-        want_h, want_w, want_b = ctx.needs_input_grad[:3]
+        ctx.recording = recording
+        # ``needs_input_grad`` ignores the grad mode: the caller says whether autograd records.
+        want_h, want_w, want_b = ctx.needs_input_grad[:3] if ctx.recording else (False,) * 3
         want_b = want_b and bias is not None
         counted = targets != ignore_index
         rows = counted.nonzero().squeeze(1)
@@ -276,7 +289,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         if bool(grad_loss.ne(1).item()):
             grads = tuple(None if g is None else g.mul_(grad_loss) for g in grads)
         grad_h, grad_w, grad_b = grads
-        return grad_h, grad_w, grad_b, None, None, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None, None
 
 
 _REDUCTIONS = ("mean", "sum")
@@ -351,8 +364,18 @@ def linear_cross_entropy(
         softcap = float(softcap)
         if softcap == 0.0 or not math.isfinite(softcap):
             return original()
+    recording = grad_needed(hidden, weight, bias)
     return _LinearCrossEntropy.apply(
-        hidden, weight, bias, targets, ignore_index, reduction, divisor, softcap, chunk_size
+        hidden,
+        weight,
+        bias,
+        targets,
+        ignore_index,
+        reduction,
+        divisor,
+        softcap,
+        chunk_size,
+        recording,
     )
 
 

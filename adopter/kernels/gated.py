@@ -102,11 +102,51 @@ def pure_activation(act: object) -> Activation | None:
     return act if spec is not None else None  # type: ignore[return-value]
 
 
-def _recompute(act: Activation, gate: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(gate leaf, act(gate))`` recorded by autograd, for the activation's own backward."""
-    with torch.enable_grad():
-        leaf = gate.detach().requires_grad_(True)
-        return leaf, act(leaf)
+Derivative = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _silu_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return torch.ops.aten.silu_backward(grad, x)
+
+
+def _relu_grad(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    # Autograd passes ReLU's output; it is positive exactly where the input is.
+    return torch.ops.aten.threshold_backward(grad, x, 0)
+
+
+def _gelu_grad(approximate: str) -> Derivative:
+    def grad_of(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.gelu_backward(grad, x, approximate=approximate)
+
+    return grad_of
+
+
+def _transformers_class(act: object, *names: str) -> bool:
+    cls = type(act)
+    return cls.__name__ in names and (cls.__module__ or "").startswith("transformers")
+
+
+def _derivative(act: object) -> Derivative | None:
+    """The ATen backward autograd runs for ``act`` (called with ``(grad, input)``), for
+    activations that are exactly one native op; ``None`` for the others, whose gradient
+    autograd takes from a recomputation."""
+    if act is F.silu or type(act) is nn.SiLU or _transformers_class(act, "SiLUActivation"):
+        return _silu_grad
+    if act is F.relu or act is torch.relu or type(act) is nn.ReLU:
+        return _relu_grad
+    if act is F.gelu:
+        return _gelu_grad("none")
+    if type(act) is nn.GELU:
+        return _gelu_grad(act.approximate)
+    if _pure_gelu_partial(act):
+        return _gelu_grad(act.keywords.get("approximate", "none"))  # type: ignore[union-attr]
+    inner = getattr(act, "act", None)
+    if _transformers_class(act, "GELUActivation") and inner is F.gelu:
+        return _gelu_grad("none")
+    if _transformers_class(act, "GELUTanh", "PytorchGELUTanh"):
+        if inner is None or _pure_gelu_partial(inner):
+            return _gelu_grad("tanh")  # 4.34's class calls F.gelu(approximate="tanh") itself
+    return None
 
 
 def _product(activated: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -119,20 +159,43 @@ def _product(activated: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> t
     return activated * up
 
 
-def _gate_grads(
+def _backward(
     act: Activation,
     gate: torch.Tensor,
     up: torch.Tensor,
     grad_h: torch.Tensor,
-    want_gate: bool,
-    want_up: bool,
+    wants: tuple[bool, bool],
+    with_hidden: Callable[[torch.Tensor], None] | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """Gradients of ``h = act(gate) * up`` given ``dL/dh``, as autograd computes them."""
-    leaf, activated = _recompute(act, gate)
-    grad_up = grad_h * activated.detach() if want_up else None
-    grad_gate = None
-    if want_gate:
-        (grad_gate,) = torch.autograd.grad(activated, leaf, grad_h * up)
+    """Gradients of ``h = act(gate) * up`` for ``dL/dh = grad_h`` (a buffer of the caller's,
+    overwritten), as autograd computes them for the original. ``with_hidden`` is handed the
+    recomputed ``h`` first (for the down projection's weight gradient).
+
+    Order and buffer reuse keep at most three intermediate-sized temporaries alive: the
+    recomputed activation, ``grad_h`` and one gradient.
+    """
+    want_gate, want_up = wants
+    derivative = _derivative(act)
+    leaf = None
+    if derivative is None and want_gate:
+        with torch.enable_grad():  # autograd's own backward of the recomputed activation
+            leaf = gate.detach().requires_grad_(True)
+            activated = act(leaf)
+        value = activated.detach()
+    else:
+        value = activated = act(gate)
+    grad_up = grad_h * value if want_up else None
+    if with_hidden is not None:
+        # The activation is not needed any more when autograd does not hold it: reuse it.
+        with_hidden(_product(value, gate, up) if leaf is None else value * up)
+    del value
+    if not want_gate:
+        return None, grad_up
+    grad_activated = grad_h.mul_(up)
+    if derivative is not None:
+        del activated
+        return derivative(grad_activated, gate), grad_up
+    (grad_gate,) = torch.autograd.grad(activated, leaf, grad_activated)
     return grad_gate, grad_up
 
 
@@ -146,8 +209,10 @@ class _GatedProduct(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_h: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         gate, up = ctx.saved_tensors
-        want_gate, want_up = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_gate, grad_up = _gate_grads(ctx.act, gate, up, grad_h, want_gate, want_up)
+        wants = (ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+        # The incoming gradient may be shared with other consumers: overwrite a copy.
+        own = grad_h.clone() if wants[0] else grad_h
+        grad_gate, grad_up = _backward(ctx.act, gate, up, own, wants)
         return grad_gate, grad_up, None
 
 
@@ -168,11 +233,11 @@ class _ChunkedGatedProduct(torch.autograd.Function):
     def backward(ctx: Any, grad_h: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (x,) = ctx.saved_tensors
         gate_half, up_half = _chunks(x, ctx.gate, ctx.dim)
+        grad_gate, grad_up = _backward(ctx.act, gate_half, up_half, grad_h.clone(), (True, True))
         grad_x = torch.empty_like(x)
         grad_gate_half, grad_up_half = _chunks(grad_x, ctx.gate, ctx.dim)
-        leaf, activated = _recompute(ctx.act, gate_half)
-        torch.mul(grad_h, activated.detach(), out=grad_up_half)
-        (grad_gate,) = torch.autograd.grad(activated, leaf, grad_h * up_half)
+        grad_up_half.copy_(grad_up)
+        del grad_up
         grad_gate_half.copy_(grad_gate)
         return grad_x, None, None, None
 
@@ -200,19 +265,22 @@ class _GatedDown(torch.autograd.Function):
         gate, up, weight = ctx.saved_tensors
         want_gate, want_up, want_w, want_b = ctx.needs_input_grad[:4]
         flat_grad = grad_y.reshape(-1, grad_y.shape[-1])
-        grad_w = grad_b = None
-        if want_w:
-            hidden = _product(ctx.act(gate), gate, up)
+        grads: dict[str, torch.Tensor] = {}
+
+        def weight_grad(hidden: torch.Tensor) -> None:
             # The transposed product is what addmm's backward computes for ``weight.t()``.
-            grad_w = hidden.reshape(-1, hidden.shape[-1]).t().mm(flat_grad).t()
-            del hidden
-        if want_b and ctx.has_bias:
-            grad_b = flat_grad.sum(0)
-        grad_gate = grad_up = None
-        if want_gate or want_up:
-            grad_h = flat_grad.mm(weight).view(*grad_y.shape[:-1], weight.shape[1])
-            grad_gate, grad_up = _gate_grads(ctx.act, gate, up, grad_h, want_gate, want_up)
-        return grad_gate, grad_up, grad_w, grad_b, None
+            grads["w"] = hidden.reshape(-1, hidden.shape[-1]).t().mm(flat_grad).t()
+
+        grad_b = flat_grad.sum(0) if want_b and ctx.has_bias else None
+        if not (want_gate or want_up):
+            if want_w:
+                weight_grad(ctx.act(gate) * up)
+            return None, None, grads.get("w"), grad_b, None
+        grad_h = flat_grad.mm(weight).view(*grad_y.shape[:-1], weight.shape[1])
+        grad_gate, grad_up = _backward(
+            ctx.act, gate, up, grad_h, (want_gate, want_up), weight_grad if want_w else None
+        )
+        return grad_gate, grad_up, grads.get("w"), grad_b, None
 
 
 def _pair_handled(gate: torch.Tensor, up: torch.Tensor) -> bool:
@@ -303,9 +371,19 @@ def gated_mlp(
     fn = pure_activation(act)
     if fn is None:
         return down_proj(act(gate) * up_proj(x))  # type: ignore[operator]
+    if not (isinstance(gate, torch.Tensor) and grad_needed(gate)):
+        # Inference: the original's order (the gate's activation before the up projection),
+        # so that the gate output is freed first; the product reuses the activation buffer.
+        activated = fn(gate)
+        fresh = activated is not gate and activated._base is None
+        del gate  # freed here, as in the original's ``act(gate_proj(x))``
+        up = up_proj(x)
+        if fresh and _pair_handled(activated, up):
+            return down_proj(activated.mul_(up))
+        return down_proj(activated * up)
     up = up_proj(x)
     if not _pair_handled(gate, up):
         return down_proj(act(gate) * up)  # type: ignore[operator]
-    if grad_needed(gate, up) and _down_fusable(down_proj, gate):
+    if _down_fusable(down_proj, gate):
         return _GatedDown.apply(gate, up, down_proj.weight, down_proj.bias, fn)  # type: ignore[union-attr]
     return down_proj(gated_activation(gate, up, fn))

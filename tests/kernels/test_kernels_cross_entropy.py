@@ -360,3 +360,12 @@ def test_fused_loss_applies():
     assert not fused_loss_applies(model.eval(), labels)
     with torch.no_grad():
         assert not fused_loss_applies(model.train(), labels)
+
+
+def test_in_place_log_softmax_equals_the_out_of_place_one():
+    from adopter.kernels.cross_entropy import _log_softmax
+
+    logits = torch.randn(16, 32001) * 7
+    expected = F.log_softmax(logits, dim=-1)
+    assert torch.equal(_log_softmax(logits.clone()), expected)
+    assert torch.equal(_log_softmax(logits[:, :-1]), F.log_softmax(logits[:, :-1], dim=-1))

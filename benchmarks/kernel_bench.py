@@ -1,0 +1,407 @@
+"""Per-operation benchmark of the modern kernels: the original computation beside the kernel.
+
+Each case is one operation at the sizes of issue 14 (Llama-style width 768, 512 tokens, batch 2,
+float32; vocab 32,000 and 128,256 for the LM head + cross-entropy), written twice as a tiny
+``nn.Module``: once as the model files spell it, once calling the kernel. The operation's inputs
+are parameters of the module, so a training step computes every input gradient, as in a model.
+Both run through :func:`adopter.bench.benchmark_variants`: interleaved rounds, one torch thread,
+training step (forward, backward, SGD step) and inference step (``no_grad`` forward), medians with
+paired-bootstrap intervals, peak memory of one step from the profiler's allocation events
+(tensors only, above the level before the step: activations, gradients, temporaries).
+
+    python benchmarks/kernel_bench.py                      # every case, writes docs/kernels.md
+    python benchmarks/kernel_bench.py --cases rms_norm apply_rotary --repeats 5 --output /tmp/k.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from machine import describe_machine  # noqa: E402
+from torch import nn  # noqa: E402
+
+from adopter import kernels  # noqa: E402
+from adopter.bench import ModelVariant, benchmark_variants  # noqa: E402
+
+BATCH, TOKENS, WIDTH, HEADS, KV_HEADS, HEAD_DIM, INNER = 2, 512, 768, 12, 4, 64, 2048
+MiB = 1 << 20
+
+
+def _square_loss(*outputs: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The same scalar for both variants: the sum of the outputs' mean squares."""
+    return {"loss": sum(o.float().pow(2).mean() for o in outputs)}
+
+
+def _param(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.randn(*shape))
+
+
+# --------------------------------------------------------------------------------------------
+# The operations, as the model files write them and through the kernels
+
+
+class RMSNormOp(nn.Module):
+    def __init__(self, fused: bool) -> None:
+        super().__init__()
+        self.fused = fused
+        self.x = _param(BATCH, TOKENS, WIDTH)
+        self.weight = nn.Parameter(torch.ones(WIDTH))
+
+    def forward(self, _batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.fused:
+            return _square_loss(kernels.rms_norm(self.x, self.weight, 1e-6))
+        hidden = self.x.to(torch.float32)  # LlamaRMSNorm.forward
+        variance = hidden.pow(2).mean(-1, keepdim=True)
+        hidden = hidden * torch.rsqrt(variance + 1e-6)
+        return _square_loss(self.weight * hidden.to(self.x.dtype))
+
+
+class GatedMLPOp(nn.Module):
+    def __init__(self, fused: bool) -> None:
+        super().__init__()
+        self.fused = fused
+        self.x = _param(BATCH, TOKENS, WIDTH)
+        self.gate_proj = nn.Linear(WIDTH, INNER, bias=False)
+        self.up_proj = nn.Linear(WIDTH, INNER, bias=False)
+        self.down_proj = nn.Linear(INNER, WIDTH, bias=False)
+        self.act_fn = nn.SiLU()
+
+    def forward(self, _batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.fused:
+            out = kernels.gated_mlp(
+                self.x, self.gate_proj, self.up_proj, self.down_proj, self.act_fn
+            )
+        else:  # LlamaMLP.forward
+            out = self.down_proj(self.act_fn(self.gate_proj(self.x)) * self.up_proj(self.x))
+        return _square_loss(out)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def _cos_sin() -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, HEAD_DIM, 2, dtype=torch.float) / HEAD_DIM))
+    freqs = torch.arange(TOKENS, dtype=torch.float)[None, :, None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1).expand(BATCH, -1, -1)
+    return emb.cos(), emb.sin()
+
+
+class RotaryOp(nn.Module):
+    def __init__(self, fused: bool) -> None:
+        super().__init__()
+        self.fused = fused
+        self.q = _param(BATCH, HEADS, TOKENS, HEAD_DIM)
+        self.k = _param(BATCH, KV_HEADS, TOKENS, HEAD_DIM)
+        cos, sin = _cos_sin()
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, _batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.fused:
+            return _square_loss(*kernels.apply_rotary(self.q, self.k, self.cos, self.sin))
+        cos, sin = self.cos.unsqueeze(1), self.sin.unsqueeze(1)  # apply_rotary_pos_emb
+        q_embed = (self.q * cos) + (_rotate_half(self.q) * sin)
+        k_embed = (self.k * cos) + (_rotate_half(self.k) * sin)
+        return _square_loss(q_embed, k_embed)
+
+
+def _repeat_kv(hidden: torch.Tensor, n_rep: int) -> torch.Tensor:
+    batch, kv_heads, length, dim = hidden.shape
+    hidden = hidden[:, :, None, :, :].expand(batch, kv_heads, n_rep, length, dim)
+    return hidden.reshape(batch, kv_heads * n_rep, length, dim)
+
+
+class AttentionOp(nn.Module):
+    def __init__(self, fused: bool) -> None:
+        super().__init__()
+        self.fused = fused
+        self.num_key_value_groups = HEADS // KV_HEADS
+        self.q = _param(BATCH, HEADS, TOKENS, HEAD_DIM)
+        self.k = _param(BATCH, KV_HEADS, TOKENS, HEAD_DIM)
+        self.v = _param(BATCH, KV_HEADS, TOKENS, HEAD_DIM)
+        causal = torch.full((TOKENS, TOKENS), torch.finfo(torch.float32).min).triu(1)
+        self.register_buffer("mask", causal[None, None].expand(BATCH, 1, -1, -1), persistent=False)
+
+    def forward(self, _batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        scaling = HEAD_DIM**-0.5
+        if self.fused:
+            out, _ = kernels.attention_function(self, self.q, self.k, self.v, self.mask, scaling)
+            return _square_loss(out)
+        key = _repeat_kv(self.k, self.num_key_value_groups)  # eager_attention_forward
+        value = _repeat_kv(self.v, self.num_key_value_groups)
+        weights = torch.matmul(self.q, key.transpose(2, 3)) * scaling + self.mask
+        weights = F.softmax(weights, dim=-1, dtype=torch.float32).to(self.q.dtype)
+        weights = F.dropout(weights, p=0.0, training=self.training)
+        out = torch.matmul(weights, value).transpose(1, 2).contiguous()
+        return _square_loss(out)
+
+
+class GroupNormSiLUOp(nn.Module):
+    def __init__(self, fused: bool) -> None:
+        super().__init__()
+        self.fused = fused
+        self.x = _param(BATCH, 320, 32, 32)
+        self.norm1 = nn.GroupNorm(32, 320, eps=1e-5)
+        self.nonlinearity = nn.SiLU()
+
+    def forward(self, _batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.fused:
+            return _square_loss(
+                kernels.group_norm_activation(self.x, self.norm1, self.nonlinearity)
+            )
+        return _square_loss(self.nonlinearity(self.norm1(self.x)))  # ResnetBlock2D
+
+
+class ConvBNActOp(nn.Module):
+    def __init__(self, fused: bool) -> None:
+        super().__init__()
+        self.fused = fused
+        self.x = _param(BATCH, 64, 56, 56)
+        self.conv = nn.Conv2d(64, 64, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(64)
+        self.act = nn.ReLU(inplace=True)
+        with torch.no_grad():
+            self.bn.running_mean.normal_()
+            self.bn.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, _batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.fused:
+            return _square_loss(kernels.conv_bn_act(self.x, self.conv, self.bn, self.act))
+        return _square_loss(self.act(self.bn(self.conv(self.x))))  # ResNet / ConvNormAct
+
+
+def _for_causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab: int) -> torch.Tensor:
+    """transformers 5 ``ForCausalLMLoss`` (mean reduction)."""
+    logits = logits.float()
+    labels = F.pad(labels, (0, 1), value=-100)
+    shift_labels = labels[..., 1:].contiguous()
+    return F.cross_entropy(logits.view(-1, vocab), shift_labels.view(-1), ignore_index=-100)
+
+
+class LinearCrossEntropyOp(nn.Module):
+    def __init__(self, fused: bool, vocab: int) -> None:
+        super().__init__()
+        self.fused = fused
+        self.vocab = vocab
+        self.hidden = _param(BATCH, TOKENS, WIDTH)
+        self.lm_head = nn.Linear(WIDTH, vocab, bias=False)
+
+    def forward(self, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.fused:
+            return {"loss": kernels.causal_lm_loss(self.hidden, self.lm_head, labels, self.vocab)}
+        logits = self.lm_head(self.hidden)
+        return {"loss": _for_causal_lm_loss(logits, labels, self.vocab)}
+
+
+# --------------------------------------------------------------------------------------------
+# Cases
+
+
+def _build(op: Callable[[bool], nn.Module], fused: bool, labels_vocab: int | None) -> Any:
+    torch.manual_seed(0)
+    module = op(fused)
+    if labels_vocab is None:
+        return module, (torch.zeros(BATCH),)
+    labels = torch.randint(0, labels_vocab, (BATCH, TOKENS))
+    return module, (labels,)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    sizes: str
+    op: Callable[[bool], nn.Module]
+    labels_vocab: int | None = None
+
+    def variants(self) -> list[ModelVariant]:
+        return [
+            ModelVariant(label, functools.partial(_build, self.op, fused, self.labels_vocab))
+            for label, fused in (("original", False), ("kernel", True))
+        ]
+
+
+def _ce(vocab: int) -> Callable[[bool], nn.Module]:
+    return functools.partial(LinearCrossEntropyOp, vocab=vocab)
+
+
+CASES = {
+    case.name: case
+    for case in (
+        Case("rms_norm", f"x {BATCH}x{TOKENS}x{WIDTH}", RMSNormOp),
+        Case("gated_mlp", f"x {BATCH}x{TOKENS}x{WIDTH}, inner {INNER}, SiLU", GatedMLPOp),
+        Case(
+            "apply_rotary", f"q {BATCH}x{HEADS}x{TOKENS}x{HEAD_DIM}, k {KV_HEADS} heads", RotaryOp
+        ),
+        Case(
+            "attention_function",
+            f"q {BATCH}x{HEADS}x{TOKENS}x{HEAD_DIM}, {KV_HEADS} kv heads, causal mask",
+            AttentionOp,
+        ),
+        Case("group_norm_activation", f"x {BATCH}x320x32x32, 32 groups, SiLU", GroupNormSiLUOp),
+        Case("conv_bn_act", f"x {BATCH}x64x56x56, conv 3x3 64->64, BN, ReLU", ConvBNActOp),
+        Case(
+            "causal_lm_loss_32k",
+            f"hidden {BATCH}x{TOKENS}x{WIDTH}, vocab 32000",
+            _ce(32000),
+            32000,
+        ),
+        Case(
+            "causal_lm_loss_128k",
+            f"hidden {BATCH}x{TOKENS}x{WIDTH}, vocab 128256",
+            _ce(128256),
+            128256,
+        ),
+    )
+}
+
+
+def run_case(case: Case, repeats: int, warmup: int) -> dict[str, Any]:
+    started = time.perf_counter()
+    result = benchmark_variants(
+        case.variants(),
+        baseline="original",
+        warmup=warmup,
+        repeats=repeats,
+        threads=1,
+        memory="profiler",
+        optimizer="sgd",
+    )
+    rows = {}
+    for mode in result.modes:
+        original = result.variants["original"][mode]
+        kernel = result.variants["kernel"][mode]
+        if original.error or kernel.error:
+            rows[mode] = {"error": original.error or kernel.error}
+            continue
+        rows[mode] = {
+            "original_s": original.timing.median_s,
+            "kernel_s": kernel.timing.median_s,
+            "speedup": kernel.speedup.ratio,
+            "ci": [kernel.speedup.ci_low, kernel.speedup.ci_high],
+            "original_peak_bytes": original.memory.peak_bytes if original.memory else None,
+            "kernel_peak_bytes": kernel.memory.peak_bytes if kernel.memory else None,
+        }
+    return {"sizes": case.sizes, "modes": rows, "seconds": time.perf_counter() - started}
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f}" if seconds < 10 else f"{seconds * 1e3:.0f}"
+
+
+def _memory(original: int | None, kernel: int | None) -> tuple[str, str, str]:
+    if original is None or kernel is None:
+        return "-", "-", "-"
+    change = "-" if original == 0 else f"{(kernel / original - 1) * 100:+.0f}%"
+    return f"{original / MiB:.1f}", f"{kernel / MiB:.1f}", change
+
+
+def render(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
+    lines = [
+        "# Modern kernels, operation by operation",
+        "",
+        "Each operation as the model files write it (original) beside the `adopter.kernels` call",
+        "(kernel), at the sizes of issue 14, float32, one torch thread. *train*: forward, backward",
+        "and an SGD step with every input gradient (the operation's inputs are parameters);",
+        "*inference*: forward under `no_grad`. Time: median of interleaved rounds; speedup =",
+        "original / kernel with a 95% paired-bootstrap interval. Memory: peak of one step's live",
+        "tensors above the level before the step (profiler allocation events): activations kept",
+        "for backward, gradients, temporaries.",
+        "",
+        f"Command: `{meta['command']}`",
+        "",
+        f"Machine: {meta['machine']}; torch {meta['torch']}. Load average (1 min) before / after",
+        f"the run: {meta['load_before']:.1f} / {meta['load_after']:.1f} on {meta['cores']} cores"
+        + (
+            " - the machine was shared with other jobs, so times carry that noise (the"
+            " interleaving puts it on both sides of each ratio)."
+            if max(meta["load_before"], meta["load_after"]) > 1.5
+            else "."
+        ),
+        f"Rounds: {meta['repeats']} timed after {meta['warmup']} warm-up per variant and mode.",
+        "",
+        "| operation | sizes | mode | original ms | kernel ms | speedup [95% CI] |"
+        " original peak MiB | kernel peak MiB | memory |",
+        "|---|---|---|---:|---:|---|---:|---:|---:|",
+    ]
+    for name, result in results.items():
+        for mode, row in result["modes"].items():
+            if "error" in row:
+                lines.append(f"| {name} | {result['sizes']} | {mode} | error: {row['error']} |||||")
+                continue
+            low, high = row["ci"]
+            mem = _memory(row["original_peak_bytes"], row["kernel_peak_bytes"])
+            lines.append(
+                f"| `{name}` | {result['sizes']} | {mode} | {_ms(row['original_s'])} |"
+                f" {_ms(row['kernel_s'])} | {row['speedup']:.2f}x [{low:.2f}, {high:.2f}] |"
+                f" {mem[0]} | {mem[1]} | {mem[2]} |"
+            )
+    lines += ["", *meta.get("notes", []), ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument(
+        "--large-repeats",
+        type=int,
+        default=5,
+        help="rounds for the vocab-128,256 case (one training step takes seconds)",
+    )
+    parser.add_argument("--output", type=Path, default=ROOT / "docs" / "kernels.md")
+    parser.add_argument("--json", type=Path, default=None, help="also write the raw figures")
+    args = parser.parse_args(argv)
+
+    load_before = os.getloadavg()[0]
+    results = {}
+    for name in args.cases:
+        repeats = args.large_repeats if name.endswith("128k") else args.repeats
+        print(f"{name} ...", flush=True)
+        results[name] = run_case(CASES[name], repeats, args.warmup)
+        print(json.dumps(results[name]["modes"], indent=1), flush=True)
+    command = "python benchmarks/kernel_bench.py" + (
+        "" if argv is None and len(sys.argv) == 1 else " " + " ".join(sys.argv[1:])
+    )
+    meta = {
+        "command": command,
+        "machine": describe_machine(),
+        "torch": torch.__version__,
+        "cores": os.cpu_count(),
+        "load_before": load_before,
+        "load_after": os.getloadavg()[0],
+        "repeats": f"{args.repeats} ({args.large_repeats} for vocab 128,256)",
+        "warmup": args.warmup,
+    }
+    args.output.write_text(render(results, meta))
+    if args.json is not None:
+        args.json.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    print(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
