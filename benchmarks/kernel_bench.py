@@ -42,9 +42,19 @@ BATCH, TOKENS, WIDTH, HEADS, KV_HEADS, HEAD_DIM, INNER = 2, 512, 768, 12, 4, 64,
 MiB = 1 << 20
 
 
-def _square_loss(*outputs: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The same scalar for both variants: the sum of the outputs' mean squares."""
-    return {"loss": sum(o.float().pow(2).mean() for o in outputs)}
+class Op(nn.Module):
+    """An operation whose training step backpropagates the sum of its outputs' mean squares
+    (the same scalar for both variants); inference returns the outputs as they are, so that
+    its memory is the operation's own."""
+
+    def __init__(self, fused: bool) -> None:
+        super().__init__()
+        self.fused = fused
+
+    def finish(self, *outputs: torch.Tensor) -> Any:
+        if not self.training:
+            return outputs
+        return {"loss": sum(o.float().pow(2).mean() for o in outputs)}
 
 
 def _param(*shape: int) -> nn.Parameter:
@@ -55,40 +65,38 @@ def _param(*shape: int) -> nn.Parameter:
 # The operations, as the model files write them and through the kernels
 
 
-class RMSNormOp(nn.Module):
+class RMSNormOp(Op):
     def __init__(self, fused: bool) -> None:
-        super().__init__()
-        self.fused = fused
+        super().__init__(fused)
         self.x = _param(BATCH, TOKENS, WIDTH)
         self.weight = nn.Parameter(torch.ones(WIDTH))
 
-    def forward(self, _batch: torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward(self, _batch: torch.Tensor) -> Any:
         if self.fused:
-            return _square_loss(kernels.rms_norm(self.x, self.weight, 1e-6))
+            return self.finish(kernels.rms_norm(self.x, self.weight, 1e-6))
         hidden = self.x.to(torch.float32)  # LlamaRMSNorm.forward
         variance = hidden.pow(2).mean(-1, keepdim=True)
         hidden = hidden * torch.rsqrt(variance + 1e-6)
-        return _square_loss(self.weight * hidden.to(self.x.dtype))
+        return self.finish(self.weight * hidden.to(self.x.dtype))
 
 
-class GatedMLPOp(nn.Module):
+class GatedMLPOp(Op):
     def __init__(self, fused: bool) -> None:
-        super().__init__()
-        self.fused = fused
+        super().__init__(fused)
         self.x = _param(BATCH, TOKENS, WIDTH)
         self.gate_proj = nn.Linear(WIDTH, INNER, bias=False)
         self.up_proj = nn.Linear(WIDTH, INNER, bias=False)
         self.down_proj = nn.Linear(INNER, WIDTH, bias=False)
         self.act_fn = nn.SiLU()
 
-    def forward(self, _batch: torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward(self, _batch: torch.Tensor) -> Any:
         if self.fused:
             out = kernels.gated_mlp(
                 self.x, self.gate_proj, self.up_proj, self.down_proj, self.act_fn
             )
         else:  # LlamaMLP.forward
             out = self.down_proj(self.act_fn(self.gate_proj(self.x)) * self.up_proj(self.x))
-        return _square_loss(out)
+        return self.finish(out)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -104,23 +112,22 @@ def _cos_sin() -> tuple[torch.Tensor, torch.Tensor]:
     return emb.cos(), emb.sin()
 
 
-class RotaryOp(nn.Module):
+class RotaryOp(Op):
     def __init__(self, fused: bool) -> None:
-        super().__init__()
-        self.fused = fused
+        super().__init__(fused)
         self.q = _param(BATCH, HEADS, TOKENS, HEAD_DIM)
         self.k = _param(BATCH, KV_HEADS, TOKENS, HEAD_DIM)
         cos, sin = _cos_sin()
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
 
-    def forward(self, _batch: torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward(self, _batch: torch.Tensor) -> Any:
         if self.fused:
-            return _square_loss(*kernels.apply_rotary(self.q, self.k, self.cos, self.sin))
+            return self.finish(*kernels.apply_rotary(self.q, self.k, self.cos, self.sin))
         cos, sin = self.cos.unsqueeze(1), self.sin.unsqueeze(1)  # apply_rotary_pos_emb
         q_embed = (self.q * cos) + (_rotate_half(self.q) * sin)
         k_embed = (self.k * cos) + (_rotate_half(self.k) * sin)
-        return _square_loss(q_embed, k_embed)
+        return self.finish(q_embed, k_embed)
 
 
 def _repeat_kv(hidden: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -129,10 +136,9 @@ def _repeat_kv(hidden: torch.Tensor, n_rep: int) -> torch.Tensor:
     return hidden.reshape(batch, kv_heads * n_rep, length, dim)
 
 
-class AttentionOp(nn.Module):
+class AttentionOp(Op):
     def __init__(self, fused: bool) -> None:
-        super().__init__()
-        self.fused = fused
+        super().__init__(fused)
         self.num_key_value_groups = HEADS // KV_HEADS
         self.q = _param(BATCH, HEADS, TOKENS, HEAD_DIM)
         self.k = _param(BATCH, KV_HEADS, TOKENS, HEAD_DIM)
@@ -140,40 +146,36 @@ class AttentionOp(nn.Module):
         causal = torch.full((TOKENS, TOKENS), torch.finfo(torch.float32).min).triu(1)
         self.register_buffer("mask", causal[None, None].expand(BATCH, 1, -1, -1), persistent=False)
 
-    def forward(self, _batch: torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward(self, _batch: torch.Tensor) -> Any:
         scaling = HEAD_DIM**-0.5
         if self.fused:
             out, _ = kernels.attention_function(self, self.q, self.k, self.v, self.mask, scaling)
-            return _square_loss(out)
+            return self.finish(out)
         key = _repeat_kv(self.k, self.num_key_value_groups)  # eager_attention_forward
         value = _repeat_kv(self.v, self.num_key_value_groups)
         weights = torch.matmul(self.q, key.transpose(2, 3)) * scaling + self.mask
         weights = F.softmax(weights, dim=-1, dtype=torch.float32).to(self.q.dtype)
         weights = F.dropout(weights, p=0.0, training=self.training)
         out = torch.matmul(weights, value).transpose(1, 2).contiguous()
-        return _square_loss(out)
+        return self.finish(out)
 
 
-class GroupNormSiLUOp(nn.Module):
+class GroupNormSiLUOp(Op):
     def __init__(self, fused: bool) -> None:
-        super().__init__()
-        self.fused = fused
+        super().__init__(fused)
         self.x = _param(BATCH, 320, 32, 32)
         self.norm1 = nn.GroupNorm(32, 320, eps=1e-5)
         self.nonlinearity = nn.SiLU()
 
-    def forward(self, _batch: torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward(self, _batch: torch.Tensor) -> Any:
         if self.fused:
-            return _square_loss(
-                kernels.group_norm_activation(self.x, self.norm1, self.nonlinearity)
-            )
-        return _square_loss(self.nonlinearity(self.norm1(self.x)))  # ResnetBlock2D
+            return self.finish(kernels.group_norm_activation(self.x, self.norm1, self.nonlinearity))
+        return self.finish(self.nonlinearity(self.norm1(self.x)))  # ResnetBlock2D
 
 
-class ConvBNActOp(nn.Module):
+class ConvBNActOp(Op):
     def __init__(self, fused: bool) -> None:
-        super().__init__()
-        self.fused = fused
+        super().__init__(fused)
         self.x = _param(BATCH, 64, 56, 56)
         self.conv = nn.Conv2d(64, 64, 3, padding=1, bias=False)
         self.bn = nn.BatchNorm2d(64)
@@ -182,10 +184,10 @@ class ConvBNActOp(nn.Module):
             self.bn.running_mean.normal_()
             self.bn.running_var.uniform_(0.5, 2.0)
 
-    def forward(self, _batch: torch.Tensor) -> dict[str, torch.Tensor]:
+    def forward(self, _batch: torch.Tensor) -> Any:
         if self.fused:
-            return _square_loss(kernels.conv_bn_act(self.x, self.conv, self.bn, self.act))
-        return _square_loss(self.act(self.bn(self.conv(self.x))))  # ResNet / ConvNormAct
+            return self.finish(kernels.conv_bn_act(self.x, self.conv, self.bn, self.act))
+        return self.finish(self.act(self.bn(self.conv(self.x))))  # ResNet / ConvNormAct
 
 
 def _for_causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -230,6 +232,8 @@ class Case:
     sizes: str
     op: Callable[[bool], nn.Module]
     labels_vocab: int | None = None
+    number: int = 1  # steps per timed sample: enough that one sample outlasts scheduler noise
+    note: str = ""
 
     def variants(self) -> list[ModelVariant]:
         return [
@@ -245,29 +249,67 @@ def _ce(vocab: int) -> Callable[[bool], nn.Module]:
 CASES = {
     case.name: case
     for case in (
-        Case("rms_norm", f"x {BATCH}x{TOKENS}x{WIDTH}", RMSNormOp),
-        Case("gated_mlp", f"x {BATCH}x{TOKENS}x{WIDTH}, inner {INNER}, SiLU", GatedMLPOp),
         Case(
-            "apply_rotary", f"q {BATCH}x{HEADS}x{TOKENS}x{HEAD_DIM}, k {KV_HEADS} heads", RotaryOp
+            "rms_norm",
+            f"x {BATCH}x{TOKENS}x{WIDTH}",
+            RMSNormOp,
+            number=10,
+            note="keeps the input and one inverse RMS per row instead of the input and the"
+            " normalised activation",
+        ),
+        Case(
+            "gated_mlp",
+            f"x {BATCH}x{TOKENS}x{WIDTH}, inner {INNER}, SiLU",
+            GatedMLPOp,
+            number=2,
+            note="keeps gate and up (2 intermediate tensors) instead of gate, act(gate), up and"
+            " the product (4); the step's peak is in backward, where both hold about as many"
+            " temporaries, so a model of many layers gains more than this single layer shows",
+        ),
+        Case(
+            "apply_rotary",
+            f"q {BATCH}x{HEADS}x{TOKENS}x{HEAD_DIM}, k {KV_HEADS} heads",
+            RotaryOp,
+            number=10,
+            note="the original keeps only cos/sin for backward too; the gain is the rotate_half"
+            " temporaries (inference) and fewer passes",
         ),
         Case(
             "attention_function",
             f"q {BATCH}x{HEADS}x{TOKENS}x{HEAD_DIM}, {KV_HEADS} kv heads, causal mask",
             AttentionOp,
+            number=2,
+            note="SDPA's flash kernel never materialises the 12x512x512 scores and probabilities",
         ),
-        Case("group_norm_activation", f"x {BATCH}x320x32x32, 32 groups, SiLU", GroupNormSiLUOp),
-        Case("conv_bn_act", f"x {BATCH}x64x56x56, conv 3x3 64->64, BN, ReLU", ConvBNActOp),
+        Case(
+            "group_norm_activation",
+            f"x {BATCH}x320x32x32, 32 groups, SiLU",
+            GroupNormSiLUOp,
+            number=10,
+            note="inference: SiLU in place on the group-norm output; training runs the original",
+        ),
+        Case(
+            "conv_bn_act",
+            f"x {BATCH}x64x56x56, conv 3x3 64->64, BN, ReLU",
+            ConvBNActOp,
+            number=10,
+            note="inference: BatchNorm folded into the convolution (cached), ReLU in place;"
+            " training runs the original",
+        ),
         Case(
             "causal_lm_loss_32k",
             f"hidden {BATCH}x{TOKENS}x{WIDTH}, vocab 32000",
             _ce(32000),
             32000,
+            note="the train peak is the weight gradient (94 MiB, needed by any implementation)"
+            " plus one 32 MiB chunk of logits",
         ),
         Case(
             "causal_lm_loss_128k",
             f"hidden {BATCH}x{TOKENS}x{WIDTH}, vocab 128256",
             _ce(128256),
             128256,
+            note="the train peak is the weight gradient (376 MiB) plus one 32 MiB chunk of logits",
         ),
     )
 }
@@ -280,6 +322,7 @@ def run_case(case: Case, repeats: int, warmup: int) -> dict[str, Any]:
         baseline="original",
         warmup=warmup,
         repeats=repeats,
+        number=case.number,
         threads=1,
         memory="profiler",
         optimizer="sgd",
@@ -299,7 +342,13 @@ def run_case(case: Case, repeats: int, warmup: int) -> dict[str, Any]:
             "original_peak_bytes": original.memory.peak_bytes if original.memory else None,
             "kernel_peak_bytes": kernel.memory.peak_bytes if kernel.memory else None,
         }
-    return {"sizes": case.sizes, "modes": rows, "seconds": time.perf_counter() - started}
+    return {
+        "sizes": case.sizes,
+        "note": case.note,
+        "number": case.number,
+        "modes": rows,
+        "seconds": time.perf_counter() - started,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -357,7 +406,11 @@ def render(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
                 f" {_ms(row['kernel_s'])} | {row['speedup']:.2f}x [{low:.2f}, {high:.2f}] |"
                 f" {mem[0]} | {mem[1]} | {mem[2]} |"
             )
-    lines += ["", *meta.get("notes", []), ""]
+    lines += ["", "What each kernel changes:", ""]
+    for name, result in results.items():
+        if result.get("note"):
+            lines.append(f"* `{name}`: {result['note']}.")
+    lines.append("")
     return "\n".join(lines)
 
 
@@ -374,7 +427,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "kernels.md")
     parser.add_argument("--json", type=Path, default=None, help="also write the raw figures")
+    parser.add_argument(
+        "--render", type=Path, default=None, help="only render the report from a --json file"
+    )
     args = parser.parse_args(argv)
+    if args.render is not None:
+        saved = json.loads(args.render.read_text())
+        args.output.write_text(render(saved["results"], saved["meta"]))
+        print(f"wrote {args.output}")
+        return 0
 
     load_before = os.getloadavg()[0]
     results = {}
