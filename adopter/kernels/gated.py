@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import _triton_modern
 from ._activations import resolve_activation
 from ._trace import tracing
 from ._util import grad_needed, has_hooks, is_plain, plain_tensors
@@ -126,27 +127,63 @@ def _transformers_class(act: object, *names: str) -> bool:
     return cls.__name__ in names and (cls.__module__ or "").startswith("transformers")
 
 
+def _native_name(act: object) -> str | None:
+    """``"silu"``, ``"relu"``, ``"gelu"`` or ``"gelu_tanh"`` for activations that are exactly
+    that one native op (so its ATen backward is autograd's), else ``None``."""
+    if act is F.silu or type(act) is nn.SiLU or _transformers_class(act, "SiLUActivation"):
+        return "silu"
+    if act is F.relu or act is torch.relu or type(act) is nn.ReLU:
+        return "relu"
+    if act is F.gelu:
+        return "gelu"
+    if type(act) is nn.GELU:
+        return "gelu_tanh" if act.approximate == "tanh" else "gelu"
+    if _pure_gelu_partial(act):
+        tanh = act.keywords.get("approximate", "none") == "tanh"  # type: ignore[union-attr]
+        return "gelu_tanh" if tanh else "gelu"
+    inner = getattr(act, "act", None)
+    if _transformers_class(act, "GELUActivation") and inner is F.gelu:
+        return "gelu"
+    if _transformers_class(act, "GELUTanh", "PytorchGELUTanh"):
+        if inner is None or _pure_gelu_partial(inner):
+            return "gelu_tanh"  # 4.34's class calls F.gelu(approximate="tanh") itself
+    return None
+
+
+_DERIVATIVES: dict[str, Derivative] = {
+    "silu": _silu_grad,
+    "relu": _relu_grad,
+    "gelu": _gelu_grad("none"),
+    "gelu_tanh": _gelu_grad("tanh"),
+}
+
+
 def _derivative(act: object) -> Derivative | None:
     """The ATen backward autograd runs for ``act`` (called with ``(grad, input)``), for
     activations that are exactly one native op; ``None`` for the others, whose gradient
     autograd takes from a recomputation."""
-    if act is F.silu or type(act) is nn.SiLU or _transformers_class(act, "SiLUActivation"):
-        return _silu_grad
-    if act is F.relu or act is torch.relu or type(act) is nn.ReLU:
-        return _relu_grad
-    if act is F.gelu:
-        return _gelu_grad("none")
-    if type(act) is nn.GELU:
-        return _gelu_grad(act.approximate)
-    if _pure_gelu_partial(act):
-        return _gelu_grad(act.keywords.get("approximate", "none"))  # type: ignore[union-attr]
-    inner = getattr(act, "act", None)
-    if _transformers_class(act, "GELUActivation") and inner is F.gelu:
-        return _gelu_grad("none")
-    if _transformers_class(act, "GELUTanh", "PytorchGELUTanh"):
-        if inner is None or _pure_gelu_partial(inner):
-            return _gelu_grad("tanh")  # 4.34's class calls F.gelu(approximate="tanh") itself
-    return None
+    name = _native_name(act)
+    return None if name is None else _DERIVATIVES[name]
+
+
+def _triton_name(act: object, gate: torch.Tensor, up: torch.Tensor) -> str | None:
+    """The Triton kernel's activation for this call, or ``None`` (CPU, unknown, layout)."""
+    name = _native_name(act)
+    if name is None or not _triton_modern.usable(gate):
+        return None
+    return name if _triton_modern.gate_supported(gate, up) else None
+
+
+def _gated_forward(act: Activation, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``act(gate) * up``: one Triton kernel on CUDA, else the activation and an in-place
+    product."""
+    name = _triton_name(act, gate, up)
+    if name is not None:
+        try:
+            return _triton_modern.gate_forward(gate, up, name)
+        except Exception as exc:  # a Triton problem must not break the model
+            _triton_modern.failed(exc)
+    return _product(act(gate), gate, up)
 
 
 def _product(activated: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -175,6 +212,15 @@ def _backward(
     recomputed activation, ``grad_h`` and one gradient.
     """
     want_gate, want_up = wants
+    name = _triton_name(act, gate, up)
+    if name is not None:
+        try:
+            if with_hidden is not None:
+                with_hidden(_triton_modern.gate_forward(gate, up, name))
+            grad_gate, grad_up = _triton_modern.gate_backward(grad_h, gate, up, name)
+            return (grad_gate if want_gate else None), (grad_up if want_up else None)
+        except Exception as exc:  # a Triton problem must not break the model
+            _triton_modern.failed(exc)
     derivative = _derivative(act)
     leaf = None
     if derivative is None and want_gate:
@@ -204,7 +250,7 @@ class _GatedProduct(torch.autograd.Function):
     def forward(ctx: Any, gate: torch.Tensor, up: torch.Tensor, act: Activation) -> torch.Tensor:
         ctx.act = act
         ctx.save_for_backward(gate, up)
-        return _product(act(gate), gate, up)
+        return _gated_forward(act, gate, up)
 
     @staticmethod
     def backward(ctx: Any, grad_h: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -257,7 +303,7 @@ class _GatedDown(torch.autograd.Function):
         ctx.act = act
         ctx.has_bias = bias is not None
         ctx.save_for_backward(gate, up, weight)
-        hidden = _product(act(gate), gate, up)
+        hidden = _gated_forward(act, gate, up)
         return F.linear(hidden, weight, bias)
 
     @staticmethod
@@ -301,7 +347,7 @@ def gated_activation(gate: torch.Tensor, up: torch.Tensor, act: object) -> torch
     if not _pair_handled(gate, up):
         return act(gate) * up  # type: ignore[operator]
     if not grad_needed(gate, up):
-        return _product(fn(gate), gate, up)
+        return _gated_forward(fn, gate, up)
     return _GatedProduct.apply(gate, up, fn)
 
 
@@ -371,7 +417,8 @@ def gated_mlp(
     fn = pure_activation(act)
     if fn is None:
         return down_proj(act(gate) * up_proj(x))  # type: ignore[operator]
-    if not (isinstance(gate, torch.Tensor) and grad_needed(gate)):
+    inference = not (isinstance(gate, torch.Tensor) and grad_needed(gate))
+    if inference and not (_native_name(act) is not None and _triton_modern.usable(gate)):
         # Inference: the original's order (the gate's activation before the up projection),
         # so that the gate output is freed first; the product reuses the activation buffer.
         activated = fn(gate)
@@ -384,6 +431,6 @@ def gated_mlp(
     up = up_proj(x)
     if not _pair_handled(gate, up):
         return down_proj(act(gate) * up)  # type: ignore[operator]
-    if _down_fusable(down_proj, gate):
+    if not inference and _down_fusable(down_proj, gate):
         return _GatedDown.apply(gate, up, down_proj.weight, down_proj.bias, fn)  # type: ignore[union-attr]
     return down_proj(gated_activation(gate, up, fn))

@@ -29,6 +29,9 @@ multiplied in. ``weight=None`` normalises without a scale (``n.to(dt)`` for the 
 spellings). ``"after_weight"`` multiplies in float32, as Gemma's ``weight.float()`` does; OLMo's
 ``(weight * n)`` is the same for every weight of at most 32 bits.
 
+On CUDA with Triton the forward and backward are one Triton kernel each
+(:mod:`adopter.kernels._triton_modern`; not for ``"weight_dtype"``), equal to float rounding.
+
 Falls back to the original composite code (:func:`rms_norm_reference`) under ``torch.jit`` /
 ``torch.fx`` tracing, for tensor subclasses, non-floating inputs, a weight whose shape is not
 ``(x.shape[-1],)`` or that lives elsewhere, empty inputs, and a weight or input of float64
@@ -41,6 +44,7 @@ from typing import Any
 
 import torch
 
+from . import _triton_modern
 from ._trace import tracing
 from ._util import grad_needed, plain_tensors
 
@@ -189,6 +193,40 @@ class _RMSNormFunction(torch.autograd.Function):
         return grad_x, grad_w, None, None, None
 
 
+class _TritonRMSNorm(torch.autograd.Function):
+    """The CUDA path: :mod:`adopter.kernels._triton_modern` forward and backward."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, cast: str
+    ) -> torch.Tensor:
+        out, inv = _triton_modern.rms_forward(x, weight, eps, offset, cast)
+        ctx.offset, ctx.cast = offset, cast
+        ctx.save_for_backward(x, inv, weight)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, inv, weight = ctx.saved_tensors
+        grad_x, grad_w = _triton_modern.rms_backward(grad_out, x, weight, inv, ctx.offset, ctx.cast)
+        wants = ctx.needs_input_grad
+        return (grad_x if wants[0] else None), (grad_w if wants[1] else None), None, None, None
+
+
+def _triton(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, cast: str
+) -> torch.Tensor | None:
+    if not (_triton_modern.usable(x) and _triton_modern.rms_supported(x, weight, cast)):
+        return None
+    try:
+        if grad_needed(x, weight):
+            return _TritonRMSNorm.apply(x, weight, eps, offset, cast)
+        return _triton_modern.rms_forward(x, weight, eps, offset, cast)[0]
+    except Exception as exc:  # a Triton problem must not break the model
+        _triton_modern.failed(exc)
+        return None
+
+
 def _handled(x: Any, weight: Any, cast: str) -> bool:
     if not isinstance(x, torch.Tensor) or not plain_tensors(x, weight):
         return False
@@ -228,6 +266,9 @@ def rms_norm(
     if tracing(x, weight) or not _handled(x, weight, cast):
         return rms_norm_reference(x, weight, eps, offset=offset, cast=cast)
     eps, offset = float(eps), float(offset)
+    fast = _triton(x, weight, eps, offset, cast)
+    if fast is not None:
+        return fast
     if not grad_needed(x, weight):
         return _forward(x, weight, eps, offset, cast)[0]
     return _RMSNormFunction.apply(x, weight, eps, offset, cast)

@@ -32,6 +32,9 @@ spelling without the split) ``cos`` must be as wide as the head.
 ``upcast=True`` (Cohere, diffusers) computes in float32 (``x.float()``) and casts the result
 back to ``x``'s dtype; otherwise the result has the dtype ``x * cos`` has.
 
+On CUDA with Triton each direction is one Triton kernel (:mod:`adopter.kernels._triton_modern`,
+float32 arithmetic, equal to float rounding).
+
 Falls back to the original composite code under ``torch.jit`` / ``torch.fx`` tracing, when
 ``cos``/``sin`` need a gradient, for shapes where ``cos`` would broadcast ``x`` to a larger
 shape, odd rotary widths, tensor subclasses, non-floating inputs and (complex form) ``freqs_cis``
@@ -45,6 +48,7 @@ from typing import Any
 
 import torch
 
+from . import _triton_modern
 from ._trace import tracing
 from ._util import grad_needed, plain_tensors
 
@@ -183,7 +187,44 @@ class _Rotary(torch.autograd.Function):
         return grad_x, None, None, None
 
 
+def _triton_rotate(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    plan: _Plan,
+    inverse: bool,
+    out: torch.dtype,
+) -> torch.Tensor:
+    return _triton_modern.rotary(
+        x.contiguous(), cos, sin, plan.width, plan.interleaved, plan.per_pair_angles, inverse, out
+    )
+
+
+class _TritonRotary(torch.autograd.Function):
+    """The CUDA path: one Triton kernel per direction (:mod:`adopter.kernels._triton_modern`)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: _Plan
+    ) -> torch.Tensor:
+        ctx.plan, ctx.input_dtype = plan, x.dtype
+        ctx.save_for_backward(cos, sin)
+        return _triton_rotate(x, cos, sin, plan, False, plan.output)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        cos, sin = ctx.saved_tensors
+        return _triton_rotate(grad, cos, sin, ctx.plan, True, ctx.input_dtype), None, None, None
+
+
 def _run(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: _Plan) -> torch.Tensor:
+    if _triton_modern.usable(x) and _triton_modern.rotary_supported(x, cos, plan.output):
+        try:
+            if grad_needed(x):
+                return _TritonRotary.apply(x, cos, sin, plan)
+            return _triton_rotate(x, cos, sin, plan, False, plan.output)
+        except Exception as exc:  # a Triton problem must not break the model
+            _triton_modern.failed(exc)
     if grad_needed(x):
         return _Rotary.apply(x, cos, sin, plan)
     return _rotate(x, cos, sin, plan, inverse=False, out_dtype=plan.output)
