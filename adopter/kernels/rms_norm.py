@@ -189,7 +189,12 @@ class _RMSNormFunction(torch.autograd.Function):
             # dL/dx = inv * g - x * inv^3 * mean(g * x): the variance path folded in.
             coeff = (grad_n * x32).mean(-1, keepdim=True).mul_(inv.pow(3))
             grad_x32 = grad_n.mul_(inv) if grad_n is not grad_out else grad_n * inv
-            grad_x = grad_x32.sub_(x32 * coeff).to(x.dtype)
+            if ctx.cast == "weight_dtype" and x.dtype != torch.float32:
+                # T5 multiplies the half-precision input itself, so autograd rounds the direct
+                # and the variance contributions to x's dtype separately and adds them there.
+                grad_x = grad_x32.to(x.dtype) - (x32 * coeff).to(x.dtype)
+            else:
+                grad_x = grad_x32.sub_(x32 * coeff).to(x.dtype)
         return grad_x, grad_w, None, None, None
 
 
