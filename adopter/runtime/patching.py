@@ -151,9 +151,12 @@ def patch_module(module: ModuleType, options: RuntimeOptions) -> ModuleOutcome:
     with _LOCK:
         current = _PATCHED.get(name)
         if current is not None:
-            if current.module is module and current.fingerprint == options.fingerprint:
+            if not current.applied.in_effect():  # reloaded: its functions are new ones
+                del _PATCHED[name]
+            elif current.module is module and current.fingerprint == options.fingerprint:
                 return ModuleOutcome(name, "already patched", current.outcome.sites)
-            _restore(name)
+            else:
+                _restore(name)
         file = _source_file(module)
         if file is None:
             return ModuleOutcome(name, "unchanged", reason="no Python source file")
@@ -265,7 +268,7 @@ def _model_modules(model: Any) -> list[ModuleType]:
     for child in model.modules():
         for cls in type(child).__mro__:
             name = cls.__module__ or ""
-            if name.split(".")[0] not in _SKIP_MODULES and name != "__main__":
+            if name.split(".")[0] not in _SKIP_MODULES:
                 names[name] = None
     return [sys.modules[n] for n in names if isinstance(sys.modules.get(n), ModuleType)]
 

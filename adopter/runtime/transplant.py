@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -242,8 +243,9 @@ def _compile_changed(
 @dataclass
 class _Swap:
     function: FunctionType
-    code: CodeType
+    code: CodeType  # the original
     kwdefaults: dict[str, Any] | None
+    change: ChangedFunction
 
 
 @dataclass
@@ -251,8 +253,18 @@ class AppliedTransplant:
     """A transplant in effect in one module; :meth:`undo` restores the original exactly."""
 
     module: ModuleType
+    filename: str
     swaps: list[_Swap] = field(default_factory=list)
     injected: dict[str, object] = field(default_factory=dict)  # name -> previous value
+
+    def in_effect(self) -> bool:
+        """Whether the module still runs the swapped functions (``importlib.reload`` executes
+        the original source again and makes new ones)."""
+        for swap in self.swaps:
+            live = find_functions(self.module, swap.change, self.filename)
+            if swap.function.__code__ is not swap.change.code or swap.function not in live:
+                return False
+        return True
 
     def undo(self) -> None:
         for swap in reversed(self.swaps):
@@ -267,13 +279,23 @@ class AppliedTransplant:
         self.swaps, self.injected = [], {}
 
 
+def _own_attribute(item: object, name: str) -> object:
+    """An attribute from the object's own ``__dict__``: never runs a ``__getattr__`` (lazy
+    modules import on attribute access, and model globals can be anything)."""
+    try:
+        own = object.__getattribute__(item, "__dict__")
+    except AttributeError:
+        return None
+    return own.get(name) if isinstance(own, dict) else None
+
+
 def _candidates(value: object) -> Iterator[object]:
     """``value`` and the functions it wraps (methods, properties, ``functools.wraps``)."""
     seen: set[int] = set()
     pending = [value]
     while pending:
         item = pending.pop()
-        if item is None or id(item) in seen:
+        if item is None or id(item) in seen or isinstance(item, (ModuleType, type)):
             continue
         seen.add(id(item))
         yield item
@@ -281,10 +303,11 @@ def _candidates(value: object) -> Iterator[object]:
             pending.append(item.__func__)
         elif isinstance(item, property):
             pending.extend([item.fget, item.fset, item.fdel])
-        for attribute in ("__wrapped__", "func"):
-            inner = getattr(item, attribute, None) if not isinstance(item, type) else None
-            if inner is not None:
-                pending.append(inner)
+        elif isinstance(item, (functools.partial, functools.partialmethod)):
+            pending.append(item.func)
+        elif isinstance(item, functools.cached_property):
+            pending.append(item.func)
+        pending.append(_own_attribute(item, "__wrapped__"))
 
 
 def _same_file(code: CodeType, filename: str) -> bool:
@@ -330,21 +353,26 @@ def apply_transplant(
             if function.__code__.co_freevars != change.code.co_freevars:
                 raise Unpatchable(f"the rewrite changes the closure of {change.label}")
             planned.append((function, change))
-    applied = AppliedTransplant(module)
     namespace = vars(module)
+    values: dict[str, object] = {}
     if transplant.kernels:
         import importlib
 
         kernels = importlib.import_module(KERNEL_PACKAGE)
         for name, kernel in transplant.kernels.items():
-            value = getattr(kernels, kernel)
+            value = getattr(kernels, kernel, _MISSING)
+            if value is _MISSING:
+                raise Unpatchable(f"{KERNEL_PACKAGE} has no {kernel}")
             previous = namespace.get(name, _MISSING)
             if previous is not _MISSING and previous is not value:
                 raise Unpatchable(f"the kernel name {name} is already bound in the module")
-            applied.injected[name] = previous
-            namespace[name] = value
+            values[name] = value
+    applied = AppliedTransplant(module, filename)
+    for name, value in values.items():
+        applied.injected[name] = namespace.get(name, _MISSING)
+        namespace[name] = value
     for function, change in planned:
-        applied.swaps.append(_Swap(function, function.__code__, function.__kwdefaults__))
+        applied.swaps.append(_Swap(function, function.__code__, function.__kwdefaults__, change))
         if change.added_keywords:
             function.__kwdefaults__ = {**(function.__kwdefaults__ or {}), **change.added_keywords}
         function.__code__ = change.code

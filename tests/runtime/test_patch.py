@@ -156,3 +156,13 @@ def test_a_target_that_is_not_a_module_is_refused():
         adopter.patch("rt_no_such_module_anywhere")
     with pytest.raises(ValueError, match="neither a rule file nor a rule set"):
         adopter.patch("json", rules="no-such-rules")
+
+
+def test_a_reloaded_module_is_patched_again(make_package):
+    make_package("rt_reload", {"blocks.py": BLOCKS})
+    blocks = importlib.import_module("rt_reload.blocks")
+    adopter.patch(blocks, rules="paper")
+    importlib.reload(blocks)  # executes the original source again: new, unpatched functions
+    assert "softmax" not in _names(blocks.Scores.forward)
+    assert adopter.patch(blocks, rules="paper").modules[0].status == "patched"
+    assert "softmax" in _names(blocks.Scores.forward)
