@@ -36,33 +36,93 @@ from machine import describe_machine  # noqa: E402
 
 STARTUP = """
 import json, sys, time
-started = time.perf_counter()
+clock = lambda: (time.perf_counter(), time.process_time())
+started = clock()
 import torch, transformers
-imported = time.perf_counter()
+torch.set_num_threads(1)
+imported = clock()
 if sys.argv[1] == "patched":
     import adopter
     adopter.patch("transformers")
-patched = time.perf_counter()
+patched = clock()
 from transformers import LlamaConfig, LlamaForCausalLM
 config = LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=344, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2)
 model = LlamaForCausalLM(config)
-built = time.perf_counter()
+built = clock()
 modules = sum(1 for name in sys.modules if name.startswith("transformers"))
-print(json.dumps({"import": imported - started, "patch": patched - imported,
-                  "build": built - patched, "modules": modules}))
+span = lambda a, b: {"wall": b[0] - a[0], "cpu": b[1] - a[1]}
+print(json.dumps({"import": span(started, imported), "patch": span(imported, patched),
+                  "build": span(patched, built), "modules": modules}))
 """
 
 WHOLE_PACKAGE = """
-import json, os, sys, time
+import json, os, resource, sys, time
 import transformers
 from adopter.rewrite import rewrite_paths
 from adopter.rules import load_rule_set
-started = time.perf_counter()
+
+def cpu():
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+started, started_cpu = time.perf_counter(), cpu()
 result = rewrite_paths([os.path.dirname(transformers.__file__)], load_rule_set("all"), jobs=2)
 print(json.dumps({"files": len(result.files), "changed": len(result.changed),
-                  "seconds": time.perf_counter() - started}))
+                  "seconds": time.perf_counter() - started, "cpu": cpu() - started_cpu}))
 """
+
+DESIGN = [
+    "",
+    "## How it works",
+    "",
+    "* **What is patched.** `adopter.patch(target)` takes a module (object or name), a package "
+    "(its submodules imported now, and through an import hook each one imported later; the rest "
+    "are never imported for the purpose) or an `nn.Module` (the modules defining its classes). "
+    "`adopter run -- COMMAND` and `import adopter.auto` hook transformers, timm and diffusers "
+    "(`--packages` / `ADOPTER_PACKAGES`); user code only when named.",
+    "* **Static rewrite, in-place code.** A module's file is read and rewritten by the pipeline "
+    "of `adopter apply` (nothing else is executed). The rewrite only edits statements inside "
+    "functions and adds a kernel import, so the runtime compiles just the functions whose source "
+    "changed - each inside empty copies of its enclosing classes, so qualified names, private-name "
+    "mangling and the `__class__` cell of `super()` are the original's - and assigns the new code "
+    "to the live function objects (`function.__code__`, plus defaults of keyword-only parameters "
+    "the rewrite added); the kernel names become module globals. Classes keep their identity: "
+    "references from other modules, lazy-module caches, auto-class registries, subclasses, "
+    "`isinstance`, pickles and models already built all see the patch, and the module body is not "
+    "executed twice. A rewrite that changes anything else (module-level code, parameters, "
+    "closures) or a function that cannot be found in the live module (a decorator without "
+    "`__wrapped__`) leaves the whole module original, with the reason logged.",
+    "* **Models built before the patch.** Forward-level rewrites reach them through the shared "
+    "functions. Where the rewrite changes a constructor to build `kernel(Class)(...)` (the fused "
+    "attention rules), `adopter.patch(model)` changes the class of the submodules already built "
+    "to `kernel(Class)`, a subclass that keeps `__init__` and so every parameter; "
+    "`adopter.unpatch(model)` changes them back.",
+    "* **Line numbers.** The changed functions are compiled under the original file name with "
+    "their line numbers mapped back onto the original file (unchanged lines exactly; lines of an "
+    "edited statement onto the first original line it replaced; the added import line is not "
+    "compiled at all), so tracebacks, debuggers and `inspect` show the original file's lines.",
+    "* **Cache.** Per user: `$ADOPTER_CACHE_DIR`, else `$XDG_CACHE_HOME/adopter/runtime`, else "
+    "`~/.cache/adopter/runtime`, created `0700`; refused (the runtime then works without it and "
+    "says so) when owned by someone else, writable by group or others, or a link. An entry is a "
+    "JSON record - the patched text, the sites, the verdict - named by a digest of the source "
+    "bytes, the rule files' bytes, Adopter's own source, the torch version and the Python version; "
+    "entries are read only when they are regular files of this user. Nothing is unpickled. "
+    "`adopter cache clear` empties it.",
+    "* **`verify=True`** (`adopter run --verify`): a module's rewrite is used only when "
+    "`adopter verify` proves it, run once in a subprocess on the module's file (with the import "
+    "hook off there, so it compares against the original) and cached with the rewrite; otherwise "
+    "the original stays and the verdict is logged once. Modules verify cannot build a model from "
+    '(utilities, files without a `PreTrainedModel`) are "not checkable" and stay original.',
+    "* **Logging.** Logger `adopter`: one INFO line per patched module with its sites, one per "
+    "module left original or site skipped, with the reason; DEBUG for modules without sites. "
+    "`adopter run` prints them on stderr (`--quiet` does not); elsewhere set `ADOPTER_LOG=INFO` "
+    "or configure `logging`.",
+    "* **Limits.** `importlib.reload` of a patched module makes new, unpatched functions (the next "
+    "`patch` patches them again). `python -I` / `-E` ignore `PYTHONPATH`, so `adopter run` cannot "
+    "reach them; `import adopter.auto` still works there.",
+]
 
 EXAMPLES = ("train_tiny_llama.py", "train_tiny_diffusers.py", "train_tiny_timm.py")
 
@@ -138,7 +198,6 @@ def _mib(values: list[int | None]) -> str:
 
 
 def render(args: argparse.Namespace, runs, package, examples, version: str) -> str:
-    plain_build = _median([r["build"] for r in runs["plain"]])
     lines = [
         "# Adopting kernels without editing files: `adopter.patch` and `adopter run`",
         "",
@@ -152,21 +211,27 @@ def render(args: argparse.Namespace, runs, package, examples, version: str) -> s
         "A fresh interpreter imports transformers, then (patched runs) calls "
         '`adopter.patch("transformers")`, then builds a tiny `LlamaForCausalLM`, which imports '
         f"the transformers modules a Llama needs ({runs['plain'][0]['modules']} modules in all). "
-        f"Medians of {args.repeats} interleaved runs (min-max in brackets); cold runs start with an "
-        "empty cache, warm runs with the cache a previous run filled.",
+        f"Medians of {args.repeats} interleaved runs (min-max in brackets) of the process's CPU "
+        "time (user + system, one torch thread), which a busy machine disturbs far less than "
+        "wall time (shown for the patch and the build together); cold runs start with an empty "
+        "cache, warm runs with the cache a previous run filled. Adopter's cost: the patched "
+        "run's patch and build minus the plain run's build.",
         "",
-        "| variant | `adopter.patch` call | import + build of the model | Adopter's cost |",
+        "| variant | `adopter.patch` call | build of the model (imports included) | "
+        "Adopter's cost |",
         "|---|---|---|---|",
     ]
+    plain_cpu = _median([r["build"]["cpu"] for r in runs["plain"]])
     for variant, values in runs.items():
-        patch = [r["patch"] for r in values]
-        build = [r["build"] for r in values]
-        cost = [p + b - plain_build for p, b in zip(patch, build)]
+        patch = [r["patch"]["cpu"] for r in values]
+        build = [r["build"]["cpu"] for r in values]
+        cost = [p + b - plain_cpu for p, b in zip(patch, build)]
+        wall = [r["patch"]["wall"] + r["build"]["wall"] for r in values]
         lines.append(
-            f"| {variant} | {_median(patch):.3f} s | {_median(build):.2f} s "
+            f"| {variant} | {_median(patch):.2f} s | {_median(build):.2f} s "
             f"({min(build):.2f}-{max(build):.2f}) | "
             + ("-" if variant == "plain" else f"{_median(cost):+.2f} s")
-            + " |"
+            + f" (wall {_median(wall):.1f} s) |"
         )
     lines += [
         "",
@@ -180,8 +245,8 @@ def render(args: argparse.Namespace, runs, package, examples, version: str) -> s
     if package is not None:
         lines.append(
             f"* all {package['files']} files of the installed transformers rewritten "
-            f"(`rewrite_paths`, 2 worker processes): {package['seconds']:.1f} s, "
-            f"{package['changed']} files changed."
+            f"(`rewrite_paths`, 2 worker processes): {package['seconds']:.1f} s wall, "
+            f"{package['cpu']:.1f} s CPU, {package['changed']} files changed."
         )
     else:
         lines.append("* (not measured in this run; pass `--whole-package`)")
@@ -208,6 +273,7 @@ def render(args: argparse.Namespace, runs, package, examples, version: str) -> s
             f"| {script} | {losses} | {result['max_loss_diff']:.1e} | "
             f"{_mib(result['peak_plain'])} | {_mib(result['peak_adopter'])} | {patched} |"
         )
+    lines += DESIGN
     return "\n".join(lines) + "\n"
 
 

@@ -61,8 +61,13 @@ class PackageHook(importlib.abc.MetaPathFinder):
         self._local = threading.local()
 
     def options_for(self, name: str) -> Any | None:
-        matches = [p for p in self.packages if within(name, p)]
-        return self.packages[max(matches, key=len)] if matches else None
+        """The options of the innermost hooked package holding ``name``, if any."""
+        while name:
+            options = self.packages.get(name)
+            if options is not None:
+                return options
+            name = name.rpartition(".")[0]
+        return None
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
         options = self.options_for(fullname)

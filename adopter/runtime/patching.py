@@ -185,8 +185,10 @@ def patch_module(module: ModuleType, options: RuntimeOptions) -> ModuleOutcome:
         try:
             transplant = plan_transplant(prepared.original, prepared.patched, file)
             applied = apply_transplant(module, transplant, file)
-        except (Unpatchable, SyntaxError, ValueError, AttributeError, ImportError) as error:
+        except Unpatchable as error:
             return _skip(name, str(error))
+        except Exception as error:  # e.g. a kernel that fails to import: stay original
+            return _skip(name, f"patching failed: {type(error).__name__}: {error}")
         sites = [_describe(s) for s in prepared.sites if s["status"] == "patched"]
         outcome = ModuleOutcome(name, "patched", sites)
         _PATCHED[name] = _Patched(module, applied, prepared, options.fingerprint, outcome)

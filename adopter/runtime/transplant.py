@@ -74,29 +74,37 @@ def _defs(body: list[ast.stmt], prefix: tuple[str, ...] = ()) -> Iterator[_Def]:
                 yield from _defs(handler.body, prefix)
 
 
-class _Skeleton(ast.NodeTransformer):
-    """The module with every collected function replaced by a marker, kernel imports dropped:
-    two versions with equal skeletons differ only inside function bodies."""
-
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> ast.AST:  # noqa: N802
-        return ast.Expr(ast.Constant(f"def {node.name}"))
-
-    visit_AsyncFunctionDef = visit_FunctionDef  # noqa: N815
-
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> ast.AST | None:  # noqa: N802
-        return None if node.module == KERNEL_PACKAGE and not node.level else node
+def _is_kernel_import(node: ast.stmt) -> bool:
+    return isinstance(node, ast.ImportFrom) and node.module == KERNEL_PACKAGE and not node.level
 
 
-def _skeleton(tree: ast.Module) -> str:
-    return ast.dump(_Skeleton().visit(copy.deepcopy(tree)), include_attributes=False)
+def _text(lines: list[str], item: _Def) -> list[str]:
+    return lines[item.first_line - 1 : item.node.end_lineno]
+
+
+def _outline(lines: list[str], tree: ast.Module, defs: list[_Def]) -> list[str]:
+    """The module's lines with each collected function replaced by one marker line and the
+    kernel import left out: two versions with equal outlines differ only inside functions.
+    (Text, not ASTs, is compared: the rewrite keeps every byte outside its edits, and comparing
+    text costs a fraction of dumping two trees.)"""
+    spans = [(d.first_line, d.node.end_lineno or d.node.lineno, f"def {d.label}") for d in defs]
+    spans += [(n.lineno, n.end_lineno or n.lineno, "") for n in tree.body if _is_kernel_import(n)]
+    outline: list[str] = []
+    line = 1
+    for start, end, marker in sorted(spans):
+        outline.extend(lines[line - 1 : start - 1])
+        outline.extend([marker] if marker else [])
+        line = end + 1
+    outline.extend(lines[line - 1 :])
+    return outline
 
 
 def kernel_imports(tree: ast.Module) -> dict[str, str]:
     """``{bound name: kernel name}`` of the module-level ``from adopter.kernels import``."""
     names: dict[str, str] = {}
     for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and node.module == KERNEL_PACKAGE and not node.level:
-            for alias in node.names:
+        if _is_kernel_import(node):
+            for alias in node.names:  # type: ignore[attr-defined]
                 names[alias.asname or alias.name] = alias.name
     return names
 
@@ -127,15 +135,15 @@ def plan_transplant(original: str, patched: str, filename: str) -> Transplant:
     """Compile the functions ``patched`` changes relative to ``original`` (a rewrite of it)."""
     old_tree = ast.parse(original, filename)
     new_tree = ast.parse(patched, filename)
-    if _skeleton(old_tree) != _skeleton(new_tree):
-        raise Unpatchable("the rewrite changes code outside function bodies")
     old_defs, new_defs = list(_defs(old_tree.body)), list(_defs(new_tree.body))
-    changed: list[tuple[_Def, _Def]] = []
-    for old, new in zip(old_defs, new_defs, strict=True):
-        if ast.dump(old.node, include_attributes=False) != ast.dump(
-            new.node, include_attributes=False
-        ):
-            changed.append((old, new))
+    old_lines, new_lines = original.splitlines(), patched.splitlines()
+    if _outline(old_lines, old_tree, old_defs) != _outline(new_lines, new_tree, new_defs):
+        raise Unpatchable("the rewrite changes code outside function bodies")
+    changed = [
+        (old, new)
+        for old, new in zip(old_defs, new_defs, strict=True)
+        if _text(old_lines, old) != _text(new_lines, new)
+    ]
     if not changed:
         return Transplant([], {})
     added = [_added_keywords(old, new) for old, new in changed]
