@@ -120,8 +120,10 @@ DESIGN = [
     "`adopter run` prints them on stderr (`--quiet` does not); elsewhere set `ADOPTER_LOG=INFO` "
     "or configure `logging`.",
     "* **Limits.** `importlib.reload` of a patched module makes new, unpatched functions (the next "
-    "`patch` patches them again). `python -I` / `-E` ignore `PYTHONPATH`, so `adopter run` cannot "
-    "reach them; `import adopter.auto` still works there.",
+    "`patch` patches them again). `adopter run` reaches every Python the command starts through "
+    "`PYTHONPATH` (so `torchrun` workers too), except those started with `-I`, `-E` or `-S`; "
+    "`import adopter.auto` works there. `adopter.patch` in a process does not reach processes it "
+    "starts with `spawn` unless they call it too.",
 ]
 
 EXAMPLES = ("train_tiny_llama.py", "train_tiny_diffusers.py", "train_tiny_timm.py")
@@ -277,16 +279,10 @@ def render(args: argparse.Namespace, runs, package, examples, version: str) -> s
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--python", required=True, help="interpreter with transformers 5.x")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--whole-package", action="store_true")
-    parser.add_argument("--output", default=str(ROOT / "docs" / "patch.md"))
-    args = parser.parse_args()
-    version = subprocess.run(
+def _versions(python: str) -> str:
+    return subprocess.run(
         [
-            args.python,
+            python,
             "-c",
             "import importlib.metadata as m; print(', '.join(f'{p} {m.version(p)}' for p in "
             "('torch', 'transformers', 'diffusers', 'timm') if __import__('importlib.util')"
@@ -296,12 +292,33 @@ def main() -> int:
         text=True,
         check=True,
     ).stdout.strip()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--python", required=True, help="interpreter with transformers 5.x")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--whole-package", action="store_true")
+    parser.add_argument("--output", default=str(ROOT / "docs" / "patch.md"))
+    parser.add_argument("--raw", help="also save the measurements here (JSON)")
+    parser.add_argument("--from-raw", help="render saved measurements instead of measuring")
+    args = parser.parse_args()
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="adopter-patch-report-") as folder:
-        scratch = Path(folder)
-        runs = startup(args.python, args.repeats, scratch)
-        package = whole_package(args.python) if args.whole_package else None
-        examples = {s: example(args.python, s, args.repeats, scratch) for s in EXAMPLES}
+    if args.from_raw:
+        saved = json.loads(Path(args.from_raw).read_text(encoding="utf-8"))
+        runs, package, examples, version = (
+            saved[key] for key in ("runs", "package", "examples", "version")
+        )
+    else:
+        version = _versions(args.python)
+        with tempfile.TemporaryDirectory(prefix="adopter-patch-report-") as folder:
+            scratch = Path(folder)
+            runs = startup(args.python, args.repeats, scratch)
+            package = whole_package(args.python) if args.whole_package else None
+            examples = {s: example(args.python, s, args.repeats, scratch) for s in EXAMPLES}
+        if args.raw:
+            raw = {"runs": runs, "package": package, "examples": examples, "version": version}
+            Path(args.raw).write_text(json.dumps(raw, indent=1), encoding="utf-8")
     report = render(args, runs, package, examples, version)
     Path(args.output).write_text(report, encoding="utf-8")
     print(report)

@@ -33,3 +33,4 @@ def show_on_stderr(level: int | str = logging.INFO) -> None:
     handler._adopter_runtime = True  # type: ignore[attr-defined]
     LOGGER.addHandler(handler)
     LOGGER.setLevel(level)
+    LOGGER.propagate = False  # printed here once, not again by the program's root handlers
