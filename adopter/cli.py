@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -650,6 +649,8 @@ def run(
 ) -> None:
     """Run COMMAND with the matching modules of transformers, timm and diffusers patched in
     memory as they are imported (no file is edited). Exit code: the command's."""
+    import os
+
     from .runtime.launch import run_command, run_environment
 
     if not command:
