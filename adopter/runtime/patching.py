@@ -323,7 +323,11 @@ def _wrap_built_children(model: Any, record: _ModelRecord) -> int:
                 child = _resolve_dotted(vars(parent).get("_modules", {}), wrap["attribute"])
                 if type(child) is not constructs or factory is None:
                     continue
-                fused = factory(constructs)
+                try:
+                    fused = factory(constructs)
+                except Exception as error:  # the kernel refuses this class: leave it
+                    once(logging.INFO, wrap["kernel"], f"{wrap['kernel']}: {error}")
+                    continue
                 if (
                     isinstance(fused, type)
                     and fused is not constructs

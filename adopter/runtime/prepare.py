@@ -48,6 +48,25 @@ def _site_records(rewrite) -> list[dict[str, Any]]:
     ]
 
 
+def _factory_targets(rule) -> dict[str, str]:
+    """``{variable: kernel}`` for the constructions the rule rebuilds through a kernel class
+    factory: ``@adopter.kernels.k(Class)(...) -> $v`` in its ``init`` replacement."""
+    from ..dsl.syntax import Call, Name, Positional
+
+    replacement = rule.init.replacement if rule.init is not None else None
+    targets: dict[str, str] = {}
+    for step in replacement if isinstance(replacement, tuple) else ():
+        callee = step.callee
+        if not (step.construct and isinstance(callee, Call) and isinstance(callee.base, Name)):
+            continue
+        kernel = callee.base.dotted
+        class_argument = len(callee.args) == 1 and isinstance(callee.args[0], Positional)
+        if kernel.startswith(KERNEL_PREFIX) and class_argument:
+            for target in step.targets:
+                targets[target.name] = kernel[len(KERNEL_PREFIX) :]
+    return targets
+
+
 def _wrapped_constructions(rewrite) -> list[dict[str, str]]:
     """``self.<attribute> = Constructs(...)`` in ``class``'s ``__init__`` that the rewrite made
     ``kernel(Constructs)(...)``: the kernel factory returns a subclass keeping ``__init__``."""
@@ -58,17 +77,14 @@ def _wrapped_constructions(rewrite) -> list[dict[str, str]]:
     found = []
     for result in rewrite.results:
         site = result.site
-        if result.status != "patched" or site.rule.site != "init" or not site.cls:
+        if result.status != "patched" or not site.cls:
             continue
-        if not site.rule.kernel.startswith(KERNEL_PREFIX):
-            continue
-        for bound in site.bindings.values():
-            node = (
-                getattr(bound.construction, "node", None)
-                if isinstance(bound, BoundModule)
-                else None
-            )
-            if not isinstance(node, ast.Call) or not bound.path.startswith("self."):
+        for variable, kernel in _factory_targets(site.rule).items():
+            bound = site.bindings.get(variable)
+            if not isinstance(bound, BoundModule) or not bound.path.startswith("self."):
+                continue
+            node = bound.construction.node
+            if not isinstance(node, ast.Call):
                 continue
             found.append(
                 {
@@ -76,7 +92,7 @@ def _wrapped_constructions(rewrite) -> list[dict[str, str]]:
                     "class": site.cls,
                     "attribute": bound.path[len("self.") :],
                     "constructs": ast.unparse(node.func),  # as the module spells it
-                    "kernel": site.rule.kernel[len(KERNEL_PREFIX) :],
+                    "kernel": kernel,
                 }
             )
     return found
