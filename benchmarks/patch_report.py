@@ -180,6 +180,8 @@ def example(python: str, script: str, repeats: int, scratch: Path) -> dict | Non
                 patched = re.findall(r"^adopter: (patched .*)$", done.stderr, re.MULTILINE)
     plain, adopted = records["plain"][0]["losses"], records["adopter run"][0]["losses"]
     return {
+        "python": python,
+        "versions": _versions(python),
         "losses": plain,
         "max_loss_diff": max(abs(a - b) for a, b in zip(plain, adopted)),
         "peak_plain": [r["peak_bytes"] for r in records["plain"]],
@@ -205,6 +207,12 @@ def render(args: argparse.Namespace, runs, package, examples, version: str, rule
         "",
         f"Command: `python benchmarks/patch_report.py --python {args.python} "
         f"--repeats {args.repeats}{' --whole-package' if package else ''}`  ",
+        *[
+            f"`{script}` ran with `--python-for {script}={result['python']}` "
+            "(an environment where its library imports).  "
+            for script, result in examples.items()
+            if result.get("python", args.python) != args.python
+        ],
         f"Machine: {describe_machine()}  ",
         f"Environment: {version}; rules: the built-in `all` set (paper + extended).",
         "",
@@ -269,6 +277,8 @@ def render(args: argparse.Namespace, runs, package, examples, version: str, rule
             lines.append(f"| {script} | not run: {result['error']} | | | | |")
             continue
         losses = ", ".join(f"{loss:.4f}" for loss in result["losses"])
+        if result.get("python", args.python) != args.python:
+            losses += f" (with `{result['python']}`: {result['versions']})"
         patched = (
             "<br>".join(
                 p.replace("patched ", "", 1).replace(" (cached)", "") for p in result["patched"]
@@ -367,8 +377,30 @@ def main() -> int:
     parser.add_argument("--output", default=str(ROOT / "docs" / "patch.md"))
     parser.add_argument("--raw", help="also save the measurements here (JSON)")
     parser.add_argument("--from-raw", help="render saved measurements instead of measuring")
+    parser.add_argument(
+        "--python-for",
+        action="append",
+        default=[],
+        metavar="SCRIPT=PYTHON",
+        help="run one example with another interpreter (e.g. where timm imports)",
+    )
+    parser.add_argument(
+        "--update-raw",
+        help="measure again only the examples that did not run in these saved measurements",
+    )
     args = parser.parse_args()
+    pythons = dict(item.split("=", 1) for item in args.python_for)
     started = time.perf_counter()
+    if args.update_raw:
+        saved = json.loads(Path(args.update_raw).read_text(encoding="utf-8"))
+        with tempfile.TemporaryDirectory(prefix="adopter-patch-report-") as folder:
+            for script, result in saved["examples"].items():
+                if "error" in result:
+                    python = pythons.get(script, args.python)
+                    measured = example(python, script, args.repeats, Path(folder))
+                    saved["examples"][script] = measured
+        Path(args.update_raw).write_text(json.dumps(saved, indent=1), encoding="utf-8")
+        args.from_raw = args.update_raw
     if args.from_raw:
         saved = json.loads(Path(args.from_raw).read_text(encoding="utf-8"))
         runs, package, examples, version = (
@@ -382,7 +414,9 @@ def main() -> int:
             scratch = Path(folder)
             runs = startup(args.python, args.repeats, scratch)
             package = whole_package(args.python) if args.whole_package else None
-            examples = {s: example(args.python, s, args.repeats, scratch) for s in EXAMPLES}
+            examples = {
+                s: example(pythons.get(s, args.python), s, args.repeats, scratch) for s in EXAMPLES
+            }
         if args.raw:
             raw = {
                 "runs": runs,

@@ -174,7 +174,9 @@ def patch_module(module: ModuleType, options: RuntimeOptions) -> ModuleOutcome:
             return _skip(name, prepared.error)
         not_patched = [s for s in prepared.sites if s["status"] == "skipped"]
         if not_patched:
-            details = "; ".join(f"{_describe(s)}: {s['reason']}" for s in not_patched)
+            details = "; ".join(
+                dict.fromkeys(f"{_describe(s)}: {s['reason']}" for s in not_patched)
+            )
             once(logging.INFO, name, f"{name}: site(s) not patched: {details}")
         if prepared.patched is None:
             if prepared.verdict is not None:
