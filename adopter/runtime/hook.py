@@ -114,6 +114,8 @@ _LOCK = threading.Lock()
 def install(package: str, options: Any, patch_module: Callable[[ModuleType, Any], object]) -> None:
     """Hook ``package`` (and its subpackages) with ``options``."""
     global _HOOK
+    if within(package, "adopter"):  # the patching code itself: would recurse
+        raise ValueError("adopter's own modules cannot be patched on import")
     with _LOCK:
         if _HOOK is None:
             _HOOK = PackageHook(patch_module)

@@ -156,6 +156,8 @@ def test_a_target_that_is_not_a_module_is_refused():
         adopter.patch("rt_no_such_module_anywhere")
     with pytest.raises(ValueError, match="neither a rule file nor a rule set"):
         adopter.patch("json", rules="no-such-rules")
+    with pytest.raises(ValueError, match="adopter's own modules"):
+        adopter.patch("adopter.kernels")
 
 
 def test_a_reloaded_module_is_patched_again(make_package):
