@@ -3,7 +3,9 @@
 The parent never imports the code under test (nor torch): model code can hang, crash the
 interpreter or poison global state, and a verify run must survive all of that and report it as
 "not checkable". Everything that touches models happens in ``python -m adopter.verify.worker``,
-started in its own session so that a timeout can kill it together with any children it spawned.
+started in its own session and with a mark in its environment, so that when it ends - done,
+crashed or timed out - everything it started is killed with it, including processes that left
+its session (see :mod:`adopter.verify.contain`).
 Several files go to one worker in a batch (importing torch and transformers takes seconds, the
 check of a shrunk model a fraction of that); each file still has its own timeout.
 """
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .contain import MARK_VARIABLE, end_worker, new_mark
 from .results import NOT_CHECKABLE, ClassVerification, FileVerification
 
 __all__ = [
@@ -83,9 +85,11 @@ def _check_options(modes: Sequence[str], dtype: str, timeout: float) -> list[str
     return chosen
 
 
-def _worker_env() -> dict[str, str]:
-    """The worker's environment: this ``adopter`` importable, hubs offline, no stray threads."""
+def _worker_env(mark: str) -> dict[str, str]:
+    """The worker's environment: this ``adopter`` importable, hubs offline, no stray threads,
+    and the mark that finds every process the worker starts."""
     env = dict(os.environ)
+    env[MARK_VARIABLE] = mark
     adopter_root = str(Path(__file__).resolve().parents[2])
     existing = env.get("PYTHONPATH")
     env["PYTHONPATH"] = adopter_root + (os.pathsep + existing if existing else "")
@@ -116,12 +120,9 @@ def _read_result(result_path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _kill(process: subprocess.Popen[bytes]) -> None:
-    """Kill the worker and everything it started (it leads its own process group)."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+def _end(process: subprocess.Popen[bytes], mark: str) -> None:
+    """Kill the worker (when still running) and every process it started."""
+    end_worker(process.pid, mark)
     process.wait()
 
 
@@ -156,13 +157,14 @@ def _run_batch(
         log_path = workdir / f"worker-{launch}.log"
         batch_path.write_text(json.dumps({"jobs": jobs[first:]}, indent=1), encoding="utf-8")
         command = [python or sys.executable, "-m", "adopter.verify.worker", str(batch_path)]
+        mark = new_mark()
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=_worker_env(),
+                env=_worker_env(mark),
                 start_new_session=True,
             )
         clock, timed_out = time.monotonic(), False
@@ -176,10 +178,10 @@ def _run_batch(
                 outcomes.append(_JobOutcome(_read_result(result_path), None, now - clock))
                 clock = now
             if returncode is not None or len(outcomes) == len(jobs):
-                process.wait()
+                _end(process, mark)  # what the model code left running goes too
                 break
             if time.monotonic() - clock > timeout:
-                _kill(process)
+                _end(process, mark)
                 timed_out = True
                 break
             time.sleep(_POLL_SECONDS)

@@ -111,3 +111,34 @@ def make_slowly() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
 def make_crashing() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
     """A factory that takes the interpreter down, as a segfaulting extension would."""
     os._exit(3)
+
+
+def _leave_session(detach: bool) -> None:
+    """Start a process that leaves the worker's process group and session (``setsid``) and
+    sleeps; with ``detach`` it double-forks so that it is not even the worker's child. Its pid
+    goes to the file named by ``ADOPTER_TEST_PIDFILE``."""
+    pid_file = os.environ["ADOPTER_TEST_PIDFILE"]
+    if os.fork() != 0:
+        return
+    try:
+        os.setsid()
+        if detach and os.fork() != 0:
+            os._exit(0)
+        with open(pid_file, "a", encoding="utf-8") as stream:
+            stream.write(f"{os.getpid()}\n")
+        time.sleep(600)
+    finally:
+        os._exit(0)
+
+
+def make_escaping_then_hanging() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    """Leaves a process in a session of its own, then hangs until the timeout."""
+    _leave_session(detach=False)
+    time.sleep(600)
+    return PatchedBlock(), _inputs()
+
+
+def make_escaping_daemon() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    """Leaves a daemon behind (setsid + double fork) and otherwise works."""
+    _leave_session(detach=True)
+    return PatchedBlock(), _inputs()
