@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from .contain import MARK_VARIABLE, end_worker, new_mark
-from .results import NOT_CHECKABLE, ClassVerification, FileVerification
+from .results import (
+    NOT_CHECKABLE,
+    NOT_EXERCISED,
+    ClassVerification,
+    FileVerification,
+    site_coverage,
+)
+from .sites import PatchedSite, find_sites
 
 __all__ = [
     "PatchedFile",
@@ -216,7 +223,7 @@ def _file_verification(
         ]
         return FileVerification(path, classes, error=trouble or "no result", seconds=seconds)
     classes = [ClassVerification.from_json(c) for c in result.get("classes", [])]
-    done = {c.cls for c in classes}
+    done = {c.label for c in classes}
     planned = result.get("planned") or requested or []
     current = result.get("current")
     for name in planned:
@@ -233,7 +240,15 @@ def _file_verification(
     if trouble is not None and not planned:
         error = f"{error}; {trouble}" if error else trouble
     notes = list(result.get("notes", []))
-    return FileVerification(path, classes, error=error, notes=notes, seconds=seconds)
+    sites = [PatchedSite.from_json(site) for site in result.get("sites") or []]
+    return FileVerification(
+        path,
+        classes,
+        error=error,
+        notes=notes,
+        seconds=seconds,
+        sites=site_coverage(sites, classes),
+    )
 
 
 @dataclass
@@ -259,7 +274,16 @@ def _transformers_job(item: PatchedFile, patched_dir: Path, options: dict[str, A
     patched_dir.mkdir(parents=True)
     patched_path = patched_dir / path.name
     patched_path.write_text(item.patched_source, encoding="utf-8")
+    try:
+        original = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        original = None
+    try:
+        sites = find_sites(item.patched_source, original)
+    except (SyntaxError, ValueError):  # the worker reports the import failure
+        sites = []
     return {
+        "sites": [site.to_json() for site in sites],
         "kind": "transformers",
         "original_path": str(path.resolve()),
         "module_name": module_name,
@@ -386,6 +410,9 @@ def verify_factories(
             chosen = file_verdict.classes[0]
             if file_verdict.error and chosen.status == NOT_CHECKABLE:
                 chosen.reason = f"{chosen.reason} ({file_verdict.error})"
+            if file_verdict.status == NOT_EXERCISED:
+                chosen.reason = file_verdict.reason()
+                chosen.status = NOT_EXERCISED
         else:
             chosen = ClassVerification(original, NOT_CHECKABLE, file_verdict.error or "no result")
         verdicts.append(chosen)

@@ -67,6 +67,21 @@ class WrongBlock(Block):
         )
 
 
+class RarelyPatchedBlock(Block):
+    """A rewrite whose conv + batch-norm kernel only runs for batches over 100: verify never
+    reaches it, so the block cannot count as verified."""
+
+    def forward(
+        self, image: torch.Tensor, tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if image.shape[0] > 100:
+            features = conv_batch_norm(image, self.conv, self.bn)
+        else:
+            features = self.bn(self.conv(image))
+        hidden = self.down(self.act(self.up(tokens)))
+        return features, self.norm(self.dropout(hidden) + tokens)
+
+
 class RenamedBlock(Block):
     """A rewrite that renamed a submodule: checkpoints would no longer load."""
 
@@ -100,6 +115,10 @@ def make_wrong() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
 
 def make_renamed() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
     return RenamedBlock(), _inputs()
+
+
+def make_rarely_patched() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    return RarelyPatchedBlock(), _inputs()
 
 
 def make_slowly() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:

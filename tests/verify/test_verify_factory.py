@@ -28,6 +28,7 @@ CASES = {
     "crashing": factory("make_crashing"),
     "wrong": factory("make_wrong"),
     "renamed": factory("make_renamed"),
+    "rarely-patched": factory("make_rarely_patched"),
     "missing-function": factory("no_such_factory"),
     "missing-file": f"{FACTORIES.with_name('no_such_file.py')}:make_patched",
 }
@@ -63,6 +64,25 @@ def test_lost_residual_is_refuted_with_location(verdicts: dict[str, ClassVerific
     assert verdict.where is not None and verdict.where.startswith(("output", "grad"))
     assert "output output[1]" in verdict.reason  # the normed branch, not the conv branch
     assert all(v.startswith("refuted") for v in verdict.modes.values()), verdict.modes
+
+
+def test_a_kernel_that_never_runs_is_not_exercised(
+    verdicts: dict[str, ClassVerification],
+) -> None:
+    """Outputs agree, but the only patched site never ran: not verified, and the site named."""
+    verdict = verdicts["rarely-patched"]
+    assert verdict.status == "not exercised", verdict
+    assert "conv_batch_norm" in verdict.reason and "image.shape[0] > 100" in verdict.reason
+    assert "RarelyPatchedBlock.forward" in verdict.reason
+
+
+def test_every_patched_site_of_the_kernel_patch_ran(
+    verdicts: dict[str, ClassVerification],
+) -> None:
+    runs = verdicts["patched"].runs
+    assert set(runs) == {"eval", "train", "train-dropout"}
+    # conv_batch_norm, linear_bias_activation and dropout_add_layer_norm of PatchedBlock
+    assert all(len(counts) == 3 for counts in runs.values()), runs
 
 
 def test_renamed_module_fails_strict_load(verdicts: dict[str, ClassVerification]) -> None:
