@@ -129,7 +129,10 @@ def site_coverage(sites: list[PatchedSite], classes: list[ClassVerification]) ->
             ]
             if site.guards:
                 parts.append("guarded by " + " and ".join(f"`{g}`" for g in site.guards))
-            tried = [v.label for v in classes]
+            tried = [
+                v.label if v.status == VERIFIED else f"{v.label} ({v.status}: {v.reason[:90]})"
+                for v in classes
+            ]
             if tried:
                 parts.append("checks tried: " + ", ".join(dict.fromkeys(tried)))
             entry.reason = "; ".join(parts)
