@@ -198,3 +198,42 @@ def test_a_site_nothing_reaches_makes_the_file_not_exercised(
     assert "_EXPERIMENTAL_POOL" in missing.reason
     assert "not exercised" in verification.summary()
     assert verification.to_json()["sites"][-1]["status"] == "not exercised"
+
+
+def test_apply_verify_does_not_write_a_file_whose_sites_did_not_all_run() -> None:
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("needs transformers")
+    from adopter.verify.gate import gate_rewrites
+
+    rules = [r for r in load_rule_set("paper") if r.id == "paper.4"]
+    text = FIXTURE.read_text(encoding="utf-8")
+    rewrite = rewrite_text(text, str(FIXTURE), Matcher(rules))
+    (gated,) = gate_rewrites([rewrite], rules, timeout=240, modes=("eval",), max_heads=1)
+    assert gated.status == "not exercised", gated.reason
+    assert gated.text is None and "paper.4" in gated.dropped_rules
+    assert "_EXPERIMENTAL_POOL" in gated.reason
+
+
+def test_verify_command_rows_name_the_file_verdict_and_every_site() -> None:
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("needs transformers")
+    import json
+
+    from typer.testing import CliRunner
+
+    from adopter.cli import app
+
+    result = CliRunner().invoke(
+        app, ["verify", str(FIXTURE), "--select", "paper.4", "--modes", "eval", "-f", "json"]
+    )
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    (file_row,) = [row for row in rows if row["kind"] == "file"]
+    assert file_row["status"] == "not exercised"
+    sites = [row for row in rows if row["kind"] == "site"]
+    original = FIXTURE.read_text(encoding="utf-8")
+    assert {(row["line"], row["status"]) for row in sites} == {
+        (_line_of(original, "probs = nn.functional.softmax"), "exercised"),
+        (_line_of(original, "nn.functional.softmax(self.pool_query"), "exercised"),
+        (_line_of(original, UNREACHABLE_ORIGINAL), "not exercised"),
+    }
