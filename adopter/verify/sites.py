@@ -41,6 +41,9 @@ class PatchedSite:
     config_fields: dict[str, list[Any]] = field(default_factory=dict)
     original_line: int | None = None
     file: str = ""  # the file, where sites come from several (plain nn.Module factories)
+    # the n-th of ``of`` kernel calls that stand for the same original line (``0``: alone)
+    nth: int = 0
+    of: int = 0
 
     @property
     def key(self) -> str:
@@ -55,6 +58,8 @@ class PatchedSite:
 
     def describe(self) -> str:
         where = f"line {self.original_line}" if self.original_line else f"line {self.line}"
+        if self.nth:
+            where += f" (call {self.nth} of {self.of} there)"
         return f"{self.kernel} at {where} ({self.function})"
 
     def to_json(self) -> dict[str, Any]:
@@ -255,12 +260,13 @@ def _original_lines(original: str, patched: str) -> dict[int, int]:
     old, new = original.splitlines(), patched.splitlines()
     mapping: dict[int, int] = {}
     matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
-    for tag, i1, _, j1, j2 in matcher.get_opcodes():
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
         for offset, j in enumerate(range(j1, j2)):
             if tag == "equal":
                 mapping[j + 1] = i1 + offset + 1
-            else:  # replaced or inserted: the first line of the original block there
-                mapping[j + 1] = min(i1 + 1, max(1, len(old)))
+            else:  # replaced: the line at the same offset in the original block (clamped)
+                line = i1 + min(offset * max(1, i2 - i1) // max(1, j2 - j1), max(0, i2 - i1 - 1))
+                mapping[j + 1] = min(line + 1, max(1, len(old)))
     return mapping
 
 
@@ -275,4 +281,11 @@ def find_sites(patched: str, original: str | None = None) -> list[PatchedSite]:
         lines = _original_lines(original, patched)
         for site in sites:
             site.original_line = lines.get(site.line)
+    groups: dict[int | None, list[PatchedSite]] = {}
+    for site in sites:
+        groups.setdefault(site.original_line or site.line, []).append(site)
+    for group in groups.values():
+        if len(group) > 1:
+            for index, site in enumerate(group, 1):
+                site.nth, site.of = index, len(group)
     return sites

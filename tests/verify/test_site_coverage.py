@@ -237,3 +237,17 @@ def test_verify_command_rows_name_the_file_verdict_and_every_site() -> None:
         (_line_of(original, "nn.functional.softmax(self.pool_query"), "exercised"),
         (_line_of(original, UNREACHABLE_ORIGINAL), "not exercised"),
     }
+
+
+def test_several_kernel_calls_for_one_original_line_are_told_apart() -> None:
+    original = "def f(x):\n    return self.seq(x)\n"
+    patched = (
+        "from adopter.kernels import conv_batch_norm as cbn\n"
+        "def f(x):\n    return cbn(cbn(x, a, b), c, d)\n"
+    )
+    sites = find_sites(patched, original)
+    assert [s.original_line for s in sites] == [2, 2]
+    assert [s.describe() for s in sites] == [
+        "conv_batch_norm at line 2 (call 1 of 2 there) (f)",
+        "conv_batch_norm at line 2 (call 2 of 2 there) (f)",
+    ]
