@@ -486,15 +486,22 @@ def _flips(site: Any, defaults: dict[str, Any]) -> list[dict[str, Any]]:
     return singles
 
 
+_EAGER = {"attn_implementation": "eager"}
+
+
 def _reach_attempts(
     site: Any, checked: list[str], available: list[str], fixed: bool, defaults: dict[str, Any]
 ) -> list[tuple[str, dict[str, Any]]]:
     """(class, overrides) pairs that may run ``site``: the class whose code holds it (else the
-    classes already checked) under flipped options, then - unless the caller fixed the classes
-    - the model classes not checked yet."""
+    classes already checked) under flipped options; where the configuration chooses the
+    attention implementation (transformers >= 4.36 picks an SDPA class by default, so a patch
+    of the eager class never runs), the eager one; then - unless the caller fixed the classes -
+    the model classes not checked yet."""
     hosts = [site.cls] if site.cls in available and not fixed else []
     hosts += [name for name in checked if name not in hosts]
     attempts = [(host, flip) for flip in _flips(site, defaults) for host in hosts[:2]]
+    if defaults.get("_chooses_attention"):
+        attempts += [(host, dict(_EAGER)) for host in hosts[:2]]
     if not fixed:
         attempts += [(name, {}) for name in available if name not in checked]
     return attempts
@@ -546,7 +553,11 @@ def _config_defaults(module: ModuleType, names: list[str]) -> dict[str, Any]:
         config_class = getattr(getattr(module, name, None), "config_class", None)
         if config_class is not None:
             try:
-                return dict(config_class().to_dict())
+                config = config_class()
+                defaults = dict(config.to_dict())
+                # not in to_dict(): whether the configuration picks the attention classes
+                defaults["_chooses_attention"] = hasattr(type(config), "_attn_implementation")
+                return defaults
             except Exception:  # a configuration that needs arguments: no flips
                 return {}
     return {}
