@@ -611,12 +611,25 @@ def verify_command(
 ) -> None:
     """Prove patches: build the original and the patched model from the same small config,
     load the original weights strictly into the patch, and compare outputs and gradients in
-    eval and train mode. The model code is imported only in a subprocess.
+    eval and train mode (and train with dropout where the kernels draw random numbers alike).
+
+    A file is verified only when every patched site (every adopter.kernels call) ran in a
+    comparison that matched; a site that never ran makes it "not exercised", naming the site.
+    To reach sites, verify also checks every model class whose code holds one and flips the
+    boolean/enum config options that guard them.
+
+    What runs and how it is contained: the model code (original and patched) is imported and
+    executed only in a worker subprocess (python -m adopter.verify.worker), never in this
+    process, with a timeout per file (--timeout). The worker runs in its own session with a mark
+    in its environment; when it ends or times out, it and every process it started - also ones
+    that called setsid() - are killed. There is no sandbox: the model code runs as you, with
+    your files and network (hub downloads are switched off via HF_HUB_OFFLINE only).
 
     Exit code 0 when nothing was refuted, 1 when a patch was refuted, 2 on bad input.
     """
     from .rewrite import rewrite_paths
     from .verify import PatchedFile, verify_factory, verify_patched_files
+    from .verify.report import class_row, verification_rows
 
     mode_list = _comma_list(modes, "--modes")
     try:  # checks the options (modes, timeout) before any work; verifies nothing
@@ -631,7 +644,7 @@ def verify_command(
         _check_factory("--factory", factory)
         _check_factory("--patched-factory", patched_factory)
         verdict = verify_factory(factory, patched_factory, timeout=timeout, modes=mode_list)
-        rows.append({"path": factory, **_verdict_record(verdict)})
+        rows.append({**class_row(factory, verdict), "kind": "file"})
     else:
         if not paths:
             raise _fail("give model files or directories, or --factory/--patched-factory")
@@ -644,6 +657,7 @@ def verify_command(
             if rewrite.error is None and not rewrite.changed:
                 rows.append(
                     {
+                        "kind": "file",
                         "path": rewrite.path,
                         "class": "-",
                         "status": "unchanged",
@@ -655,36 +669,13 @@ def verify_command(
         for item, verification in zip(
             items, verify_patched_files(items, timeout=timeout, modes=mode_list), strict=True
         ):
-            if not verification.classes:
-                rows.append(
-                    {
-                        "path": str(item.original_path),
-                        "class": "-",
-                        "status": "not checkable",
-                        "reason": verification.error or "",
-                        "max_abs_diff": None,
-                        "where": None,
-                    }
-                )
-            for verdict in verification.classes:
-                rows.append({"path": str(item.original_path), **_verdict_record(verdict)})
+            rows += verification_rows(item.original_path, verification)
         if result.errors:
             _print_verdicts(rows, output_format)
             raise typer.Exit(EXIT_ERROR)
     _print_verdicts(rows, output_format)
     if any(row["status"] == "refuted" for row in rows):
         raise typer.Exit(1)
-
-
-def _verdict_record(verdict) -> dict[str, object]:
-    return {
-        "class": verdict.cls,
-        "status": verdict.status,
-        "reason": verdict.reason,
-        "max_abs_diff": verdict.max_abs_diff,
-        "where": verdict.where,
-        "modes": dict(verdict.modes),
-    }
 
 
 def _print_verdicts(rows: list[dict[str, object]], output_format: str) -> None:
@@ -713,8 +704,10 @@ def _print_verdicts(rows: list[dict[str, object]], output_format: str) -> None:
     console.print(table)
     counts: dict[str, int] = {}
     for row in rows:
-        counts[str(row["status"])] = counts.get(str(row["status"]), 0) + 1
-    console.print(", ".join(f"{n} {status}" for status, n in sorted(counts.items())), markup=False)
+        if row.get("kind", "file") == "file":
+            counts[str(row["status"])] = counts.get(str(row["status"]), 0) + 1
+    summary = ", ".join(f"{n} {status} file(s)" for status, n in sorted(counts.items()))
+    console.print(summary, markup=False)
 
 
 @app.command()

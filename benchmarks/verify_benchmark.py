@@ -101,9 +101,11 @@ def main() -> int:
             )
         )
 
+    sites_of: dict[str, list] = {}
     with ThreadPoolExecutor(args.jobs) as pool:
         for results in pool.map(run, [b for b in batches if b]):
             for (model, _, _), verification in results:
+                sites_of[model] = verification.sites
                 status, reason = file_status(verification)
                 diffs = [c.max_abs_diff for c in verification.classes if c.max_abs_diff is not None]
                 where = None
@@ -119,6 +121,13 @@ def main() -> int:
                 print(f"{model}: {status}", flush=True)
     seconds = time.perf_counter() - started
 
+    kernel_rules = {rule.id: rule.kernel.rpartition(".")[2] for rule in rules}
+    site_stats: dict[str, Counter] = defaultdict(Counter)  # rule -> exercised / not exercised
+    for model, entries in sites_of.items():
+        for entry in entries:
+            for rule in rules_of[model]:
+                if kernel_rules.get(rule) == entry.site.kernel:
+                    site_stats[rule][entry.status] += 1
     counts = Counter(status for status, *_ in outcome.values())
     patched_models = [m for m in models if outcome[m][0] != "unchanged"]
     checked = [m for m in patched_models if outcome[m][0] in ("verified", "refuted")]
@@ -152,11 +161,20 @@ def main() -> int:
         "in train mode (dropout probabilities set to 0; with the configured dropout too where the "
         "kernels draw random numbers like the original).\n"
     )
+    w(
+        "Every patched site (each `adopter.kernels` call in the patched file) is counted when it "
+        "runs, per check and mode. A model is **verified** only when every one of its patched "
+        "sites ran in a comparison that matched; when comparisons matched but a site never ran "
+        "in one, it is **not exercised** and the site is named below. To reach sites, verify also "
+        "checks every model class whose own code holds a site and, for a site under a condition, "
+        "configurations with the boolean/enum options that condition reads flipped (at most 6 "
+        "extra checks per file).\n"
+    )
     w("## Summary\n")
     w("| outcome | models |")
     w("|---|---|")
     w(f"| patched | {len(patched_models)} of {len(models)} |")
-    for status in ("verified", "refuted", "not checkable"):
+    for status in ("verified", "refuted", "not exercised", "not checkable"):
         w(f"| {status} | {counts.get(status, 0)} |")
     w(
         f"| built and checked (verified or refuted) | {len(checked)} of {len(patched_models)} "
@@ -170,18 +188,51 @@ def main() -> int:
         "absolute difference of any compared output, gradient or buffer in a model patched by "
         "that rule (float32).\n"
     )
-    w("| rule | models patched | verified | refuted | not checkable | largest difference (where) |")
-    w("|---|---|---|---|---|---|")
+    w(
+        "| rule | models patched | verified | refuted | not exercised | not checkable | "
+        "sites exercised | sites not exercised | largest difference (where) |"
+    )
+    w("|---|---|---|---|---|---|---|---|---|")
     for rule in sorted(per_rule):
         stats = per_rule[rule]
         worst = worst_by_rule.get(rule)
         worst_text = f"{worst[0]:.2e} in {worst[1]}" if worst else "-"
         w(
             f"| {rule} | {sum(stats.values())} | {stats['verified']} | {stats['refuted']} | "
-            f"{stats['not checkable']} | {worst_text} |"
+            f"{stats['not exercised']} | {stats['not checkable']} | "
+            f"{site_stats[rule]['exercised']} | {site_stats[rule]['not exercised']} | "
+            f"{worst_text} |"
         )
     w("")
-    for title, status in (("Refuted", "refuted"), ("Not checkable", "not checkable")):
+    w("## Patched sites per model\n")
+    w(
+        "Sites counted in the models that were checked (a model that could not be built has no "
+        "run to count). A site is exercised when it ran in a comparison that matched.\n"
+    )
+    w("| model | sites | exercised | not exercised |")
+    w("|---|---|---|---|")
+    for model in patched_models:
+        entries = sites_of.get(model)
+        if not entries:
+            continue
+        ran = sum(entry.exercised for entry in entries)
+        w(f"| `{model}` | {len(entries)} | {ran} | {len(entries) - ran} |")
+    w("")
+    missing = [
+        (model, entry)
+        for model in patched_models
+        for entry in sites_of.get(model, [])
+        if not entry.exercised and outcome[model][0] in ("verified", "not exercised")
+    ]
+    w(f"## Sites not exercised in models whose checks matched ({len(missing)})\n")
+    for model, entry in missing:
+        w(f"- `{model}`: {entry.site.describe()}: {entry.reason}")
+    w("")
+    for title, status in (
+        ("Refuted", "refuted"),
+        ("Not exercised", "not exercised"),
+        ("Not checkable", "not checkable"),
+    ):
         chosen = [m for m in patched_models if outcome[m][0] == status]
         w(f"## {title} ({len(chosen)})\n")
         for model in chosen:

@@ -74,17 +74,23 @@ def main() -> int:
         ]
     minutes = (time.perf_counter() - started) / 60
 
+    # `adopter verify --format json` gives one "file" row per file (the verdict that counts:
+    # verified only when every patched site ran and matched), "class" rows per check and
+    # "site" rows per patched site.
     per_file: dict[str, Counter] = {}
+    file_status: dict[str, str] = {}
+    sites: dict[str, Counter] = {}
     for row in results:
-        per_file.setdefault(Path(row["path"]).name, Counter())[row["status"]] += 1
-    verdicts = Counter()
-    for counts in per_file.values():
-        if counts["refuted"]:
-            verdicts["refuted"] += 1
-        elif counts["verified"]:
-            verdicts["verified"] += 1
+        name = Path(row["path"]).name
+        kind = row.get("kind", "file")
+        if kind == "class":
+            per_file.setdefault(name, Counter())[row["status"]] += 1
+        elif kind == "site":
+            sites.setdefault(name, Counter())[row["status"]] += 1
         else:
-            verdicts["not checkable"] += 1
+            file_status[name] = row["status"]
+            per_file.setdefault(name, Counter())
+    verdicts = Counter(file_status.values())
     lines = [
         f"# Verification on transformers {args.version}\n",
         f"Produced by `python benchmarks/verify_zoo.py --version {args.version} --adopter "
@@ -95,28 +101,37 @@ def main() -> int:
         "same small configuration, the original's weights load strictly into the patch, and "
         "outputs and gradients are compared in eval, train and (where the kernels draw random "
         "numbers like the original) train-with-dropout mode.\n",
-        "A file counts as verified when at least one of its model classes was checked and none "
-        "was refuted.\n",
-        "| files | verified | refuted | not checkable |",
-        "|---|---|---|---|",
-        f"| {len(files)} | {verdicts['verified']} | {verdicts['refuted']} | "
-        f"{verdicts['not checkable']} |",
-        "",
-        "| file | classes verified | refuted | not checkable | first reason not checkable |",
+        "A file counts as verified only when every patched site (each `adopter.kernels` call) "
+        "ran in a comparison that matched and none was refuted; when comparisons matched but a "
+        "site never ran in one, it is not exercised. Verify checks the base model, one head "
+        "and every model class whose code holds a site, and flips the boolean/enum options "
+        "that guard a site that has not run.\n",
+        "| files | verified | refuted | not exercised | not checkable |",
         "|---|---|---|---|---|",
+        f"| {len(files)} | {verdicts['verified']} | {verdicts['refuted']} | "
+        f"{verdicts['not exercised']} | {verdicts['not checkable']} |",
+        "",
+        "| file | verdict | checks verified | refuted | not checkable | sites exercised | "
+        "sites not exercised | first reason (not verified) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, counts in sorted(per_file.items()):
+        status = file_status.get(name, "not checkable")
         reason = next(
             (
-                str(r.get("reason", ""))[:120].replace("|", "/")
+                str(r.get("reason", ""))[:160].replace("|", "/")
                 for r in results
-                if Path(r["path"]).name == name and r["status"] == "not checkable"
+                if Path(r["path"]).name == name
+                and r.get("kind", "file") != "class"
+                and r["status"] not in ("verified", "exercised")
             ),
             "",
         )
+        site_counts = sites.get(name, Counter())
         lines.append(
-            f"| {name} | {counts['verified']} | {counts['refuted']} | "
-            f"{counts['not checkable']} | {reason} |"
+            f"| {name} | {status} | {counts['verified']} | {counts['refuted']} | "
+            f"{counts['not checkable']} | {site_counts['exercised']} | "
+            f"{site_counts['not exercised']} | {reason} |"
         )
     output.write_text("\n".join(lines) + "\n", encoding="utf-8")
     print(f"wrote {output}: {dict(verdicts)}, {minutes:.1f} min")

@@ -4,14 +4,24 @@ Handles conditionals (each arm gives an alternative binding with its context), l
 (``act = ACT2FN[...]; self.act = act``), ``nn.ModuleList``/``nn.ModuleDict``/``nn.Sequential``
 containers (list literals, comprehensions and ``append``), ``ACT2FN[...]`` lookups, helper
 methods called from ``__init__`` and module-level factory functions that return a module.
+
+An ``nn.Sequential`` gets exactly one element per position, whatever builds it: arguments,
+starred lists (literal or a local list grown with ``append``/``extend``/``+=``), an
+``OrderedDict``, ``add_module``/``append`` after construction, or a subclass of
+``nn.Sequential`` filling itself through ``super().__init__``/``add_module``. A position whose
+module depends on a condition (``nn.ReLU() if act else nn.Identity()``) is one opaque element,
+never one per alternative. Where the number of elements before a position is not the same on
+every path (a comprehension, an ``append`` in a loop or under an ``if``, a list from elsewhere),
+the container says why in ``elements_unknown`` and its elements carry no ``position``: the
+rewrite then refuses to index them instead of guessing.
 """
 
 from __future__ import annotations
 
 import ast
 import itertools
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
 
 from .model import EMPTY_CONTEXT, NOT_CONSTANT, BranchPoint, Construction, Context, Operand
 from .names import ImportTable, parameter_names
@@ -69,6 +79,22 @@ class InitContext:
     methods: Callable[[str], ast.FunctionDef | None]
     next_branch: Callable[[], int]
     branch_labels: dict[int, BranchPoint] = field(default_factory=dict)
+    # The file's classes by name: a local subclass of ``nn.Sequential`` is a container too.
+    class_nodes: dict[str, ast.ClassDef] = field(default_factory=dict)
+
+
+@dataclass
+class _Elements:
+    """The elements of an ``nn.Sequential`` being built (or of a local list that becomes one),
+    one per position, and why their indexes are not static ("" when they are)."""
+
+    items: list[Construction]
+    context: Context  # where the sequence was started: growing it elsewhere is conditional
+    unknown: str = ""
+
+    def mark_unknown(self, why: str) -> None:
+        if not self.unknown:
+            self.unknown = why
 
 
 class InitAnalyzer:
@@ -81,6 +107,9 @@ class InitAnalyzer:
         self.context: Context = EMPTY_CONTEXT
         self.method_stack: list[str] = []
         self.function_stack: list[ast.FunctionDef] = []
+        self.lists: dict[str, _Elements] = {}  # local lists of modules (``layers = []``)
+        # Analysing the ``__init__`` of an ``nn.Sequential`` subclass: its own elements.
+        self.own_elements: _Elements | None = None
 
     # -- statements --------------------------------------------------------------------------
     def run(self, function: ast.FunctionDef) -> dict[str, list[Construction]]:
@@ -101,6 +130,13 @@ class InitAnalyzer:
                 self.assign(target, node.value)
         elif isinstance(node, ast.AnnAssign) and node.value is not None:
             self.assign(node.target, node.value)
+        elif (
+            isinstance(node, ast.AugAssign)
+            and isinstance(node.op, ast.Add)
+            and isinstance(node.target, ast.Name)
+            and node.target.id in self.lists
+        ):
+            self.grow(self.lists[node.target.id], node.value, node)
         elif isinstance(node, ast.If):
             self.branch([node.body, node.orelse], BranchPoint("if", node.test))
         elif isinstance(node, ast.For):
@@ -127,13 +163,43 @@ class InitAnalyzer:
 
     def expression_call(self, call: ast.Call) -> None:
         func = call.func
+        growing = ("append", "extend", "add_module", "insert")
+        # layers.append(Block(...)) on a local list that becomes an nn.Sequential
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr in growing
+            and isinstance(func.value, ast.Name)
+            and func.value.id in self.lists
+        ):
+            self.grow(self.lists[func.value.id], call, call, func.attr)
+            return
+        # super().__init__(conv, bn) / self.add_module("conv", conv) in an nn.Sequential subclass
+        if self.own_elements is not None and self.fills_self(call):
+            return
+        # self.add_module("conv", nn.Conv2d(...)) binds self.conv
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr == "add_module"
+            and isinstance(func.value, ast.Name)
+            and func.value.id == "self"
+            and len(call.args) == 2
+            and isinstance(name := constant_value(call.args[0]), str)
+        ):
+            self.assign(ast.Attribute(ast.Name("self"), name), call.args[1])
+            return
         # self.layers.append(Layer(...)) / self.layers.extend([...])
         if (
             isinstance(func, ast.Attribute)
-            and func.attr in ("append", "extend", "add_module", "insert")
+            and func.attr in growing
             and (attr := self_attribute(func.value)) is not None
         ):
             for container in self.bindings.get(attr, []):
+                if container.container == "sequential":
+                    elements = _Elements(list(container.elements), container.context)
+                    elements.unknown = container.elements_unknown
+                    self.grow(elements, call, call, func.attr)
+                    _fill(container, elements)
+                    continue
                 if container.container is None:
                     continue
                 values = call.args[-1:] if func.attr != "extend" else []
@@ -158,6 +224,13 @@ class InitAnalyzer:
                 for sub_target, sub_value in zip(target.elts, value.elts):
                     self.assign(sub_target, sub_value)
             return
+        if isinstance(target, ast.Name):
+            if isinstance(value, (ast.List, ast.Tuple, ast.ListComp, ast.BinOp)):
+                started = _Elements([], self.context)
+                self.add_iterable(started, value)
+                self.lists[target.id] = started
+            else:
+                self.lists.pop(target.id, None)
         constructions = self.construct(value)
         if isinstance(target, ast.Name):
             if constructions:
@@ -214,24 +287,24 @@ class InitAnalyzer:
             for k in value.keywords
             if k.arg is not None
         }
-        if kind in LIST_CONTAINERS or kind == SEQUENTIAL:
+        if kind == SEQUENTIAL:
             container = self.make(kind, value, positional, keywords)
-            container.container = "sequential" if kind == SEQUENTIAL else "list"
-            items: Iterator[ast.expr]
-            if kind == SEQUENTIAL:
-                items = iter(value.args)
-                if len(value.args) == 1 and isinstance(value.args[0], ast.Call):
-                    inner = call_kind(value.args[0].func, self.ctx.imports)
-                    if inner == "collections.OrderedDict":
-                        items = (
-                            _list_items(value.args[0].args[0]) if value.args[0].args else iter(())
-                        )
-            else:
-                items = _list_items(value.args[0]) if value.args else iter(())
-            for item in items:
+            container.container = "sequential"
+            _fill(container, self.sequence(value.args, depth))
+            return [container]
+        if kind in LIST_CONTAINERS:
+            container = self.make(kind, value, positional, keywords)
+            container.container = "list"
+            for item in _list_items(value.args[0]) if value.args else iter(()):
                 if isinstance(item, ast.Starred):
                     continue
                 container.elements.extend(self.construct(item, depth) or [_opaque(item, self)])
+            return [container]
+        subclass_init = self.sequential_subclass(kind)
+        if subclass_init is not None and depth < MAX_FACTORY_DEPTH:
+            container = self.make(kind, value, positional, keywords)
+            container.container = "sequential"
+            _fill(container, self.subclass_elements(kind, subclass_init))
             return [container]
         factory = self.factory(value, kind)
         if factory is not None and depth < MAX_FACTORY_DEPTH:
@@ -245,6 +318,180 @@ class InitAnalyzer:
             if returned:
                 return returned
         return [self.make(kind, value, positional, keywords)]
+
+    # -- nn.Sequential elements ---------------------------------------------------------------
+    def sequence(self, arguments: Iterable[ast.expr], depth: int = 0) -> _Elements:
+        """The elements of ``nn.Sequential(*arguments)``: modules, starred lists, or one
+        ``OrderedDict``."""
+        arguments = list(arguments)
+        elements = _Elements([], self.context)
+        if (
+            len(arguments) == 1
+            and isinstance(arguments[0], ast.Call)
+            and call_kind(arguments[0].func, self.ctx.imports) == "collections.OrderedDict"
+        ):
+            ordered = arguments[0]
+            if ordered.args:
+                self.add_iterable(elements, ordered.args[0], depth, pairs=True)
+            return elements
+        for argument in arguments:
+            self.add_item(elements, argument, depth)
+        return elements
+
+    def add_item(self, elements: _Elements, item: ast.expr, depth: int = 0) -> None:
+        if isinstance(item, ast.Starred):
+            self.add_iterable(elements, item.value, depth)
+        else:
+            elements.items.append(self.element(item, depth))
+
+    def add_iterable(
+        self, elements: _Elements, node: ast.expr, depth: int = 0, pairs: bool = False
+    ) -> None:
+        """Append the modules an iterable expression yields (``pairs``: ``(name, module)``)."""
+        if isinstance(node, (ast.List, ast.Tuple)):
+            for item in node.elts:
+                if pairs and not isinstance(item, ast.Starred):
+                    if isinstance(item, ast.Tuple) and len(item.elts) == 2:
+                        item = item.elts[1]
+                    else:
+                        elements.mark_unknown(f"line {item.lineno}: not a (name, module) pair")
+                        elements.items.append(_opaque(item, self))
+                        continue
+                self.add_item(elements, item, depth)
+        elif isinstance(node, ast.Dict) and pairs:
+            for key, value in zip(node.keys, node.values):
+                if key is None:  # ``**other``: unknown entries
+                    elements.mark_unknown(f"line {value.lineno}: entries unpacked from a mapping")
+                    elements.items.append(_opaque(value, self))
+                else:
+                    elements.items.append(self.element(value, depth))
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            self.add_iterable(elements, node.left, depth, pairs)
+            self.add_iterable(elements, node.right, depth, pairs)
+        elif isinstance(node, ast.Name) and node.id in self.lists:
+            listed = self.lists[node.id]
+            if not listed.context <= self.context:
+                elements.mark_unknown(f"line {node.lineno}: `{node.id}` is built under a condition")
+            if listed.unknown:
+                elements.mark_unknown(listed.unknown)
+            elements.items.extend(listed.items)
+        elif isinstance(node, (ast.ListComp, ast.GeneratorExp)) and not pairs:
+            # One element stands for all the comprehension builds (zero or more of them).
+            elements.mark_unknown(f"line {node.lineno}: elements built by a comprehension")
+            elements.items.append(self.element(node.elt, depth))
+        else:
+            text = ast.unparse(node)
+            text = text if len(text) <= 40 else text[:37] + "..."
+            elements.mark_unknown(f"line {node.lineno}: elements taken from `{text}`")
+            elements.items.append(_opaque(node, self))
+
+    def element(self, item: ast.expr, depth: int = 0) -> Construction:
+        """The module at one position: opaque when it is not one known construction on every
+        path through this position (``nn.ReLU() if act else nn.Identity()``)."""
+        found = self.construct(item, depth)
+        if len(found) == 1 and found[0].context <= self.context:
+            return found[0]
+        opaque = _opaque(item, self)
+        if found:
+            opaque.condition = "one of " + ", ".join(sorted({c.kind for c in found}))
+        return opaque
+
+    def grow(self, elements: _Elements, node: ast.AST, where: ast.AST, how: str = "+=") -> None:
+        """``elements`` grown by ``+= node``, or by the call ``node`` (``append``,
+        ``extend``, ``add_module``, ``insert``)."""
+        line = getattr(where, "lineno", 0)
+        if self.context != elements.context:
+            elements.mark_unknown(f"line {line}: `{how}` inside a loop or under a condition")
+        if how == "+=":
+            assert isinstance(node, ast.expr)
+            self.add_iterable(elements, node)
+            return
+        assert isinstance(node, ast.Call)
+        if how == "extend":
+            if node.args:
+                self.add_iterable(elements, node.args[0])
+            return
+        if how == "insert":
+            elements.mark_unknown(f"line {line}: an element inserted before others")
+        if node.args:
+            elements.items.append(self.element(node.args[-1]))
+
+    def fills_self(self, call: ast.Call) -> bool:
+        """Handle a call that fills an ``nn.Sequential`` subclass being analysed; False when
+        the call is something else."""
+        func = call.func
+        own = self.own_elements
+        assert own is not None
+        if not isinstance(func, ast.Attribute):
+            return False
+        arguments: list[ast.expr] | None = None
+        if func.attr == "__init__" and _is_super(func.value):
+            arguments = list(call.args)
+        elif (
+            func.attr == "__init__"
+            and call_kind(func.value, self.ctx.imports) == SEQUENTIAL
+            and call.args
+        ):
+            arguments = list(call.args[1:])  # nn.Sequential.__init__(self, ...)
+        if arguments is not None:
+            if self.context != own.context:
+                own.mark_unknown(f"line {call.lineno}: `__init__` called under a condition")
+            filled = self.sequence(arguments)
+            own.items[:0] = filled.items
+            if filled.unknown:
+                own.mark_unknown(filled.unknown)
+            return True
+        if isinstance(func.value, ast.Name) and func.value.id == "self":
+            if func.attr in ("append", "extend", "add_module", "insert"):
+                self.grow(own, call, call, func.attr)
+                return True
+        return False
+
+    def sequential_subclass(self, kind: str) -> ast.FunctionDef | None:
+        """The ``__init__`` of a local ``nn.Sequential`` subclass that keeps
+        ``nn.Sequential.forward`` (one of its own would not call the elements in order)."""
+        chain: list[ast.ClassDef] = []
+        name: str | None = kind
+        while name is not None and name in self.ctx.class_nodes and len(chain) < 8:
+            node = self.ctx.class_nodes[name]
+            if node in chain:
+                return None
+            chain.append(node)
+            bases = [self.ctx.imports.resolve(base) for base in node.bases]
+            local = [b for b in bases if b in self.ctx.class_nodes]
+            if SEQUENTIAL in bases:
+                name = None
+            elif len(local) == 1 and len(bases) == 1:
+                name = local[0]
+            else:
+                return None
+        if not chain or name is not None:
+            return None
+        methods = [
+            item for node in chain for item in node.body if isinstance(item, ast.FunctionDef)
+        ]
+        if any(m.name in ("forward", "__call__") for m in methods):
+            return None
+        # The nearest ``__init__``; its ``super().__init__`` must reach nn.Sequential itself.
+        init = next((m for m in methods if m.name == "__init__"), None)
+        if init is None or init not in chain[-1].body:
+            return None
+        return init
+
+    def subclass_elements(self, kind: str, init: ast.FunctionDef) -> _Elements:
+        """Run the subclass's ``__init__`` to see what it puts into itself."""
+        node = self.ctx.class_nodes[kind]
+
+        def method(name: str) -> ast.FunctionDef | None:
+            return next(
+                (i for i in node.body if isinstance(i, ast.FunctionDef) and i.name == name), None
+            )
+
+        context = replace(self.ctx, methods=method)
+        analyzer = InitAnalyzer(context, {})
+        analyzer.own_elements = _Elements([], EMPTY_CONTEXT)
+        analyzer.run(init)
+        return analyzer.own_elements
 
     def factory(self, call: ast.Call, kind: str) -> ast.FunctionDef | None:
         """A module-level function or own method that builds and returns a module."""
@@ -277,6 +524,22 @@ class InitAnalyzer:
 
 def _opaque(node: ast.expr, analyzer: InitAnalyzer) -> Construction:
     return analyzer.make("?", node, [], {})
+
+
+def _fill(container: Construction, elements: _Elements) -> None:
+    """Give ``container`` its elements, each a copy that knows its index (when static)."""
+    container.elements_unknown = elements.unknown
+    container.elements = [
+        replace(element, position=None if elements.unknown else index, owner=container)
+        for index, element in enumerate(elements.items)
+    ]
+
+
+def _is_super(node: ast.expr) -> bool:
+    """``super()`` or ``super(Cls, self)``."""
+    return (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "super"
+    )
 
 
 def self_attribute(node: ast.expr) -> str | None:

@@ -112,6 +112,13 @@ class Construction:
     method: str = "__init__"
     condition: str = ""
     function: ast.FunctionDef | None = None  # the def whose body holds ``node``
+    # An element of an ``nn.Sequential``: its index there when that is the same on every path
+    # (``None`` when it is not), and the container. A rewrite that calls elements one by one
+    # indexes them by ``position``, never by counting steps.
+    position: int | None = None
+    owner: Construction | None = field(default=None, compare=False, repr=False)
+    # A ``sequential`` container whose element indexes are not statically known: why not.
+    elements_unknown: str = ""
 
     def describe(self) -> str:
         """The construction as a DSL step callee, with the arguments the source spelled out."""

@@ -181,6 +181,7 @@ class FileAnalysis:
             methods=lambda name: self.method(info, name),
             next_branch=self.next_branch,
             branch_labels=self.branch_labels,
+            class_nodes=self.class_nodes,
         )
         info.bindings = InitAnalyzer(context, inherited).run(init)
 

@@ -96,6 +96,26 @@ def edit_location(site: Site) -> tuple[int, int]:
     return site.line, site.column
 
 
+def sequential_indices(inside: list[FlowStep]) -> tuple[int, list[int]]:
+    """The element count of the ``nn.Sequential`` that ``inside`` (steps through its elements)
+    runs, and the index of each of those elements, taken from the construction: never counted
+    from the steps, which may repeat (an inlined helper) or stand for several modules."""
+    owners = {id(s.construction.owner) for s in inside if s.construction is not None}
+    first = inside[0].construction
+    owner = first.owner if first is not None else None
+    if owner is None or len(owners) != 1 or any(s.construction is None for s in inside):
+        raise Refusal("internal: the nn.Sequential of the matched elements is not known")
+    if owner.elements_unknown:
+        raise Refusal(
+            f"line {owner.line}: the indexes of this nn.Sequential's elements are not known "
+            f"statically ({owner.elements_unknown}); not rewritten rather than guessed"
+        )
+    indices = [s.construction.position for s in inside]  # type: ignore[union-attr]
+    if any(index is None for index in indices):
+        raise Refusal(f"line {owner.line}: an nn.Sequential element has no static index")
+    return len(owner.elements), indices  # type: ignore[return-value]
+
+
 @dataclass
 class Plan:
     """The edits for one site, all inside ``function``."""
@@ -760,18 +780,20 @@ class Planner:
         if steps[: len(inside)] != inside:
             raise Refusal("the match mixes nn.Sequential elements and other calls")
         container = self.source.segment(call.func)
-        elements = [s for s in site.flow.steps if s.node is call] if site.flow else []
-        if not elements:
-            raise Refusal("internal: nn.Sequential elements not available")
-        indices = [elements.index(step) for step in inside]
+        count, indices = sequential_indices(inside)
         if indices != list(range(indices[0], indices[0] + len(indices))):
             raise Refusal("the fused nn.Sequential elements are not consecutive")
         (new_step,) = replacement
-        module_text = {step.module: f"{container}[{elements.index(step)}]" for step in elements}
+        module_text: dict[str | None, str] = {
+            step.module: f"{container}[{index}]" for step, index in zip(inside, indices)
+        }
+        element_calls = [f"{container}[{index}]" for index in range(count)]
         if len(inside) < len(steps):
-            if indices[-1] != len(elements) - 1:
+            if indices[-1] != count - 1:
                 raise Refusal("the matched nn.Sequential elements are not its last ones")
-            return self.plan_sequential_tail(site, plan, new_step, call, indices[0], module_text)
+            return self.plan_sequential_tail(
+                site, plan, new_step, call, element_calls[: indices[0]], module_text
+            )
         template = self.render_call(
             new_step,
             site,
@@ -786,7 +808,7 @@ class Planner:
             first=indices[0],
             last=indices[-1],
             template=template,
-            element_calls=[module_text[element.module] for element in elements],
+            element_calls=element_calls,
         )
         plan.touched.append(call)
         assert steps[0].statement is not None
@@ -799,7 +821,7 @@ class Planner:
         plan: Plan,
         new_step: PatternStep,
         call: ast.Call,
-        first: int,
+        before: list[str],
         module_text: dict[str | None, str],
     ) -> Plan:
         """A match that starts with the last elements of an ``nn.Sequential`` and goes on
@@ -813,7 +835,7 @@ class Planner:
         if len({step.inline_chain for step in steps}) != 1:
             raise Refusal("the match spans several methods or classes; not rewritten")
         prefix = self.source.segment(call.args[0])
-        for element_call in list(module_text.values())[:first]:  # in element order
+        for element_call in before:  # the elements before the match, in order
             prefix = f"{element_call}({prefix})"
         self.check_final_output_only(site, new_step)
         pattern = site.rule.forward.steps  # type: ignore[union-attr]

@@ -13,7 +13,16 @@ Importing this package imports neither torch nor the code under test: all of tha
 worker subprocess (:mod:`adopter.verify.worker`) under a timeout.
 """
 
-from .results import NOT_CHECKABLE, REFUTED, VERIFIED, ClassVerification, FileVerification, Status
+from .results import (
+    NOT_CHECKABLE,
+    NOT_EXERCISED,
+    REFUTED,
+    VERIFIED,
+    ClassVerification,
+    FileVerification,
+    SiteCoverage,
+    Status,
+)
 from .runner import (
     PatchedFile,
     module_name_for,
@@ -22,15 +31,20 @@ from .runner import (
     verify_patched_file,
     verify_patched_files,
 )
+from .sites import PatchedSite, find_sites
 
 __all__ = [
     "NOT_CHECKABLE",
+    "NOT_EXERCISED",
     "REFUTED",
     "VERIFIED",
     "ClassVerification",
     "FileVerification",
     "PatchedFile",
+    "PatchedSite",
+    "SiteCoverage",
     "Status",
+    "find_sites",
     "module_name_for",
     "verify_factories",
     "verify_factory",

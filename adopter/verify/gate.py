@@ -12,27 +12,19 @@ from ..dsl.syntax import Rule
 from ..match.matcher import Matcher
 from ..rewrite.apply import FileRewrite
 from ..rewrite.driver import rewrite_text
-from .results import NOT_CHECKABLE, REFUTED, VERIFIED, FileVerification
+from .results import NOT_EXERCISED, REFUTED, VERIFIED, FileVerification
 from .runner import PatchedFile, verify_patched_files
 
 
 def file_status(verification: FileVerification) -> tuple[str, str]:
-    """One verdict for a whole file: refuted if any class is, verified if at least one class
-    was checked and none refuted, otherwise not checkable (with the first reason)."""
-    classes = verification.classes
-    refuted = [c for c in classes if c.status == REFUTED]
-    if refuted:
-        worst = refuted[0]
-        return REFUTED, f"{worst.cls}: {worst.reason}"
-    verified = [c for c in classes if c.status == VERIFIED]
-    if verified:
-        return VERIFIED, f"{len(verified)} model class(es) agree: " + ", ".join(
-            c.cls for c in verified
-        )
-    if verification.error:
-        return NOT_CHECKABLE, verification.error
-    reasons = [f"{c.cls}: {c.reason}" for c in classes]
-    return NOT_CHECKABLE, reasons[0] if reasons else "no model class could be built"
+    """One verdict for a whole file, with its reason: refuted if any check is; verified only
+    when every patched site ran in a check that matched (see ``FileVerification.status``);
+    otherwise not exercised or not checkable."""
+    return verification.status, verification.reason()
+
+
+def _kernel_of(rule: Rule) -> str:
+    return rule.kernel.rpartition(".")[2] if rule.kernel else ""
 
 
 @dataclass
@@ -77,6 +69,12 @@ def gate_rewrites(
             )
         elif status == REFUTED and len(used) > 1:
             gated.append(_narrow(rewrite, rules, used, timeout, modes, max_heads, reason))
+        elif status == NOT_EXERCISED:
+            gated.append(
+                _without_unexercised(
+                    rewrite, rules, used, verification, timeout, modes, max_heads, reason
+                )
+            )
         else:
             dropped = dict.fromkeys(used, reason)
             gated.append(GatedFile(rewrite, status, reason, None, [], dropped, verification))
@@ -118,6 +116,36 @@ def _narrow(
         return GatedFile(rewrite, REFUTED, reason, None, [], dropped, verification)
     note = f"verified with {', '.join(kept)}; dropped " + ", ".join(dropped)
     return GatedFile(combined, VERIFIED, note, combined.patched, kept, dropped, verification)
+
+
+def _without_unexercised(
+    rewrite: FileRewrite,
+    rules: list[Rule],
+    used: list[str],
+    verification: FileVerification,
+    timeout: float,
+    modes: Sequence[str],
+    heads: int,
+    reason: str,
+) -> GatedFile:
+    """Keep the rules whose kernels only appear at sites that ran and matched; the others are
+    dropped (nothing is known about a site that never ran) and the rest is checked again."""
+    by_id = {rule.id: rule for rule in rules}
+    missing = {entry.site.kernel for entry in verification.not_exercised}
+    kept = [rule_id for rule_id in used if _kernel_of(by_id[rule_id]) not in missing]
+    dropped = {rule_id: f"{NOT_EXERCISED}: {reason}" for rule_id in used if rule_id not in kept}
+    if not kept:
+        return GatedFile(rewrite, NOT_EXERCISED, reason, None, [], dropped, verification)
+    combined = rewrite_text(
+        rewrite.original, rewrite.path, Matcher([by_id[rule_id] for rule_id in kept])
+    )
+    (again,) = _verify([(rewrite.path, combined.patched)], timeout, modes, heads)
+    status, why = file_status(again)
+    if status != VERIFIED:
+        dropped.update(dict.fromkeys(kept, f"{status} without the others: {why}"))
+        return GatedFile(rewrite, status, reason, None, [], dropped, again)
+    note = f"verified with {', '.join(kept)}; dropped " + ", ".join(dropped)
+    return GatedFile(combined, VERIFIED, note, combined.patched, kept, dropped, again)
 
 
 def describe(path: str | Path, gated: GatedFile) -> str:

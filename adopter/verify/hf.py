@@ -342,6 +342,16 @@ def make_inputs(
         decoder_vocab = int(getattr(config, "decoder_vocab_size", None) or vocab)
         # As long as the encoder input: some heads index decoder states with an encoder mask.
         inputs["decoder_input_ids"] = ids(seq, decoder_vocab)
+    hidden = _sub_attr(config, "hidden_size", None)
+    if (
+        getattr(config, "add_cross_attention", False)
+        and not getattr(config, "is_encoder_decoder", False)
+        and "encoder_hidden_states" in params
+        and isinstance(hidden, int)
+    ):
+        # A decoder configured with cross-attention (reached by flipping add_cross_attention):
+        # without encoder states its cross-attention layers never run.
+        inputs["encoder_hidden_states"] = torch.randn((*lead, seq + 1, hidden), generator=gen)
     if "output_hidden_states" in params:
         inputs["output_hidden_states"] = True
     if "return_dict" in params:

@@ -11,11 +11,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-Status = Literal["verified", "refuted", "not checkable"]
+from .sites import PatchedSite
+
+Status = Literal["verified", "refuted", "not checkable", "not exercised"]
 
 VERIFIED: Status = "verified"
 REFUTED: Status = "refuted"
 NOT_CHECKABLE: Status = "not checkable"
+# Everything that was compared matched, but some patched site never ran in a check that
+# matched: nothing is known about that site, so the file is not verified.
+NOT_EXERCISED: Status = "not exercised"
 
 
 @dataclass
@@ -28,6 +33,10 @@ class ClassVerification:
     name the largest absolute difference seen - for a refuted class the worst offending output or
     parameter gradient, for a verified one the largest rounding difference (so a reader can see
     how close the patched model came).
+
+    ``setting`` names configuration values verify changed from the defaults to reach a
+    patched site (``use_weighted_layer_sum=True``; empty for the defaults). ``runs`` maps each
+    mode to the patched sites (:attr:`PatchedSite.key`) that ran in it and how often.
     """
 
     cls: str
@@ -36,6 +45,16 @@ class ClassVerification:
     max_abs_diff: float | None = None
     where: str | None = None
     modes: dict[str, str] = field(default_factory=dict)
+    setting: str = ""
+    runs: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return f"{self.cls} [{self.setting}]" if self.setting else self.cls
+
+    def matched_in(self, mode: str) -> bool:
+        """Whether the comparison in ``mode`` ran and agreed."""
+        return self.modes.get(mode, "").startswith(VERIFIED)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -49,7 +68,76 @@ class ClassVerification:
             max_abs_diff=data.get("max_abs_diff"),
             where=data.get("where"),
             modes={str(k): str(v) for k, v in (data.get("modes") or {}).items()},
+            setting=str(data.get("setting") or ""),
+            runs={
+                str(mode): {str(k): int(n) for k, n in counts.items()}
+                for mode, counts in (data.get("runs") or {}).items()
+            },
         )
+
+
+@dataclass
+class SiteCoverage:
+    """Whether one patched site ran and matched: ``exercised`` only when it ran in a mode
+    whose comparison agreed (``matched_in``: "WhisperModel: eval" -> calls). ``ran_in`` counts
+    every run, also in comparisons that did not agree or could not be judged."""
+
+    site: PatchedSite
+    matched_in: dict[str, int] = field(default_factory=dict)
+    ran_in: dict[str, int] = field(default_factory=dict)
+    reason: str = ""
+
+    @property
+    def exercised(self) -> bool:
+        return bool(self.matched_in)
+
+    @property
+    def status(self) -> str:
+        return "exercised" if self.exercised else NOT_EXERCISED
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.site.to_json(),
+            "status": self.status,
+            "matched_in": dict(self.matched_in),
+            "ran_in": dict(self.ran_in),
+            "reason": self.reason,
+        }
+
+
+def site_coverage(sites: list[PatchedSite], classes: list[ClassVerification]) -> list[SiteCoverage]:
+    """Which sites ran in which checks, and why those that never ran and matched did not."""
+    covered = []
+    for site in sites:
+        entry = SiteCoverage(site)
+        for verdict in classes:
+            for mode, counts in verdict.runs.items():
+                calls = counts.get(site.key, 0)
+                if not calls:
+                    continue
+                label = f"{verdict.label}: {mode}"
+                entry.ran_in[label] = calls
+                if verdict.matched_in(mode):
+                    entry.matched_in[label] = calls
+        if not entry.exercised:
+            parts = [
+                "ran only in comparisons that did not agree or could not be judged ("
+                + ", ".join(entry.ran_in)
+                + ")"
+                if entry.ran_in
+                else "never ran"
+            ]
+            if site.guards:
+                parts.append("guarded by " + " and ".join(f"`{g}`" for g in site.guards))
+            tried = [
+                v.label if v.status == VERIFIED else f"{v.label} ({v.status}: {v.reason[:90]})"
+                for v in classes
+            ]
+            if tried:
+                parts.append("checks tried: " + ", ".join(dict.fromkeys(tried)))
+            entry.reason = "; ".join(parts)
+        covered.append(entry)
+    return covered
 
 
 @dataclass
@@ -69,15 +157,54 @@ class FileVerification:
     error: str | None = None
     notes: list[str] = field(default_factory=list)
     seconds: float | None = None
+    sites: list[SiteCoverage] = field(default_factory=list)
+
+    @property
+    def not_exercised(self) -> list[SiteCoverage]:
+        return [entry for entry in self.sites if not entry.exercised]
 
     @property
     def status(self) -> Status:
-        """``refuted`` if any class is, ``verified`` only if all were checked and verified."""
+        """``refuted`` if any class is. Where the patched text calls kernels (``sites``):
+        ``verified`` only when every site ran in a comparison that agreed (classes that could
+        not be built, or were not reached before a timeout, do not count against it: they are
+        listed), ``not exercised`` when comparisons agreed but some site never ran in one.
+        Without sites: ``verified`` only if every class was checked and verified and the check
+        finished. Anything else is ``not checkable``."""
         if any(c.status == REFUTED for c in self.classes):
             return REFUTED
-        if self.error is None and self.classes and all(c.status == VERIFIED for c in self.classes):
+        if self.sites and any(c.status == VERIFIED for c in self.classes):
+            return NOT_EXERCISED if self.not_exercised else VERIFIED
+        if self.error is not None or not self.classes or self.sites:
+            return NOT_CHECKABLE
+        if all(c.status == VERIFIED for c in self.classes):
             return VERIFIED
         return NOT_CHECKABLE
+
+    def reason(self) -> str:
+        """One line saying why the file has its status."""
+        status = self.status
+        if status == REFUTED:
+            worst = next(c for c in self.classes if c.status == REFUTED)
+            return f"{worst.label}: {worst.reason}"
+        if status == VERIFIED:
+            agreed = [c.label for c in self.classes if c.status == VERIFIED]
+            text = f"{len(agreed)} model check(s) agree: " + ", ".join(agreed)
+            if self.sites:
+                text += f"; all {len(self.sites)} patched site(s) ran and matched"
+            if self.error:
+                text += f"; the check did not finish: {self.error}"
+            return text
+        if status == NOT_EXERCISED:
+            missing = self.not_exercised
+            return (
+                f"{len(missing)} of {len(self.sites)} patched site(s) never ran in a check that "
+                "matched: " + "; ".join(f"{m.site.describe()}: {m.reason}" for m in missing)
+            )
+        if self.error:
+            return self.error
+        reasons = [f"{c.label}: {c.reason}" for c in self.classes]
+        return reasons[0] if reasons else "no model class could be built"
 
     def get(self, cls: str) -> ClassVerification:
         """The verdict of the class named ``cls`` (``KeyError`` if it was not checked)."""
@@ -101,15 +228,20 @@ class FileVerification:
                 diff = " (bit-identical)"
             else:
                 diff = f" (max |diff| {c.max_abs_diff:.3g} at {c.where})"
-            lines.append(f"  {c.cls}: {c.status}{diff} - {c.reason}")
+            lines.append(f"  {c.label}: {c.status}{diff} - {c.reason}")
+        for entry in self.sites:
+            detail = ", ".join(entry.matched_in) if entry.exercised else entry.reason
+            lines.append(f"  site {entry.site.describe()}: {entry.status} - {detail}")
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "path": str(self.path),
             "status": self.status,
+            "reason": self.reason(),
             "error": self.error,
             "notes": list(self.notes),
             "seconds": self.seconds,
             "classes": [c.to_json() for c in self.classes],
+            "sites": [entry.to_json() for entry in self.sites],
         }

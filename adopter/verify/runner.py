@@ -3,7 +3,9 @@
 The parent never imports the code under test (nor torch): model code can hang, crash the
 interpreter or poison global state, and a verify run must survive all of that and report it as
 "not checkable". Everything that touches models happens in ``python -m adopter.verify.worker``,
-started in its own session so that a timeout can kill it together with any children it spawned.
+started in its own session and with a mark in its environment, so that when it ends - done,
+crashed or timed out - everything it started is killed with it, including processes that left
+its session (see :mod:`adopter.verify.contain`).
 Several files go to one worker in a batch (importing torch and transformers takes seconds, the
 check of a shrunk model a fraction of that); each file still has its own timeout.
 """
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -22,7 +23,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .results import NOT_CHECKABLE, ClassVerification, FileVerification
+from .contain import MARK_VARIABLE, end_worker, new_mark
+from .results import (
+    NOT_CHECKABLE,
+    NOT_EXERCISED,
+    ClassVerification,
+    FileVerification,
+    site_coverage,
+)
+from .sites import PatchedSite, find_sites
 
 __all__ = [
     "PatchedFile",
@@ -83,9 +92,11 @@ def _check_options(modes: Sequence[str], dtype: str, timeout: float) -> list[str
     return chosen
 
 
-def _worker_env() -> dict[str, str]:
-    """The worker's environment: this ``adopter`` importable, hubs offline, no stray threads."""
+def _worker_env(mark: str) -> dict[str, str]:
+    """The worker's environment: this ``adopter`` importable, hubs offline, no stray threads,
+    and the mark that finds every process the worker starts."""
     env = dict(os.environ)
+    env[MARK_VARIABLE] = mark
     adopter_root = str(Path(__file__).resolve().parents[2])
     existing = env.get("PYTHONPATH")
     env["PYTHONPATH"] = adopter_root + (os.pathsep + existing if existing else "")
@@ -116,12 +127,9 @@ def _read_result(result_path: Path) -> dict[str, Any] | None:
         return None
 
 
-def _kill(process: subprocess.Popen[bytes]) -> None:
-    """Kill the worker and everything it started (it leads its own process group)."""
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+def _end(process: subprocess.Popen[bytes], mark: str) -> None:
+    """Kill the worker (when still running) and every process it started."""
+    end_worker(process.pid, mark)
     process.wait()
 
 
@@ -156,13 +164,14 @@ def _run_batch(
         log_path = workdir / f"worker-{launch}.log"
         batch_path.write_text(json.dumps({"jobs": jobs[first:]}, indent=1), encoding="utf-8")
         command = [python or sys.executable, "-m", "adopter.verify.worker", str(batch_path)]
+        mark = new_mark()
         with log_path.open("wb") as log:
             process = subprocess.Popen(
                 command,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=_worker_env(),
+                env=_worker_env(mark),
                 start_new_session=True,
             )
         clock, timed_out = time.monotonic(), False
@@ -176,10 +185,10 @@ def _run_batch(
                 outcomes.append(_JobOutcome(_read_result(result_path), None, now - clock))
                 clock = now
             if returncode is not None or len(outcomes) == len(jobs):
-                process.wait()
+                _end(process, mark)  # what the model code left running goes too
                 break
             if time.monotonic() - clock > timeout:
-                _kill(process)
+                _end(process, mark)
                 timed_out = True
                 break
             time.sleep(_POLL_SECONDS)
@@ -214,7 +223,7 @@ def _file_verification(
         ]
         return FileVerification(path, classes, error=trouble or "no result", seconds=seconds)
     classes = [ClassVerification.from_json(c) for c in result.get("classes", [])]
-    done = {c.cls for c in classes}
+    done = {c.label for c in classes}
     planned = result.get("planned") or requested or []
     current = result.get("current")
     for name in planned:
@@ -231,7 +240,15 @@ def _file_verification(
     if trouble is not None and not planned:
         error = f"{error}; {trouble}" if error else trouble
     notes = list(result.get("notes", []))
-    return FileVerification(path, classes, error=error, notes=notes, seconds=seconds)
+    sites = [PatchedSite.from_json(site) for site in result.get("sites") or []]
+    return FileVerification(
+        path,
+        classes,
+        error=error,
+        notes=notes,
+        seconds=seconds,
+        sites=site_coverage(sites, classes),
+    )
 
 
 @dataclass
@@ -257,7 +274,16 @@ def _transformers_job(item: PatchedFile, patched_dir: Path, options: dict[str, A
     patched_dir.mkdir(parents=True)
     patched_path = patched_dir / path.name
     patched_path.write_text(item.patched_source, encoding="utf-8")
+    try:
+        original = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        original = None
+    try:
+        sites = find_sites(item.patched_source, original)
+    except (SyntaxError, ValueError):  # the worker reports the import failure
+        sites = []
     return {
+        "sites": [site.to_json() for site in sites],
         "kind": "transformers",
         "original_path": str(path.resolve()),
         "module_name": module_name,
@@ -384,6 +410,9 @@ def verify_factories(
             chosen = file_verdict.classes[0]
             if file_verdict.error and chosen.status == NOT_CHECKABLE:
                 chosen.reason = f"{chosen.reason} ({file_verdict.error})"
+            if file_verdict.status == NOT_EXERCISED:
+                chosen.reason = file_verdict.reason()
+                chosen.status = NOT_EXERCISED
         else:
             chosen = ClassVerification(original, NOT_CHECKABLE, file_verdict.error or "no result")
         verdicts.append(chosen)

@@ -54,6 +54,7 @@ class ResultWriter:
             "planned": [],
             "current": None,
             "classes": [],
+            "sites": [],
             "done": False,
             "seconds": None,
         }
@@ -269,9 +270,48 @@ def _error_line(exc: BaseException) -> str:
 
 
 def check_transformers_class(
-    name: str, original_module: ModuleType, patched_module: ModuleType, job: dict[str, Any]
+    name: str,
+    original_module: ModuleType,
+    patched_module: ModuleType,
+    job: dict[str, Any],
+    recorder: Any = None,
+    overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The verdict (as JSON) for one transformers model class."""
+    """The verdict (as JSON) for one transformers model class, built from the shrunk
+    configuration with ``overrides`` on top; ``recorder`` (a :class:`SiteRecorder`) counts
+    which patched sites run in each mode."""
+    verdict = _check_transformers_class(
+        name, original_module, patched_module, job, recorder, overrides or {}
+    )
+    verdict["setting"] = _setting_label(overrides or {})
+    return verdict
+
+
+def _setting_label(overrides: dict[str, Any]) -> str:
+    return ", ".join(f"{key}={value!r}" for key, value in overrides.items())
+
+
+def _measured(recorder: Any, runs: dict[str, dict[str, int]], mode: str, check: Any) -> Any:
+    """Run one mode's check, noting which patched sites ran in it."""
+    if recorder is None:
+        return check()
+    before = recorder.snapshot()
+    try:
+        return check()
+    finally:
+        ran = recorder.since(before)
+        if ran:
+            runs[mode] = ran
+
+
+def _check_transformers_class(
+    name: str,
+    original_module: ModuleType,
+    patched_module: ModuleType,
+    job: dict[str, Any],
+    recorder: Any,
+    overrides: dict[str, Any],
+) -> dict[str, Any]:
     import torch
 
     from .differential import (
@@ -297,8 +337,8 @@ def check_transformers_class(
     dtype = _torch_dtype(job["dtype"])
 
     failures: dict[str, list[str]] = {}  # error -> the recipes that hit it
-    attempts = [(recipe, {}) for recipe in recipes()]
-    fixes: dict[str, Any] = {}
+    attempts = [(recipe, dict(overrides)) for recipe in recipes()]
+    fixes: dict[str, Any] = dict(overrides)
     while attempts:
         recipe, fixes = attempts.pop(0)
         config = None
@@ -360,9 +400,15 @@ def check_transformers_class(
     tol = _tol(job)
     seed = job["seed"]
     outcomes: dict[str, ModeOutcome] = {}
+    runs: dict[str, dict[str, int]] = {}
     if "eval" in job["modes"]:
-        outcomes["eval"] = check_mode(
-            original, patched, state, inputs, training=False, seed=seed, tol=tol
+        outcomes["eval"] = _measured(
+            recorder,
+            runs,
+            "eval",
+            lambda: check_mode(
+                original, patched, state, inputs, training=False, seed=seed, tol=tol
+            ),
         )
     if "train" in job["modes"]:
         try:
@@ -378,27 +424,154 @@ def check_transformers_class(
             if problem is not None:
                 outcomes["train"] = ModeOutcome(REFUTED, problem)
             else:
-                outcomes["train"] = check_mode(
-                    quiet_original,
-                    quiet_patched,
-                    quiet_state,
-                    inputs,
-                    training=True,
-                    seed=seed,
-                    tol=tol,
-                    prepare=zero_dropout_modules,
+                outcomes["train"] = _measured(
+                    recorder,
+                    runs,
+                    "train",
+                    lambda: check_mode(
+                        quiet_original,
+                        quiet_patched,
+                        quiet_state,
+                        inputs,
+                        training=True,
+                        seed=seed,
+                        tol=tol,
+                        prepare=zero_dropout_modules,
+                    ),
                 )
         patched_text = [Path(job["patched_path"]).read_text(encoding="utf-8")]
-        outcomes["train-dropout"] = _train_dropout_outcome(
-            original, patched, state, inputs, patched_text, job
+        outcomes["train-dropout"] = _measured(
+            recorder,
+            runs,
+            "train-dropout",
+            lambda: _train_dropout_outcome(original, patched, state, inputs, patched_text, job),
         )
-    return conclude(name, outcomes, prefix).to_json()
+    verdict = conclude(name, outcomes, prefix)
+    verdict.runs = runs
+    return verdict.to_json()
+
+
+# Checks beyond the planned classes, tried only while a patched site has not run: other
+# model classes, and configurations with the options that guard a site flipped.
+_MAX_REACH_CHECKS = 6
+
+
+def _unreached(sites: list[Any], verdicts: list[dict[str, Any]]) -> list[Any]:
+    """Sites that have not yet run in a mode whose comparison agreed."""
+    from .results import ClassVerification, site_coverage
+
+    classes = [ClassVerification.from_json(v) for v in verdicts]
+    return [entry.site for entry in site_coverage(sites, classes) if not entry.exercised]
+
+
+def _flips(site: Any, defaults: dict[str, Any]) -> list[dict[str, Any]]:
+    """Configuration overrides that may take the branch a site sits in: each boolean field
+    the site's conditions read, negated; each field compared with constants, set to them; then
+    all of those at once."""
+    singles: list[dict[str, Any]] = []
+    for field, constants in site.config_fields.items():
+        if field not in defaults:
+            continue
+        default = defaults[field]
+        if isinstance(default, bool):
+            singles.append({field: not default})
+            continue
+        for value in constants:
+            if value != default and (default is None or type(value) is type(default)):
+                singles.append({field: value})
+    if len(singles) > 1:
+        combined: dict[str, Any] = {}
+        for single in singles:
+            for key, value in single.items():
+                combined.setdefault(key, value)
+        singles.append(combined)
+    return singles
+
+
+_EAGER = {"attn_implementation": "eager"}
+
+
+def _reach_attempts(
+    site: Any, checked: list[str], available: list[str], fixed: bool, defaults: dict[str, Any]
+) -> list[tuple[str, dict[str, Any]]]:
+    """(class, overrides) pairs that may run ``site``: the class whose code holds it (else the
+    classes already checked) under flipped options; where the configuration chooses the
+    attention implementation (transformers >= 4.36 picks an SDPA class by default, so a patch
+    of the eager class never runs), the eager one; then - unless the caller fixed the classes -
+    the model classes not checked yet."""
+    hosts = [site.cls] if site.cls in available and not fixed else []
+    hosts += [name for name in checked if name not in hosts]
+    attempts = [(host, flip) for flip in _flips(site, defaults) for host in hosts[:2]]
+    if defaults.get("_chooses_attention"):
+        attempts += [(host, dict(_EAGER)) for host in hosts[:2]]
+    if not fixed:
+        attempts += [(name, {}) for name in available if name not in checked]
+    return attempts
+
+
+def _reach(
+    names: list[str],
+    verdicts: list[dict[str, Any]],
+    sites: list[Any],
+    check: Any,
+    available: list[str],
+    fixed: bool,
+    defaults: dict[str, Any],
+    writer: ResultWriter,
+) -> None:
+    """Further checks while some site has not run and matched (at most _MAX_REACH_CHECKS)."""
+    done = {(name, "") for name in names}
+    budget = _MAX_REACH_CHECKS
+    while budget > 0:
+        if any(verdict.get("status") == "refuted" for verdict in verdicts):
+            return  # refuted already: reaching more sites cannot change the verdict
+        unreached = _unreached(sites, verdicts)
+        attempt = next(
+            (
+                (name, overrides)
+                for site in unreached
+                for name, overrides in _reach_attempts(site, names, available, fixed, defaults)
+                if (name, _setting_label(overrides)) not in done
+            ),
+            None,
+        )
+        if attempt is None:
+            return
+        name, overrides = attempt
+        done.add((name, _setting_label(overrides)))
+        budget -= 1
+        label = f"{name} [{_setting_label(overrides)}]" if overrides else name
+        writer.plan([*writer.data["planned"], label])
+        writer.start(label)
+        verdict = check(name, overrides)
+        verdicts.append(verdict)
+        if not overrides and name not in names:
+            names.append(name)
+        writer.add(verdict)
+
+
+def _config_defaults(module: ModuleType, names: list[str]) -> dict[str, Any]:
+    for name in names:
+        config_class = getattr(getattr(module, name, None), "config_class", None)
+        if config_class is not None:
+            try:
+                config = config_class()
+                defaults = dict(config.to_dict())
+                # not in to_dict(): whether the configuration picks the attention classes
+                defaults["_chooses_attention"] = hasattr(type(config), "_attn_implementation")
+                return defaults
+            except Exception:  # a configuration that needs arguments: no flips
+                return {}
+    return {}
 
 
 def run_transformers_job(job: dict[str, Any], writer: ResultWriter) -> None:
-    """Import both sides, choose the classes and check them one by one."""
+    """Import both sides, choose the classes and check them one by one; then, while a patched
+    site has not run, try other classes and configurations that may reach it."""
+    from .coverage import SiteRecorder
     from .hf import find_model_classes, select_classes
     from .results import NOT_CHECKABLE, ClassVerification
+    from .sites import PatchedSite
 
     try:
         original_module = import_original(job, writer)
@@ -408,11 +581,16 @@ def run_transformers_job(job: dict[str, Any], writer: ResultWriter) -> None:
         )
         return
     available = find_model_classes(original_module)
+    available_names = [c.__name__ for c in available]
+    sites = [PatchedSite.from_json(site) for site in job.get("sites", [])]
+    writer.data["sites"] = [site.to_json() for site in sites]
     requested = job.get("classes")
     if requested:
         names = list(requested)
     else:
         names = [c.__name__ for c in select_classes(available, job.get("max_heads", 2))]
+        # Every model class whose own code holds a patched site is checked too.
+        names += [n for n in available_names if n not in names and any(s.cls == n for s in sites)]
         if not names:
             writer.error(
                 "no transformers model classes (PreTrainedModel subclasses with a config_class) "
@@ -420,25 +598,40 @@ def run_transformers_job(job: dict[str, Any], writer: ResultWriter) -> None:
             )
             return
     writer.plan(names)
+    recorder = SiteRecorder(sites, files=[job["patched_path"]])
     try:
-        patched_module = load_sibling(
-            job["module_name"], f"{_PATCHED_PREFIX}{job['tag']}_", Path(job["patched_path"])
-        )
+        with recorder.intercepting():
+            patched_module = load_sibling(
+                job["module_name"], f"{_PATCHED_PREFIX}{job['tag']}_", Path(job["patched_path"])
+            )
     except BaseException as exc:
         reason = f"the patched source failed to import: {_error_line(exc)}"
         writer.note(_short_traceback(exc))
         for name in names:
             writer.add(ClassVerification(name, NOT_CHECKABLE, reason).to_json())
         return
-    for name in names:
-        writer.start(name)
+    recorder.install(patched_module)
+
+    def check(name: str, overrides: dict[str, Any]) -> dict[str, Any]:
         try:
-            verdict = check_transformers_class(name, original_module, patched_module, job)
+            return check_transformers_class(
+                name, original_module, patched_module, job, recorder, overrides
+            )
         except Exception as exc:
             verdict = ClassVerification(
                 name, NOT_CHECKABLE, f"verify itself failed: {_short_traceback(exc)}"
             ).to_json()
-        writer.add(verdict)
+            verdict["setting"] = _setting_label(overrides)
+            return verdict
+
+    verdicts: list[dict[str, Any]] = []
+    for name in names:
+        writer.start(name)
+        verdicts.append(check(name, {}))
+        writer.add(verdicts[-1])
+    if sites:
+        defaults = _config_defaults(original_module, names)
+        _reach(names, verdicts, sites, check, available_names, bool(requested), defaults, writer)
 
 
 def _resolve_factory(spec: str, alias: str) -> tuple[Any, ModuleType]:
@@ -475,6 +668,7 @@ def run_factory_job(job: dict[str, Any], writer: ResultWriter) -> None:
         writer.add(ClassVerification(label, NOT_CHECKABLE, reason).to_json())
         return
     writer.start(label)
+    recorder = _factory_recorder(patched_mod, original_fn, writer)
     dtype = _torch_dtype(job["dtype"])
     try:
         seed_everything(job["seed"])
@@ -496,6 +690,7 @@ def run_factory_job(job: dict[str, Any], writer: ResultWriter) -> None:
         reason = f"the patched factory raised {_error_line(exc)}"
         writer.add(ClassVerification(name, REFUTED, reason, where="construction").to_json())
         return
+    _keep_sites_of(patched, writer)
     state = snapshot_state(original)
     problem = load_strictly(patched, state)
     if problem is not None:
@@ -510,27 +705,114 @@ def run_factory_job(job: dict[str, Any], writer: ResultWriter) -> None:
     patched_source = pristine_copies(patched, lambda: rebuild(patched_fn))
     tol, seed = _tol(job), job["seed"]
     outcomes: dict[str, ModeOutcome] = {}
+    runs: dict[str, dict[str, int]] = {}
     if "eval" in job["modes"]:
-        outcomes["eval"] = check_mode(
-            original_source, patched_source, state, inputs, training=False, seed=seed, tol=tol
+        outcomes["eval"] = _measured(
+            recorder,
+            runs,
+            "eval",
+            lambda: check_mode(
+                original_source, patched_source, state, inputs, training=False, seed=seed, tol=tol
+            ),
         )
     if "train" in job["modes"]:
-        outcomes["train"] = check_mode(
-            original_source,
-            patched_source,
-            state,
-            inputs,
-            training=True,
-            seed=seed,
-            tol=tol,
-            prepare=zero_dropout_modules,
+        outcomes["train"] = _measured(
+            recorder,
+            runs,
+            "train",
+            lambda: check_mode(
+                original_source,
+                patched_source,
+                state,
+                inputs,
+                training=True,
+                seed=seed,
+                tol=tol,
+                prepare=zero_dropout_modules,
+            ),
         )
         patched_file = getattr(patched_mod, "__file__", None)
         extra = [Path(patched_file).read_text(encoding="utf-8")] if patched_file else []
-        outcomes["train-dropout"] = _train_dropout_outcome(
-            original_source, patched_source, state, inputs, _module_sources(patched, extra), job
+        sources = _module_sources(patched, extra)
+        outcomes["train-dropout"] = _measured(
+            recorder,
+            runs,
+            "train-dropout",
+            lambda: _train_dropout_outcome(
+                original_source, patched_source, state, inputs, sources, job
+            ),
         )
-    writer.add(conclude(name, outcomes).to_json())
+    verdict = conclude(name, outcomes)
+    verdict.runs = runs
+    writer.add(verdict.to_json())
+
+
+def _keep_sites_of(model: Any, writer: ResultWriter) -> None:
+    """Keep the sites that the patched model's code holds: those in its (sub)modules' classes
+    and their bases, and module-level functions whose name that code mentions. A factory file
+    may define other patched variants that this model never uses."""
+    import inspect
+
+    classes = {c for m in model.modules() for c in type(m).__mro__ if c.__module__ != "builtins"}
+    names = {c.__name__ for c in classes}
+    texts = []
+    for cls in classes:
+        try:
+            texts.append(inspect.getsource(cls))
+        except (OSError, TypeError):
+            continue
+    mentioned = "\n".join(texts)
+    writer.data["sites"] = [
+        site
+        for site in writer.data["sites"]
+        if site["cls"] in names
+        or (site["cls"] is None and site["function"].split(":")[-1].split(".")[0] in mentioned)
+    ]
+    writer.flush()
+
+
+def _factory_recorder(patched_module: ModuleType, original_fn: Any, writer: ResultWriter) -> Any:
+    """A recorder installed in the patched factory's module and in every other loaded module of
+    the user's (not the original factory's) that calls ``adopter.kernels``; its sites are the
+    kernel calls in those modules' files."""
+    from .coverage import SiteRecorder
+    from .sites import KERNEL_PACKAGE, find_sites
+
+    original_module = sys.modules.get(getattr(original_fn, "__module__", "") or "")
+    chosen: list[ModuleType] = [patched_module]
+    for module in list(sys.modules.values()):
+        name = getattr(module, "__name__", "") or ""
+        if module is original_module or module in chosen:
+            continue
+        if name.split(".")[0] in ("adopter", "torch") or not getattr(module, "__file__", None):
+            continue
+        if any(
+            callable(v) and (getattr(v, "__module__", "") or "").startswith(KERNEL_PACKAGE)
+            for v in list(vars(module).values())
+        ):
+            chosen.append(module)
+    sites = []
+    seen: set[str] = set()
+    for module in chosen:
+        file = getattr(module, "__file__", None)
+        if not file or file in seen or not file.endswith(".py"):
+            continue
+        seen.add(file)
+        try:
+            found = find_sites(Path(file).read_text(encoding="utf-8"))
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for site in found:
+            site.file = file
+            if len(seen) > 1:
+                site.function = f"{Path(file).name}:{site.function}"
+        sites += found
+    recorder = SiteRecorder(sites)
+    for module in chosen:
+        recorder.install(module)
+    writer.data["sites"] = [site.to_json() for site in sites]
+    writer.flush()
+    return recorder
 
 
 def run_job(job: dict[str, Any]) -> None:

@@ -67,6 +67,21 @@ class WrongBlock(Block):
         )
 
 
+class RarelyPatchedBlock(Block):
+    """A rewrite whose conv + batch-norm kernel only runs for batches over 100: verify never
+    reaches it, so the block cannot count as verified."""
+
+    def forward(
+        self, image: torch.Tensor, tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if image.shape[0] > 100:
+            features = conv_batch_norm(image, self.conv, self.bn)
+        else:
+            features = self.bn(self.conv(image))
+        hidden = self.down(self.act(self.up(tokens)))
+        return features, self.norm(self.dropout(hidden) + tokens)
+
+
 class RenamedBlock(Block):
     """A rewrite that renamed a submodule: checkpoints would no longer load."""
 
@@ -102,6 +117,10 @@ def make_renamed() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
     return RenamedBlock(), _inputs()
 
 
+def make_rarely_patched() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    return RarelyPatchedBlock(), _inputs()
+
+
 def make_slowly() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
     """A factory that hangs, to exercise the timeout."""
     time.sleep(600)
@@ -111,3 +130,34 @@ def make_slowly() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
 def make_crashing() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
     """A factory that takes the interpreter down, as a segfaulting extension would."""
     os._exit(3)
+
+
+def _leave_session(detach: bool) -> None:
+    """Start a process that leaves the worker's process group and session (``setsid``) and
+    sleeps; with ``detach`` it double-forks so that it is not even the worker's child. Its pid
+    goes to the file named by ``ADOPTER_TEST_PIDFILE``."""
+    pid_file = os.environ["ADOPTER_TEST_PIDFILE"]
+    if os.fork() != 0:
+        return
+    try:
+        os.setsid()
+        if detach and os.fork() != 0:
+            os._exit(0)
+        with open(pid_file, "a", encoding="utf-8") as stream:
+            stream.write(f"{os.getpid()}\n")
+        time.sleep(600)
+    finally:
+        os._exit(0)
+
+
+def make_escaping_then_hanging() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    """Leaves a process in a session of its own, then hangs until the timeout."""
+    _leave_session(detach=False)
+    time.sleep(600)
+    return PatchedBlock(), _inputs()
+
+
+def make_escaping_daemon() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    """Leaves a daemon behind (setsid + double fork) and otherwise works."""
+    _leave_session(detach=True)
+    return PatchedBlock(), _inputs()

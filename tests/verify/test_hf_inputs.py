@@ -67,3 +67,19 @@ def test_size_fixes_take_the_single_attribute_holding_a_mismatched_size() -> Non
     ambiguous = _Config(hidden_dim=16, embed_dim=16)
     assert size_fixes(ambiguous, "running_mean should contain 1280 elements not 16") == {}
     assert size_fixes(config, "some other error") == {}
+
+
+class _Decoder(torch.nn.Module):
+    main_input_name = "input_ids"
+
+    def forward(self, input_ids: Any, encoder_hidden_states: Any = None) -> Any:
+        return input_ids
+
+
+def test_a_decoder_with_cross_attention_gets_encoder_states() -> None:
+    """Flipping ``add_cross_attention`` reaches cross-attention only with encoder states."""
+    plain = _Config(vocab_size=50, hidden_size=8, add_cross_attention=False)
+    assert "encoder_hidden_states" not in make_inputs(_Decoder(), plain, 0)
+    crossed = _Config(vocab_size=50, hidden_size=8, add_cross_attention=True)
+    states = make_inputs(_Decoder(), crossed, 0)["encoder_hidden_states"]
+    assert states.shape[0] == 2 and states.shape[-1] == 8

@@ -34,3 +34,46 @@ def test_importing_the_api_imports_no_torch_and_no_model_code() -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[2])
+
+
+def test_a_file_is_verified_only_when_every_site_ran_and_matched() -> None:
+    from adopter.verify import PatchedSite
+    from adopter.verify.results import site_coverage
+
+    sites = [
+        PatchedSite("softmax", 10, 8, 10, 30, "A.forward", "A"),
+        PatchedSite("softmax", 20, 8, 20, 30, "A.forward", "A", guards=["self.config.flag"]),
+    ]
+    ran_first = ClassVerification(
+        "A", "verified", "agrees", 0.0, modes={"eval": "verified: ok"}, runs={"eval": {"10:8": 3}}
+    )
+    flipped = ClassVerification(
+        "A",
+        "verified",
+        "agrees",
+        0.0,
+        modes={"eval": "verified: ok", "train": "not checkable: unstable"},
+        setting="flag=True",
+        runs={"train": {"20:8": 1}},
+    )
+    assert ClassVerification.from_json(flipped.to_json()) == flipped
+    assert flipped.label == "A [flag=True]"
+    partial = FileVerification(Path("m.py"), [ran_first], sites=site_coverage(sites, [ran_first]))
+    assert partial.status == "not exercised"
+    (missing,) = partial.not_exercised
+    assert missing.site.line == 20 and "never ran" in missing.reason
+    assert "`self.config.flag`" in missing.reason and "line 20" in partial.reason()
+    # ran, but only in a mode that could not be judged: still not exercised
+    both = [ran_first, flipped]
+    judged = FileVerification(Path("m.py"), both, sites=site_coverage(sites, both))
+    assert judged.status == "not exercised"
+    assert judged.not_exercised[0].ran_in == {"A [flag=True]: train": 1}
+    flipped.modes["train"] = "verified: ok"
+    done = FileVerification(Path("m.py"), both, sites=site_coverage(sites, both))
+    assert done.status == "verified" and "all 2 patched site(s) ran and matched" in done.reason()
+    # a class that could not be built does not count against it; a refuted one decides
+    blocked = ClassVerification("B", "not checkable", "no inputs")
+    assert FileVerification(Path("m.py"), [*both, blocked], sites=done.sites).status == "verified"
+    refuted = ClassVerification("C", "refuted", "differs", 0.5, "grad w")
+    assert FileVerification(Path("m.py"), [*both, refuted], sites=done.sites).status == "refuted"
+    assert FileVerification(Path("m.py"), [blocked], sites=done.sites).status == "not checkable"

@@ -7,6 +7,7 @@ in a fresh worker after it.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,7 @@ CASES = {
     "crashing": factory("make_crashing"),
     "wrong": factory("make_wrong"),
     "renamed": factory("make_renamed"),
+    "rarely-patched": factory("make_rarely_patched"),
     "missing-function": factory("no_such_factory"),
     "missing-file": f"{FACTORIES.with_name('no_such_file.py')}:make_patched",
 }
@@ -62,6 +64,25 @@ def test_lost_residual_is_refuted_with_location(verdicts: dict[str, ClassVerific
     assert verdict.where is not None and verdict.where.startswith(("output", "grad"))
     assert "output output[1]" in verdict.reason  # the normed branch, not the conv branch
     assert all(v.startswith("refuted") for v in verdict.modes.values()), verdict.modes
+
+
+def test_a_kernel_that_never_runs_is_not_exercised(
+    verdicts: dict[str, ClassVerification],
+) -> None:
+    """Outputs agree, but the only patched site never ran: not verified, and the site named."""
+    verdict = verdicts["rarely-patched"]
+    assert verdict.status == "not exercised", verdict
+    assert "conv_batch_norm" in verdict.reason and "image.shape[0] > 100" in verdict.reason
+    assert "RarelyPatchedBlock.forward" in verdict.reason
+
+
+def test_every_patched_site_of_the_kernel_patch_ran(
+    verdicts: dict[str, ClassVerification],
+) -> None:
+    runs = verdicts["patched"].runs
+    assert set(runs) == {"eval", "train", "train-dropout"}
+    # conv_batch_norm, linear_bias_activation and dropout_add_layer_norm of PatchedBlock
+    assert all(len(counts) == 3 for counts in runs.values()), runs
 
 
 def test_renamed_module_fails_strict_load(verdicts: dict[str, ClassVerification]) -> None:
@@ -108,3 +129,41 @@ def test_bad_options_are_rejected_before_any_work() -> None:
         verify_factory(ORIGINAL, ORIGINAL, modes=("inference",))
     with pytest.raises(ValueError, match="dtype"):
         verify_factory(ORIGINAL, ORIGINAL, dtype="int8")
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper counts as ended)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def _survivors(pid_file: Path) -> list[int]:
+    pids = [int(line) for line in pid_file.read_text().split()]
+    assert pids, "the factory did not get to start its process"
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+        time.sleep(0.1)
+    return [pid for pid in pids if _alive(pid)]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize(
+    ("patched", "timeout"), [("make_escaping_then_hanging", 20), ("make_escaping_daemon", 120)]
+)
+def test_processes_that_leave_the_session_do_not_survive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, patched: str, timeout: float
+) -> None:
+    """Model code whose child calls ``setsid()`` (and, for the daemon, double-forks away from
+    the worker): after verify returns - timed out or done - none of it is still running."""
+    pid_file = tmp_path / "pids"
+    pid_file.touch()
+    monkeypatch.setenv("ADOPTER_TEST_PIDFILE", str(pid_file))
+    verdict = verify_factory(ORIGINAL, factory(patched), timeout=timeout, modes=("eval",))
+    if patched == "make_escaping_then_hanging":
+        assert "timed out" in verdict.reason, verdict
+    else:
+        assert verdict.status == "verified", verdict
+    assert _survivors(pid_file) == []

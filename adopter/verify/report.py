@@ -1,0 +1,69 @@
+"""Rows for ``adopter verify``'s table and JSON: one per file, per check and per patched site.
+
+Each row has ``kind`` (``file``, ``class`` or ``site``), ``path``, ``class``, ``status`` and
+``reason``; class rows add ``max_abs_diff``, ``where``, ``modes``, ``setting`` and ``runs``,
+site rows ``line`` (in the original file), ``kernel``, ``function`` and the checks it ran and
+matched in. The file row carries the verdict that counts: ``verified`` only when every
+patched site ran and matched.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .results import ClassVerification, FileVerification
+
+__all__ = ["class_row", "verification_rows"]
+
+
+def class_row(path: str | Path, verdict: ClassVerification) -> dict[str, Any]:
+    return {
+        "kind": "class",
+        "path": str(path),
+        "class": verdict.label,
+        "status": verdict.status,
+        "reason": verdict.reason,
+        "max_abs_diff": verdict.max_abs_diff,
+        "where": verdict.where,
+        "modes": dict(verdict.modes),
+        "setting": verdict.setting,
+        "runs": {mode: dict(counts) for mode, counts in verdict.runs.items()},
+    }
+
+
+def verification_rows(path: str | Path, verification: FileVerification) -> list[dict[str, Any]]:
+    """The file's verdict, then each check, then each patched site."""
+    rows: list[dict[str, Any]] = [
+        {
+            "kind": "file",
+            "path": str(path),
+            "class": "(file)",
+            "status": verification.status,
+            "reason": verification.reason(),
+            "max_abs_diff": None,
+            "where": None,
+        }
+    ]
+    rows += [class_row(path, verdict) for verdict in verification.classes]
+    for entry in verification.sites:
+        site = entry.site
+        where = ", ".join(entry.matched_in) if entry.exercised else entry.reason
+        rows.append(
+            {
+                "kind": "site",
+                "path": str(path),
+                "class": f"site: {site.describe()}",
+                "status": entry.status,
+                "reason": f"ran and matched in {where}" if entry.exercised else where,
+                "max_abs_diff": None,
+                "where": None,
+                "line": site.original_line or site.line,
+                "kernel": site.kernel,
+                "function": site.function,
+                "guards": list(site.guards),
+                "matched_in": dict(entry.matched_in),
+                "ran_in": dict(entry.ran_in),
+            }
+        )
+    return rows

@@ -1,0 +1,291 @@
+"""The patched sites of a file, found in the patched text itself: every call of an
+``adopter.kernels`` function.
+
+A rewrite reaches a kernel only through such a call, so "every patched site ran" is "every one
+of these calls ran" (a class-building kernel, ``fused_bert_self_attention(BertSelfAttention)``,
+counts when a module it built runs ``forward``). Each site also carries what guards it - the
+conditions of the ``if``/``while``/conditional expressions around it in its function - and the
+configuration fields those conditions read, so that verify can try to reach a site that the
+default configuration skips (``if self.config.use_weighted_layer_sum:``).
+
+Pure ``ast``: no torch, no model code; used by the parent and the worker alike.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["KERNEL_PACKAGE", "PatchedSite", "find_sites"]
+
+KERNEL_PACKAGE = "adopter.kernels"
+
+
+@dataclass
+class PatchedSite:
+    """One kernel call in the patched text; ``line``/``column``/``end_*`` are the call's exact
+    span there (columns as Python reports them: UTF-8 byte offsets), ``original_line`` the line
+    of the code it replaced in the original file."""
+
+    kernel: str
+    line: int
+    column: int
+    end_line: int
+    end_column: int
+    function: str  # "WhisperForAudioClassification.forward"
+    cls: str | None
+    guards: list[str] = field(default_factory=list)  # "self.config.use_weighted_layer_sum"
+    # configuration fields the guards read -> constants they are compared with (may be empty)
+    config_fields: dict[str, list[Any]] = field(default_factory=dict)
+    original_line: int | None = None
+    file: str = ""  # the file, where sites come from several (plain nn.Module factories)
+    # the n-th of ``of`` kernel calls that stand for the same original line (``0``: alone)
+    nth: int = 0
+    of: int = 0
+
+    @property
+    def key(self) -> str:
+        return (
+            f"{self.file}:{self.line}:{self.column}" if self.file else f"{self.line}:{self.column}"
+        )
+
+    @property
+    def position(self) -> tuple[int, int, int, int]:
+        """As ``code.co_positions()`` gives it: line, end line, column, end column."""
+        return (self.line, self.end_line, self.column, self.end_column)
+
+    def describe(self) -> str:
+        where = f"line {self.original_line}" if self.original_line else f"line {self.line}"
+        if self.nth:
+            where += f" (call {self.nth} of {self.of} there)"
+        return f"{self.kernel} at {where} ({self.function})"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PatchedSite:
+        return cls(**data)
+
+
+def _kernel_names(tree: ast.Module) -> dict[str, str]:
+    """Local name -> kernel name for ``from adopter.kernels import x [as y]`` anywhere."""
+    names: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == KERNEL_PACKAGE and node.level == 0:
+            for alias in node.names:
+                if alias.name != "*":
+                    names[alias.asname or alias.name] = alias.name
+    return names
+
+
+class _Finder(ast.NodeVisitor):
+    def __init__(self, kernels: dict[str, str]) -> None:
+        self.kernels = kernels
+        self.scopes: list[ast.AST] = []  # enclosing classes and functions
+        self.guards: list[ast.expr] = []  # enclosing conditions, outermost first
+        self.negated: list[bool] = []
+        self.inits: dict[str, dict[str, set[str]]] = {}  # class -> self.attr -> config fields
+        self.found: list[PatchedSite] = []
+
+    # -- scopes ------------------------------------------------------------------------------
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:  # noqa: N802 - ast visitor name
+        self.inits[node.name] = _self_attributes_from_config(node)
+        self.scopes.append(node)
+        self.generic_visit(node)
+        self.scopes.pop()
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:  # noqa: N802
+        for decorator in node.decorator_list:
+            self.visit(decorator)
+        self.scopes.append(node)
+        saved, saved_negated = self.guards, self.negated
+        self.guards, self.negated = [], []  # conditions of outer functions do not guard a body
+        for statement in node.body:
+            self.visit(statement)
+        self.guards, self.negated = saved, saved_negated
+        self.scopes.pop()
+
+    visit_AsyncFunctionDef = visit_FunctionDef  # noqa: N815
+
+    # -- conditions --------------------------------------------------------------------------
+    def _guarded(self, test: ast.expr, negated: bool, nodes: list[ast.AST]) -> None:
+        self.guards.append(test)
+        self.negated.append(negated)
+        for node in nodes:
+            self.visit(node)
+        self.guards.pop()
+        self.negated.pop()
+
+    def visit_If(self, node: ast.If) -> None:  # noqa: N802
+        self.visit(node.test)
+        self._guarded(node.test, False, list(node.body))
+        self._guarded(node.test, True, list(node.orelse))
+
+    def visit_While(self, node: ast.While) -> None:  # noqa: N802
+        self.visit(node.test)
+        self._guarded(node.test, False, list(node.body) + list(node.orelse))
+
+    def visit_IfExp(self, node: ast.IfExp) -> None:  # noqa: N802
+        self.visit(node.test)
+        self._guarded(node.test, False, [node.body])
+        self._guarded(node.test, True, [node.orelse])
+
+    # -- kernel calls ------------------------------------------------------------------------
+    def visit_Call(self, node: ast.Call) -> None:  # noqa: N802
+        kernel = None
+        if isinstance(node.func, ast.Name) and node.func.id in self.kernels:
+            kernel = self.kernels[node.func.id]
+        elif isinstance(node.func, ast.Attribute) and ast.unparse(node.func.value) == (
+            KERNEL_PACKAGE
+        ):
+            kernel = node.func.attr
+        if kernel is not None and node.end_lineno is not None and node.end_col_offset is not None:
+            self.found.append(self._site(kernel, node))
+        self.generic_visit(node)
+
+    def _site(self, kernel: str, node: ast.Call) -> PatchedSite:
+        names = [getattr(scope, "name", "?") for scope in self.scopes]
+        classes = [scope for scope in self.scopes if isinstance(scope, ast.ClassDef)]
+        cls = classes[-1].name if classes else None
+        guards = [
+            f"not ({ast.unparse(test)})" if negated else ast.unparse(test)
+            for test, negated in zip(self.guards, self.negated)
+        ]
+        fields: dict[str, list[Any]] = {}
+        for test in self.guards:
+            for name, constants in _config_reads(test, self.inits.get(cls or "", {})).items():
+                known = fields.setdefault(name, [])
+                known.extend(c for c in constants if c not in known)
+        return PatchedSite(
+            kernel=kernel,
+            line=node.lineno,
+            column=node.col_offset,
+            end_line=node.end_lineno or node.lineno,
+            end_column=node.end_col_offset or 0,
+            function=".".join(names) or "<module>",
+            cls=cls,
+            guards=guards,
+            config_fields=fields,
+        )
+
+
+def _attribute_chain(node: ast.expr) -> list[str] | None:
+    """``self.config.x`` -> ["self", "config", "x"]; None for anything else."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return parts[::-1]
+
+
+def _config_field(node: ast.expr, from_init: dict[str, set[str]]) -> list[str]:
+    """The configuration fields an expression reads: ``config.x``, ``self.config.x``, or a
+    ``self.x`` that ``__init__`` set from ``config.y`` (and, as a guess, ``x`` itself)."""
+    chain = _attribute_chain(node)
+    if chain is None:
+        return []
+    if len(chain) >= 2 and chain[-2] == "config":
+        return [chain[-1]]
+    if len(chain) == 2 and chain[0] == "self":
+        return sorted(from_init.get(chain[1], set()) | {chain[1]})
+    return []
+
+
+def _config_reads(test: ast.expr, from_init: dict[str, set[str]]) -> dict[str, list[Any]]:
+    """Fields read by a condition, with the constants each is compared with."""
+    found: dict[str, list[Any]] = {}
+    # ``self.config`` inside ``self.config.x`` is not a field read of its own
+    inner = {id(n.value) for n in ast.walk(test) if isinstance(n, ast.Attribute)}
+    for node in ast.walk(test):
+        if id(node) in inner:
+            continue
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            constants = [
+                value
+                for operand in operands
+                for value in _constants(operand)
+                if isinstance(value, (str, int, bool)) or value is None
+            ]
+            for operand in operands:
+                for name in _config_field(operand, from_init):
+                    found.setdefault(name, []).extend(constants)
+        elif isinstance(node, ast.Attribute):
+            for name in _config_field(node, from_init):
+                found.setdefault(name, [])
+    return found
+
+
+def _constants(node: ast.expr) -> list[Any]:
+    if isinstance(node, ast.Constant):
+        return [node.value]
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return [e.value for e in node.elts if isinstance(e, ast.Constant)]
+    return []
+
+
+def _self_attributes_from_config(node: ast.ClassDef) -> dict[str, set[str]]:
+    """``self.x = ... config.y ...`` in the class's ``__init__``: x -> {y}."""
+    found: dict[str, set[str]] = {}
+    for item in node.body:
+        if not (isinstance(item, ast.FunctionDef) and item.name == "__init__"):
+            continue
+        for statement in ast.walk(item):
+            if not isinstance(statement, (ast.Assign, ast.AnnAssign)) or statement.value is None:
+                continue
+            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
+            read = {
+                chain[-1]
+                for sub in ast.walk(statement.value)
+                if isinstance(sub, ast.Attribute)
+                and (chain := _attribute_chain(sub)) is not None
+                and len(chain) >= 2
+                and chain[-2] == "config"
+            }
+            for target in targets:
+                chain = _attribute_chain(target)
+                if read and chain is not None and len(chain) == 2 and chain[0] == "self":
+                    found.setdefault(chain[1], set()).update(read)
+    return found
+
+
+def _original_lines(original: str, patched: str) -> dict[int, int]:
+    """Patched line -> the original line it stands for (the first of a replaced block)."""
+    old, new = original.splitlines(), patched.splitlines()
+    mapping: dict[int, int] = {}
+    matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        for offset, j in enumerate(range(j1, j2)):
+            if tag == "equal":
+                mapping[j + 1] = i1 + offset + 1
+            else:  # replaced: the line at the same offset in the original block (clamped)
+                line = i1 + min(offset * max(1, i2 - i1) // max(1, j2 - j1), max(0, i2 - i1 - 1))
+                mapping[j + 1] = min(line + 1, max(1, len(old)))
+    return mapping
+
+
+def find_sites(patched: str, original: str | None = None) -> list[PatchedSite]:
+    """Every kernel call of the patched text, in source order; with ``original``, each with the
+    line of the original file it replaced. Raises ``SyntaxError`` for text that is not Python."""
+    tree = ast.parse(patched)
+    finder = _Finder(_kernel_names(tree))
+    finder.visit(tree)
+    sites = sorted(finder.found, key=lambda s: (s.line, s.column))
+    if original is not None:
+        lines = _original_lines(original, patched)
+        for site in sites:
+            site.original_line = lines.get(site.line)
+    groups: dict[int | None, list[PatchedSite]] = {}
+    for site in sites:
+        groups.setdefault(site.original_line or site.line, []).append(site)
+    for group in groups.values():
+        if len(group) > 1:
+            for index, site in enumerate(group, 1):
+                site.nth, site.of = index, len(group)
+    return sites

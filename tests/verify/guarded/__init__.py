@@ -1,0 +1,1 @@
+"""A tiny transformers-style model package for verify's site-coverage tests (our own code)."""
