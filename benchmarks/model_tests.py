@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
-import time
 import urllib.request
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -265,8 +265,10 @@ class SideResult:
 
 
 def _parse_junit(path: Path) -> SideResult:
-    result = SideResult({})
-    for case in ET.parse(path).getroot().iter("testcase"):
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    result = SideResult({}, seconds=sum(float(suite.get("time", 0)) for suite in suites))
+    for case in root.iter("testcase"):
         module = case.get("classname", "")
         parts = module.split(".")
         test_id = "/".join(parts[:-1]) + ".py::" + parts[-1] + "::" + case.get("name", "")
@@ -311,18 +313,16 @@ def run_side(
         command += ["-k", select]
     env = {**os.environ, **OFFLINE_ENV, "PYTHONPATH": f"{package_parent}{os.pathsep}{adopter_root}"}
     env["RUN_SLOW"] = "1" if slow else "0"
+    env.setdefault("OMP_NUM_THREADS", "1")  # the two sides run side by side
     env.pop("PYTHONHOME", None)
-    start = time.perf_counter()
     done = subprocess.run(
         command, cwd=run_dir, env=env, capture_output=True, text=True, timeout=timeout
     )
-    seconds = time.perf_counter() - start
     if not junit.exists():
         raise RuntimeError(
             f"pytest ({name}) wrote no report: {(done.stdout + done.stderr)[-2000:]}"
         )
     result = _parse_junit(junit)
-    result.seconds = seconds
     return result
 
 
@@ -407,7 +407,7 @@ def _row(counts: Counter) -> str:
     return f"{counts['passed']} | {counts['failed']} | {counts['skipped']}"
 
 
-def render(runs: dict[str, Comparison], summary: str, command: str) -> str:
+def render(runs: dict[str, Comparison], metas: dict[str, dict]) -> str:
     lines = [
         "# transformers' own model tests on patched code",
         "",
@@ -419,10 +419,19 @@ def render(runs: dict[str, Comparison], summary: str, command: str) -> str:
         "runs by default; `RUN_SLOW=1` adds the tests marked slow (4.34 marks its TorchScript "
         "tests slow). Both sides run offline, so tests that download a checkpoint fail on both.",
         "",
-        f"Command: `{command}`  ",
-        f"Machine: {describe_machine()}  ",
-        f"Patched copy: {summary}",
+        "Each side runs in its own process, the two side by side (`OMP_NUM_THREADS=1`); the "
+        "times are pytest's own.",
         "",
+    ]
+    for name in runs:
+        meta = metas.get(name, {})
+        lines += [
+            f"**{name}**: `{meta.get('command', '(command not recorded)')}`  ",
+            f"Machine: {meta.get('machine', describe_machine())}  ",
+            f"Patched copy: {meta.get('summary', '(not recorded)')}",
+            "",
+        ]
+    lines += [
         "## Summary",
         "",
         "| run | original passed | failed | skipped | patched passed | failed | skipped "
@@ -459,14 +468,41 @@ def render(runs: dict[str, Comparison], summary: str, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+RUN_NAMES = {"fast": "fast", "slow": "RUN_SLOW=1"}
+
+
+def _meta_path(work: Path, tag: str) -> Path:
+    return work / "runs" / f"{tag}.json"
+
+
+def load_runs(work: Path, tags: Sequence[str]) -> tuple[dict[str, Comparison], dict[str, dict]]:
+    """The comparisons (and their commands) of earlier runs, from their JUnit reports."""
+    runs: dict[str, Comparison] = {}
+    metas: dict[str, dict] = {}
+    for tag in tags:
+        files = [work / "runs" / f"{side}-{tag}.xml" for side in ("original", "patched")]
+        if not all(path.exists() for path in files):
+            raise Unavailable(f"no reports of a {tag} run in {work / 'runs'}")
+        runs[RUN_NAMES[tag]] = Comparison(*(_parse_junit(path) for path in files))
+        meta = _meta_path(work, tag)
+        metas[RUN_NAMES[tag]] = json.loads(meta.read_text()) if meta.exists() else {}
+    return runs, metas
+
+
 def main(argv: Iterable[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tests-from", default="github", help="github, a folder, or GIT@COMMIT")
     parser.add_argument("--slow", action="store_true", help="also a run with RUN_SLOW=1")
+    parser.add_argument("--runs", help="fast, slow or fast,slow (default: fast; --slow: both)")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("-k", dest="select", help="pytest -k expression (a subset)")
     parser.add_argument("--out", default=str(ROOT / "docs" / "model-tests.md"))
     parser.add_argument("--work", default=str(CACHE), help="folder for the patched copy and runs")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="run nothing: write the report from the runs' JUnit files in --work",
+    )
     parser.add_argument(
         "--adopter-root",
         default=str(ROOT),
@@ -475,33 +511,42 @@ def main(argv: Iterable[str] | None = None) -> int:
     )
     args = parser.parse_args(list(argv) if argv is not None else None)
     models = [m for m in args.models.split(",") if m]
+    tags = (args.runs or ("fast,slow" if args.slow else "fast")).split(",")
+    if any(tag not in RUN_NAMES for tag in tags):
+        parser.error(f"--runs takes fast and/or slow, not {args.runs!r}")
+    work = Path(args.work)
+    shown = " ".join(["python benchmarks/model_tests.py", *(argv or sys.argv[1:])])
+    if not args.report_only:
+        try:
+            tree = prepare_tests(args.tests_from)
+        except Unavailable as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        python = ensure_env()
+        for tag in tags:
+            comparison, summary = compare(
+                python,
+                tree,
+                work,
+                tag == "slow",
+                models,
+                args.select,
+                adopter_root=Path(args.adopter_root),
+            )
+            meta = {"command": shown, "summary": summary, "machine": describe_machine()}
+            _meta_path(work, tag).write_text(json.dumps(meta), encoding="utf-8")
+            print(
+                f"{tag}: original {dict(comparison.original.counts())}, "
+                f"patched {dict(comparison.patched.counts())}, "
+                f"{len(comparison.regressions())} regression(s)",
+                flush=True,
+            )
     try:
-        tree = prepare_tests(args.tests_from)
+        runs, metas = load_runs(work, tags)
     except Unavailable as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    python = ensure_env()
-    runs: dict[str, Comparison] = {}
-    summary = ""
-    for slow in (False, True) if args.slow else (False,):
-        comparison, summary = compare(
-            python,
-            tree,
-            Path(args.work),
-            slow,
-            models,
-            args.select,
-            adopter_root=Path(args.adopter_root),
-        )
-        runs["RUN_SLOW=1" if slow else "fast"] = comparison
-        print(
-            f"{'slow' if slow else 'fast'}: original {dict(comparison.original.counts())}, "
-            f"patched {dict(comparison.patched.counts())}, "
-            f"{len(comparison.regressions())} regression(s)",
-            flush=True,
-        )
-    shown = " ".join(["python benchmarks/model_tests.py", *(argv or sys.argv[1:])])
-    Path(args.out).write_text(render(runs, summary, shown), encoding="utf-8")
+    Path(args.out).write_text(render(runs, metas), encoding="utf-8")
     print(f"wrote {args.out}")
     return 1 if any(c.regressions() for c in runs.values()) else 0
 
