@@ -514,7 +514,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     tags = (args.runs or ("fast,slow" if args.slow else "fast")).split(",")
     if any(tag not in RUN_NAMES for tag in tags):
         parser.error(f"--runs takes fast and/or slow, not {args.runs!r}")
-    work = Path(args.work)
+    work = Path(args.work).resolve()
     shown = " ".join(["python benchmarks/model_tests.py", *(argv or sys.argv[1:])])
     if not args.report_only:
         try:
