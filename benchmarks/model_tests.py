@@ -27,6 +27,7 @@ import argparse
 import io
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -515,7 +516,7 @@ def main(argv: Iterable[str] | None = None) -> int:
     if any(tag not in RUN_NAMES for tag in tags):
         parser.error(f"--runs takes fast and/or slow, not {args.runs!r}")
     work = Path(args.work).resolve()
-    shown = " ".join(["python benchmarks/model_tests.py", *(argv or sys.argv[1:])])
+    shown = shlex.join(["python", "benchmarks/model_tests.py", *(argv or sys.argv[1:])])
     if not args.report_only:
         try:
             tree = prepare_tests(args.tests_from)
