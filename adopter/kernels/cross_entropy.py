@@ -44,8 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._trace import tracing
-from ._util import grad_needed, is_plain, plain_tensors
+from ._util import grad_needed, is_plain, plain_tensors, tracing
 
 __all__ = [
     "causal_lm_loss",
