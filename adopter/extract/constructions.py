@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from .model import EMPTY_CONTEXT, NOT_CONSTANT, BranchPoint, Construction, Context, Operand
-from .names import ImportTable, parameter_names
+from .names import ImportTable, activation_family, parameter_names
 
 MAX_FACTORY_DEPTH = 3
 LIST_CONTAINERS = {"torch.nn.ModuleList", "torch.nn.ModuleDict", "torch.nn.ParameterList"}
@@ -272,6 +272,7 @@ class InitAnalyzer:
             node=node,
             method=self.method_stack[-1] if self.method_stack else "__init__",
             function=self.function_stack[-1] if self.function_stack else None,
+            family=activation_family(kind),
         )
 
 

@@ -11,6 +11,7 @@ stay opaque steps so the rule can see them.
 from __future__ import annotations
 
 import ast
+import copy
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -30,10 +31,19 @@ from .model import (
     Step,
     Use,
 )
-from .names import canonical_function
+from .names import (
+    ACTIVATION,
+    ACTIVATION_FUNCTIONS,
+    activation_family,
+    canonical_function,
+    parameter_names,
+)
 from .ranks import RankTracker
 
-LAST_DIMENSION_OPS = {"torch.nn.functional.softmax", "torch.softmax", "Tensor.softmax"}
+LAST_DIMENSION_OPS = {"torch.nn.functional.softmax"}
+# Modules whose call is recorded as the function they compute, with the module's arguments
+# (``self.softmax = nn.Softmax(dim=-1)``; ``self.softmax(x)`` is ``softmax(x, dim=-1)``).
+MODULE_FUNCTIONS = {"torch.nn.Softmax": "torch.nn.functional.softmax"}
 
 if TYPE_CHECKING:
     from .structure import FileAnalysis
@@ -418,7 +428,10 @@ class FlowBuilder:
         """``softmax(x, dim=3)`` on a 4-D ``x`` is a softmax over the last dimension."""
         dim = step.arguments.get("dim")
         if dim is not None and isinstance(dim.constant, int) and dim.constant == rank - 1 >= 0:
-            step.arguments["dim"] = Operand(node=dim.node, constant=-1, label=dim.text)
+            # In place: the operand is also the call's positional argument, and rewriting
+            # keeps its source text.
+            dim.label = dim.text
+            dim.constant = -1
 
     def replayed(self, kind: str, operands: list[Operand]) -> Operand:
         """During a loop replay: the step this call produced the first time round, now also
@@ -602,6 +615,11 @@ class FlowBuilder:
             if method is not None:
                 return self.inline(method, frame.cls, frame.self_path, positional, keywords, node)
             return self.emit(f"self.{method_name}", node, positional, keywords)
+        if isinstance(func, ast.Call):
+            inline = self.inline_construction(func)
+            if inline is not None:
+                positional, keywords = self.arguments(node)
+                return self.call_module(inline, node, positional, keywords)
         if isinstance(func, ast.Attribute):
             receiver = self.expr(func.value)
             if receiver.flows:
@@ -620,8 +638,52 @@ class FlowBuilder:
             function = self.analysis.functions[func.id]
             return self.inline(function, None, None, positional, keywords, node)
         canonical = canonical_function(kind)
-        return self.emit(
-            canonical, node, positional, normalise_arguments(kind, positional, keywords)
+        arguments = normalise_arguments(kind, positional, keywords)
+        activation = self.activation_function(canonical, node)
+        return self.emit(canonical, node, positional, arguments, module=activation)
+
+    def activation_function(self, kind: str, node: ast.Call) -> ModuleRef | None:
+        """An activation applied as a function to one tensor (``F.gelu(h)``,
+        ``ACT2FN["gelu"](h)``) is recorded like a call of an activation module: the callee
+        itself is what a kernel is handed. Calls with more arguments are not (the kernel would
+        drop them)."""
+        if kind not in ACTIVATION_FUNCTIONS and activation_family(kind) is None:
+            return None
+        if len(node.args) != 1 or node.keywords or isinstance(node.args[0], ast.Starred):
+            return None
+        construction = self.pseudo_construction(kind, node.func, [], {})
+        construction.family = ACTIVATION
+        return ModuleRef(ast.unparse(node.func), [construction])
+
+    def inline_construction(self, func: ast.Call) -> ModuleRef | None:
+        """``nn.Softmax(dim=-1)(x)``, ``nn.GELU()(x)``: a torch module built where it is called."""
+        kind = call_kind(func.func, self.analysis.imports)
+        if kind is None:
+            return None
+        last = kind.rsplit(".", 1)[-1]
+        torch_module = kind.startswith("torch.nn.") and last[:1].isupper()
+        if not torch_module and activation_family(kind) is None:
+            return None
+        positional, keywords = self.arguments(func)
+        construction = self.pseudo_construction(kind, func, positional, keywords)
+        return ModuleRef(ast.unparse(func), [construction])
+
+    def pseudo_construction(
+        self, kind: str, node: ast.expr, positional: list[Operand], keywords: dict[str, Operand]
+    ) -> Construction:
+        """A module (or function) that is built, or named, where ``forward`` calls it."""
+        return Construction(
+            kind=kind,
+            arguments=normalise_arguments(kind, positional, keywords),
+            positional=positional,
+            path=self.flow.path,
+            line=node.lineno,
+            column=node.col_offset + 1,
+            context=self.context,
+            node=node,
+            method=self.frame.method,
+            function=self.frame.function,
+            family=activation_family(kind),
         )
 
     def call_module(
@@ -634,6 +696,15 @@ class FlowBuilder:
         frame = self.frame
         if len(ref.constructions) == 1:
             construction = ref.constructions[0]
+            function = MODULE_FUNCTIONS.get(construction.kind)
+            if function is not None and len(positional) == 1 and not keywords:
+                names = set(parameter_names(function)[0])
+                # copies: the rank of this call's input may settle ``dim`` for this call only
+                settings = {
+                    k: copy.copy(v) for k, v in construction.arguments.items() if k in names
+                }
+                arguments = normalise_arguments(function, positional, settings)
+                return self.emit(function, node, positional, arguments)
             if construction.container == "sequential" and construction.elements:
                 value = positional[0] if positional else Operand(node=node)
                 for index, element in enumerate(construction.elements):

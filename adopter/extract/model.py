@@ -112,6 +112,8 @@ class Construction:
     method: str = "__init__"
     condition: str = ""
     function: ast.FunctionDef | None = None  # the def whose body holds ``node``
+    # a canonical family rules can name instead of the kind (``activation``: any activation)
+    family: str | None = None
 
     def describe(self) -> str:
         """The construction as a DSL step callee, with the arguments the source spelled out."""

@@ -203,7 +203,7 @@ class Matcher:
     def _index(self, flow: FunctionFlow) -> dict[str, list[FlowStep]]:
         index: dict[str, list[FlowStep]] = {}
         for step in flow.steps:
-            kinds = {step.kind} | {c.kind for c in step.alternatives}
+            kinds = {step.kind} | {k for c in step.alternatives for k in _construction_kinds(c)}
             for kind in kinds:
                 index.setdefault(kind, []).append(step)
         return index
@@ -407,7 +407,9 @@ class Matcher:
 
     def _unify_construction(self, pattern: Step, construction: Construction, state: _State) -> bool:
         name = _callee_name(pattern.callee)
-        if name is None or not _kind_matches(name, construction.kind):
+        if name is None or not (
+            _kind_matches(name, construction.kind) or name == construction.family
+        ):
             if not (
                 isinstance(pattern.callee, Index)
                 and _callee_matches(pattern.callee, construction.kind, state.bindings)
@@ -553,9 +555,17 @@ def _signature_names(step: FlowStep) -> list[str]:
 def _step_kinds(step: FlowStep) -> Iterator[tuple[str, Context]]:
     if step.alternatives:
         for construction in step.alternatives:
-            yield construction.kind, construction.context
+            for kind in _construction_kinds(construction):
+                yield kind, construction.context
     else:
         yield step.kind, EMPTY_CONTEXT
+
+
+def _construction_kinds(construction: Construction) -> tuple[str, ...]:
+    """The kind of a construction and the canonical family a rule may name instead."""
+    if construction.family:
+        return (construction.kind, construction.family)
+    return (construction.kind,)
 
 
 def _callee_name(callee: Expr) -> str | None:

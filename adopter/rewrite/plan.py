@@ -42,7 +42,6 @@ from ..dsl.syntax import (
 from ..dsl.syntax import Step as PatternStep
 from ..extract.model import Construction, Operand
 from ..extract.model import Step as FlowStep
-from ..extract.names import parameter_names
 from ..match.matcher import BoundModule, BoundOutput, Site
 from .source import Blocks, SourceText, assigned_names, contains, has_call, read_names
 
@@ -946,14 +945,17 @@ class Planner:
             if isinstance(a, Keyword)
             if a.key in step.arguments
         ]
-        names = parameter_names(step.kind)[0]
+        # Names come from the call's own signature (``torch.softmax``'s third parameter is
+        # ``dtype``, ``F.softmax``'s is ``_stacklevel``), as extraction mapped them.
+        name_of = {id(operand): key for key, operand in step.arguments.items()}
         rest: list[str] = []
         for index, operand in enumerate(step.positional):
             if any(operand is c for c in consumed) or operand.node is None:
                 continue
-            if index >= len(names):
+            name = name_of.get(id(operand))
+            if name is None or name.startswith("_"):
                 raise Refusal(f"line {step.line}: positional argument {index + 1} has no name")
-            rest.append(f"{names[index]}={self.source.segment(operand.node)}")
+            rest.append(f"{name}={self.source.segment(operand.node)}")
         call = step.node
         if isinstance(call, ast.Call):
             for keyword in call.keywords:

@@ -207,6 +207,28 @@ class Model(nn.Module):
         lambda: (torch.randn(2, 5, 8),),
         {"paper.4", "paper.9"},
     ),
+    "softmax_spellings": (
+        """
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4, bias=False)
+        self.softmax = nn.Softmax(dim=-1)
+        self.across = nn.Softmax(dim=1)
+
+    def forward(self, q, k):
+        q = self.proj(q)
+        a = self.softmax(q @ k.transpose(-1, -2))
+        b = nn.Softmax(dim=-1)(a * 2)
+        c = torch.softmax(b - 1, -1, torch.float64)
+        d = torch.bmm(c.float(), q)
+        e = F.softmax(d, dim=2)
+        f = e.softmax(-1)
+        return self.across(f), torch.special.softmax(f, dim=-1)
+""",
+        lambda: (torch.randn(2, 5, 4), torch.randn(2, 5, 4)),
+        {"paper.4"},
+    ),
     "sequential": (
         """
 class Model(nn.Module):

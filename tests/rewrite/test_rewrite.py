@@ -535,3 +535,26 @@ class Layer(nn.Module):
     assert not result.changed
     (only,) = result.results
     assert "passes layer_idx=layer_idx, which the replacement would drop" in only.reason
+
+
+def test_every_softmax_spelling_becomes_the_kernel_call():
+    result = rewrite("""
+        class Attn(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.softmax = nn.Softmax(dim=-1)
+
+            def forward(self, q, k):
+                a = self.softmax(q @ k)
+                b = nn.Softmax(dim=-1)(a)
+                c = torch.softmax(b, -1, torch.float32)
+                return c.float().softmax(-1)
+        """)
+    assert [r.status for r in result.results] == ["patched"] * 4
+    body = body_of(result.patched.replace("from adopter.kernels import softmax\n", ""))
+    assert "a = softmax(q @ k, dim=-1)" in body
+    assert "b = softmax(a, dim=-1)" in body
+    # torch.softmax's third parameter is dtype (F.softmax's is _stacklevel)
+    assert "c = softmax(b, dim=-1, dtype=torch.float32)" in body
+    assert "return softmax(c.float(), dim=-1)" in body
+    assert "self.softmax = nn.Softmax(dim=-1)" in body  # the module stays: no state changes

@@ -125,8 +125,28 @@ class Attn(nn.Module):
         c = scores.softmax(dim=-1)
         return a, b, c
 """,
-            [],
-        ),  # not the last dimension / spellings outside the reference rule
+            [10, 11],
+        ),  # dim=1 of a tensor of unknown rank is not the last dimension; every spelling counts
+        (
+            HEAD
+            + """
+class Attn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.softmax = nn.Softmax(dim=-1)
+        self.other = nn.Softmax(dim=1)
+    def forward(self, q, k, v):
+        a = self.softmax(q @ k)
+        b = nn.Softmax(dim=-1)(a)
+        c = torch.special.softmax(b, dim=-1)
+        d = self.other(c)
+        e = torch.bmm(d, v)
+        f = F.softmax(e, dim=2)
+        g = F.softmax(torch.einsum("bhqd,bhkd->bhqk", f, f), 3)
+        return self.other(g)
+""",
+            [13, 14, 15, 18, 19],
+        ),  # nn.Softmax module (attribute or inline), torch.special, dim last by rank
         (
             HEAD
             + """
