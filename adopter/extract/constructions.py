@@ -4,6 +4,13 @@ Handles conditionals (each arm gives an alternative binding with its context), l
 (``act = ACT2FN[...]; self.act = act``), ``nn.ModuleList``/``nn.ModuleDict``/``nn.Sequential``
 containers (list literals, comprehensions and ``append``), ``ACT2FN[...]`` lookups, helper
 methods called from ``__init__`` and module-level factory functions that return a module.
+
+Layer classes passed around as values are followed too: a constructor parameter with a default
+(``act_layer=nn.GELU``, ``norm_layer: Type[nn.Module] = nn.BatchNorm2d``), a local name bound to
+a class (``layer = partial(nn.Conv2d, kernel_size=1) if use_conv else nn.Linear``,
+``act_layer = act_layer or nn.GELU``) and ``functools.partial`` of one; calling such a name
+builds that class, with the partial's arguments. The default is what the class builds when its
+caller passes nothing else; kernels check the module they get at run time.
 """
 
 from __future__ import annotations
@@ -59,6 +66,19 @@ def call_kind(node: ast.expr, imports: ImportTable) -> str | None:
     return imports.resolve(node)
 
 
+@dataclass(frozen=True)
+class ClassRef:
+    """A layer class held in a variable, with the arguments a ``functools.partial`` bound."""
+
+    kind: str
+    positional: tuple[ast.expr, ...] = ()
+    keywords: tuple[tuple[str, ast.expr], ...] = ()
+    context: Context = EMPTY_CONTEXT
+
+
+PARTIAL = {"functools.partial", "partial"}
+
+
 @dataclass
 class InitContext:
     """What ``__init__`` analysis needs to know about the rest of the file."""
@@ -78,6 +98,7 @@ class InitAnalyzer:
         self.ctx = ctx
         self.bindings: dict[str, list[Construction]] = {k: list(v) for k, v in inherited.items()}
         self.locals: dict[str, list[Construction]] = {}
+        self.classes: dict[str, list[ClassRef]] = {}  # names bound to layer classes
         self.context: Context = EMPTY_CONTEXT
         self.method_stack: list[str] = []
         self.function_stack: list[ast.FunctionDef] = []
@@ -86,10 +107,62 @@ class InitAnalyzer:
     def run(self, function: ast.FunctionDef) -> dict[str, list[Construction]]:
         self.method_stack.append(function.name)
         self.function_stack.append(function)
+        self.parameter_defaults(function)
         self.block(function.body)
         self.function_stack.pop()
         self.method_stack.pop()
         return self.bindings
+
+    def parameter_defaults(self, function: ast.FunctionDef) -> None:
+        """Parameters whose default is a layer class (``act_layer=nn.GELU``)."""
+        arguments = function.args
+        positional = [*arguments.posonlyargs, *arguments.args]
+        first_default = len(positional) - len(arguments.defaults)
+        pairs = list(zip(positional[first_default:], arguments.defaults))
+        pairs += [(a, d) for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d]
+        for parameter, default in pairs:
+            refs = self.class_refs(default)
+            if refs:
+                self.classes[parameter.arg] = refs
+
+    def class_refs(self, value: ast.expr, depth: int = 0) -> list[ClassRef]:
+        """The layer classes an expression may evaluate to (empty when it names none)."""
+        if depth > MAX_FACTORY_DEPTH:
+            return []
+        if isinstance(value, ast.Name) and value.id in self.classes:
+            return list(self.classes[value.id])
+        if isinstance(value, (ast.Name, ast.Attribute)):
+            if isinstance(value, ast.Name) and value.id in self.locals:
+                return []
+            kind = self.ctx.imports.resolve(value)
+            if kind is not None and kind.rsplit(".", 1)[-1][:1].isupper():
+                return [ClassRef(kind, context=self.context)]
+            return []
+        if isinstance(value, ast.IfExp):
+            point = self.ctx.next_branch()
+            self.ctx.branch_labels[point] = BranchPoint("if", value.test)
+            found = []
+            for arm, sub in enumerate((value.body, value.orelse)):
+                found += [
+                    ClassRef(r.kind, r.positional, r.keywords, r.context | {(point, arm)})
+                    for r in self.class_refs(sub, depth + 1)
+                ]
+            return found
+        if isinstance(value, ast.BoolOp) and isinstance(value.op, ast.Or):
+            # ``act_layer or nn.GELU``: whichever is set
+            return [r for sub in value.values for r in self.class_refs(sub, depth + 1)]
+        if (
+            isinstance(value, ast.Call)
+            and value.args
+            and self.ctx.imports.resolve(value.func) in PARTIAL
+            and not any(isinstance(a, ast.Starred) for a in value.args)
+        ):
+            bound = tuple((k.arg, k.value) for k in value.keywords if k.arg is not None)
+            return [
+                ClassRef(r.kind, (*r.positional, *value.args[1:]), (*r.keywords, *bound), r.context)
+                for r in self.class_refs(value.args[0], depth + 1)
+            ]
+        return []
 
     def block(self, statements: list[ast.stmt]) -> None:
         for statement in statements:
@@ -158,6 +231,13 @@ class InitAnalyzer:
                 for sub_target, sub_value in zip(target.elts, value.elts):
                     self.assign(sub_target, sub_value)
             return
+        if isinstance(target, ast.Name):
+            refs = self.class_refs(value)
+            if refs:
+                self.classes[target.id] = refs
+                self.locals.pop(target.id, None)
+                return
+            self.classes.pop(target.id, None)
         constructions = self.construct(value)
         if isinstance(target, ast.Name):
             if constructions:
@@ -205,6 +285,8 @@ class InitAnalyzer:
             return [self.make(kind, value, [], {})]
         if not isinstance(value, ast.Call):
             return []
+        if isinstance(value.func, ast.Name) and value.func.id in self.classes:
+            return [self.from_class(ref, value) for ref in self.classes[value.func.id]]
         kind = call_kind(value.func, self.ctx.imports)
         if kind is None:
             return []
@@ -245,6 +327,22 @@ class InitAnalyzer:
             if returned:
                 return returned
         return [self.make(kind, value, positional, keywords)]
+
+    def from_class(self, ref: ClassRef, call: ast.Call) -> Construction:
+        """``act_layer(inplace=True)`` where ``act_layer`` holds ``ref``."""
+        arguments = [*ref.positional, *call.args]
+        positional = [Operand(node=a, constant=constant_value(a)) for a in arguments]
+        keywords = {
+            key: Operand(node=node, constant=constant_value(node))
+            for key, node in [*ref.keywords, *((k.arg, k.value) for k in call.keywords)]
+            if key is not None
+        }
+        outer = self.context
+        self.context = outer | ref.context
+        try:
+            return self.make(ref.kind, call, positional, keywords)
+        finally:
+            self.context = outer
 
     def factory(self, call: ast.Call, kind: str) -> ast.FunctionDef | None:
         """A module-level function or own method that builds and returns a module."""

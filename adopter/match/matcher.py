@@ -605,6 +605,10 @@ def _unify_value(pattern: Expr, operand: Operand, state: _State, edges: list[Con
     if isinstance(pattern, Wildcard):
         return True
     if isinstance(pattern, Literal):
+        if isinstance(pattern.value, bool) and not operand.is_constant and operand.node is not None:
+            # A flag only known at run time (``bias=config.mlp_bias``) may take the literal's
+            # value; the kernel handles both (the rule says which flag it needs).
+            return True
         return (
             operand.is_constant
             and operand.constant == pattern.value

@@ -391,11 +391,17 @@ def _already_fused_classes(tree: ast.Module) -> set[str]:
 
 
 def _merge_sequential(plans: list[Plan], source: SourceText) -> list[Plan]:
-    """Fusions inside the same ``nn.Sequential`` call become one expression."""
+    """Fusions inside the same ``nn.Sequential`` call become one expression; fusions before a
+    match that starts in the call and ends outside it go into that match's input."""
     merged: list[Plan] = []
     by_call: dict[int, Plan] = {}
+    tails = {id(p.sequential_prefix[0]): p for p in plans if p.sequential_prefix is not None}
+    before_tail: dict[int, list[Plan]] = {}
     for plan in plans:
         piece = plan.sequential
+        if piece is not None and id(piece.call) in tails:
+            before_tail.setdefault(id(piece.call), []).append(plan)
+            continue
         if piece is None:
             merged.append(plan)
             continue
@@ -413,6 +419,19 @@ def _merge_sequential(plans: list[Plan], source: SourceText) -> list[Plan]:
         text = sequential_expression(source, pieces)
         plan.replace_expressions.append((pieces[0].call, text))
         plan.summary = f"{source.segment(pieces[0].call)} -> {text}"
+    for key, piece_plans in before_tail.items():
+        tail = tails[key]
+        assert tail.sequential_prefix is not None
+        _, first, plain = tail.sequential_prefix
+        pieces = sorted((p.sequential for p in piece_plans if p.sequential), key=lambda p: p.first)
+        prefix = sequential_expression(source, pieces, upto=first)
+        tail.replace_expressions = [
+            (node, text.replace(plain, prefix, 1)) for node, text in tail.replace_expressions
+        ]
+        tail.summary = tail.summary.replace(plain, prefix, 1)
+        for piece_plan in piece_plans:
+            tail.imports |= piece_plan.imports
+            tail.also_patched.append(piece_plan)
     return merged
 
 
@@ -462,6 +481,10 @@ def _overlaps(first: Plan, second: Plan) -> bool:
     if first.sequential and second.sequential and first.sequential.call is second.sequential.call:
         a, b = first.sequential, second.sequential
         return a.first <= b.last and b.first <= a.last
+    for piece_plan, tail in ((first, second), (second, first)):
+        piece, prefix = piece_plan.sequential, tail.sequential_prefix
+        if piece is not None and prefix is not None and piece.call is prefix[0]:
+            return piece.last >= prefix[1]  # elements before the tail's match merge into it
 
     def spans(plan: Plan) -> list[tuple[tuple[int, int], tuple[int, int]]]:
         return [
@@ -483,6 +506,10 @@ def rewrite_source(text: str, path: str, sites: Sequence[Site], tree: ast.Module
     """Patch ``text`` for the applicable ``sites`` (found on ``tree``, the same text parsed)."""
     source = SourceText(text)
     planner = Planner(source, module_names(tree))
+    for node in tree.body:  # kernels a previous apply imported keep their names
+        if isinstance(node, ast.ImportFrom) and node.module == KERNEL_PACKAGE and not node.level:
+            for alias in node.names:
+                planner.aliases.setdefault(alias.name, alias.asname or alias.name)
     results: list[SiteResult] = []
     plans: list[Plan] = []
     for site in sites:

@@ -63,12 +63,15 @@ class SequentialPiece:
     element_calls: list[str]
 
 
-def sequential_expression(source: SourceText, pieces: list[SequentialPiece]) -> str:
-    """``self.seq(x)`` written out element by element, fused pieces replaced by kernels."""
+def sequential_expression(
+    source: SourceText, pieces: list[SequentialPiece], upto: int | None = None
+) -> str:
+    """``self.seq(x)`` written out element by element, fused pieces replaced by kernels
+    (its first ``upto`` elements only, when given)."""
     call = pieces[0].call
     expression = source.segment(call.args[0])
     starts = {piece.first: piece for piece in pieces}
-    index, count = 0, len(pieces[0].element_calls)
+    index, count = 0, len(pieces[0].element_calls) if upto is None else upto
     while index < count:
         piece = starts.get(index)
         if piece is not None:
@@ -98,6 +101,9 @@ class Plan:
     # source text of statements copied to the end of the arms that do not fuse
     sunk: list[str] = field(default_factory=list)
     sequential: SequentialPiece | None = None
+    # a match that starts inside an nn.Sequential call: (call, first matched element, the
+    # text of the elements before it called one by one), so pieces before it can merge in
+    sequential_prefix: tuple[ast.Call, int, str] | None = None
     merged_pieces: list[SequentialPiece] = field(default_factory=list)
     also_patched: list[Plan] = field(default_factory=list)
     # edits in other functions that only make sense together with this one (a helper's forward)
@@ -809,6 +815,7 @@ class Planner:
             first_input=prefix,
         )
         statement = self.statement_containing(plan.function, call)
+        plan.sequential_prefix = (call, first, prefix)
         return self.fuse_through_call(plan, site, inside[-1], call, statement, outside, call_text)
 
     def fuse_through_call(

@@ -130,7 +130,7 @@ class Model(nn.Module):
         return h + self.unfused(h)
 """,
         lambda: (torch.randn(2, 3, 4),),
-        {"paper.5"},
+        {"paper.5", "paper.6"},
     ),
     "sequential_ends_with_dropout": (
         """
@@ -146,7 +146,7 @@ class Model(nn.Module):
         return output
 """,
         lambda: (torch.randn(2, 3, 4),),
-        {"paper.5"},
+        {"paper.5", "paper.6"},  # Linear + ReLU merge into the input of the dropout fusion
     ),
     "helper_adds_caller_norms_in_branch": (
         """
@@ -228,6 +228,30 @@ class Model(nn.Module):
 """,
         lambda: (torch.randn(2, 5, 4), torch.randn(2, 5, 4)),
         {"paper.4"},
+    ),
+    "activation_spellings": (
+        """
+from functools import partial
+
+
+class Model(nn.Module):
+    def __init__(self, act_layer=nn.GELU, bias=False, use_conv=False):
+        super().__init__()
+        layer = partial(nn.Conv2d, kernel_size=1) if use_conv else nn.Linear
+        self.fc1 = layer(4, 8, bias=bias)  # the bias follows the configuration
+        self.act = act_layer()
+        self.drop = nn.Dropout(0.0)
+        self.fc2 = layer(8, 4)
+        self.gate = nn.Linear(4, 4)
+        self.pool = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.fc2(self.drop(self.act(self.fc1(x))))
+        g = F.silu(self.gate(h)) * h
+        return nn.Tanh()(self.pool(g))
+""",
+        lambda: (torch.randn(2, 3, 4),),
+        {"paper.6"},
     ),
     "sequential": (
         """

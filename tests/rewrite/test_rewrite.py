@@ -272,12 +272,19 @@ class PositionwiseFF(nn.Module):
         output = self.layer_norm(inp + core_out)
         return output
 """)
-    assert [r.status for r in result.results] == ["patched"]
+    # Linear + ReLU in the same nn.Sequential (paper.6) become the dropout fusion's input
+    assert [(r.site.rule.id, r.status) for r in result.results] == [
+        ("paper.6", "patched"),
+        ("paper.5", "patched"),
+    ]
     assert (
-        "        output = dropout_add_layer_norm(self.CoreNet[1](self.CoreNet[0](inp)), inp, "
-        "self.CoreNet[2], self.layer_norm)\n        return output\n"
+        "        output = dropout_add_layer_norm(linear_bias_activation(inp, self.CoreNet[0], "
+        "self.CoreNet[1]), inp, self.CoreNet[2], self.layer_norm)\n        return output\n"
     ) in result.patched
     assert "core_out" not in result.patched
+    assert "import dropout_add_layer_norm, linear_bias_activation\n" in result.patched
+    again = rewrite_text(result.patched, "model.py", Matcher(load_rule_set("paper")))
+    assert not again.changed
 
 
 def test_helper_call_moves_into_the_branch_that_norms():
@@ -558,3 +565,22 @@ def test_every_softmax_spelling_becomes_the_kernel_call():
     assert "c = softmax(b, dim=-1, dtype=torch.float32)" in body
     assert "return softmax(c.float(), dim=-1)" in body
     assert "self.softmax = nn.Softmax(dim=-1)" in body  # the module stays: no state changes
+
+
+def test_a_kernel_imported_by_an_earlier_apply_keeps_its_name():
+    earlier = "from adopter.kernels import softmax\n"
+    result = rewrite_text(
+        HEAD
+        + earlier
+        + textwrap.dedent("""
+        class Attend(nn.Module):
+            def forward(self, scores):
+                return softmax(scores, dim=-1) + F.softmax(scores, dim=-1)
+        """),
+        "model.py",
+        Matcher(load_rule_set("paper")),
+    )
+    assert [r.status for r in result.results] == ["patched"]
+    assert "adopter_softmax" not in result.patched
+    assert result.patched.count("from adopter.kernels import") == 1
+    assert "return softmax(scores, dim=-1) + softmax(scores, dim=-1)" in result.patched

@@ -239,6 +239,55 @@ class Layer(nn.Module):
         (
             HEAD
             + """
+from functools import partial
+class Mlp(nn.Module):
+    def __init__(self, config, act_layer=nn.GELU, use_conv=False, bias=True):
+        super().__init__()
+        layer = partial(nn.Conv2d, kernel_size=1) if use_conv else nn.Linear
+        self.fc1 = layer(4, 16, bias=bias)
+        self.act = act_layer()
+        self.drop = nn.Dropout(0.1)
+        self.fc2 = layer(16, 4)
+        self.gate = nn.Linear(4, 16, bias=config.mlp_bias)
+        self.act2 = ACT2FN[config.activation_function]
+        self.pool = nn.Linear(4, 4)
+        self.tanh = nn.Tanh()
+    def forward(self, x):
+        h = self.fc2(self.drop(self.act(self.fc1(x))))
+        g = self.act2(self.gate(x)) * h
+        return self.tanh(self.pool(g))
+""",
+            [21, 22, 23],
+        ),  # act_layer default, partial/if-else layer class, config bias, any ACT2FN, nn.Tanh
+        (
+            HEAD
+            + """
+from functools import partial
+from .activations import get_activation
+class Head(nn.Module):
+    def __init__(self, config, act_layer=None):
+        super().__init__()
+        act_layer = act_layer or partial(nn.LeakyReLU, negative_slope=0.1)
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+        self.c = nn.Linear(4, 4)
+        self.d = nn.Linear(4, 4)
+        self.e = nn.Linear(4, 4)
+        self.act = act_layer(inplace=True)
+        self.named = get_activation(config.act)
+    def forward(self, x):
+        x = F.gelu(self.a(x))
+        x = torch.tanh(self.b(x))
+        x = nn.SiLU()(self.c(x))
+        x = self.act(self.d(x))
+        x = F.gelu(self.e(x), approximate="tanh")
+        return self.named(self.e(x))
+""",
+            [21, 22, 23, 24, 26],
+        ),  # functional forms, inline modules, `x or default`, get_activation; not F.gelu(.., k=v)
+        (
+            HEAD
+            + """
 class Intermediate(nn.Module):
     def __init__(self, config):
         super().__init__()
