@@ -90,6 +90,8 @@ class Frame:
     scripted: bool = False
     chain: tuple[str, ...] = ()  # methods inlined to reach this frame
     function: ast.FunctionDef | None = None
+    # local names that may hold a module-level function of this file (``attention_interface``)
+    functions: dict[str, ast.FunctionDef] = field(default_factory=dict)
 
 
 class FlowBuilder:
@@ -110,7 +112,14 @@ class FlowBuilder:
         self.replay_end = 0
 
     # -- entry -------------------------------------------------------------------------------
-    def build_root(self, cls: ClassInfo | None, function: ast.FunctionDef) -> FunctionFlow:
+    def build_root(
+        self,
+        cls: ClassInfo | None,
+        function: ast.FunctionDef,
+        modules: dict[str, ClassInfo] | None = None,
+    ) -> FunctionFlow:
+        """Analyse ``function``; ``modules`` binds parameters to instances of module classes
+        of this file (an attention processor's ``attn``)."""
         frame = Frame(
             cls=cls,
             self_path="self" if cls else None,
@@ -121,6 +130,14 @@ class FlowBuilder:
         arguments = function.args
         for arg in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]:
             if cls is not None and arg is (arguments.posonlyargs + arguments.args)[:1][0]:
+                continue
+            owner = (modules or {}).get(arg.arg)
+            if owner is not None:
+                instance = Construction(
+                    kind=owner.name, arguments={}, positional=[], path=self.flow.path,
+                    line=arg.lineno, column=arg.col_offset + 1,
+                )  # fmt: skip
+                frame.modules[arg.arg] = ModuleRef(arg.arg, [instance])
                 continue
             frame.env[arg.arg] = (Flow(self.new_value(arg.arg)),)
         for arg in (arguments.vararg, arguments.kwarg):
@@ -157,9 +174,11 @@ class FlowBuilder:
             value = self.expr(node.value)
             for target in node.targets:
                 self.assign(target, value, node.value)
+                self.bind_function(target, node.value)
         elif isinstance(node, ast.AnnAssign):
             if node.value is not None:
                 self.assign(node.target, self.expr(node.value), node.value)
+                self.bind_function(node.target, node.value)
         elif isinstance(node, ast.AugAssign):
             current = self.expr(node.target)
             value = self.expr(node.value)
@@ -222,15 +241,22 @@ class FlowBuilder:
         frame = self.frame
         outer_context = self.context
         entry_env, entry_modules = dict(frame.env), dict(frame.modules)
+        entry_functions = dict(frame.functions)
         survivors: list[tuple[int, dict[str, tuple[Flow, ...]], dict[str, ModuleRef]]] = []
+        functions: dict[str, ast.FunctionDef] = {}
         for arm, statements in enumerate(arms):
             frame.env, frame.modules = dict(entry_env), dict(entry_modules)
+            frame.functions = dict(entry_functions)
             self.context = outer_context | {(point, arm)}
             try:
                 self.block(statements)
             except _Terminated:
                 continue
             survivors.append((arm, frame.env, frame.modules))
+            # a function that one arm may leave in a name may be called after the branch
+            for name, function in frame.functions.items():
+                functions.setdefault(name, function)
+        frame.functions = functions
         if not survivors:
             self.context = outer_context
             raise _Terminated
@@ -303,6 +329,37 @@ class FlowBuilder:
         value = self.expr(iterable)
         element = self.emit("iter", iterable, [value], {})
         self.assign(target, element, iterable)
+
+    def bind_function(self, target: ast.expr, value: ast.expr) -> None:
+        """``attention_interface = eager_attention_forward`` or
+        ``= ALL_ATTENTION_FUNCTIONS.get_interface(impl, eager_attention_forward)`` (a registry
+        lookup with this file's function as its default): calling the name may run it."""
+        if not isinstance(target, ast.Name):
+            return
+        frame = self.frame
+        function = self.function_named(value)
+        if (
+            function is None
+            and isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Attribute)
+            and value.func.attr in ("get_interface", "get")
+            and value.args
+        ):
+            function = self.function_named(value.args[-1])
+        if function is not None:
+            frame.functions[target.id] = function
+        else:
+            frame.functions.pop(target.id, None)
+
+    def function_named(self, node: ast.expr) -> ast.FunctionDef | None:
+        if not isinstance(node, ast.Name):
+            return None
+        frame = self.frame
+        if node.id in frame.functions:
+            return frame.functions[node.id]
+        if node.id in frame.env or node.id in frame.modules:
+            return None
+        return self.analysis.functions.get(node.id)
 
     def assign(self, target: ast.expr, value: Operand, value_node: ast.AST) -> None:
         frame = self.frame
@@ -606,6 +663,17 @@ class FlowBuilder:
         if ref is not None:
             positional, keywords = self.arguments(node)
             return self.call_module(ref, node, positional, keywords)
+        if isinstance(func, ast.Attribute) and not isinstance(func.value, ast.Call):
+            owner_ref = self.module_ref(func.value)
+            if owner_ref is not None and len(owner_ref.constructions) == 1:
+                # ``attn.get_attention_scores(q, k)``: a method of a submodule of ours
+                owner = self.analysis.local_class(owner_ref.constructions[0].kind)
+                method = self.analysis.method(owner, func.attr) if owner else None
+                if method is not None and frame.class_depth < MAX_CLASS_DEPTH:
+                    positional, keywords = self.arguments(node)
+                    return self.inline(
+                        method, owner, owner_ref.path, positional, keywords, node, class_call=True
+                    )
         method_name = self_attribute(func)
         if method_name is not None and frame.cls is not None:
             positional, keywords = self.arguments(node)
@@ -634,6 +702,9 @@ class FlowBuilder:
         if kind is None:
             callee = self.expr(func)
             return self.emit("call", node, [callee, *positional], keywords)
+        if isinstance(func, ast.Name) and func.id in self.frame.functions:
+            function = self.frame.functions[func.id]
+            return self.inline(function, None, None, positional, keywords, node)
         if isinstance(func, ast.Name) and func.id in self.analysis.functions:
             function = self.analysis.functions[func.id]
             return self.inline(function, None, None, positional, keywords, node)

@@ -142,12 +142,54 @@ class FileAnalysis:
         )
         for info in self.classes.values():
             if not info.is_module:
+                self._processor_flows(info)
                 continue
-            for name in ["forward", *self._method_references(info)]:
+            for name in [*self._entry_points(info), *self._method_references(info)]:
                 function = self.method(info, name)
                 if isinstance(function, ast.FunctionDef) and name not in info.flows:
                     info.flows[name] = self._flow(info, function)
+        # Module-level functions run too (transformers 5.x computes attention in
+        # ``eager_attention_forward``, reached through ``ALL_ATTENTION_FUNCTIONS``); their sites
+        # are reported in the function, whoever calls it.
+        for name, function in self.functions.items():
+            structure.functions[name] = self._flow(None, function)
         return structure
+
+    def _entry_points(self, info: ClassInfo) -> list[str]:
+        """``forward`` and the other methods that run a module's computation from outside:
+        ``forward_features``, ``forward_head``, ``forward_intermediates`` (timm),
+        ``forward_pre``/``forward_post``... (every ``forward_*`` of the class or its local
+        parents)."""
+        names = ["forward"]
+        for owner in [info, *self.local_parents(info)]:
+            names += [n for n in owner.methods if n.startswith("forward_") and n not in names]
+        return names
+
+    def _processor_flows(self, info: ClassInfo) -> None:
+        """A plain class whose ``__call__`` receives a module of this file as a parameter
+        (diffusers' attention processors: ``__call__(self, attn: Attention, hidden_states)``)
+        runs that module's computation: analyse it with the parameter bound to the module."""
+        function = info.methods.get("__call__")
+        if not isinstance(function, ast.FunctionDef):
+            return
+        bound = {}
+        for arg in [*function.args.posonlyargs, *function.args.args][1:]:
+            annotation = arg.annotation
+            if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+                annotation = ast.Name(annotation.value)  # a quoted forward reference
+            kind = self.imports.resolve(annotation) if annotation is not None else None
+            owner = self.classes.get(kind or "")
+            if owner is not None and owner.is_module:
+                bound[arg.arg] = owner
+        if bound:
+            flow = FunctionFlow(
+                cls=info.name,
+                method=function.name,
+                path=self.path,
+                line=function.lineno,
+                branch_labels=self.branch_labels,
+            )
+            info.flows["__call__"] = FlowBuilder(self, flow).build_root(info, function, bound)
 
     def _method_references(self, info: ClassInfo) -> list[str]:
         """Methods the class passes around rather than calls: stored by ``__init__``

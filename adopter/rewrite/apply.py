@@ -61,10 +61,10 @@ class _FunctionEditor(cst.CSTTransformer):
 
     METADATA_DEPENDENCIES = (PositionProvider,)
 
-    def __init__(self, plans: list[Plan], locate, indentation) -> None:
+    def __init__(self, plans: list[Plan], locate, indentation, locate_end) -> None:
         super().__init__()
         self.arm_indents: dict[tuple[int, int], str] = {}
-        self.expressions: dict[tuple[int, int, str], str] = {}
+        self.expressions: dict[tuple[int, int, int, int, str], str] = {}
         self.statements: dict[tuple[int, int], str | None] = {}
         self.hoists: dict[tuple[int, int], tuple[list[tuple[int, int]], int]] = {}
         self.sinks: dict[tuple[int, int], list[str]] = {}
@@ -79,7 +79,8 @@ class _FunctionEditor(cst.CSTTransformer):
                     plan.keyword_parameters
                 )
             for node, text in plan.replace_expressions:
-                self.expressions[(*locate(node), type(node).__name__)] = text
+                # start *and* end: ``f(x).to(t)`` starts where ``f(x)`` does
+                self.expressions[(*locate(node), *locate_end(node), type(node).__name__)] = text
             for statement, text in plan.replace_statements:
                 self.statements[locate(statement)] = text
             for statement in plan.delete_statements:
@@ -109,7 +110,8 @@ class _FunctionEditor(cst.CSTTransformer):
     def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):  # type: ignore[override]
         kind = self._CST_TO_AST.get(type(original).__name__)
         if kind is not None and isinstance(original, cst.BaseExpression):
-            key = (*self._start(original), kind)
+            span = self.get_metadata(PositionProvider, original)
+            key = (span.start.line, span.start.column, span.end.line, span.end.column, kind)
             text = self.expressions.get(key)
             if text is not None:
                 replacement = cst.parse_expression(text)
@@ -240,8 +242,13 @@ def _edit_span(source: SourceText, start: int, end: int, plans: list[Plan]) -> l
         line = node.lineno  # type: ignore[attr-defined]
         return line - offset, source.char_column(line, node.col_offset)  # type: ignore[attr-defined]
 
+    def locate_end(node: ast.AST) -> tuple[int, int]:
+        line = node.end_lineno  # type: ignore[attr-defined]
+        return line - offset, source.char_column(line, node.end_col_offset)  # type: ignore[attr-defined]
+
     module = MetadataWrapper(cst.parse_module(text))
-    new_code = module.visit(_FunctionEditor(plans, locate, source.indentation)).code
+    editor = _FunctionEditor(plans, locate, source.indentation, locate_end)
+    new_code = module.visit(editor).code
     if wrapped:
         new_code = new_code[len(WRAPPER) :]
     new_lines = new_code.splitlines(keepends=True)

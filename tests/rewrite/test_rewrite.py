@@ -584,3 +584,18 @@ def test_a_kernel_imported_by_an_earlier_apply_keeps_its_name():
     assert "adopter_softmax" not in result.patched
     assert result.patched.count("from adopter.kernels import") == 1
     assert "return softmax(scores, dim=-1) + softmax(scores, dim=-1)" in result.patched
+
+
+def test_a_call_chained_on_the_matched_call_stays():
+    # `F.softmax(...)` and `F.softmax(...).to(dtype)` start at the same place: only the first
+    # is the site; the `.to` must survive (it sets the output dtype)
+    result = rewrite("""
+        class Attn(nn.Module):
+            def forward(self, scores, query):
+                weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+                return weights
+        """)
+    assert [r.status for r in result.results] == ["patched"]
+    assert (
+        "weights = softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)" in result.patched
+    )
