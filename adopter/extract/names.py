@@ -101,6 +101,26 @@ ACTIVATION_FACTORIES = frozenset(["ACT2FN", "get_activation", "create_act_layer"
 _ACTIVATION_CLASS_SUFFIX = "Activation"
 
 
+# -- head splits ------------------------------------------------------------------------------
+# A rule names any reshaping of a projection into attention heads with the family name
+# ``split_heads``: ``x.view(...)``, ``x.reshape(...)``, ``x.unflatten(...)``,
+# ``x.transpose(...)``, ``rearrange``/``einops`` patterns, and helpers that do one
+# (``self._split_heads(x)``, inlined, is its ``view``). Each works on a slice of a fused
+# projection's output (``.view`` that splits the last dimension, reshapes that copy when needed).
+SPLIT_HEADS = "split_heads"
+_HEAD_SPLITS = frozenset(
+    [
+        "Tensor.view", "Tensor.reshape", "torch.reshape", "Tensor.unflatten", "torch.unflatten",
+        "Tensor.transpose", "torch.transpose", "einops.rearrange", "rearrange",
+    ]
+)  # fmt: skip
+
+
+def step_family(kind: str) -> str | None:
+    """The family a rule may name instead of a forward step's kind."""
+    return SPLIT_HEADS if kind in _HEAD_SPLITS else None
+
+
 def activation_family(kind: str) -> str | None:
     """``ACTIVATION`` when a construction of ``kind`` builds an elementwise activation."""
     base = kind.split("[", 1)[0]

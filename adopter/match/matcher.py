@@ -42,7 +42,7 @@ from ..extract.model import (
     consistent,
 )
 from ..extract.model import Step as FlowStep
-from ..extract.names import dotted_suffix_match, parameter_names
+from ..extract.names import dotted_suffix_match, parameter_names, step_family
 
 MAX_CANDIDATES = 2000  # per pattern step, a guard against pathological files
 
@@ -204,6 +204,9 @@ class Matcher:
         index: dict[str, list[FlowStep]] = {}
         for step in flow.steps:
             kinds = {step.kind} | {k for c in step.alternatives for k in _construction_kinds(c)}
+            family = step_family(step.kind)
+            if family is not None:
+                kinds.add(family)
             for kind in kinds:
                 index.setdefault(kind, []).append(step)
         return index
@@ -472,6 +475,11 @@ class Matcher:
         )
         site.notes = list(state.notes) + _shape_notes(state.steps)
         matched_ids = {step.id for step in matched}
+        spelled = _spelled_differently(compiled, state)
+        if spelled is not None:
+            site.applicable = False
+            site.reason = spelled
+            return site
         scripted = next((step for step in state.steps if step.scripted), None)
         if scripted is not None and rule.kernel:
             site.applicable = False
@@ -520,6 +528,31 @@ class Matcher:
                         )
 
 
+def _spelled_differently(compiled: CompiledRule, state: _State) -> str | None:
+    """A pattern value that the matched calls read under different names (``self.q(q)``,
+    ``self.k(k)``) is one tensor only where a caller passes the same one to each name: the
+    code of the function itself does not compute it once, and a kernel call could not name it."""
+    texts: dict[str, list[str]] = {}
+    for pattern_step, step in zip(compiled.forward, state.steps):
+        positional = [a for a in pattern_step.args if isinstance(a, Positional)]
+        for position, arg in enumerate(positional):
+            if not isinstance(arg.value, Var) or position >= len(step.positional):
+                continue
+            if not isinstance(state.bindings.get(arg.value.name), Operand):
+                continue
+            operand = step.positional[position]
+            if operand.node is not None and operand.text not in texts.get(arg.value.name, []):
+                texts.setdefault(arg.value.name, []).append(operand.text)
+    for name, spellings in texts.items():
+        if len(spellings) > 1:
+            shown = ", ".join(f"`{text}`" for text in spellings)
+            return (
+                f"${name} is read as {shown}: one tensor only where a caller passes the same "
+                "value to each"
+            )
+    return None
+
+
 def _same_instance(first: Site, second: Site) -> bool:
     """The same matched code (seen from two analysed methods), not another call of it."""
     return [id(step.node) for step in first.steps] == [id(step.node) for step in second.steps]
@@ -559,6 +592,9 @@ def _step_kinds(step: FlowStep) -> Iterator[tuple[str, Context]]:
                 yield kind, construction.context
     else:
         yield step.kind, EMPTY_CONTEXT
+        family = step_family(step.kind)
+        if family is not None:
+            yield family, EMPTY_CONTEXT
 
 
 def _construction_kinds(construction: Construction) -> tuple[str, ...]:

@@ -715,12 +715,13 @@ class Planner:
             node = _step_expression(step)
             assert statement is not None
             if not _is_plain_assignment(statement, node):
-                raise Refusal(f"line {step.line}: each fused output must be its own assignment")
+                return self.plan_tuple_nested(site, plan, call_text, targets, producer_of, blocks)
             names.append(self.source.segment(statement.targets[0]))  # type: ignore[attr-defined]
             statements.append(statement)
         blocks_of = {id(blocks.block_of(s)[0]) for s in statements}
         if len(blocks_of) != 1:
-            raise Refusal("the fused assignments sit in different blocks")
+            lines = ", ".join(str(s.lineno) for s in statements)
+            raise Refusal(f"the fused assignments (lines {lines}) sit in different blocks")
         ordered = sorted(statements, key=lambda s: blocks.block_of(s)[1])
         first, last = ordered[0], ordered[-1]
         watched = set(names) | self.input_names(site)
@@ -735,6 +736,54 @@ class Planner:
         plan.touched.extend(ordered)
         plan.statements.extend(ordered)
         plan.summary = f"{len(ordered)} assignments -> {text}"
+        return plan
+
+    def plan_tuple_nested(
+        self,
+        site: Site,
+        plan: Plan,
+        call_text: str,
+        targets: list[str],
+        producer_of: dict[str, int],
+        blocks: Blocks,
+    ) -> Plan:
+        """Outputs used inside larger statements
+        (``q = self.q_proj(h).view(shape).transpose(1, 2)``): the kernel's results get new names
+        in a statement just before the first of them, and each computation reads its name."""
+        steps = [site.steps[producer_of[target]] for target in targets]
+        statements: list[ast.stmt] = []
+        for step in steps:
+            statement = step.statement
+            assert statement is not None
+            if not isinstance(statement, (ast.Assign, ast.AnnAssign, ast.Expr, ast.Return)):
+                raise Refusal(f"line {step.line}: the projection sits in a compound statement")
+            if not any(statement is s for s in statements):
+                statements.append(statement)
+        if len({id(blocks.block_of(s)[0]) for s in statements}) != 1:
+            lines = ", ".join(str(s.lineno) for s in statements)
+            raise Refusal(f"the fused computations (lines {lines}) sit in different blocks")
+        ordered = sorted(statements, key=lambda s: blocks.block_of(s)[1])
+        first, last = ordered[0], ordered[-1]
+        inputs = self.input_names(site)
+        for statement in [first, *blocks.between(first, last)]:
+            if assigned_names(statement) & inputs:
+                raise Refusal(f"line {statement.lineno} changes an input of the fused call")
+        taken = read_names(plan.function) | assigned_names(plan.function)
+        taken |= {a.arg for a in ast.walk(plan.function.args) if isinstance(a, ast.arg)}
+        names: list[str] = []
+        for target in targets:
+            name = target if target not in taken else f"fused_{target}"
+            if name in taken or name in names:
+                raise Refusal(f"the function already uses the name `{name}`")
+            names.append(name)
+        plan.insert_before.append((first, f"{', '.join(names)} = {call_text}\n"))
+        for step, name in zip(steps, names, strict=True):
+            node = _step_expression(step)
+            plan.replace_expressions.append((node, name))
+            plan.touched.append(node)
+        plan.touched.append(first)
+        plan.statements.extend(ordered)
+        plan.summary = f"{', '.join(names)} = {call_text}, read by {len(steps)} computations"
         return plan
 
     def plan_sequential(self, site: Site, replacement: tuple[PatternStep, ...], plan: Plan) -> Plan:

@@ -94,3 +94,28 @@ def test_processor_reaches_the_attention_module_it_is_given():
     kinds = [(step.kind, step.module) for step in flow.steps if step.module]
     assert ("torch.nn.Linear", "attn.to_q") in kinds
     assert any(step.method == "get_attention_scores" for step in flow.steps)
+
+
+def test_one_tensor_under_several_names_is_not_applicable():
+    # fused in the caller's context only: SelfAttention is also called with three tensors
+    sites = scan_snippet("""
+import torch
+from torch import nn
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q = nn.Linear(8, 8)
+        self.k = nn.Linear(8, 8)
+        self.v = nn.Linear(8, 8)
+    def forward(self, q, k, v):
+        return self.q(q).view(2, 4, 2), self.k(k).view(2, 4, 2), self.v(v).view(2, 4, 2)
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention = Attention()
+    def forward(self, x):
+        return self.attention(x, x, x)
+""")
+    (site,) = [s for s in sites if s.rule.id == "paper.9"]
+    assert not site.applicable
+    assert "`q`, `k`, `v`" in site.reason

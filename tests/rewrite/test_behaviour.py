@@ -253,6 +253,28 @@ class Model(nn.Module):
         lambda: (torch.randn(2, 3, 4),),
         {"paper.6"},
     ),
+    "qkv_heads_split_inline": (
+        """
+class Model(nn.Module):
+    def __init__(self, bias=True):
+        super().__init__()
+        self.q_proj = nn.Linear(8, 8, bias=bias)
+        self.k_proj = nn.Linear(8, 4, bias=bias)  # grouped-query: narrower key and value
+        self.v_proj = nn.Linear(8, 4, bias=bias)
+
+    def forward(self, hidden_states):
+        hidden_shape = (*hidden_states.shape[:-1], -1, 2)
+        query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        value = self.v_proj(hidden_states).unflatten(-1, (2, 2)).transpose(1, 2)
+        key = key.repeat_interleave(2, dim=1)
+        value = value.repeat_interleave(2, dim=1)
+        weights = (query @ key.transpose(-1, -2)).softmax(-1)
+        return (weights @ value).transpose(1, 2).reshape(*hidden_states.shape[:-1], -1)
+""",
+        lambda: (torch.randn(2, 5, 8),),
+        {"paper.4", "paper.9"},
+    ),
     "sequential": (
         """
 class Model(nn.Module):

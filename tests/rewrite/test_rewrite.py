@@ -599,3 +599,63 @@ def test_a_call_chained_on_the_matched_call_stays():
     assert (
         "weights = softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)" in result.patched
     )
+
+
+LLAMA_ATTENTION = """
+class LlamaAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.q_proj = nn.Linear(8, 8, bias=config.attention_bias)
+        self.k_proj = nn.Linear(8, 4, bias=config.attention_bias)
+        self.v_proj = nn.Linear(8, 4, bias=config.attention_bias)
+
+    def forward(self, hidden_states):
+        hidden_shape = (*hidden_states.shape[:-1], -1, 2)
+        query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        return query_states, key_states, value_states
+"""
+
+
+def test_fused_qkv_read_inside_larger_statements_gets_new_names():
+    result = rewrite(LLAMA_ATTENTION)
+    assert [r.status for r in result.results] == ["patched"]
+    assert (
+        "        query, key, value = qkv_projection(hidden_states, self.q_proj, self.k_proj, "
+        "self.v_proj)\n"
+        "        query_states = query.view(hidden_shape).transpose(1, 2)\n"
+        "        key_states = key.view(hidden_shape).transpose(1, 2)\n"
+        "        value_states = value.view(hidden_shape).transpose(1, 2)\n"
+    ) in result.patched
+    again = rewrite_text(result.patched, "model.py", Matcher(load_rule_set("paper")))
+    assert not again.changed
+
+
+def test_fused_qkv_new_names_avoid_the_functions_own():
+    result = rewrite(LLAMA_ATTENTION.replace("hidden_shape = (", "query = 1; hidden_shape = ("))
+    assert "fused_query, key, value = qkv_projection(" in result.patched
+
+
+def test_fused_qkv_in_different_blocks_is_skipped_with_lines():
+    result = rewrite("""
+        class BertSelfAttention(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.query = nn.Linear(8, 8)
+                self.key = nn.Linear(8, 8)
+                self.value = nn.Linear(8, 8)
+
+            def forward(self, hidden_states, cross=None):
+                q = self.query(hidden_states).view(2, 3, 2, 4)
+                if cross is not None:
+                    k = self.key(cross).view(2, 3, 2, 4)
+                    v = self.value(cross).view(2, 3, 2, 4)
+                else:
+                    k = self.key(hidden_states).view(2, 3, 2, 4)
+                    v = self.value(hidden_states).view(2, 3, 2, 4)
+                return q, k, v
+        """)
+    assert [r.status for r in result.results] == ["skipped"]
+    assert "sit in different blocks" in result.results[0].reason
+    assert not result.changed

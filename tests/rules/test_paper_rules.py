@@ -421,7 +421,7 @@ class SelfAttention(nn.Module):
         self.v_proj = nn.Linear(d, d, bias=False)
         self.q_proj = nn.Linear(d, d, bias=False)
     def _split_heads(self, tensor, heads, size):
-        return tensor
+        return tensor.view(tensor.shape[:-1] + (heads, size))
     def forward(self, hidden_states):
         query = self.q_proj(hidden_states)
         key = self.k_proj(hidden_states)
@@ -452,6 +452,57 @@ class SelfAttention(nn.Module):
 """,
             [],
         ),  # projections of different tensors cannot share one matmul
+        (
+            HEAD
+            + """
+class LlamaAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.q_proj = nn.Linear(8, 8, bias=config.attention_bias)
+        self.k_proj = nn.Linear(8, 4, bias=config.attention_bias)
+        self.v_proj = nn.Linear(8, 4, bias=config.attention_bias)
+    def forward(self, hidden_states):
+        hidden_shape = (*hidden_states.shape[:-1], -1, 2)
+        query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        return query_states, key_states, value_states
+""",
+            [15],
+        ),  # transformers 5.x: bias from the configuration, narrower key/value, view inline
+        (
+            HEAD
+            + """
+class BertSelfAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.query = nn.Linear(8, 8)
+        self.key = nn.Linear(8, 8)
+        self.value = nn.Linear(8, 8)
+    def transpose_for_scores(self, x):
+        return x.view(x.size()[:-1] + (2, 4)).permute(0, 2, 1, 3)
+    def forward(self, hidden_states):
+        q = self.transpose_for_scores(self.query(hidden_states))
+        k = self.key(hidden_states).unflatten(-1, (2, 4))
+        v = self.value(hidden_states).reshape(2, 3, 2, 4)
+        return q, k, v
+""",
+            [16],
+        ),  # a helper that views, unflatten, reshape
+        (
+            HEAD
+            + """
+class Gate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+        self.c = nn.Linear(8, 8)
+    def forward(self, x):
+        return self.a(x) * self.b(x) + self.c(x)
+""",
+            [],
+        ),  # three projections of one input, but not split into heads: not attention
     ],
 }
 
