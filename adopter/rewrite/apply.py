@@ -18,7 +18,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ..match.matcher import Site
 from .plan import KERNEL_PACKAGE, Plan, Planner, Refusal, sequential_expression
-from .source import SourceText, function_start
+from .source import SourceText, contains, function_start
 
 WRAPPER = "if True:\n"
 
@@ -421,11 +421,20 @@ def _merge_sequential(plans: list[Plan], source: SourceText) -> list[Plan]:
             owner.merged_pieces.append(piece)
             owner.imports |= plan.imports
             owner.also_patched.append(plan)
-    for plan in by_call.values():
+    # Innermost calls first: ``self.b(self.a(x))`` with fusions in both writes ``b``'s
+    # elements around ``a``'s rewritten text.
+    done: list[tuple[ast.Call, str]] = []
+    for plan in sorted(by_call.values(), key=lambda p: _span_size(p.merged_pieces[0].call)):
         pieces = sorted(plan.merged_pieces, key=lambda p: p.first)
-        text = sequential_expression(source, pieces)
-        plan.replace_expressions.append((pieces[0].call, text))
-        plan.summary = f"{source.segment(pieces[0].call)} -> {text}"
+        call = pieces[0].call
+        input_text = source.segment(call.args[0])
+        for inner, inner_text in done:
+            if contains(call.args[0], inner):
+                input_text = input_text.replace(source.segment(inner), inner_text, 1)
+        text = sequential_expression(source, pieces, input_text=input_text)
+        done.append((call, text))
+        plan.replace_expressions.append((call, text))
+        plan.summary = f"{source.segment(call)} -> {text}"
     for key, piece_plans in before_tail.items():
         tail = tails[key]
         assert tail.sequential_prefix is not None
@@ -484,10 +493,21 @@ def resolve_overlaps(
     return kept
 
 
+def _span_size(node: ast.AST) -> tuple[int, int]:
+    return (
+        node.end_lineno - node.lineno,  # type: ignore[attr-defined,operator]
+        node.end_col_offset - node.col_offset,  # type: ignore[attr-defined,operator]
+    )
+
+
 def _overlaps(first: Plan, second: Plan) -> bool:
     if first.sequential and second.sequential and first.sequential.call is second.sequential.call:
         a, b = first.sequential, second.sequential
         return a.first <= b.last and b.first <= a.last
+    if first.sequential and second.sequential:
+        a_call, b_call = first.sequential.call, second.sequential.call
+        if contains(a_call.args[0], b_call) or contains(b_call.args[0], a_call):
+            return False  # one call is the other's input: both are written out, nested
     for piece_plan, tail in ((first, second), (second, first)):
         piece, prefix = piece_plan.sequential, tail.sequential_prefix
         if piece is not None and prefix is not None and piece.call is prefix[0]:

@@ -64,12 +64,15 @@ class SequentialPiece:
 
 
 def sequential_expression(
-    source: SourceText, pieces: list[SequentialPiece], upto: int | None = None
+    source: SourceText,
+    pieces: list[SequentialPiece],
+    upto: int | None = None,
+    input_text: str | None = None,
 ) -> str:
     """``self.seq(x)`` written out element by element, fused pieces replaced by kernels
-    (its first ``upto`` elements only, when given)."""
+    (its first ``upto`` elements only, when given; ``input_text`` in place of ``x``)."""
     call = pieces[0].call
-    expression = source.segment(call.args[0])
+    expression = source.segment(call.args[0]) if input_text is None else input_text
     starts = {piece.first: piece for piece in pieces}
     index, count = 0, len(pieces[0].element_calls) if upto is None else upto
     while index < count:
