@@ -19,9 +19,11 @@ import ast
 import itertools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .model import EMPTY_CONTEXT, NOT_CONSTANT, BranchPoint, Construction, Context, Operand
 from .names import ImportTable, activation_family, parameter_names
+from .project import Definition, Project
 
 MAX_FACTORY_DEPTH = 3
 LIST_CONTAINERS = {"torch.nn.ModuleList", "torch.nn.ModuleDict", "torch.nn.ParameterList"}
@@ -89,6 +91,23 @@ class InitContext:
     methods: Callable[[str], ast.FunctionDef | None]
     next_branch: Callable[[], int]
     branch_labels: dict[int, BranchPoint] = field(default_factory=dict)
+    project: Project | None = None  # the package on disk, for helpers in other files
+    module_path: Path | None = None  # the file these imports belong to
+
+
+@dataclass(frozen=True)
+class _Built:
+    """What an external factory returns, independent of where it is called."""
+
+    kind: str
+    family: str | None
+    arguments: tuple[tuple[str, Operand], ...]
+    positional: tuple[Operand, ...]
+    elements: tuple[Construction, ...]
+    container: str | None
+
+
+_SUMMARIES: dict[tuple, tuple[tuple[_Built, ...], tuple[ClassRef, ...]]] = {}
 
 
 class InitAnalyzer:
@@ -151,6 +170,9 @@ class InitAnalyzer:
         if isinstance(value, ast.BoolOp) and isinstance(value.op, ast.Or):
             # ``act_layer or nn.GELU``: whichever is set
             return [r for sub in value.values for r in self.class_refs(sub, depth + 1)]
+        if isinstance(value, ast.Call) and (external := self.external_factory(value)):
+            _, refs = self.summary(external, value, depth)
+            return self.fresh_alternatives(refs, f"{external.name}()")
         if (
             isinstance(value, ast.Call)
             and value.args
@@ -237,7 +259,8 @@ class InitAnalyzer:
                 self.classes[target.id] = refs
                 self.locals.pop(target.id, None)
                 return
-            self.classes.pop(target.id, None)
+            if not self.context:  # in a branch the class it held may still be there after
+                self.classes.pop(target.id, None)
         constructions = self.construct(value)
         if isinstance(target, ast.Name):
             if constructions:
@@ -315,6 +338,11 @@ class InitAnalyzer:
                     continue
                 container.elements.extend(self.construct(item, depth) or [_opaque(item, self)])
             return [container]
+        external = self.external_factory(value) if depth < MAX_FACTORY_DEPTH else None
+        if external is not None and activation_family(kind) is None:
+            built, _ = self.summary(external, value, depth)
+            if built:
+                return self.from_factory(built, value, external.name)
         factory = self.factory(value, kind)
         if factory is not None and depth < MAX_FACTORY_DEPTH:
             self.function_stack.append(factory)
@@ -344,6 +372,106 @@ class InitAnalyzer:
         finally:
             self.context = outer
 
+    # -- helpers in other files --------------------------------------------------------------
+    def external_factory(self, call: ast.Call) -> Definition | None:
+        """A function of another file of the package that ``call`` calls by its imported name."""
+        project = self.ctx.project
+        if project is None or not isinstance(call.func, ast.Name):
+            return None
+        name = call.func.id
+        if name in self.locals or name in self.classes or name in self.ctx.functions:
+            return None
+        if self.ctx.module_path is None or name not in self.ctx.imports.origins:
+            return None
+        found = project.lookup(self.ctx.imports, self.ctx.module_path, name)
+        if found is None or not isinstance(found.node, ast.FunctionDef):
+            return None
+        return found
+
+    def summary(
+        self, external: Definition, call: ast.Call, depth: int
+    ) -> tuple[tuple[_Built, ...], tuple[ClassRef, ...]]:
+        """What the factory builds and which layer classes it returns, for the layer classes
+        this call passes it (analysed in the factory's own file, once per argument pattern)."""
+        function = external.node
+        assert isinstance(function, ast.FunctionDef)
+        arguments = function.args
+        params = [*arguments.posonlyargs, *arguments.args]
+        passed: dict[str, list[ClassRef]] = {}
+        for param, arg in zip(params, call.args):
+            if refs := self.class_refs(arg, depth + 1):
+                passed[param.arg] = refs
+        for keyword in call.keywords:
+            if keyword.arg is not None and (refs := self.class_refs(keyword.value, depth + 1)):
+                passed[keyword.arg] = refs
+        key = (
+            str(external.module.path),
+            function.name,
+            tuple(sorted((name, tuple(r.kind for r in refs)) for name, refs in passed.items())),
+        )
+        if key in _SUMMARIES:
+            return _SUMMARIES[key]
+        _SUMMARIES[key] = ((), ())  # a factory that reaches itself builds nothing more
+        context = InitContext(
+            imports=external.module.imports,
+            path=str(external.module.path),
+            functions=external.module.functions,
+            methods=lambda name: None,
+            next_branch=self.ctx.next_branch,
+            branch_labels=self.ctx.branch_labels,
+            project=self.ctx.project,
+            module_path=external.module.path,
+        )
+        inner = InitAnalyzer(context, {})
+        inner.method_stack.append(function.name)
+        inner.function_stack.append(function)
+        inner.parameter_defaults(function)
+        for name, refs in passed.items():
+            inner.classes[name] = [ClassRef(r.kind, r.positional, r.keywords) for r in refs]
+        inner.block(function.body)
+        built: list[_Built] = []
+        refs: list[ClassRef] = []
+        for node in _returned_values(function):
+            for construction in inner.construct(node, depth + 1):
+                if construction.kind != "?":
+                    built.append(_built(construction))
+            refs += [ClassRef(r.kind, r.positional, r.keywords) for r in inner.class_refs(node)]
+        result = (tuple(built), tuple(dict.fromkeys(refs)))
+        _SUMMARIES[key] = result
+        return result
+
+    def fresh_alternatives(self, refs: tuple[ClassRef, ...], label: str) -> list[ClassRef]:
+        """The factory's results as alternatives of one new branch point of this file."""
+        if len(refs) <= 1:
+            return [ClassRef(r.kind, r.positional, r.keywords, self.context) for r in refs]
+        point = self.ctx.next_branch()
+        self.ctx.branch_labels[point] = BranchPoint(f"result of {label}", None, len(refs))
+        return [
+            ClassRef(r.kind, r.positional, r.keywords, self.context | {(point, arm)})
+            for arm, r in enumerate(refs)
+        ]
+
+    def from_factory(
+        self, built: tuple[_Built, ...], call: ast.Call, name: str
+    ) -> list[Construction]:
+        """Constructions an external factory returns, located at the call in this file."""
+        point = None
+        if len(built) > 1:
+            point = self.ctx.next_branch()
+            self.ctx.branch_labels[point] = BranchPoint(f"result of {name}()", None, len(built))
+        found = []
+        for arm, item in enumerate(built):
+            construction = self.make(item.kind, call, list(item.positional), {})
+            construction.arguments = dict(item.arguments)
+            construction.family = item.family
+            construction.via = name
+            construction.container = item.container
+            construction.elements = [_relocated(e, construction) for e in item.elements]
+            if point is not None:
+                construction.context = construction.context | {(point, arm)}
+            found.append(construction)
+        return found
+
     def factory(self, call: ast.Call, kind: str) -> ast.FunctionDef | None:
         """A module-level function or own method that builds and returns a module."""
         if (name := self_attribute(call.func)) is not None:
@@ -372,6 +500,37 @@ class InitAnalyzer:
             function=self.function_stack[-1] if self.function_stack else None,
             family=activation_family(kind),
         )
+
+
+def _built(construction: Construction) -> _Built:
+    return _Built(
+        kind=construction.kind,
+        family=construction.family,
+        arguments=tuple(construction.arguments.items()),
+        positional=tuple(construction.positional),
+        elements=tuple(construction.elements),
+        container=construction.container,
+    )
+
+
+def _relocated(element: Construction, owner: Construction) -> Construction:
+    """An element of a container built in another file, located at the call in this one."""
+    return Construction(
+        kind=element.kind,
+        arguments=element.arguments,
+        positional=element.positional,
+        path=owner.path,
+        line=owner.line,
+        column=owner.column,
+        context=owner.context,
+        node=owner.node,
+        elements=[_relocated(e, owner) for e in element.elements],
+        container=element.container,
+        method=owner.method,
+        function=owner.function,
+        family=element.family,
+        via=owner.via,
+    )
 
 
 def _opaque(node: ast.expr, analyzer: InitAnalyzer) -> Construction:

@@ -114,6 +114,7 @@ class Construction:
     function: ast.FunctionDef | None = None  # the def whose body holds ``node``
     # a canonical family rules can name instead of the kind (``activation``: any activation)
     family: str | None = None
+    via: str | None = None  # built by this factory of another file (the call is in this one)
 
     def describe(self) -> str:
         """The construction as a DSL step callee, with the arguments the source spelled out."""

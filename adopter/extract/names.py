@@ -160,6 +160,8 @@ class ImportTable:
 
     def __init__(self) -> None:
         self.aliases: dict[str, str] = {}
+        # ``from <level dots><module> import <name> as <local>``: local -> (level, module, name)
+        self.origins: dict[str, tuple[int, str, str]] = {}
 
     def add(self, node: ast.Import | ast.ImportFrom) -> None:
         if isinstance(node, ast.Import):
@@ -176,6 +178,7 @@ class ImportTable:
                 continue
             full = f"{module}.{alias.name}" if module else alias.name
             self.aliases[alias.asname or alias.name] = full
+            self.origins[alias.asname or alias.name] = (node.level or 0, module, alias.name)
 
     def resolve(self, node: ast.expr) -> str | None:
         """Dotted name of ``a.b.c`` with its head resolved through the imports."""

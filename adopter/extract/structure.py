@@ -11,6 +11,7 @@ from .constructions import InitAnalyzer, InitContext
 from .flow import FlowBuilder
 from .model import BranchPoint, ClassInfo, Construction, FileStructure, FunctionFlow
 from .names import ImportTable
+from .project import project_for
 from .source import parse_source, read_source
 
 # Bases that make a class a module without seeing their source.
@@ -37,6 +38,7 @@ class FileAnalysis:
         self.path = path
         self.opaque_methods = frozenset(name.removeprefix("self.") for name in opaque_methods)
         self.imports = ImportTable()
+        self.project = project_for(path)
         self.functions: dict[str, ast.FunctionDef] = {}
         self.class_nodes: dict[str, ast.ClassDef] = {}
         self.classes: dict[str, ClassInfo] = {}
@@ -88,6 +90,35 @@ class FileAnalysis:
                 MODULE_BASE_SUFFIXES
             ) and "." in self.imports.aliases.get(base.split(".")[0], base):
                 return True
+        for base_node in node.bases:
+            if isinstance(base_node, ast.Name) and self._imported_module_class(base_node.id):
+                return True
+        return False
+
+    def _imported_module_class(self, name: str) -> bool:
+        """A base class imported from another file of the package that is an ``nn.Module``
+        (diffusers' ``ModelMixin``), read from that file."""
+        if not self.project.enabled or self.project.file is None:
+            return False
+        found = self.project.lookup(self.imports, self.project.file, name)
+        seen: set[tuple[str, str]] = set()
+        pending = [found] if found is not None else []
+        while pending:
+            definition = pending.pop()
+            key = (str(definition.module.path), definition.name)
+            if key in seen or len(seen) > 8 or not isinstance(definition.node, ast.ClassDef):
+                continue
+            seen.add(key)
+            for base in definition.node.bases:
+                resolved = definition.module.imports.resolve(base)
+                if resolved is not None and (
+                    resolved.startswith("torch.nn.") or resolved in MODULE_BASES
+                ):
+                    return True
+                if isinstance(base, ast.Name):
+                    parent = self.project.lookup_in(definition.module, base.id)
+                    if parent is not None:
+                        pending.append(parent)
         return False
 
     def local_parents(self, info: ClassInfo) -> list[ClassInfo]:
@@ -223,6 +254,8 @@ class FileAnalysis:
             methods=lambda name: self.method(info, name),
             next_branch=self.next_branch,
             branch_labels=self.branch_labels,
+            project=self.project if self.project.enabled else None,
+            module_path=self.project.file,
         )
         info.bindings = InitAnalyzer(context, inherited).run(init)
 

@@ -180,6 +180,11 @@ class Planner:
         call = construction.node
         if not isinstance(call, ast.Call):
             raise Refusal("the matched construction is not a call")
+        if construction.via is not None:
+            raise Refusal(
+                f"line {call.lineno}: the module is built inside {construction.via}() in another "
+                "file; not rewritten"
+            )
         pattern = next(
             step for step in site.rule.init.steps if variable in {t.name for t in step.targets}
         )
