@@ -255,6 +255,14 @@ def apply(
             "the rules that make it faster.",
         ),
     ] = False,
+    modular: Annotated[
+        bool,
+        typer.Option(
+            "--modular",
+            help="transformers 5.x: patch the modular_*.py sources (what a contributor edits) "
+            "instead of the modeling_*.py files generated from them (what runs; the default).",
+        ),
+    ] = False,
 ) -> None:
     """Rewrite every site to call its kernel. Prints a unified diff unless --write is given.
 
@@ -269,7 +277,7 @@ def apply(
         raise _fail(f"--format must be diff or json, not {output_format!r}")
     rules = load_rules(rule_files, rule_set, select)
     console = _stderr()
-    result = rewrite_paths(paths, rules, jobs=jobs)
+    result = rewrite_paths(paths, rules, jobs=jobs, modular=modular)
     for error in result.errors:
         console.print(f"[red]error:[/red] {error}", soft_wrap=True, highlight=False)
     if only_faster:

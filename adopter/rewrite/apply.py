@@ -10,8 +10,10 @@ module, merged into an existing ``from adopter.kernels import ...`` when there i
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
@@ -529,8 +531,52 @@ def _overlaps(first: Plan, second: Plan) -> bool:
     return False
 
 
-def rewrite_source(text: str, path: str, sites: Sequence[Site], tree: ast.Module) -> FileRewrite:
-    """Patch ``text`` for the applicable ``sites`` (found on ``tree``, the same text parsed)."""
+_GENERATED = re.compile(r"This file was automatically generated from \S*?(modular_\w+\.py)")
+
+
+def generated_pair(text: str, path: str) -> str | None:
+    """Why a file is not the one ``apply`` edits by default, or ``None``.
+
+    transformers 5.x writes each model twice: ``modular_<model>.py``, the source its
+    contributors edit (it imports from other models' files), and ``modeling_<model>.py``,
+    generated from it, which is what runs. ``apply`` patches what runs; with ``modular=True``
+    it patches the modular source instead (for a contributor, who regenerates the modeling
+    file) and leaves the generated file alone. ``scan`` reports both."""
+    name = Path(path).name
+    if name.startswith("modular_") and name.endswith(".py"):
+        return f"modular:{name.removeprefix('modular_')}"
+    match = _GENERATED.search(text[:2000])
+    if match is not None:
+        return f"generated:{match.group(1)}"
+    return None
+
+
+def modular_refusal(text: str, path: str, modular: bool) -> str | None:
+    """The reason every site of this file is skipped under the chosen policy, or ``None``."""
+    pair = generated_pair(text, path)
+    if pair is None:
+        return None
+    kind, _, other = pair.partition(":")
+    if kind == "modular" and not modular:
+        return (
+            f"transformers generates modeling_{other} from this modular file; apply patches the "
+            "generated file, which is what runs (--modular patches this one instead)"
+        )
+    if kind == "generated" and modular:
+        return f"generated from {other}; --modular patches that file instead"
+    return None
+
+
+def rewrite_source(
+    text: str, path: str, sites: Sequence[Site], tree: ast.Module, *, modular: bool = False
+) -> FileRewrite:
+    """Patch ``text`` for the applicable ``sites`` (found on ``tree``, the same text parsed).
+    ``modular``: patch transformers' modular sources rather than the files generated from them
+    (see :func:`generated_pair`)."""
+    refusal = modular_refusal(text, path, modular)
+    if refusal is not None:
+        skipped = [SiteResult(site, "skipped", refusal) for site in sites if site.applicable]
+        return FileRewrite(path, text, text, _ordered(skipped))
     source = SourceText(text)
     planner = Planner(source, module_names(tree))
     for node in tree.body:  # kernels a previous apply imported keep their names
@@ -573,7 +619,9 @@ def rewrite_source(text: str, path: str, sites: Sequence[Site], tree: ast.Module
                     for p in group
                     if p.instance_of is None or p.instance_of is p.site
                 }
-                retry = rewrite_source(text, path, [s for s in sites if id(s) not in failed], tree)
+                retry = rewrite_source(
+                    text, path, [s for s in sites if id(s) not in failed], tree, modular=modular
+                )
                 skipped = [
                     SiteResult(site, "skipped", f"synthesis failed: {error}")
                     for site in failed.values()

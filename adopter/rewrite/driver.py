@@ -7,6 +7,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from ..dsl.errors import LocatedError
@@ -18,24 +19,26 @@ from ..match.scan import collect_python_files, map_files, strip_details
 from .apply import FileRewrite, SiteResult, rewrite_source
 
 
-def rewrite_text(text: str, path: str, matcher: Matcher) -> FileRewrite:
-    """The patched text of one file (parsed once; never imported)."""
+def rewrite_text(text: str, path: str, matcher: Matcher, *, modular: bool = False) -> FileRewrite:
+    """The patched text of one file (parsed once; never imported). ``modular``: patch
+    transformers' ``modular_*.py`` sources rather than the ``modeling_*.py`` generated from
+    them (the default patches what runs)."""
     tree = parse_source(text, path)
     structure = FileAnalysis(tree, path, matcher.opaque_methods, text).analyse()
-    return rewrite_source(text, path, matcher.match_file(structure), tree)
+    return rewrite_source(text, path, matcher.match_file(structure), tree, modular=modular)
 
 
-def rewrite_file(path: str, matcher: Matcher) -> FileRewrite:
+def rewrite_file(path: str, matcher: Matcher, modular: bool = False) -> FileRewrite:
     try:
-        return rewrite_text(read_source(path), path, matcher)
+        return rewrite_text(read_source(path), path, matcher, modular=modular)
     except LocatedError as error:
         return FileRewrite(path, "", "", error=str(error))
     except RecursionError:
         return FileRewrite(path, "", "", error=f"{path}:1:1: source nested too deeply")
 
 
-def _rewrite_light(path: str, matcher: Matcher) -> FileRewrite:
-    rewrite = rewrite_file(path, matcher)
+def _rewrite_light(path: str, matcher: Matcher, modular: bool = False) -> FileRewrite:
+    rewrite = rewrite_file(path, matcher, modular)
     for result in rewrite.results:
         strip_details(result.site)
     return rewrite
@@ -62,13 +65,19 @@ def rewrite_paths(
     *,
     jobs: int | None = None,
     progress: Callable[[FileRewrite], None] | None = None,
+    modular: bool = False,
 ) -> ApplyResult:
     started = time.perf_counter()
     files, missing = collect_python_files(paths)
     errors = [str(error) for error in missing]
     names = [str(p) for p in files]
     rewrites = map_files(
-        names, rules, rewrite_file, jobs=jobs, progress=progress, parallel_work=_rewrite_light
+        names,
+        rules,
+        partial(rewrite_file, modular=modular),
+        jobs=jobs,
+        progress=progress,
+        parallel_work=partial(_rewrite_light, modular=modular),
     )
     errors += [rewrite.error for rewrite in rewrites if rewrite.error]
     return ApplyResult(rewrites, time.perf_counter() - started, errors)
