@@ -115,6 +115,9 @@ class _State:
     context: Context
     constructions: dict[str, Construction]
     notes: tuple[str, ...] = ()
+    # while matching ``where`` steps: a matched value and the values derived from it by
+    # elementwise scaling or casts (``q_proj(h) * self.scaling``), which count as it
+    through: dict[int, frozenset[int]] = field(default_factory=dict)
 
     def copy(self) -> _State:
         return _State(
@@ -123,6 +126,7 @@ class _State:
             self.context,
             dict(self.constructions),
             self.notes,
+            self.through,
         )
 
 
@@ -198,7 +202,9 @@ class Matcher:
             if compiled.first is None:
                 for site in self._match_init_only(compiled, structure):
                     found.setdefault(site.key, site)
-        return sorted(found.values(), key=lambda s: (s.path, s.line, s.column, s.rule.id))
+        return _without_overlaps(
+            sorted(found.values(), key=lambda s: (s.path, s.line, s.column, s.rule.id))
+        )
 
     def _index(self, flow: FunctionFlow) -> dict[str, list[FlowStep]]:
         index: dict[str, list[FlowStep]] = {}
@@ -232,9 +238,13 @@ class Matcher:
             if new_state is None:
                 continue
             for final in self._search(compiled, compiled.forward, 1, new_state, flow, index):
-                where_state = next(
-                    self._search(compiled, compiled.where, 0, final, flow, index), None
-                )
+                where_state = None
+                if compiled.where:
+                    checking = final.copy()
+                    checking.through = _derived_values(final, flow)
+                    where_state = next(
+                        self._search(compiled, compiled.where, 0, checking, flow, index), None
+                    )
                 if compiled.where and where_state is None:
                     continue
                 yield self._site(compiled, flow, final, where_state)
@@ -279,9 +289,11 @@ class Matcher:
                 ):
                     produced = state.bindings[value.name]
                     assert isinstance(produced, BoundOutput)
+                    values = state.through.get(produced.value, (produced.value,))
                     steps = [
                         flow.steps[use.step]
-                        for use in flow.consumers(produced.value)
+                        for derived in values
+                        for use in flow.consumers(derived)
                         if use.step is not None
                     ]
                     return list({id(s): s for s in steps}.values())[:MAX_CANDIDATES]
@@ -475,11 +487,6 @@ class Matcher:
         )
         site.notes = list(state.notes) + _shape_notes(state.steps)
         matched_ids = {step.id for step in matched}
-        spelled = _spelled_differently(compiled, state)
-        if spelled is not None:
-            site.applicable = False
-            site.reason = spelled
-            return site
         scripted = next((step for step in state.steps if step.scripted), None)
         if scripted is not None and rule.kernel:
             site.applicable = False
@@ -528,29 +535,46 @@ class Matcher:
                         )
 
 
-def _spelled_differently(compiled: CompiledRule, state: _State) -> str | None:
-    """A pattern value that the matched calls read under different names (``self.q(q)``,
-    ``self.k(k)``) is one tensor only where a caller passes the same one to each name: the
-    code of the function itself does not compute it once, and a kernel call could not name it."""
-    texts: dict[str, list[str]] = {}
-    for pattern_step, step in zip(compiled.forward, state.steps):
-        positional = [a for a in pattern_step.args if isinstance(a, Positional)]
-        for position, arg in enumerate(positional):
-            if not isinstance(arg.value, Var) or position >= len(step.positional):
-                continue
-            if not isinstance(state.bindings.get(arg.value.name), Operand):
-                continue
-            operand = step.positional[position]
-            if operand.node is not None and operand.text not in texts.get(arg.value.name, []):
-                texts.setdefault(arg.value.name, []).append(operand.text)
-    for name, spellings in texts.items():
-        if len(spellings) > 1:
-            shown = ", ".join(f"`{text}`" for text in spellings)
-            return (
-                f"${name} is read as {shown}: one tensor only where a caller passes the same "
-                "value to each"
-            )
-    return None
+# Steps through which a ``where`` step may consume a matched value: elementwise scaling by
+# something that is not a tensor of the computation, contiguity and dtype casts.
+PASS_THROUGH = frozenset(
+    ["mul", "truediv", "Tensor.contiguous", "Tensor.to", "Tensor.type_as", "Tensor.float"]
+)
+
+
+def _derived_values(state: _State, flow: FunctionFlow) -> dict[int, frozenset[int]]:
+    """Each matched output and the values a chain of PASS_THROUGH steps makes of it."""
+    derived: dict[int, frozenset[int]] = {}
+    for bound in state.bindings.values():
+        if not isinstance(bound, BoundOutput):
+            continue
+        values = [bound.value]
+        for value in values:
+            for use in flow.consumers(value):
+                if use.step is None:
+                    continue
+                step = flow.steps[use.step]
+                tensors = [op for op in step.positional if op.flows]
+                if step.kind in PASS_THROUGH and len(tensors) == 1 and step.output not in values:
+                    values.append(step.output)
+        derived[bound.value] = frozenset(values)
+    return derived
+
+
+def _without_overlaps(sites: list[Site]) -> list[Site]:
+    """One site per computation and rule: a match that reuses a call an earlier site of the
+    same rule already took (six projections of one tensor make several triples) is dropped."""
+    claimed: dict[str, set[tuple[int, str | None]]] = {}
+    kept: list[Site] = []
+    for site in sites:
+        # the elements of one nn.Sequential call share its node: the module tells them apart
+        nodes = {(id(step.node), step.module) for step in site.steps if step.node is not None}
+        taken = claimed.setdefault(site.rule.id, set())
+        if len(site.steps) > 1 and nodes & taken:
+            continue
+        taken |= nodes
+        kept.append(site)
+    return kept
 
 
 def _same_instance(first: Site, second: Site) -> bool:
@@ -660,8 +684,9 @@ def _unify_value(pattern: Expr, operand: Operand, state: _State, edges: list[Con
         state.bindings[pattern.name] = operand
         return True
     if isinstance(bound, BoundOutput):
+        accepted = state.through.get(bound.value, (bound.value,))
         for flow in operand.flows:
-            if flow.value == bound.value:
+            if flow.value in accepted:
                 edges.append(flow.context)
                 return True
         return False
@@ -669,7 +694,14 @@ def _unify_value(pattern: Expr, operand: Operand, state: _State, edges: list[Con
         return operand.module is not None and operand.module.path == bound.path
     if isinstance(bound, Operand):
         if bound.flows or operand.flows:
-            return _values(bound.flows) == _values(operand.flows)
+            # the same value on one path: ``current_states = kv if cross else hidden_states``
+            # is ``hidden_states`` where there is no cross-attention
+            for flow in operand.flows:
+                for other in bound.flows:
+                    if flow.value == other.value and consistent(flow.context, other.context):
+                        edges.append(flow.context | other.context)
+                        return True
+            return False
         if bound.is_constant or operand.is_constant:
             return bound.constant == operand.constant
         return bound.text == operand.text

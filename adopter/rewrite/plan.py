@@ -243,6 +243,7 @@ class Planner:
             return self.plan_across_call(site, replacement)
         if steps[0].function is None:
             raise Refusal("a matched computation is not inside a function")
+        self.check_one_spelling(site)
         plan = Plan(site=site, function=steps[0].function)
         if any(step.synthetic for step in steps):
             return self.plan_sequential(site, replacement, plan)
@@ -424,6 +425,30 @@ class Planner:
             + ", ".join(handed.values())
         )
         return caller_plan
+
+    def check_one_spelling(self, site: Site) -> None:
+        """A value the kernel reads once must be one expression in the code: projections of
+        ``hidden_states`` and of ``current_states`` (``kv if cross else hidden_states``), or of
+        three parameters a caller fills with one tensor, are one input on some paths only."""
+        pattern = site.rule.forward.steps  # type: ignore[union-attr]
+        texts: dict[str, list[str]] = {}
+        for pattern_step, step in zip(pattern, site.steps, strict=True):
+            positional = [a for a in pattern_step.args if isinstance(a, Positional)]
+            for position, arg in enumerate(positional):
+                if not isinstance(arg.value, Var) or position >= len(step.positional):
+                    continue
+                if not isinstance(site.bindings.get(arg.value.name), Operand):
+                    continue
+                operand = step.positional[position]
+                spelled = texts.setdefault(arg.value.name, [])
+                if operand.node is not None and operand.text not in spelled:
+                    spelled.append(operand.text)
+        for name, spellings in texts.items():
+            if len(spellings) > 1:
+                shown = ", ".join(f"`{text}`" for text in spellings)
+                raise Refusal(
+                    f"${name} is read as {shown}: one tensor on some paths only; not rewritten"
+                )
 
     def check_final_output_only(self, site: Site, new_step: PatternStep) -> None:
         """A kernel that takes over computations other code runs must produce exactly what the

@@ -96,9 +96,9 @@ def test_processor_reaches_the_attention_module_it_is_given():
     assert any(step.method == "get_attention_scores" for step in flow.steps)
 
 
-def test_one_tensor_under_several_names_is_not_applicable():
-    # fused in the caller's context only: SelfAttention is also called with three tensors
-    sites = scan_snippet("""
+def test_one_tensor_under_several_names_is_a_site_apply_skips():
+    # one input only where the caller passes the same tensor three times
+    source = """
 import torch
 from torch import nn
 class Attention(nn.Module):
@@ -115,7 +115,36 @@ class Layer(nn.Module):
         self.attention = Attention()
     def forward(self, x):
         return self.attention(x, x, x)
-""")
-    (site,) = [s for s in sites if s.rule.id == "paper.9"]
-    assert not site.applicable
-    assert "`q`, `k`, `v`" in site.reason
+"""
+    (site,) = [s for s in scan_snippet(source) if s.rule.id == "paper.9"]
+    assert site.applicable and site.line == 11
+    from adopter.match import Matcher
+    from adopter.rewrite import rewrite_text
+    from adopter.rules import load_rule_set
+
+    result = rewrite_text(source, "model.py", Matcher(load_rule_set("paper")))
+    (skipped,) = [r for r in result.results if r.site.rule.id == "paper.9"]
+    assert skipped.status == "skipped"
+    assert "`q`, `k`, `v`: one tensor on some paths only" in skipped.reason
+
+
+def test_self_attention_path_of_shared_attention_code_is_a_site():
+    source = """
+import torch
+from torch import nn
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q_proj = nn.Linear(8, 8)
+        self.k_proj = nn.Linear(8, 8)
+        self.v_proj = nn.Linear(8, 8)
+        self.scaling = 0.5
+    def forward(self, hidden_states, key_value_states=None):
+        query_states = self.q_proj(hidden_states) * self.scaling
+        current_states = key_value_states if key_value_states is not None else hidden_states
+        key_states = self.k_proj(current_states).view(2, 4, 2, 4)
+        value_states = self.v_proj(current_states).view(2, 4, 2, 4)
+        return query_states.view(2, 4, 2, 4), key_states, value_states
+"""
+    (site,) = [s for s in scan_snippet(source) if s.rule.id == "paper.9"]
+    assert site.applicable and site.line == 12
