@@ -12,14 +12,17 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
-from .dsl import DslError, LocatedError, Rule, load_rule_file
-from .extract import SourceError, analyse_file
+from .dsl import DslError, Rule, load_rule_file
+from .extract import analyse_file, failure_as_error
 from .extract.printer import format_class
+from .files import FileRefused, max_file_bytes
 from .match import Matcher
 from .match.report import json_records, sarif_log
 from .match.scan import collect_python_files, scan_paths
 from .rules import RULE_SETS, load_rule_set
+from .verify.factory_spec import FACTORY_HELP, parse_factory
 
 app = typer.Typer(
     help="Find (and patch) the places in deep-learning model source where optimized kernels fit.",
@@ -31,10 +34,27 @@ EXIT_ERROR = 2
 PROGRESS_MIN_FILES = 20
 
 
+@app.callback()
+def _check_environment() -> None:
+    """Settings read from the environment are checked once, before any file is read."""
+    try:
+        max_file_bytes()
+    except FileRefused as error:
+        raise _fail(str(error)) from None
+
+
 class OutputFormat(str, Enum):
     table = "table"
     json = "json"
     sarif = "sarif"
+
+
+class MemoryMethod(str, Enum):
+    auto = "auto"
+    rss = "rss"
+    profiler = "profiler"
+    cuda = "cuda"
+    none = "none"
 
 
 def _stderr() -> Console:
@@ -59,9 +79,49 @@ def _progress_bar(console: Console, label: str, total: int) -> Iterator[Callable
         yield lambda: progress.advance(task)
 
 
+def _print_error(console: Console, message: object) -> None:
+    """``error: <message>`` in red; the message is the user's text (paths, rule names, parser
+    messages quoting source) and is never read as Rich markup: ``[red]x.py`` stays as written."""
+    console.print(Text.assemble(("error:", "red"), " ", str(message)), soft_wrap=True)
+
+
 def _fail(message: str) -> typer.Exit:
-    _stderr().print(f"[red]error:[/red] {message}", soft_wrap=True)
+    _print_error(_stderr(), message)
     return typer.Exit(EXIT_ERROR)
+
+
+def _user_path(text: str) -> Path:
+    # An empty argument would become Path("."), the current folder: a typo (an unset shell
+    # variable) must not turn into a scan of everything below here.
+    if not text:
+        raise typer.BadParameter("empty path (use . for the current folder)")
+    return Path(text)
+
+
+def _positive(value: float | None) -> float | None:
+    if value is not None and not value > 0:
+        raise typer.BadParameter(f"must be a positive number of seconds, not {value:g}")
+    return value
+
+
+def _comma_list(text: str, option: str, known: tuple[str, ...] | None = None) -> list[str]:
+    """The items of a comma-separated option, each checked against ``known`` when given."""
+    items = list(dict.fromkeys(item.strip() for item in text.split(",") if item.strip()))
+    choices = f"; use {', '.join(known)}" if known else ""
+    if not items:
+        raise _fail(f"{option} {text!r} names nothing{choices}")
+    unknown = [item for item in items if known is not None and item not in known]
+    if unknown:
+        raise _fail(f"{option}: unknown {', '.join(map(repr, unknown))}{choices}")
+    return items
+
+
+def _check_factory(option: str, spec: str | None) -> None:
+    if spec is not None:
+        try:
+            parse_factory(spec)
+        except ValueError as error:
+            raise _fail(f"{option}: {error}") from None
 
 
 def load_rules(
@@ -74,13 +134,17 @@ def load_rules(
             rules.extend(load_rule_set(rule_set or "paper"))
         except KeyError as error:
             raise _fail(str(error.args[0])) from None
+        except DslError as error:  # a built-in rule file that is misnamed or broken
+            raise _fail(str(error)) from None
     for path in rule_files or []:
         try:
             rules.extend(load_rule_file(path))
         except DslError as error:
             raise _fail(str(error)) from None
-    if select:
+    if select is not None:
         wanted = [item.strip() for item in select.split(",") if item.strip()]
+        if not wanted:
+            raise _fail(f"no rule selected: --select {select!r} names no rule id (e.g. paper.4)")
         known = {rule.id for rule in rules}
         unknown = [
             item
@@ -105,7 +169,10 @@ def load_rules(
 RulesOption = Annotated[
     list[Path] | None,
     typer.Option(
-        "--rules", help="A rule file in the Adopter DSL (repeatable).", show_default=False
+        "--rules",
+        parser=_user_path,
+        help="A rule file in the Adopter DSL (repeatable).",
+        show_default=False,
     ),
 ]
 RuleSetOption = Annotated[
@@ -122,7 +189,10 @@ SelectOption = Annotated[
 
 @app.command()
 def scan(
-    paths: Annotated[list[Path], typer.Argument(help="Python files or directories (recursive).")],
+    paths: Annotated[
+        list[Path],
+        typer.Argument(parser=_user_path, help="Python files or directories (recursive)."),
+    ],
     output_format: Annotated[
         OutputFormat, typer.Option("--format", "-f", help="Output format.")
     ] = OutputFormat.table,
@@ -135,7 +205,9 @@ def scan(
             "--show-not-applicable", help="Also list matches whose fused value is used elsewhere."
         ),
     ] = False,
-    jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes.")] = None,
+    jobs: Annotated[
+        int | None, typer.Option("--jobs", "-j", min=1, help="Worker processes.")
+    ] = None,
 ) -> None:
     """List every site where a rule applies. Never imports or runs the scanned code.
 
@@ -150,7 +222,7 @@ def scan(
     else:  # a few files finish before a bar would be drawn
         result = scan_paths(paths, rules, jobs=jobs)
     for error in result.errors:
-        console.print(f"[red]error:[/red] {error}", soft_wrap=True, markup=True, highlight=False)
+        _print_error(console, error)
     sites = result.sites + (result.not_applicable if show_not_applicable else [])
     sites.sort(key=lambda s: (s.path, s.line, s.column, s.rule.id))
     if output_format is OutputFormat.json:
@@ -180,11 +252,15 @@ def _print_table(sites, result, rules) -> None:
         table = Table(show_lines=False, header_style="bold")
         for column in ("location", "rule", "class.method", "message"):
             table.add_column(column, overflow="fold")
-        for site in sites:
+        for site in sites:  # Text cells: paths and rule texts are never Rich markup
             owner = f"{site.cls}.{site.method}" if site.cls else site.method
-            message = site.message if site.applicable else f"[dim]not applicable: {site.reason}[/]"
+            message = (
+                Text(site.message)
+                if site.applicable
+                else Text(f"not applicable: {site.reason}", style="dim")
+            )
             location = f"{_display_path(site.path)}:{site.line}:{site.column}"
-            table.add_row(location, site.rule.id, owner, message)
+            table.add_row(Text(location), Text(site.rule.id), Text(owner), message)
         console.print(table)
     files = len(result.files)
     console.print(
@@ -196,11 +272,11 @@ def _print_table(sites, result, rules) -> None:
 
 @app.command()
 def structure(
-    path: Annotated[Path, typer.Argument(help="A Python file.")],
+    path: Annotated[Path, typer.Argument(parser=_user_path, help="A Python file.")],
     class_name: Annotated[
         list[str] | None, typer.Option("--class", "-c", help="Only these classes (repeatable).")
     ] = None,
-    max_paths: Annotated[int, typer.Option("--paths", help="Paths shown per method.")] = 4,
+    max_paths: Annotated[int, typer.Option("--paths", min=1, help="Paths shown per method.")] = 4,
     rule_files: RulesOption = None,
     rule_set: RuleSetOption = None,
 ) -> None:
@@ -208,23 +284,28 @@ def structure(
     rules = load_rules(rule_files, rule_set, None)
     try:
         extracted = analyse_file(str(path), Matcher(rules).opaque_methods)
-    except (SourceError, LocatedError) as error:
-        raise _fail(str(error)) from None
-    wanted = set(class_name or [])
-    missing = wanted - set(extracted.classes)
-    if missing:
-        raise _fail(f"{path}: no class named {', '.join(sorted(missing))}")
-    blocks = [
-        format_class(info, max_paths, extracted.branch_labels)
-        for info in extracted.classes.values()
-        if info.is_module and (not wanted or info.name in wanted)
-    ]
+        wanted = set(class_name or [])
+        missing = wanted - set(extracted.classes)
+        if missing:
+            raise _fail(f"{path}: no class named {', '.join(sorted(missing))}")
+        blocks = [
+            format_class(info, max_paths, extracted.branch_labels)
+            for info in extracted.classes.values()
+            if info.is_module and (not wanted or info.name in wanted)
+        ]
+    except typer.Exit:
+        raise
+    except Exception as error:  # noqa: BLE001 - as scan and apply report it: at the file
+        raise _fail(str(failure_as_error(str(path), error))) from None
     typer.echo("\n\n".join(blocks) if blocks else f"{path}: no nn.Module classes found")
 
 
 @app.command()
 def apply(
-    paths: Annotated[list[Path], typer.Argument(help="Python files or directories (recursive).")],
+    paths: Annotated[
+        list[Path],
+        typer.Argument(parser=_user_path, help="Python files or directories (recursive)."),
+    ],
     write: Annotated[bool, typer.Option("--write", help="Write the patched files.")] = False,
     check: Annotated[
         bool, typer.Option("--check", help="Exit 1 when something would change (CI, pre-commit).")
@@ -235,7 +316,9 @@ def apply(
     rule_files: RulesOption = None,
     rule_set: RuleSetOption = None,
     select: SelectOption = None,
-    jobs: Annotated[int | None, typer.Option("--jobs", "-j", help="Worker processes.")] = None,
+    jobs: Annotated[
+        int | None, typer.Option("--jobs", "-j", min=1, help="Worker processes.")
+    ] = None,
     verify: Annotated[
         bool,
         typer.Option(
@@ -245,7 +328,8 @@ def apply(
         ),
     ] = False,
     verify_timeout: Annotated[
-        float, typer.Option("--verify-timeout", help="Seconds per file for --verify.")
+        float,
+        typer.Option("--verify-timeout", callback=_positive, help="Seconds per file for --verify."),
     ] = 300,
     only_faster: Annotated[
         bool,
@@ -253,6 +337,21 @@ def apply(
             "--only-faster",
             help="Benchmark each rule alone on this machine (imports the model) and keep only "
             "the rules that make it faster.",
+        ),
+    ] = False,
+    force_read_only: Annotated[
+        bool,
+        typer.Option(
+            "--force-read-only",
+            help="With --write, also write read-only files (their mode stays read-only).",
+        ),
+    ] = False,
+    in_place_hard_links: Annotated[
+        bool,
+        typer.Option(
+            "--in-place-hard-links",
+            help="With --write, rewrite a file that has several hard links in place, so every "
+            "name sees the patch (not atomic); without it such a file is skipped.",
         ),
     ] = False,
     modular: Annotated[
@@ -267,11 +366,19 @@ def apply(
     """Rewrite every site to call its kernel. Prints a unified diff unless --write is given.
 
     Files are never imported. A site that cannot be rewritten safely is skipped with a reason;
-    the others still apply. Writes are atomic; untouched files are not rewritten.
+    the others still apply, until nothing more changes. --write writes a file only if it still
+    holds what was analysed, atomically, in its own encoding and line endings, keeping its
+    owner and mode (a symlink's target is written); a file it skips is named with the reason
+    and the exit code is 2.
     """
-    import difflib
-
-    from .rewrite import rewrite_paths, write_atomically
+    from .rewrite import (
+        WriteOptions,
+        WriteStatus,
+        remove_stale_temporaries,
+        rewrite_paths,
+        unified_diff,
+        write_rewrites,
+    )
 
     if output_format not in ("diff", "json"):
         raise _fail(f"--format must be diff or json, not {output_format!r}")
@@ -279,7 +386,7 @@ def apply(
     console = _stderr()
     result = rewrite_paths(paths, rules, jobs=jobs, modular=modular)
     for error in result.errors:
-        console.print(f"[red]error:[/red] {error}", soft_wrap=True, highlight=False)
+        _print_error(console, error)
     if only_faster:
         result = _keep_faster_rules(result, rules, console)
     if verify:
@@ -299,38 +406,38 @@ def apply(
         typer.echo(json.dumps(records, indent=2))
     elif not write:
         for rewrite in result.changed:
-            diff = "".join(
-                difflib.unified_diff(
-                    rewrite.original.splitlines(keepends=True),
-                    rewrite.patched.splitlines(keepends=True),
-                    f"a/{rewrite.path}",
-                    f"b/{rewrite.path}",
-                )
-            )
+            diff = unified_diff(rewrite)
             if out.is_terminal:
                 from rich.syntax import Syntax
 
                 out.print(Syntax(diff, "diff", theme="ansi_dark", background_color="default"))
             else:
                 typer.echo(diff, nl=False)
-    write_errors = 0
+    done = result.changed
+    not_written = 0
     if write:
-        for rewrite in result.changed:
-            try:
-                write_atomically(rewrite.path, rewrite.patched)
-            except OSError as error:
-                write_errors += 1
-                console.print(
-                    f"[red]error:[/red] {rewrite.path}:1:1: cannot write: {error.strerror}",
-                    soft_wrap=True,
-                    highlight=False,
-                )
-    patched = sum(r.status == "patched" for r in result.results)
+        for removed in remove_stale_temporaries(r.path for r in result.files):
+            console.print(
+                f"removed {removed}: a temporary file left by an interrupted apply",
+                soft_wrap=True,
+                markup=False,
+                highlight=False,
+            )
+        outcomes = write_rewrites(done, WriteOptions(force_read_only, in_place_hard_links))
+        for outcome in outcomes:
+            failed = outcome.status in (WriteStatus.SKIPPED, WriteStatus.FAILED)
+            not_written += failed
+            if failed or outcome.reason:
+                prefix = "error: " if outcome.status is WriteStatus.FAILED else ""
+                console.print(f"{prefix}{outcome}", soft_wrap=True, markup=False, highlight=False)
+        written = {o.path for o in outcomes if o.status is WriteStatus.WRITTEN}
+        done = [r for r in done if r.path in written]
+    patched = sum(r.status == "patched" for rewrite in done for r in rewrite.results)
     covered = sum(r.status == "covered" for r in result.results)
     skipped = [r for r in result.results if r.status == "skipped"]
     for skip in skipped:
         console.print(
-            f"skipped {skip.site.rule.id} at {skip.site.path}:{skip.site.line}:{skip.site.column}: "
+            f"skipped {skip.site.rule.id} at {skip.site.path}:{skip.line}:{skip.column}: "
             f"{skip.reason}",
             soft_wrap=True,
             highlight=False,
@@ -338,12 +445,14 @@ def apply(
         )
     verb = "patched" if write else "to patch"
     console.print(
-        f"{patched} site(s) {verb} in {len(result.changed)} file(s), {covered} covered by an "
+        f"{patched} site(s) {verb} in {len(done)} file(s), {covered} covered by an "
         f"enclosing rewrite, {len(skipped)} skipped, "
-        f"{len(result.errors) + write_errors} error(s), {result.seconds:.2f} s",
+        + (f"{not_written} file(s) not written, " if not_written else "")
+        + f"{len(result.errors)} error(s), {result.seconds:.2f} s",
         highlight=False,
+        soft_wrap=True,
     )
-    if result.errors or write_errors:
+    if result.errors or not_written:
         raise typer.Exit(EXIT_ERROR)
     if check and result.changed:
         raise typer.Exit(1)
@@ -391,16 +500,22 @@ def bench(
     rule_set: RuleSetOption = None,
     select: SelectOption = None,
     factory: Annotated[
-        str | None, typer.Option("--factory", help="module:function -> (model, inputs).")
+        str | None,
+        typer.Option(
+            "--factory",
+            help=f"Build the original from a factory: {FACTORY_HELP} Without --patched-factory "
+            "the rules are applied to the factory's own file.",
+        ),
     ] = None,
     patched_factory: Annotated[
-        str | None, typer.Option("--patched-factory", help="module:function for the patch.")
+        str | None,
+        typer.Option("--patched-factory", help="The patched model's factory, same form."),
     ] = None,
     model_class: Annotated[str | None, typer.Option("--class", help="Model class.")] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", "-b")] = 2,
-    seq_len: Annotated[int, typer.Option("--seq-len", "-s")] = 128,
-    image_size: Annotated[int, typer.Option("--image-size")] = 224,
-    layers: Annotated[int, typer.Option("--layers", help="Layers per stack (0: all).")] = 2,
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", min=1)] = 2,
+    seq_len: Annotated[int, typer.Option("--seq-len", "-s", min=1)] = 128,
+    image_size: Annotated[int, typer.Option("--image-size", min=1)] = 224,
+    layers: Annotated[int, typer.Option("--layers", min=0, help="Layers per stack (0: all).")] = 2,
     dropout: Annotated[
         str, typer.Option("--dropout", help="config, no-attention or none")
     ] = "config",
@@ -411,24 +526,36 @@ def bench(
     ] = False,
     ablation: Annotated[bool, typer.Option("--ablation", help="Each rule alone too.")] = False,
     modes: Annotated[str, typer.Option("--modes", help="inference,train")] = "inference,train",
-    warmup: Annotated[int, typer.Option("--warmup")] = 2,
-    repeats: Annotated[int, typer.Option("--repeats")] = 10,
+    warmup: Annotated[int, typer.Option("--warmup", min=0)] = 2,
+    repeats: Annotated[int, typer.Option("--repeats", min=1)] = 10,
     memory: Annotated[
-        str | None, typer.Option("--memory", help="auto, rss, profiler, cuda or none")
-    ] = None,
-    threads: Annotated[int | None, typer.Option("--threads")] = None,
+        MemoryMethod,
+        typer.Option(
+            "--memory",
+            help="How peak memory is measured: auto (RSS of a fresh process per variant on "
+            "CPU, a few seconds each; the CUDA allocator on a GPU), rss, profiler (tensor bytes, "
+            "in-process), cuda, or none (not measured).",
+        ),
+    ] = "auto",  # type: ignore[assignment]
+    threads: Annotated[int | None, typer.Option("--threads", min=1)] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write results as JSON.")] = None,
     plot_out: Annotated[Path | None, typer.Option("--plot", help="Write a PNG bar chart.")] = None,
 ) -> None:
     """Measure the payoff: training step time, inference latency and peak memory of the
     original and the patched model (same weights and inputs, interleaved runs, bootstrap
-    confidence intervals). Imports the model code (as training it would)."""
-    from .bench.command import BenchTargetError, run_bench
-    from .bench.report import render_table
-
+    confidence intervals). Imports the model code (as training it would). A speed-up whose
+    interval is too wide to decide is flagged as noisy."""
     if target is None and factory is None:
         raise _fail("give a model (e.g. bert) or --factory module:function")
+    _check_factory("--factory", factory)
+    _check_factory("--patched-factory", patched_factory)
     rules = load_rules(rule_files, rule_set, select)
+
+    from .bench.command import BenchTargetError, run_bench
+    from .bench.measure import MODES, VariantBuildError
+    from .bench.report import noise_warnings, render_table
+
+    mode_list = _comma_list(modes, "--modes", MODES)
     try:
         result = run_bench(
             target,
@@ -445,42 +572,49 @@ def bench(
             dtype=dtype,
             compile=compile_both,
             ablation=ablation,
-            modes=[m.strip() for m in modes.split(",") if m.strip()],
+            modes=mode_list,
             warmup=warmup,
             repeats=repeats,
-            memory=None if memory in (None, "none", "off") else memory,
+            memory=None if memory is MemoryMethod.none else memory.value,
             threads=threads,
             plot_path=plot_out,
             json_out=json_out,
             progress=lambda message: _stderr().print(message, markup=False, highlight=False),
         )
-    except (BenchTargetError, ValueError) as error:
+    except (BenchTargetError, ValueError, VariantBuildError) as error:
         raise _fail(str(error)) from None
     console = Console(highlight=False)
     if not console.is_terminal:
         console.width = 160
     console.print(render_table(result))
+    for warning in noise_warnings(result):
+        console.print(Text.assemble(("warning:", "yellow"), " ", warning), soft_wrap=True)
 
 
 @app.command(name="verify")
 def verify_command(
     paths: Annotated[
-        list[Path] | None, typer.Argument(help="Model files or directories (transformers).")
+        list[Path] | None,
+        typer.Argument(parser=_user_path, help="Model files or directories (transformers)."),
     ] = None,
     rule_files: RulesOption = None,
     rule_set: RuleSetOption = None,
     select: SelectOption = None,
     factory: Annotated[
-        str | None, typer.Option("--factory", help="module:function building the original.")
+        str | None,
+        typer.Option("--factory", help=f"The original model's factory: {FACTORY_HELP}"),
     ] = None,
     patched_factory: Annotated[
-        str | None, typer.Option("--patched-factory", help="module:function building the patch.")
+        str | None,
+        typer.Option("--patched-factory", help="The patched model's factory, same form."),
     ] = None,
     classes: Annotated[
         str | None, typer.Option("--classes", help="Comma-separated model classes to check.")
     ] = None,
     modes: Annotated[str, typer.Option("--modes", help="eval,train")] = "eval,train",
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds per file.")] = 300,
+    timeout: Annotated[
+        float, typer.Option("--timeout", callback=_positive, help="Seconds per file.")
+    ] = 300,
     output_format: Annotated[str, typer.Option("--format", "-f", help="table or json")] = "table",
 ) -> None:
     """Prove patches: build the original and the patched model from the same small config,
@@ -492,12 +626,18 @@ def verify_command(
     from .rewrite import rewrite_paths
     from .verify import PatchedFile, verify_factory, verify_patched_files
 
-    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
+    mode_list = _comma_list(modes, "--modes")
+    try:  # checks the options (modes, timeout) before any work; verifies nothing
+        verify_patched_files([], timeout=timeout, modes=mode_list)
+    except ValueError as error:
+        raise _fail(str(error)) from None
     wanted = [c.strip() for c in classes.split(",")] if classes else None
     rows: list[dict[str, object]] = []
     if factory or patched_factory:
         if not (factory and patched_factory):
             raise _fail("--factory and --patched-factory go together")
+        _check_factory("--factory", factory)
+        _check_factory("--patched-factory", patched_factory)
         verdict = verify_factory(factory, patched_factory, timeout=timeout, modes=mode_list)
         rows.append({"path": factory, **_verdict_record(verdict)})
     else:
@@ -506,7 +646,7 @@ def verify_command(
         rules = load_rules(rule_files, rule_set, select)
         result = rewrite_paths(paths, rules)
         for error in result.errors:
-            _stderr().print(f"[red]error:[/red] {error}", soft_wrap=True, highlight=False)
+            _print_error(_stderr(), error)
         items = [PatchedFile(r.path, r.patched, classes=wanted) for r in result.changed]
         for rewrite in result.files:
             if rewrite.error is None and not rewrite.changed:
@@ -568,21 +708,21 @@ def _print_verdicts(rows: list[dict[str, object]], output_format: str) -> None:
     for column in ("file", "class", "verdict", "largest |diff|", "reason"):
         table.add_column(column, overflow="fold")
     colors = {"verified": "green", "refuted": "red"}
-    for row in rows:
+    for row in rows:  # Text cells: paths, class names and reasons are never Rich markup
         diff = row.get("max_abs_diff")
         status = str(row["status"])
         table.add_row(
-            _display_path(str(row["path"])),
-            str(row["class"]),
-            f"[{colors.get(status, 'yellow')}]{status}[/]",
-            "" if diff is None else f"{diff:.2e} ({row.get('where') or ''})",
-            str(row.get("reason") or ""),
+            Text(_display_path(str(row["path"]))),
+            Text(str(row["class"])),
+            Text(status, style=colors.get(status, "yellow")),
+            Text("" if diff is None else f"{diff:.2e} ({row.get('where') or ''})"),
+            Text(str(row.get("reason") or "")),
         )
     console.print(table)
     counts: dict[str, int] = {}
     for row in rows:
         counts[str(row["status"])] = counts.get(str(row["status"]), 0) + 1
-    console.print(", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+    console.print(", ".join(f"{n} {status}" for status, n in sorted(counts.items())), markup=False)
 
 
 @app.command()
@@ -618,12 +758,12 @@ def list_rules(
     """List the rules (with --verbose, their documentation and DSL)."""
     rules = load_rules(rule_files, rule_set, select)
     console = Console(highlight=False)
-    for rule in rules:
-        console.print(f"[bold]{rule.id}[/bold] {rule.name}: {rule.description}")
+    for rule in rules:  # rule texts are the user's: Text, never Rich markup
+        console.print(Text.assemble((rule.id, "bold"), f" {rule.name}: {rule.description}"))
         if verbose:
             if rule.doc:
                 console.print(rule.doc, markup=False)
-            console.print(f"[dim]{rule.source}[/dim]\n")
+            console.print(Text(str(rule.source), style="dim"), "\n")
 
 
 def main() -> None:  # pragma: no cover - console entry point

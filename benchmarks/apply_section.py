@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from adopter.rewrite import rewrite_paths, write_atomically
+from adopter.rewrite import WriteStatus, rewrite_paths, write_rewrites
 
 IMPORT_TIMEOUT = 1200  # seconds for importing all patched modules in one subprocess
 
@@ -98,8 +98,9 @@ def run_apply(paths: dict[str, Path], rules, jobs: int, import_check: bool) -> A
             copies[model] = copy
         started = time.perf_counter()
         result = rewrite_paths([str(p) for p in copies.values()], rules, jobs=jobs)
-        for rewrite in result.changed:
-            write_atomically(rewrite.path, rewrite.patched)
+        for outcome in write_rewrites(result.changed):  # as `apply --write` writes
+            if outcome.status is not WriteStatus.WRITTEN:
+                raise RuntimeError(f"apply could not write a scratch copy: {outcome}")
         report.seconds = time.perf_counter() - started
         report.changed_files = len(result.changed)
         for item in result.results:

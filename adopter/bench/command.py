@@ -25,6 +25,7 @@ that pay off on this machine.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import importlib
@@ -32,7 +33,7 @@ import importlib.util
 import inspect
 import json
 import re
-import sys
+import shutil
 import tempfile
 import threading
 import warnings
@@ -49,6 +50,7 @@ from torch import nn
 from ..dsl.syntax import Rule
 from ..match.matcher import Matcher
 from ..rewrite import rewrite_text
+from ..verify.factory_spec import make_importable, parse_factory
 from ..verify.worker import load_sibling
 from .measure import (
     MODES,
@@ -97,7 +99,8 @@ dropout) that shared rate is set to 0. ``none``: every dropout probability set t
 BASELINE = "original"
 PATCHED = "patched"
 _SIBLING_PREFIX = "_adopter_bench_"
-_SCRATCH = Path(tempfile.gettempdir()) / "adopter-bench"
+_SCRATCH: Path | None = None  # see _scratch_dir
+_SCRATCH_LOCK = threading.Lock()
 
 _LAYER_KEYS = frozenset(
     {
@@ -150,18 +153,31 @@ def patch_text(text: str, path: str, rules: Sequence[Rule]) -> tuple[str, Counte
     return (rewrite.patched if patched else text), patched
 
 
+def _scratch_dir() -> Path:
+    """This process's private scratch folder (created 0700 under a random name, removed at
+    exit). The patched copies in it are imported, that is executed: a predictable folder in
+    the shared temporary folder would let another user plant the code that runs."""
+    global _SCRATCH
+    with _SCRATCH_LOCK:
+        if _SCRATCH is None:
+            _SCRATCH = Path(tempfile.mkdtemp(prefix="adopter-bench-"))
+            atexit.register(shutil.rmtree, _SCRATCH, ignore_errors=True)
+        return _SCRATCH
+
+
 def patched_source_file(text: str, name: str) -> Path:
     """Write ``text`` to a scratch file named by its content hash; return the path.
 
     Content-addressed so that variants stay valid after :func:`run_bench` returns (the memory
-    probe subprocess and later profiling read the file again), repeated runs reuse the file, and
-    two different patches of one model never collide. Files are a few hundred KiB at most.
+    probe subprocess and later profiling read the file again), repeated runs in this process
+    reuse the file, and two different patches of one model never collide. Files are a few
+    hundred KiB at most; the folder is private to this process (:func:`_scratch_dir`).
     """
     digest = hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
-    folder = _SCRATCH / digest
+    folder = _scratch_dir() / digest
     path = folder / name
     if not path.exists():
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.mkdir(mode=0o700, exist_ok=True)
         scratch = folder / f".{name}.{threading.get_ident()}.tmp"
         scratch.write_text(text, encoding="utf-8")
         scratch.replace(path)
@@ -552,29 +568,32 @@ def build_from_factory(spec: FactoryBuild) -> tuple[nn.Module, Any]:
     return obj()
 
 
-def _split_factory(spec: str) -> tuple[str, str, Path]:
-    """``module:function`` or ``path/to/file.py:function`` -> (module name, function, file).
+def _factory_target(spec: str) -> tuple[FactoryBuild, Path]:
+    """What builds the original from a factory spec, and the file holding the factory.
 
-    A file path is imported as a top-level module named after the file, with its folder put
-    on ``sys.path`` (so the memory-probe child, which inherits ``sys.path``, finds it too).
+    The syntax is :func:`adopter.verify.factory_spec.parse_factory`'s (shared with ``verify``).
+    A module name is imported with the current folder on ``sys.path``; a file is run under a
+    name of its own (so ``code.py:build`` never picks up the standard library's ``code``), with
+    its folder on ``sys.path`` for its own imports (the memory-probe child, which inherits
+    ``sys.path``, finds them too).
     """
-    target, sep, function = spec.rpartition(":")
-    if not sep or not target or not function:
-        raise BenchTargetError(f"factory must look like 'module:function', got {spec!r}")
-    if target.endswith(".py"):
-        path = Path(target).resolve()
-        if not path.is_file():
-            raise BenchTargetError(f"factory file {path} does not exist")
-        if str(path.parent) not in sys.path:
-            sys.path.append(str(path.parent))
-        return path.stem, function, path
     try:
-        found = importlib.util.find_spec(target)
+        ref = parse_factory(spec)
+    except ValueError as exc:
+        raise BenchTargetError(str(exc)) from None
+    make_importable(ref)
+    if ref.path is not None:
+        path = Path(ref.path)
+        text = path.read_text(encoding="utf-8")
+        return FactoryBuild(path.stem, ref.function, str(path), _tag("original", text)), path
+    module = ref.module or ""
+    try:
+        found = importlib.util.find_spec(module)
     except (ImportError, ValueError) as exc:
-        raise BenchTargetError(f"cannot import the factory module {target!r}: {exc}") from exc
+        raise BenchTargetError(f"cannot import the factory module {module!r}: {exc}") from exc
     if found is None or not found.origin or not Path(found.origin).is_file():
-        raise BenchTargetError(f"cannot find the source of the factory module {target!r}")
-    return target, function, Path(found.origin)
+        raise BenchTargetError(f"cannot find the source of the factory module {module!r}")
+    return FactoryBuild(module, ref.function), Path(found.origin)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -638,21 +657,23 @@ def plan_variants(
                 "--patched-factory"
             )
         variants = [
-            ModelVariant(BASELINE, factory),
-            ModelVariant(PATCHED, patched_factory),
+            ModelVariant(name, functools.partial(build_from_factory, _factory_target(spec)[0]))
+            for name, spec in ((BASELINE, factory), (PATCHED, patched_factory))
         ]
         info = {"target": factory, "kind": "factories", "patched_factory": patched_factory}
         return VariantPlan(variants, info=info)
 
     if factory is not None:
-        module_name, function, path = _split_factory(factory)
+        original, path = _factory_target(factory)
         text = path.read_text(encoding="utf-8")
 
         def make(label: str, patched: str | None) -> Any:
             if patched is None:
-                return functools.partial(build_from_factory, FactoryBuild(module_name, function))
+                return functools.partial(build_from_factory, original)
             file = patched_source_file(patched, path.name)
-            spec = FactoryBuild(module_name, function, str(file), _tag(label, patched))
+            spec = FactoryBuild(
+                original.module_name, original.function, str(file), _tag(label, patched)
+            )
             return functools.partial(build_from_factory, spec)
 
         info: dict[str, Any] = {"target": factory, "kind": "factory", "source": str(path)}

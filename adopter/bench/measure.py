@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import importlib
 import json
 import os
 import pickle
@@ -166,13 +165,13 @@ class ModelVariant:
 
 
 def resolve_factory(spec: str) -> Factory:
-    """Import ``"package.module:function"`` (the function may be a dotted attribute path)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"factory must look like 'package.module:function', got {spec!r}")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
+    """Import ``"package.module:function"`` or ``"path/to/file.py:function"`` (the syntax of
+    :func:`adopter.verify.factory_spec.parse_factory`; the function may be a dotted path)."""
+    from ..verify.factory_spec import load_factory, parse_factory
+
+    ref = parse_factory(spec)
+    alias = f"_adopter_factory_{Path(ref.path).stem}" if ref.path else ""
+    obj, _ = load_factory(ref, alias)
     if not callable(obj):
         raise TypeError(f"{spec!r} is not callable")
     return obj
@@ -1074,7 +1073,7 @@ def _summarise(
                 ):
                     res.memory_error = (
                         f"no memory ratio: the baseline's step peak is below the "
-                        f"{RSS_RESOLUTION >> 20} MiB that RSS resolves; use memory='profiler'"
+                        f"{RSS_RESOLUTION >> 20} MiB that RSS resolves; use --memory profiler"
                     )
                 elif base.memory.peak_bytes > 0:
                     res.memory = MemoryStats(

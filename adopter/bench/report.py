@@ -22,6 +22,7 @@ __all__ = [
     "format_bytes",
     "format_seconds",
     "from_json",
+    "noise_warnings",
     "plot",
     "render_table",
     "speedup_verdict",
@@ -75,6 +76,20 @@ def speedup_verdict(res: ModeResult, threshold: float = 1.0) -> str:
     return "noise"
 
 
+def noise_warnings(result: BenchResult) -> list[str]:
+    """One line per speed-up whose interval is too wide to rely on (:meth:`Speedup.noise`)."""
+    warnings = []
+    for mode in result.modes:
+        for name in result.candidates:
+            speedup = result.get(name, mode).speedup
+            reason = speedup.noise() if speedup is not None else None
+            if reason:
+                warnings.append(
+                    f"{name}, {mode}: {reason}; rerun with more --repeats on a quieter machine"
+                )
+    return warnings
+
+
 def _caption(result: BenchResult) -> str:
     env, cfg = result.environment, result.settings
     device = str(env.get("device", cfg.get("device", "?")))
@@ -106,7 +121,7 @@ def _speedup_cells(res: ModeResult, is_baseline: bool) -> tuple[Text, Text]:
         return Text("1.00x (base)", style="dim"), Text("")
     sp = res.speedup
     style = {"faster": "bold green", "slower": "bold red"}.get(speedup_verdict(res), "yellow")
-    interval = f"[{sp.ci_low:.2f}, {sp.ci_high:.2f}]"
+    interval = f"[{sp.ci_low:.2f}, {sp.ci_high:.2f}]" + (" noisy" if sp.noise() else "")
     return Text(f"{sp.ratio:.2f}x", style=style), Text(interval, style=style)
 
 

@@ -20,7 +20,9 @@ from typing import Any
 from .stats import median, quantile
 
 __all__ = [
+    "NOISE_BAND",
     "SCHEMA",
+    "WIDE_INTERVAL",
     "BenchResult",
     "MemoryStats",
     "ModeResult",
@@ -29,6 +31,11 @@ __all__ = [
 ]
 
 SCHEMA = "adopter.bench/1"
+NOISE_BAND = 0.05
+"""A ratio whose interval reaches below ``1 - NOISE_BAND`` and above ``1 + NOISE_BAND`` cannot
+tell a 5% slow-down from a 5% speed-up: too noisy to decide."""
+WIDE_INTERVAL = 0.20
+"""An interval wider than this fraction of its ratio leaves the size of the effect unknown."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,24 @@ class Speedup:
     confidence: float
     method: str
     """``paired`` (rounds resampled together) or ``independent`` bootstrap."""
+
+    def noise(self) -> str | None:
+        """Why the interval is too wide to rely on (see :data:`NOISE_BAND` and
+        :data:`WIDE_INTERVAL`), or ``None`` when it is narrow enough."""
+        interval = f"{self.confidence:.0%} interval [{self.ci_low:.2f}, {self.ci_high:.2f}]"
+        if self.ci_low < 1 - NOISE_BAND and self.ci_high > 1 + NOISE_BAND:
+            band = f"{NOISE_BAND:.0%}"
+            return (
+                f"{interval} holds both a {band} slow-down and a {band} speed-up: "
+                "too noisy to decide"
+            )
+        width = (self.ci_high - self.ci_low) / self.ratio if self.ratio > 0 else float("inf")
+        if width > WIDE_INTERVAL:
+            return (
+                f"{interval} is {width:.0%} of the ratio wide (over {WIDE_INTERVAL:.0%}): "
+                "the size of the effect is uncertain"
+            )
+        return None
 
 
 @dataclass(frozen=True)
@@ -152,6 +177,8 @@ class BenchResult:
                     "memory": asdict(res.memory) if res.memory else None,
                     "error": res.error,
                     "memory_error": res.memory_error,
+                    # derived from "speedup" (not read back): why its interval is too wide
+                    "noise": res.speedup.noise() if res.speedup and name != self.baseline else None,
                 }
                 if res.timing is not None:
                     timing = asdict(res.timing)

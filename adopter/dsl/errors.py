@@ -16,6 +16,11 @@ class LocatedError(Exception):
     def __str__(self) -> str:
         return f"{self.path}:{self.line}:{self.column}: {self.message}"
 
+    def __reduce__(self):  # type: ignore[override]
+        # Exceptions pickle as ``cls(*self.args)``, and ``args`` holds the message alone: rebuild
+        # from every field instead, so that an error found in a scan worker reaches the parent.
+        return (type(self), (self.path, self.line, self.column, self.message))
+
 
 class DslError(LocatedError):
     """A rule or sequence text that does not parse or does not make sense."""

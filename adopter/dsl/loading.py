@@ -9,10 +9,13 @@ from __future__ import annotations
 import hashlib
 import os
 import pickle
+import stat
 import tempfile
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
+from ..files import FileRefused, read_text_file
 from .errors import DslError
 from .syntax import Rule, Step
 
@@ -34,47 +37,135 @@ def parse_sequence(text: str, path: str = "<string>") -> list[Step]:
 
 
 def load_rule_file(path: str | Path) -> list[Rule]:
-    """Read and parse one rule file, attaching its leading comment block as documentation."""
+    """Read and parse one rule file, attaching its leading comment block as documentation.
+
+    Only a regular file of at most :func:`adopter.files.max_file_bytes` is read (a FIFO or a
+    device such as ``/dev/zero`` would never end)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_text_file(path)
     except FileNotFoundError:
         raise DslError(str(path), 1, 1, "rule file not found") from None
     except UnicodeDecodeError as error:
         raise DslError(str(path), 1, error.start + 1, "rule file is not valid UTF-8") from None
+    except FileRefused as error:
+        raise DslError(str(path), 1, 1, str(error)) from None
     except OSError as error:
         raise DslError(str(path), 1, 1, f"cannot read rule file: {error.strerror}") from None
-    cached = _cache_file(text, str(path))
-    try:
-        with cached.open("rb") as stream:
-            return pickle.load(stream)
-    except (OSError, pickle.PickleError, EOFError, AttributeError, TypeError):
-        pass
+    key = _cache_key(text, str(path))
+    cached = _load_cached(key)
+    if cached is not None:
+        return cached
     doc = leading_comment(text)
-    rules = [_with_doc(rule, doc) for rule in parse_rules(text, str(path))]
-    try:  # parsed rules are reused by later runs: parsing costs more than a scan of one file
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        temporary = cached.with_suffix(f".{os.getpid()}.tmp")
-        with temporary.open("wb") as stream:
-            pickle.dump(rules, stream)
-        os.replace(temporary, cached)
-    except OSError:
-        pass
+    try:
+        rules = [_with_doc(rule, doc) for rule in parse_rules(text, str(path))]
+    except RecursionError:  # the parser bounds nesting; this is the backstop
+        raise DslError(str(path), 1, 1, "rule nested too deeply") from None
+    _store_cached(key, rules)
     return rules
+
+
+# -- the parse cache ------------------------------------------------------------------------------
+#
+# Parsed rules are kept as pickles, and unpickling runs code: the cache must be a place that
+# only this user can write. It lives in the user's cache folder (never the shared temporary
+# folder, where another user could plant a file under a predictable name), its folders are
+# created 0700, and a folder or file that is not this user's own, or that others may write, is
+# neither read nor written: the rules are then parsed afresh.
+
+
+def rules_cache_dir() -> Path | None:
+    """Where parsed rules are cached: ``$XDG_CACHE_HOME/adopter/rules``, else
+    ``~/.cache/adopter/rules`` (``None`` when there is no home folder)."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):  # the XDG specification says to ignore a relative value
+        try:
+            base = str(Path.home() / ".cache")
+        except RuntimeError:
+            return None
+    return Path(base) / "adopter" / "rules"
+
+
+def _owned_privately(info: os.stat_result, kind: Callable[[int], bool]) -> bool:
+    return (
+        kind(info.st_mode)
+        and info.st_uid == os.geteuid()
+        and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    )
+
+
+def _trusted_cache_dir(create: bool) -> Path | None:
+    """The cache folder, when it and its parent ``adopter`` folder are this user's own and
+    writable by no one else (checked without following links); created when ``create``."""
+    folder = rules_cache_dir()
+    if folder is None or not hasattr(os, "geteuid"):
+        return None
+    try:
+        if create:
+            folder.parent.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for part in (folder.parent, folder):
+            if create:
+                try:
+                    os.mkdir(part, 0o700)
+                except FileExistsError:
+                    pass
+            if not _owned_privately(os.lstat(part), stat.S_ISDIR):
+                return None
+    except OSError:
+        return None
+    return folder
+
+
+def _cache_key(text: str, path: str) -> str:
+    """The name of the parse of this exact text (for this grammar and this path)."""
+    digest = hashlib.sha256()
+    for part in (text, path, _grammar_text(), str(pickle.HIGHEST_PROTOCOL)):
+        digest.update(part.encode("utf-8"))
+        digest.update(b"\0")
+    return f"{digest.hexdigest()[:32]}.pickle"
+
+
+def _load_cached(key: str) -> list[Rule] | None:
+    folder = _trusted_cache_dir(create=False)
+    if folder is None:
+        return None
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        descriptor = os.open(folder / key, flags)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(descriptor, "rb") as stream:
+            if not _owned_privately(os.fstat(stream.fileno()), stat.S_ISREG):
+                return None
+            rules = pickle.load(stream)
+    except Exception:  # noqa: BLE001 - a stale or damaged entry is parsed afresh
+        return None
+    if not isinstance(rules, list) or not all(isinstance(rule, Rule) for rule in rules):
+        return None
+    return rules
+
+
+def _store_cached(key: str, rules: list[Rule]) -> None:
+    folder = _trusted_cache_dir(create=True)
+    if folder is None:
+        return
+    try:
+        descriptor, temporary = tempfile.mkstemp(dir=folder, suffix=".tmp")  # mode 0600
+        try:
+            with os.fdopen(descriptor, "wb") as stream:
+                pickle.dump(rules, stream)
+            os.replace(temporary, folder / key)
+        except BaseException:
+            os.unlink(temporary)
+            raise
+    except (OSError, pickle.PicklingError, RecursionError):
+        pass
 
 
 @cache
 def _grammar_text() -> str:
     return GRAMMAR_PATH.read_text(encoding="utf-8")
-
-
-def _cache_file(text: str, path: str) -> Path:
-    """Where the parse of this exact text (for this grammar and this path) is kept."""
-    digest = hashlib.sha256()
-    for part in (text, path, _grammar_text(), str(pickle.HIGHEST_PROTOCOL)):
-        digest.update(part.encode("utf-8"))
-        digest.update(b"\0")
-    return Path(tempfile.gettempdir()) / "adopter-rules" / f"{digest.hexdigest()[:32]}.pickle"
 
 
 def leading_comment(text: str) -> str:

@@ -106,6 +106,30 @@ class _ToSyntax(Transformer):
         return _apply_trailers(base, list(trailers))
 
 
+MAX_NESTING = 50
+"""Deepest expression a step may hold (calls, subscripts, arguments); real rules need 3."""
+
+
+def _too_deep() -> str:
+    return f"expression nested too deeply (more than {MAX_NESTING} levels)"
+
+
+def _nesting(expr: Expr) -> int:
+    """Depth of an expression tree, without recursion (the tree may be thousands deep)."""
+    deepest = 0
+    stack: list[tuple[Expr, int]] = [(expr, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(node, Index):
+            stack += [(node.base, depth + 1), (node.item, depth + 1)]
+        elif isinstance(node, Call):
+            stack.append((node.base, depth + 1))
+            values = [arg.value for arg in node.args if isinstance(arg, (Positional, Keyword))]
+            stack += [(value, depth + 1) for value in values]
+    return deepest
+
+
 def _apply_trailers(base: Expr, trailers: list[tuple]) -> Expr:
     for kind, payload in trailers:
         if kind == "attr":
@@ -188,8 +212,17 @@ class RuleParser:
         target_node = children[1] if len(children) > 1 else None
         try:
             expr = _ToSyntax().transform(expr_node)
+        except RecursionError:
+            raise self.error(node, _too_deep()) from None
         except Exception as exc:  # Lark wraps transformer errors
-            raise self.error(node, str(getattr(exc, "orig_exc", exc))) from None
+            cause = getattr(exc, "orig_exc", exc)
+            if isinstance(cause, RecursionError):
+                raise self.error(node, _too_deep()) from None
+            raise self.error(node, str(cause)) from None
+        if _nesting(expr) > MAX_NESTING:
+            # Everything after parsing (matching, printing, caching) walks expressions
+            # recursively; a bound here keeps all of it within Python's recursion limit.
+            raise self.error(node, _too_deep())
         if construct and isinstance(expr, Index):
             # `@ACT2FN[$name] -> $act`: a module looked up rather than constructed.
             expr = Call(expr, (Rest(),))

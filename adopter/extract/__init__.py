@@ -13,7 +13,7 @@ from .model import (
     Use,
     consistent,
 )
-from .source import SourceError, decode_source, parse_source, read_source
+from .source import SourceError, decode_source, failure_as_error, parse_source, read_source
 from .structure import FileAnalysis, analyse_file, analyse_source
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "analyse_source",
     "consistent",
     "decode_source",
+    "failure_as_error",
     "parse_source",
     "read_source",
 ]

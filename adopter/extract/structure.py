@@ -12,7 +12,7 @@ from .flow import FlowBuilder
 from .model import BranchPoint, ClassInfo, Construction, FileStructure, FunctionFlow
 from .names import ImportTable
 from .project import project_for
-from .source import parse_source, read_source
+from .source import parse_source, read_source, split_lines
 
 # Bases that make a class a module without seeing their source.
 MODULE_BASES = ("torch.nn.Module",)
@@ -34,7 +34,7 @@ class FileAnalysis:
         text: str = "",
     ) -> None:
         self.tree = tree
-        self.lines = text.splitlines()
+        self.lines = split_lines(text)  # numbered as ``ast`` numbers them
         self.path = path
         self.opaque_methods = frozenset(name.removeprefix("self.") for name in opaque_methods)
         self.imports = ImportTable()
@@ -229,7 +229,7 @@ class FileAnalysis:
         so each is analysed as a root of its own."""
         lines = self.lines[info.node.lineno - 1 : info.node.end_lineno]
         found: list[str] = []
-        for match in _METHOD_REFERENCE.finditer("\n".join(lines)):
+        for match in _METHOD_REFERENCE.finditer("".join(lines)):
             name = match.group(1)
             if name in info.methods and name != "forward" and name not in found:
                 found.append(name)

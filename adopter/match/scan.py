@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from ..dsl.errors import LocatedError
 from ..dsl.syntax import Rule
-from ..extract.source import SourceError, read_source
+from ..extract.source import SourceError, failure_as_error, read_source
 from ..extract.structure import analyse_source
 from .matcher import Matcher, Site
 
@@ -45,18 +45,47 @@ class ScanResult:
 
 
 def collect_python_files(paths: Iterable[str | Path]) -> tuple[list[Path], list[LocatedError]]:
-    """Expand directories to their ``*.py`` files (sorted); missing paths become errors."""
+    """Expand directories to their ``*.py`` files (sorted); missing paths, empty arguments
+    and folders that cannot be listed become errors.
+
+    Every ``*.py`` entry that is not a folder is kept, FIFOs and broken links included: reading
+    it reports what is wrong with it, as for a file named on the command line. Symbolic links
+    to folders are not followed (as ``Path.rglob`` did): they could form a cycle.
+    """
     files: list[Path] = []
     errors: list[LocatedError] = []
     for raw in paths:
+        if str(raw) == "":
+            errors.append(SourceError("''", 1, 1, "empty path argument (use . for this folder)"))
+            continue
         path = Path(raw)
         if path.is_dir():
-            files.extend(sorted(p for p in path.rglob("*.py") if p.is_file()))
-        elif path.is_file():
+            found, unlisted = _python_files_under(path)
+            files.extend(found)
+            errors.extend(unlisted)
+        elif path.exists() or path.is_symlink():
             files.append(path)
         else:
             errors.append(SourceError(str(path), 1, 1, "no such file or directory"))
     return files, errors
+
+
+def _python_files_under(folder: Path) -> tuple[list[Path], list[LocatedError]]:
+    errors: list[LocatedError] = []
+
+    def unlisted(error: OSError) -> None:
+        where = error.filename if error.filename is not None else str(folder)
+        reason = error.strerror or str(error)
+        errors.append(SourceError(str(where), 1, 1, f"cannot list folder: {reason}"))
+
+    files = [
+        Path(root, name)
+        for root, folders, names in os.walk(folder, onerror=unlisted)
+        for name in names
+        if name.endswith(".py")
+    ]
+    # os.walk lists a symbolic link to a folder among the folders: never a file to scan.
+    return sorted(files), sorted(errors, key=lambda error: error.path)
 
 
 def scan_source(text: str, path: str, matcher: Matcher) -> list[Site]:
@@ -65,12 +94,12 @@ def scan_source(text: str, path: str, matcher: Matcher) -> list[Site]:
 
 
 def scan_one(path: str, matcher: Matcher) -> FileResult:
+    """Scan one file. Never raises: whatever goes wrong becomes the file's located error, so a
+    worker process always returns a record (and the other files are still scanned)."""
     try:
         return FileResult(path, scan_source(read_source(path), path, matcher))
-    except LocatedError as error:
-        return FileResult(path, error=error)
-    except RecursionError:
-        return FileResult(path, error=SourceError(path, 1, 1, "source nested too deeply"))
+    except Exception as error:  # noqa: BLE001 - see the docstring
+        return FileResult(path, error=failure_as_error(path, error))
 
 
 def strip_details(site: Site) -> Site:

@@ -1,15 +1,30 @@
 """Synthesis-based rewriting: matched sites become kernel calls in the model's own source."""
 
 from .apply import FileRewrite, SiteResult, rewrite_source
-from .driver import ApplyResult, rewrite_file, rewrite_paths, rewrite_text, write_atomically
+from .diff import unified_diff
+from .driver import ApplyResult, rewrite_file, rewrite_paths, rewrite_text
+from .write import (
+    WriteOptions,
+    WriteResult,
+    WriteStatus,
+    remove_stale_temporaries,
+    write_rewrite,
+    write_rewrites,
+)
 
 __all__ = [
     "ApplyResult",
     "FileRewrite",
     "SiteResult",
+    "WriteOptions",
+    "WriteResult",
+    "WriteStatus",
+    "remove_stale_temporaries",
     "rewrite_file",
     "rewrite_paths",
     "rewrite_source",
     "rewrite_text",
-    "write_atomically",
+    "unified_diff",
+    "write_rewrite",
+    "write_rewrites",
 ]

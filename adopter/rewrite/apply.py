@@ -18,11 +18,12 @@ from pathlib import Path
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from ..extract.source import split_lines
 from ..match.matcher import Site
-from .plan import KERNEL_PACKAGE, Plan, Planner, Refusal, sequential_expression
-from .source import SourceText, contains, function_start
+from .plan import KERNEL_PACKAGE, Plan, Planner, Refusal, edit_location, sequential_expression
+from .source import SourceText, function_start
 
-WRAPPER = "if True:\n"
+WRAPPER = "if True:"  # + the file's line ending
 
 
 @dataclass
@@ -34,6 +35,15 @@ class SiteResult:
     status: str
     reason: str = ""
     summary: str = ""
+    # Where the edit is (1-based line, byte column + 1): the site's own location, except for a
+    # match through ``nn.Sequential`` elements, whose site is the element in the factory that
+    # built it while the edit is its call in ``forward``.
+    line: int = 0
+    column: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.line:
+            self.line, self.column = edit_location(self.site)
 
     def as_record(self) -> dict[str, object]:
         record = self.site.as_record()
@@ -232,13 +242,22 @@ def _is_removed(statement: cst.BaseStatement) -> bool:
 
 def _edit_span(source: SourceText, start: int, end: int, plans: list[Plan]) -> list[str]:
     """New lines for source lines ``start..end``: whole statements of one block (or a whole
-    function), parsed alone with LibCST under a one-line ``if True:`` header when indented."""
+    function), parsed alone with LibCST under a one-line ``if True:`` header when indented.
+    Lines come back with the span's own line ending (LibCST takes it from the first line)."""
     lines = source.lines[start - 1 : end]
-    wrapped = bool(source.indentation(start))
-    text = (WRAPPER if wrapped else "") + "".join(lines)
-    if not text.endswith("\n"):
-        text += "\n"
-    offset = start - 1 - (1 if wrapped else 0)
+    for number, line in enumerate(lines, start):
+        if "\f" in line[: len(line) - len(line.lstrip(" \t\f"))]:
+            # LibCST drops a form feed that starts a statement line, or copies it to the
+            # lines after it: the bytes around the edit would change.
+            raise Refusal(f"line {number}: a form feed in the indentation; not rewritten")
+    newline = source.newline if not lines else lines[0][len(lines[0].rstrip("\r\n")) :]
+    newline = newline or source.newline
+    header = WRAPPER + newline if source.indentation(start) else ""
+    text = header + "".join(lines)
+    unterminated = not text.endswith(("\n", "\r"))
+    if unterminated:
+        text += newline
+    offset = start - 1 - (1 if header else 0)
 
     def locate(node: ast.AST) -> tuple[int, int]:
         line = node.lineno  # type: ignore[attr-defined]
@@ -248,14 +267,16 @@ def _edit_span(source: SourceText, start: int, end: int, plans: list[Plan]) -> l
         line = node.end_lineno  # type: ignore[attr-defined]
         return line - offset, source.char_column(line, node.end_col_offset)  # type: ignore[attr-defined]
 
-    module = MetadataWrapper(cst.parse_module(text))
+    parsed = cst.parse_module(text)
+    if parsed.code != text:  # LibCST promises this; never edit through a lossy parse
+        raise Refusal(f"lines {start}-{end}: LibCST does not reproduce them exactly; not rewritten")
+    module = MetadataWrapper(parsed)
     editor = _FunctionEditor(plans, locate, source.indentation, locate_end)
     new_code = module.visit(editor).code
-    if wrapped:
-        new_code = new_code[len(WRAPPER) :]
-    new_lines = new_code.splitlines(keepends=True)
-    if not source.lines[end - 1].endswith("\n") and new_lines:
-        new_lines[-1] = new_lines[-1].rstrip("\n")
+    new_code = new_code[len(header) :]
+    new_lines = split_lines(new_code)
+    if unterminated and new_lines:
+        new_lines[-1] = new_lines[-1].removesuffix(newline)
     return new_lines
 
 
@@ -316,25 +337,51 @@ def _aligned(planner: Planner, function: ast.FunctionDef, start: int, end: int) 
 
 def module_names(tree: ast.Module) -> set[str]:
     """Names bound at module level (so a kernel import can avoid shadowing them)."""
-    names: set[str] = set()
+    return {name for node in tree.body for name in _bound_at_module_level(node)}
+
+
+def existing_kernel_imports(tree: ast.Module) -> dict[str, str]:
+    """Kernels the module already imports at its top level (``from adopter.kernels import
+    softmax as sm``: ``{"softmax": "sm"}``), where nothing else at module level binds the same
+    name: a later ``apply`` calls them by that name instead of importing them again."""
+    bound: dict[str, int] = {}
     for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            names.add(node.name)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            names.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-            for target in ast.walk(node):
-                if isinstance(target, ast.Name) and isinstance(target.ctx, ast.Store):
-                    names.add(target.id)
-    return names
+        for name in _bound_at_module_level(node):
+            bound[name] = bound.get(name, 0) + 1
+    found: dict[str, str] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module == KERNEL_PACKAGE and not node.level:
+            for alias in node.names:
+                local = alias.asname or alias.name
+                if bound.get(local) == 1:
+                    found.setdefault(alias.name, local)
+    return found
+
+
+def _bound_at_module_level(node: ast.stmt) -> list[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, (ast.Import, ast.ImportFrom)):
+        return [(a.asname or a.name).split(".")[0] for a in node.names]
+    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        return [
+            target.id
+            for target in ast.walk(node)
+            if isinstance(target, ast.Name) and isinstance(target.ctx, ast.Store)
+        ]
+    return []
 
 
 def _import_edit(
     tree: ast.Module, source: SourceText, aliases: dict[str, str], used: set[str]
 ) -> tuple[int, int, list[str]]:
     """(first line, last line, replacement lines) that add the kernel imports: merged into an
-    existing ``from adopter.kernels import`` or inserted after the leading imports."""
-    names = sorted(used)
+    existing ``from adopter.kernels import`` or inserted after the leading imports. A kernel
+    the module imports already (``aliases`` holds its local name) is not imported again."""
+    imported = existing_kernel_imports(tree)
+    names = sorted(n for n in used if imported.get(n) != aliases[n])
+    if not names:
+        return 0, 0, []
     for node in tree.body:
         if isinstance(node, ast.ImportFrom) and node.module == KERNEL_PACKAGE and not node.level:
             present = {(a.name, a.asname) for a in node.names}
@@ -356,12 +403,11 @@ def _import_edit(
                 body=[import_from.with_changes(names=new_aliases, lpar=None, rpar=None)]
             )
             indent = source.indentation(node.lineno)
-            code = cst.Module(body=[merged]).code
+            ending = _ending(source.lines[(node.end_lineno or node.lineno) - 1])
+            code = cst.Module(body=[merged], default_newline=ending or source.newline).code
+            if not ending:  # the last line of a file without a final line break
+                code = code.removesuffix(source.newline)
             return node.lineno, node.end_lineno or node.lineno, [indent + code]
-    parts = [n if aliases[n] == n else f"{n} as {aliases[n]}" for n in names]
-    line = f"from {KERNEL_PACKAGE} import {', '.join(parts)}\n"
-    if len(line) > 100:
-        line = f"from {KERNEL_PACKAGE} import (\n" + "".join(f"    {p},\n" for p in parts) + ")\n"
     anchor = 0
     for node in tree.body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -370,7 +416,24 @@ def _import_edit(
             anchor = node.end_lineno or node.lineno
         elif isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             break
+    # The line ending of the line it follows (files that mix endings keep each region's own).
+    ending = _ending(source.lines[anchor - 1]) if anchor else source.newline
+    newline = ending or source.newline
+    parts = [n if aliases[n] == n else f"{n} as {aliases[n]}" for n in names]
+    line = f"from {KERNEL_PACKAGE} import {', '.join(parts)}{newline}"
+    if len(line) > 100:
+        line = (
+            f"from {KERNEL_PACKAGE} import ({newline}"
+            + "".join(f"    {p},{newline}" for p in parts)
+            + f"){newline}"
+        )
+    if not ending:  # after the last line of a file without a final line break
+        line = newline + line.removesuffix(newline)
     return anchor + 1, anchor, [line]
+
+
+def _ending(line: str) -> str:
+    return line[len(line.rstrip("\r\n")) :]
 
 
 def _already_fused_classes(tree: ast.Module) -> set[str]:
@@ -423,20 +486,11 @@ def _merge_sequential(plans: list[Plan], source: SourceText) -> list[Plan]:
             owner.merged_pieces.append(piece)
             owner.imports |= plan.imports
             owner.also_patched.append(plan)
-    # Innermost calls first: ``self.b(self.a(x))`` with fusions in both writes ``b``'s
-    # elements around ``a``'s rewritten text.
-    done: list[tuple[ast.Call, str]] = []
-    for plan in sorted(by_call.values(), key=lambda p: _span_size(p.merged_pieces[0].call)):
+    for plan in by_call.values():
         pieces = sorted(plan.merged_pieces, key=lambda p: p.first)
-        call = pieces[0].call
-        input_text = source.segment(call.args[0])
-        for inner, inner_text in done:
-            if contains(call.args[0], inner):
-                input_text = input_text.replace(source.segment(inner), inner_text, 1)
-        text = sequential_expression(source, pieces, input_text=input_text)
-        done.append((call, text))
-        plan.replace_expressions.append((call, text))
-        plan.summary = f"{source.segment(call)} -> {text}"
+        text = sequential_expression(source, pieces)
+        plan.replace_expressions.append((pieces[0].call, text))
+        plan.summary = f"{source.segment(pieces[0].call)} -> {text}"
     for key, piece_plans in before_tail.items():
         tail = tails[key]
         assert tail.sequential_prefix is not None
@@ -487,7 +541,7 @@ def resolve_overlaps(
                     site,
                     "skipped",
                     f"overlaps {clash.site.rule.id} at line "
-                    f"{clash.site.line}, which is applied instead",
+                    f"{edit_location(clash.site)[0]}, which is applied instead",
                 )
             )
             continue
@@ -495,21 +549,10 @@ def resolve_overlaps(
     return kept
 
 
-def _span_size(node: ast.AST) -> tuple[int, int]:
-    return (
-        node.end_lineno - node.lineno,  # type: ignore[attr-defined,operator]
-        node.end_col_offset - node.col_offset,  # type: ignore[attr-defined,operator]
-    )
-
-
 def _overlaps(first: Plan, second: Plan) -> bool:
     if first.sequential and second.sequential and first.sequential.call is second.sequential.call:
         a, b = first.sequential, second.sequential
         return a.first <= b.last and b.first <= a.last
-    if first.sequential and second.sequential:
-        a_call, b_call = first.sequential.call, second.sequential.call
-        if contains(a_call.args[0], b_call) or contains(b_call.args[0], a_call):
-            return False  # one call is the other's input: both are written out, nested
     for piece_plan, tail in ((first, second), (second, first)):
         piece, prefix = piece_plan.sequential, tail.sequential_prefix
         if piece is not None and prefix is not None and piece.call is prefix[0]:
@@ -578,11 +621,7 @@ def rewrite_source(
         skipped = [SiteResult(site, "skipped", refusal) for site in sites if site.applicable]
         return FileRewrite(path, text, text, _ordered(skipped))
     source = SourceText(text)
-    planner = Planner(source, module_names(tree))
-    for node in tree.body:  # kernels a previous apply imported keep their names
-        if isinstance(node, ast.ImportFrom) and node.module == KERNEL_PACKAGE and not node.level:
-            for alias in node.names:
-                planner.aliases.setdefault(alias.name, alias.asname or alias.name)
+    planner = Planner(source, module_names(tree), existing_kernel_imports(tree))
     results: list[SiteResult] = []
     plans: list[Plan] = []
     for site in sites:

@@ -1,40 +1,201 @@
-"""``apply`` over files: scan, plan, rewrite, and (optionally) write atomically."""
+"""``apply`` over files: scan, plan and rewrite until nothing changes (writing is
+:mod:`adopter.rewrite.write`)."""
 
 from __future__ import annotations
 
-import os
-import tempfile
+import difflib
+import re
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
 from ..dsl.errors import LocatedError
 from ..dsl.syntax import Rule
-from ..extract.source import SourceError, parse_source, read_source
+from ..extract.source import (
+    SourceError,
+    decode_source_file,
+    failure_as_error,
+    parse_source,
+    read_source_bytes,
+    split_lines,
+)
 from ..extract.structure import FileAnalysis
 from ..match.matcher import Matcher
 from ..match.scan import collect_python_files, map_files, strip_details
 from .apply import FileRewrite, SiteResult, rewrite_source
+from .encoding import EncodingRefusal, encode_patched
+from .plan import edit_location
+
+# Rounds of rewriting one file: a round that skipped a site (it overlapped one applied instead,
+# or its edit could not be made beside the others) is followed by another on the text it
+# produced, where the site, now alone, may apply (a ``nn.Sequential`` call nested in another's
+# call). A round that patched every site it found leaves nothing for another: the rewritten
+# statements call kernels, which no rule matches. Real files settle in two; the limit only
+# bounds a pathological rule set.
+MAX_ROUNDS = 8
 
 
-def rewrite_text(text: str, path: str, matcher: Matcher, *, modular: bool = False) -> FileRewrite:
-    """The patched text of one file (parsed once; never imported). ``modular``: patch
-    transformers' ``modular_*.py`` sources rather than the ``modeling_*.py`` generated from
-    them (the default patches what runs)."""
+def rewrite_once(text: str, path: str, matcher: Matcher, modular: bool = False) -> FileRewrite:
+    """One round: the sites of ``text`` rewritten (parsed once; never imported)."""
     tree = parse_source(text, path)
     structure = FileAnalysis(tree, path, matcher.opaque_methods, text).analyse()
     return rewrite_source(text, path, matcher.match_file(structure), tree, modular=modular)
 
 
+def rewrite_text(text: str, path: str, matcher: Matcher, *, modular: bool = False) -> FileRewrite:
+    """The patched text of one file, at the fixpoint: rewritten again while a round changes
+    something and skipped a site, so that one ``apply`` does what repeated ones would and a
+    second one changes nothing. Site results give lines of ``text``.
+
+    A file that ends every line with CRLF, or every line with CR, is rewritten as LF text and
+    turned back (exactly: each of its line breaks is one LF in between), so that new lines get
+    the file's line ending and LibCST, which drops a final lone CR, never sees one.
+
+    ``modular``: patch transformers' ``modular_*.py`` sources rather than the ``modeling_*.py``
+    files generated from them (the default patches what runs)."""
+    newline = _uniform_line_ending(text)
+    if newline != "\n":
+        inner = rewrite_text(text.replace(newline, "\n"), path, matcher, modular=modular)
+        return replace(inner, original=text, patched=inner.patched.replace("\n", newline))
+    rounds = [rewrite_once(text, path, matcher, modular)]
+    to_original: list[Callable[[int], int]] = [lambda line: line]
+    while rounds[-1].changed and any(r.status == "skipped" for r in rounds[-1].results):
+        current = rounds[-1].patched
+        try:
+            following = rewrite_once(current, path, matcher, modular)
+        except (LocatedError, RecursionError):  # cannot happen to compiled code; keep the last
+            break
+        back = _line_map(split_lines(rounds[-1].original), split_lines(current))
+        previous = to_original[-1]
+        to_original.append(lambda line, back=back, previous=previous: previous(back(line)))
+        if following.changed and len(rounds) == MAX_ROUNDS:
+            following = FileRewrite(
+                path,
+                current,
+                current,
+                [
+                    replace(
+                        r,
+                        status="skipped",
+                        reason=f"still rewritable after {MAX_ROUNDS} "
+                        "rounds of apply; run apply again",
+                    )
+                    if r.status == "patched"
+                    else r
+                    for r in following.results
+                ],
+            )
+        rounds.append(following)
+    if len(rounds) == 1:
+        return rounds[0]
+    results = _merge_rounds([r.results for r in rounds], to_original)
+    return FileRewrite(path, text, rounds[-1].patched, results)
+
+
+def _uniform_line_ending(text: str) -> str:
+    r"""``"\r\n"`` or ``"\r"`` when every line break of ``text`` is that one, else ``"\n"``."""
+    carriage_returns = text.count("\r")
+    if not carriage_returns:
+        return "\n"
+    line_feeds = text.count("\n")
+    if not line_feeds:
+        return "\r"
+    if carriage_returns == line_feeds == text.count("\r\n"):
+        return "\r\n"
+    return "\n"
+
+
+def _line_map(old: list[str], new: list[str]) -> Callable[[int], int]:
+    """Line of ``new`` -> line of ``old`` it comes from: the same line, or for a line the
+    rewrite wrote, the line at the same place in the block it replaced (its last line when the
+    new block is longer; the next line for an insertion)."""
+    opcodes = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
+
+    def back(line: int) -> int:
+        index = line - 1
+        for _, old_start, old_end, new_start, new_end in opcodes:
+            if new_start <= index < new_end:
+                offset = min(index - new_start, max(old_end - old_start - 1, 0))
+                return min(old_start + offset, max(len(old) - 1, 0)) + 1
+        return line
+
+    return back
+
+
+_LINE_REFERENCE = re.compile(r"\b(lines? )(\d+)(?:-(\d+))?")
+
+
+def _merge_rounds(
+    rounds: list[list[SiteResult]], to_original: list[Callable[[int], int]]
+) -> list[SiteResult]:
+    """One list of results over all rounds, in lines of the original text: every patched site;
+    the skipped and covered ones of the last round (their reasons still hold); and those of
+    earlier rounds that no later round saw again (a site another rewrite took away)."""
+    merged: list[SiteResult] = []
+    seen_later: Counter[tuple[str, int]] = Counter()
+    last = len(rounds) - 1
+    for index in range(last, -1, -1):
+        to_line = to_original[index]
+        mapped = [_in_original(result, to_line) for result in rounds[index]]
+        for result in mapped:
+            key = (result.site.rule.id, result.line)
+            if result.status == "patched" or index == last:
+                merged.append(result)
+            elif seen_later[key]:
+                seen_later[key] -= 1
+            else:
+                merged.append(result)
+        for result in rounds[index]:  # a site reached through several calls edits each of them
+            for site in (result.site, *result.site.instances):
+                seen_later[(site.rule.id, to_line(edit_location(site)[0]))] += 1
+    return sorted(merged, key=lambda r: (r.line, r.column, r.site.rule.id))
+
+
+def _in_original(result: SiteResult, to_original: Callable[[int], int]) -> SiteResult:
+    site = result.site
+    if to_original(site.line) != site.line:
+        site = replace(site, line=to_original(site.line))
+
+    def moved(match: re.Match[str]) -> str:
+        first = str(to_original(int(match.group(2))))
+        return (
+            match.group(1)
+            + first
+            + (f"-{to_original(int(match.group(3)))}" if match.group(3) else "")
+        )
+
+    return replace(
+        result,
+        site=site,
+        line=to_original(result.line),
+        reason=_LINE_REFERENCE.sub(moved, result.reason),
+    )
+
+
 def rewrite_file(path: str, matcher: Matcher, modular: bool = False) -> FileRewrite:
+    """Read, decode (coding cookie, BOM) and rewrite one file. A patch that cannot be written
+    in the file's own encoding, byte for byte outside the edits, leaves the file unchanged and
+    its sites skipped with the reason. Never raises: a failure becomes the file's located
+    error, so a worker always returns a record."""
     try:
-        return rewrite_text(read_source(path), path, matcher, modular=modular)
-    except LocatedError as error:
-        return FileRewrite(path, "", "", error=str(error))
-    except RecursionError:
-        return FileRewrite(path, "", "", error=f"{path}:1:1: source nested too deeply")
+        data = read_source_bytes(path)
+        source = decode_source_file(data, path)
+        rewrite = rewrite_text(source.text, path, matcher, modular=modular)
+    except Exception as error:  # noqa: BLE001 - a worker must always return a record
+        return FileRewrite(path, "", "", error=str(failure_as_error(path, error)))
+    if rewrite.changed:
+        try:
+            encode_patched(path, data, source, rewrite.patched)
+        except EncodingRefusal as refusal:
+            results = [
+                replace(r, status="skipped", reason=refusal.message) if r.status == "patched" else r
+                for r in rewrite.results
+            ]
+            return FileRewrite(path, rewrite.original, rewrite.original, results)
+    return rewrite
 
 
 def _rewrite_light(path: str, matcher: Matcher, modular: bool = False) -> FileRewrite:
@@ -83,36 +244,14 @@ def rewrite_paths(
     return ApplyResult(rewrites, time.perf_counter() - started, errors)
 
 
-def write_atomically(path: str | Path, text: str) -> None:
-    """Replace a file's content all at once: a temporary file in the same folder, flushed,
-    then renamed over the original (keeping its permissions). A failure leaves it untouched."""
-    target = Path(path)
-    mode = target.stat().st_mode & 0o7777 if target.exists() else 0o644
-    handle, temporary = tempfile.mkstemp(
-        prefix=f".{target.name}.", suffix=".adopter", dir=target.parent
-    )
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="") as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temporary, mode)
-        os.replace(temporary, target)
-    except BaseException:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
-
-
 __all__ = [
+    "MAX_ROUNDS",
     "ApplyResult",
     "FileRewrite",
     "SiteResult",
     "SourceError",
     "rewrite_file",
+    "rewrite_once",
     "rewrite_paths",
     "rewrite_text",
-    "write_atomically",
 ]

@@ -64,15 +64,12 @@ class SequentialPiece:
 
 
 def sequential_expression(
-    source: SourceText,
-    pieces: list[SequentialPiece],
-    upto: int | None = None,
-    input_text: str | None = None,
+    source: SourceText, pieces: list[SequentialPiece], upto: int | None = None
 ) -> str:
     """``self.seq(x)`` written out element by element, fused pieces replaced by kernels
-    (its first ``upto`` elements only, when given; ``input_text`` in place of ``x``)."""
+    (its first ``upto`` elements only, when given)."""
     call = pieces[0].call
-    expression = source.segment(call.args[0]) if input_text is None else input_text
+    expression = source.segment(call.args[0])
     starts = {piece.first: piece for piece in pieces}
     index, count = 0, len(pieces[0].element_calls) if upto is None else upto
     while index < count:
@@ -88,6 +85,17 @@ def sequential_expression(
 
 class Refusal(Exception):
     """A site that cannot be rewritten safely; the message says why."""
+
+
+def edit_location(site: Site) -> tuple[int, int]:
+    """Where a site's edit goes (line, byte column + 1). A match through ``nn.Sequential``
+    elements is located, as a site, at the element (often in a factory function that builds the
+    container); its edit, and what a user must look at when it is skipped, is the container's
+    call in ``forward``."""
+    first = site.steps[0] if site.steps else None
+    if first is not None and first.synthetic and isinstance(first.node, ast.Call):
+        return first.node.lineno, first.node.col_offset + 1
+    return site.line, site.column
 
 
 @dataclass
@@ -123,10 +131,16 @@ class Plan:
 class Planner:
     """Plans the rewrite of sites of one file."""
 
-    def __init__(self, source: SourceText, taken_names: set[str]) -> None:
+    def __init__(
+        self,
+        source: SourceText,
+        taken_names: set[str],
+        imported_kernels: dict[str, str] | None = None,
+    ) -> None:
         self.source = source
         self.taken_names = taken_names
-        self.aliases: dict[str, str] = {}
+        # Kernels the module imports already, by their local names: reused, not re-imported.
+        self.aliases: dict[str, str] = dict(imported_kernels or {})
         self._blocks: dict[int, Blocks] = {}
         self._moved_calls: list[ast.stmt] = []
         self._var_text: dict[str, str] = {}
@@ -1016,7 +1030,7 @@ class Planner:
                 if owner is None or owner.statement is None:
                     raise Refusal(f"${value.name} (`{text}`) would be evaluated at another point")
                 self._moved_calls.append(owner.statement)
-            return text if "\n" not in text else f"({text})"
+            return text if "\n" not in text and "\r" not in text else f"({text})"
         if isinstance(bound, str):
             return bound
         if isinstance(bound, BoundOutput):

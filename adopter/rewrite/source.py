@@ -6,13 +6,18 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
+from ..extract.source import line_ending, split_lines
+
 
 class SourceText:
     """A file's text with fast segment lookup by ``ast`` positions."""
 
     def __init__(self, text: str) -> None:
         self.text = text
-        self.lines = text.splitlines(keepends=True)
+        # Numbered as ``ast`` numbers them: ``str.splitlines`` would also break at form feeds,
+        # U+2028 and the like inside comments and strings, and shift every later line.
+        self.lines = split_lines(text)
+        self.newline = line_ending(text)
         self._encoded: dict[int, bytes] = {}
 
     def _line_bytes(self, line: int) -> bytes:

@@ -8,9 +8,10 @@ paper's rules do not name); ``all`` is both.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from ..dsl import Rule, load_rule_file
+from ..dsl import DslError, Rule, load_rule_file
 
 RULES_DIR = Path(__file__).parent
 RULE_SETS: dict[str, tuple[str, ...]] = {
@@ -20,16 +21,54 @@ RULE_SETS: dict[str, tuple[str, ...]] = {
 }
 
 
+# `paper_4_softmax.adopt` holds rule `paper.4`: the file name orders the set and names the rule.
+_FILE_NAME = re.compile(r"(?P<prefix>[a-z]+)_(?P<number>[0-9]+)_\w+\.adopt")
+
+
+def _numbered(path: Path) -> tuple[str, int]:
+    """``(prefix, number)`` of a built-in rule file; :class:`DslError` when misnamed."""
+    found = _FILE_NAME.fullmatch(path.name)
+    if found is None:
+        prefix = path.name.split("_", 1)[0]
+        raise DslError(
+            str(path),
+            1,
+            1,
+            f"a built-in rule file is named {prefix}_<number>_<what>.adopt "
+            f"(e.g. paper_4_softmax.adopt for rule paper.4), not {path.name!r}",
+        )
+    return found["prefix"], int(found["number"])
+
+
 def rule_files(rule_set: str = "paper") -> list[Path]:
+    """The files of a built-in set, in rule-number order. Raises ``KeyError`` for an unknown
+    set and :class:`DslError` (at the file) for a file not named ``<set>_<N>_<what>.adopt``."""
     if rule_set not in RULE_SETS:
         raise KeyError(f"unknown rule set {rule_set!r}; known: {', '.join(sorted(RULE_SETS))}")
     return [
         path
         for pattern in RULE_SETS[rule_set]
-        for path in sorted(RULES_DIR.glob(pattern), key=lambda p: int(p.name.split("_")[1]))
+        for path in sorted(RULES_DIR.glob(pattern), key=lambda p: _numbered(p)[1])
     ]
 
 
 def load_rule_set(rule_set: str = "paper") -> list[Rule]:
-    """The rules of a built-in set, in id order."""
-    return [rule for path in rule_files(rule_set) for rule in load_rule_file(path)]
+    """The rules of a built-in set, in id order. Each file must hold exactly the rule its name
+    gives (``paper_4_...`` holds ``paper.4``); otherwise :class:`DslError` at the file."""
+    rules: list[Rule] = []
+    for path in rule_files(rule_set):
+        prefix, number = _numbered(path)
+        expected = f"{prefix}.{number}"
+        loaded = load_rule_file(path)
+        ids = [rule.id for rule in loaded]
+        if ids != [expected]:
+            line = loaded[0].line if loaded else 1
+            raise DslError(
+                str(path),
+                line,
+                1,
+                f"by its name this file holds rule {expected!r} alone, but it holds "
+                + (", ".join(repr(rule_id) for rule_id in ids) if ids else "no rule"),
+            )
+        rules.extend(loaded)
+    return rules

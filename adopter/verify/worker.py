@@ -30,6 +30,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from .factory_spec import load_factory, parse_factory
+
 __all__ = ["main"]
 
 _PATCHED_PREFIX = "_adopter_patched_"
@@ -440,21 +442,9 @@ def run_transformers_job(job: dict[str, Any], writer: ResultWriter) -> None:
 
 
 def _resolve_factory(spec: str, alias: str) -> tuple[Any, ModuleType]:
-    """``module:function`` or ``path/to/file.py:function`` -> (function, module)."""
-    target, sep, function = spec.rpartition(":")
-    if not sep or not target or not function:
-        raise ValueError(f"factory must look like 'module:function', got {spec!r}")
-    if target.endswith(".py") or os.sep in target:
-        path = Path(target).resolve()
-        module_spec = importlib.util.spec_from_file_location(alias, path)
-        if module_spec is None or module_spec.loader is None:
-            raise ImportError(f"cannot load {path}")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[alias] = module
-        module_spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(target)
-    return getattr(module, function), module
+    """``module:function`` or ``path/to/file.py:function`` -> (function, module); the syntax is
+    :func:`adopter.verify.factory_spec.parse_factory`'s, shared with ``adopter bench``."""
+    return load_factory(parse_factory(spec), alias)
 
 
 def run_factory_job(job: dict[str, Any], writer: ResultWriter) -> None:

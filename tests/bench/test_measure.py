@@ -253,7 +253,7 @@ def test_factory_strings_are_imported():
     model, inputs = ModelVariant("s", "tests.bench.toy:original").build()
     assert isinstance(model, toy.ToyMLP) and inputs[0].shape == (4, 8, 32)
     assert resolve_factory("tests.bench.toy:ToyMLP") is toy.ToyMLP
-    with pytest.raises(ValueError, match="package.module:function"):
+    with pytest.raises(ValueError, match="module:function or path/to/file.py:function"):
         resolve_factory("tests.bench.toy.original")
 
 

@@ -661,31 +661,6 @@ def test_fused_qkv_in_different_blocks_is_skipped_with_lines():
     assert not result.changed
 
 
-def test_nested_sequential_calls_are_both_written_out():
-    source = """
-        def conv_bn(a, b):
-            return nn.Sequential(nn.Conv2d(a, b, 3, bias=False), nn.BatchNorm2d(b), nn.ReLU())
-
-
-        class Block(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.conv2 = conv_bn(4, 4)
-                self.conv3 = conv_bn(4, 4)
-
-            def forward(self, d1):
-                return self.conv3(self.conv2(d1))
-        """
-    result = rewrite(source)
-    assert "skipped" not in {r.status for r in result.results}
-    assert (
-        "return self.conv3[2](conv_batch_norm(self.conv2[2](conv_batch_norm(d1, self.conv2[0], "
-        "self.conv2[1])), self.conv3[0], self.conv3[1]))"
-    ) in result.patched
-    again = rewrite_text(result.patched, "model.py", Matcher(load_rule_set("paper")))
-    assert not again.changed
-
-
 GENERATED_HEADER = (
     "#           This file was automatically generated from "
     "src/transformers/models/toy/modular_toy.py.\n"

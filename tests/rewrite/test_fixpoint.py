@@ -1,0 +1,120 @@
+"""One ``apply`` reaches the fixpoint: sites nested in each other are all patched in the same run
+(or skipped for a reason that still holds), and a kernel import already present is reused."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from adopter.corpus import FetchError, fetch_wheel
+from adopter.match import Matcher
+from adopter.rewrite import rewrite_text
+from adopter.rules import load_rule_set
+
+NESTED = """\
+import torch
+from torch import nn
+
+
+def conv_bn(in_chs, out_chs, k=3):
+    return nn.Sequential(
+        nn.Conv2d(in_chs, out_chs, k, padding=k // 2, bias=False),
+        nn.BatchNorm2d(out_chs),
+        nn.ReLU(inplace=True),
+    )
+
+
+class Block(nn.Module):
+    def __init__(self, chs):
+        super().__init__()
+        self.conv1 = conv_bn(chs, chs)
+        self.conv2 = conv_bn(chs, chs, 1)
+        self.conv3 = conv_bn(chs, chs)
+
+    def forward(self, x):
+        d1 = self.conv1(x)
+        d2 = self.conv3(self.conv2(d1))
+        return torch.cat([d1, d2], 1)
+"""
+
+
+def _rewrite(text: str, rule_set: str = "paper"):
+    return rewrite_text(text, "model.py", Matcher(load_rule_set(rule_set)))
+
+
+def _kernel_imports(text: str) -> list[tuple[str, str | None]]:
+    return [
+        (alias.name, alias.asname)
+        for node in ast.parse(text).body
+        if isinstance(node, ast.ImportFrom) and node.module == "adopter.kernels"
+        for alias in node.names
+    ]
+
+
+def test_nested_sites_are_patched_in_one_run():
+    result = _rewrite(NESTED)
+    # conv1 and conv2 are one site (the factory's Conv2d) reached through two calls; conv3, nested
+    # around conv2, is patched by the same run instead of being skipped as an overlap.
+    assert [r.status for r in result.results] == ["patched", "patched"]
+    assert "d1 = self.conv1[2](conv_batch_norm(x, self.conv1[0], self.conv1[1]))" in result.patched
+    assert (
+        "d2 = self.conv3[2](conv_batch_norm(self.conv2[2](conv_batch_norm(d1, self.conv2[0], "
+        "self.conv2[1])), self.conv3[0], self.conv3[1]))"
+    ) in result.patched
+    assert _kernel_imports(result.patched) == [("conv_batch_norm", None)]
+    again = _rewrite(result.patched)
+    assert not again.changed and again.results == []
+
+
+def test_nested_site_results_name_lines_of_the_original():
+    result = _rewrite(NESTED)
+    lines = NESTED.splitlines()
+    for item in result.results:
+        assert "self.conv" in lines[item.line - 1]
+    assert sorted(r.line for r in result.results) == [21, 22]
+
+
+def test_an_import_already_present_is_reused():
+    half_done = NESTED.replace(
+        "from torch import nn\n",
+        "from torch import nn\nfrom adopter.kernels import conv_batch_norm\n",
+    )
+    result = _rewrite(half_done)
+    assert [r.status for r in result.results] == ["patched", "patched"]
+    assert _kernel_imports(result.patched) == [("conv_batch_norm", None)]
+    assert "adopter_conv_batch_norm" not in result.patched
+
+
+def test_an_aliased_kernel_import_is_reused_under_its_alias():
+    half_done = NESTED.replace(
+        "from torch import nn\n",
+        "from torch import nn\nfrom adopter.kernels import conv_batch_norm as cbn\n",
+    )
+    result = _rewrite(half_done)
+    assert _kernel_imports(result.patched) == [("conv_batch_norm", "cbn")]
+    assert "cbn(d1, self.conv2[0], self.conv2[1])" in result.patched
+
+
+@pytest.fixture(scope="module")
+def timm_selecsls() -> Path:
+    try:
+        root = fetch_wheel("timm==1.0.31")
+    except (FetchError, OSError) as error:  # offline, or no pip index reachable
+        pytest.skip(f"timm 1.0.31 not available: {error}")
+    return root / "timm" / "models" / "selecsls.py"
+
+
+def test_timm_selecsls_reaches_the_fixpoint_in_one_apply(timm_selecsls):
+    text = timm_selecsls.read_text(encoding="utf-8")
+    result = rewrite_text(text, str(timm_selecsls), Matcher(load_rule_set("all")))
+    assert [r.status for r in result.results if r.status != "patched"] == []
+    # Every conv_bn call: conv1..conv6 (conv3 and conv5 around conv2 and conv4), both conv6
+    # calls and the stem, in forward_features and in forward_intermediates.
+    assert result.patched.count("conv_batch_norm(") == 9
+    assert "self.conv3[2](conv_batch_norm(self.conv2[2](conv_batch_norm(d1, " in result.patched
+    assert _kernel_imports(result.patched) == [("conv_batch_norm", None)]
+    again = rewrite_text(result.patched, str(timm_selecsls), Matcher(load_rule_set("all")))
+    assert not again.changed
+    compile(result.patched, str(timm_selecsls), "exec")
