@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .model import EMPTY_CONTEXT, NOT_CONSTANT, BranchPoint, Construction, Context, Operand
-from .names import ImportTable, activation_family, parameter_names
+from .names import ImportTable, activation_family, construction_family, parameter_names
 from .project import Definition, Project
 
 MAX_FACTORY_DEPTH = 3
@@ -498,7 +498,7 @@ class InitAnalyzer:
             node=node,
             method=self.method_stack[-1] if self.method_stack else "__init__",
             function=self.function_stack[-1] if self.function_stack else None,
-            family=activation_family(kind),
+            family=construction_family(kind),
         )
 
 

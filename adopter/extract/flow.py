@@ -34,8 +34,10 @@ from .model import (
 from .names import (
     ACTIVATION,
     ACTIVATION_FUNCTIONS,
+    DROPOUT_FUNCTION,
     activation_family,
     canonical_function,
+    construction_family,
     parameter_names,
 )
 from .ranks import RankTracker
@@ -408,6 +410,8 @@ class FlowBuilder:
             frame.returns.extend(Flow(f.value, f.context | self.context) for f in value.flows)
             if len(value.flows) == 1 and value.flows[0].value in self.tuples:
                 frame.returned_tuples.append(self.tuples[value.flows[0].value])
+            else:
+                frame.returned_tuples.append([])  # not a tuple we know: no elementwise merge
         else:
             self.escape(value, "return")
 
@@ -711,17 +715,31 @@ class FlowBuilder:
         canonical = canonical_function(kind)
         arguments = normalise_arguments(kind, positional, keywords)
         activation = self.activation_function(canonical, node)
-        return self.emit(canonical, node, positional, arguments, module=activation)
+        if activation is not None:
+            # called like a module on its input; its other arguments stay (by name) as uses
+            return self.emit(canonical, node, positional[:1], arguments, module=activation)
+        return self.emit(canonical, node, positional, arguments)
 
     def activation_function(self, kind: str, node: ast.Call) -> ModuleRef | None:
-        """An activation applied as a function to one tensor (``F.gelu(h)``,
-        ``ACT2FN["gelu"](h)``) is recorded like a call of an activation module: the callee
-        itself is what a kernel is handed. Calls with more arguments are not (the kernel would
-        drop them)."""
-        if kind not in ACTIVATION_FUNCTIONS and activation_family(kind) is None:
+        """An activation applied as a function to a tensor (``F.gelu(h)``,
+        ``ACT2FN["gelu"](h)``, ``F.gelu(h, approximate="tanh")``) is recorded like a call of an
+        activation module: the callee itself is what a kernel is handed (a rewrite that would
+        drop further arguments is refused)."""
+        dropout = kind == DROPOUT_FUNCTION
+        if not dropout and kind not in ACTIVATION_FUNCTIONS and activation_family(kind) is None:
             return None
-        if len(node.args) != 1 or node.keywords or isinstance(node.args[0], ast.Starred):
+        if not node.args or isinstance(node.args[0], ast.Starred):
             return None
+        if dropout:
+            # ``F.dropout(x, p, training)``: its settings are what a kernel is handed
+            positional = [Operand(node=a, constant=constant_value(a)) for a in node.args]
+            keywords = {
+                k.arg: Operand(node=k.value, constant=constant_value(k.value))
+                for k in node.keywords
+                if k.arg is not None
+            }
+            construction = self.pseudo_construction(kind, node.func, positional, keywords)
+            return ModuleRef(ast.unparse(node.func), [construction])
         construction = self.pseudo_construction(kind, node.func, [], {})
         construction.family = ACTIVATION
         return ModuleRef(ast.unparse(node.func), [construction])
@@ -754,7 +772,7 @@ class FlowBuilder:
             node=node,
             method=self.frame.method,
             function=self.frame.function,
-            family=activation_family(kind),
+            family=construction_family(kind),
         )
 
     def call_module(
@@ -837,7 +855,25 @@ class FlowBuilder:
             self.context, self.statement = saved_context, saved_statement
         result = Operand(node=node, flows=tuple(dict.fromkeys(frame.returns)))
         if len(frame.returned_tuples) == 1 and len(frame.returns) == 1:
-            self.tuples[frame.returns[0].value] = frame.returned_tuples[0]
+            if frame.returned_tuples[0]:
+                self.tuples[frame.returns[0].value] = frame.returned_tuples[0]
+        elif len(frame.returned_tuples) > 1 and self.replay is None:
+            # several ``return a, b`` of the same length: element i may be any of theirs
+            sizes = {len(elements) for elements in frame.returned_tuples}
+            if len(sizes) == 1 and 0 not in sizes:
+                merged = [
+                    Operand(
+                        node=node,
+                        flows=tuple(
+                            dict.fromkeys(
+                                f for elements in frame.returned_tuples for f in elements[i].flows
+                            )
+                        ),
+                    )
+                    for i in range(sizes.pop())
+                ]
+                result = self.emit("tuple", node, merged, {}, transparent=True)
+                self.tuples[result.flows[0].value] = merged
         return result
 
     def bind_parameters(

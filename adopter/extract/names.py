@@ -95,7 +95,7 @@ ACTIVATION_FUNCTIONS = frozenset(
 # Factories that return an activation module, recognised by their last name component:
 # ``ACT2FN[...]`` / ``ACT2CLS[...]()`` (transformers, diffusers), ``get_activation(...)``
 # (transformers, diffusers), ``create_act_layer(...)`` (timm).
-ACTIVATION_FACTORIES = frozenset(["ACT2FN", "get_activation", "create_act_layer"])
+ACTIVATION_FACTORIES = frozenset(["ACT2FN", "ACT2CLS", "get_activation", "create_act_layer"])
 # Activation classes that are classes of an ``activations`` module (transformers, diffusers:
 # ``GELUActivation``, ``NewGELUActivation``, ``QuickGELUActivation``...).
 _ACTIVATION_CLASS_SUFFIX = "Activation"
@@ -119,6 +119,19 @@ _HEAD_SPLITS = frozenset(
 def step_family(kind: str) -> str | None:
     """The family a rule may name instead of a forward step's kind."""
     return SPLIT_HEADS if kind in _HEAD_SPLITS else None
+
+
+# A rule names element-wise dropout with the family name ``dropout``: an ``nn.Dropout`` module or
+# ``F.dropout(x, p, training)`` in ``forward`` (whose ``p`` and ``training`` a kernel takes).
+DROPOUT = "dropout"
+DROPOUT_FUNCTION = "torch.nn.functional.dropout"
+
+
+def construction_family(kind: str) -> str | None:
+    """The family a rule may name instead of a construction's kind."""
+    if kind in ("torch.nn.Dropout", DROPOUT_FUNCTION):
+        return DROPOUT
+    return activation_family(kind)
 
 
 def activation_family(kind: str) -> str | None:

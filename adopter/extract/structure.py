@@ -172,8 +172,8 @@ class FileAnalysis:
             branch_labels=self.branch_labels,
         )
         for info in self.classes.values():
+            self._processor_flows(info)
             if not info.is_module:
-                self._processor_flows(info)
                 continue
             for name in [*self._entry_points(info), *self._method_references(info)]:
                 function = self.method(info, name)
@@ -197,9 +197,10 @@ class FileAnalysis:
         return names
 
     def _processor_flows(self, info: ClassInfo) -> None:
-        """A plain class whose ``__call__`` receives a module of this file as a parameter
-        (diffusers' attention processors: ``__call__(self, attn: Attention, hidden_states)``)
-        runs that module's computation: analyse it with the parameter bound to the module."""
+        """A class whose ``__call__`` receives a module of this file as a parameter (diffusers'
+        attention processors, plain classes or ``nn.Module``s: ``__call__(self, attn:
+        Attention, hidden_states)``) runs that module's computation: analyse it with the
+        parameter bound to the module."""
         function = info.methods.get("__call__")
         if not isinstance(function, ast.FunctionDef):
             return

@@ -536,10 +536,24 @@ class Matcher:
 
 
 # Steps through which a ``where`` step may consume a matched value: elementwise scaling by
-# something that is not a tensor of the computation, contiguity and dtype casts.
+# something that is not a tensor of the computation, contiguity and dtype casts, a
+# normalisation module over the last dimension (QK-norm before the heads are split), and a
+# concatenation that holds it (``torch.cat([query, encoder_query], dim=1)``).
 PASS_THROUGH = frozenset(
     ["mul", "truediv", "Tensor.contiguous", "Tensor.to", "Tensor.type_as", "Tensor.float"]
 )
+PASS_THROUGH_JOINS = frozenset(["list", "tuple", "torch.cat"])
+
+
+def _passes_through(step: FlowStep) -> bool:
+    if step.kind in PASS_THROUGH_JOINS:
+        return True
+    tensors = [op for op in step.positional if op.flows]
+    if len(tensors) != 1:
+        return False
+    if step.kind in PASS_THROUGH:
+        return True
+    return step.module is not None and step.kind.rsplit(".", 1)[-1].endswith("Norm")
 
 
 def _derived_values(state: _State, flow: FunctionFlow) -> dict[int, frozenset[int]]:
@@ -554,8 +568,7 @@ def _derived_values(state: _State, flow: FunctionFlow) -> dict[int, frozenset[in
                 if use.step is None:
                     continue
                 step = flow.steps[use.step]
-                tensors = [op for op in step.positional if op.flows]
-                if step.kind in PASS_THROUGH and len(tensors) == 1 and step.output not in values:
+                if _passes_through(step) and step.output not in values:
                     values.append(step.output)
         derived[bound.value] = frozenset(values)
     return derived

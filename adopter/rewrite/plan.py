@@ -42,6 +42,7 @@ from ..dsl.syntax import (
 from ..dsl.syntax import Step as PatternStep
 from ..extract.model import Construction, Operand
 from ..extract.model import Step as FlowStep
+from ..extract.names import DROPOUT_FUNCTION
 from ..match.matcher import BoundModule, BoundOutput, Site
 from .source import Blocks, SourceText, assigned_names, contains, has_call, read_names
 
@@ -144,6 +145,7 @@ class Planner:
         self._blocks: dict[int, Blocks] = {}
         self._moved_calls: list[ast.stmt] = []
         self._var_text: dict[str, str] = {}
+        self._extra_keywords: list[str] = []  # keywords a rendered argument adds to the call
 
     def blocks(self, function: ast.FunctionDef) -> Blocks:
         found = self._blocks.get(id(function))
@@ -949,9 +951,11 @@ class Planner:
     ) -> str:
         callee = self.render_callee(new_step.callee, plan, {}, site)
         rest = self.forward_rest(final_pattern, final_step)
+        self._extra_keywords = []
         arguments = self.render_arguments(
             new_step.args, site, plan, rest=rest, module_text=module_text, first_input=first_input
         )
+        arguments += self._extra_keywords
         return f"{callee}({', '.join(arguments)})"
 
     def render_callee(self, callee: Expr, plan: Plan, renames: dict[str, str], site: Site) -> str:
@@ -1018,6 +1022,8 @@ class Planner:
             step = next((s for s in site.steps if s.module == bound.path), None)
             if step is None or not isinstance(step.node, ast.Call):
                 raise Refusal(f"${value.name}: the module call is not in the source")
+            if bound.construction.kind == DROPOUT_FUNCTION:
+                return self.functional_dropout(step.node)
             return self.source.segment(step.node.func)
         if isinstance(bound, Operand):
             if bound.node is None:
@@ -1036,6 +1042,27 @@ class Planner:
         if isinstance(bound, BoundOutput):
             raise Refusal(f"${value.name} is an intermediate value; the kernel must recompute it")
         raise Refusal(f"${value.name} is not bound by the match")
+
+    def functional_dropout(self, call: ast.Call) -> str:
+        """``F.dropout(x, p=0.1, training=self.training)`` handed to a kernel that takes a drop
+        probability: its ``p``, and its ``training`` flag as a keyword of the kernel call
+        (``F.dropout`` drops by default; a kernel given a float would follow the module)."""
+        names = ["input", "p", "training", "inplace"]
+        given = dict(zip(names, call.args))
+        given.update({k.arg: k.value for k in call.keywords if k.arg is not None})
+        if any(k.arg is None for k in call.keywords) or set(given) - set(names):
+            raise Refusal(f"line {call.lineno}: dropout arguments that cannot be handed over")
+        inplace = given.get("inplace")
+        if inplace is not None and not (
+            isinstance(inplace, ast.Constant) and inplace.value is False
+        ):
+            raise Refusal(f"line {call.lineno}: an in-place dropout changes its input")
+        training = given.get("training")
+        self._extra_keywords.append(
+            "training=" + (self.source.segment(training) if training is not None else "True")
+        )
+        p = given.get("p")
+        return self.source.segment(p) if p is not None else "0.5"
 
     def forward_rest(self, pattern: PatternStep, step: FlowStep) -> list[str]:
         """Arguments of the final matched call that its pattern did not name, as keywords."""
@@ -1084,6 +1111,8 @@ class Planner:
             call = step.node
             if not isinstance(call, ast.Call):
                 continue
+            if step.construction is not None and step.construction.kind == DROPOUT_FUNCTION:
+                continue  # its settings are handed over (functional_dropout)
             wanted = sum(isinstance(a, Positional) for a in pattern_step.args) + sum(
                 isinstance(a, Keyword) for a in pattern_step.args
             )

@@ -275,6 +275,26 @@ class Model(nn.Module):
         lambda: (torch.randn(2, 5, 8),),
         {"paper.4", "paper.9"},
     ),
+    "functional_dropout": (
+        """
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dropout = 0.0
+        self.fc2 = nn.Linear(4, 4)
+        self.final_layer_norm = nn.LayerNorm(4)
+
+    def forward(self, hidden_states):
+        residual = hidden_states
+        hidden_states = self.fc2(hidden_states)
+        hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = residual + hidden_states
+        hidden_states = self.final_layer_norm(hidden_states)
+        return hidden_states
+""",
+        lambda: (torch.randn(2, 3, 4),),
+        {"paper.5"},
+    ),
     "sequential": (
         """
 class Model(nn.Module):
