@@ -148,3 +148,45 @@ class Attention(nn.Module):
 """
     (site,) = [s for s in scan_snippet(source) if s.rule.id == "paper.9"]
     assert site.applicable and site.line == 12
+
+
+PROCESSORS = """
+import torch
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.to_q = nn.Linear(8, 8)
+        self.to_k = nn.Linear(8, 8)
+        self.to_v = nn.Linear(8, 8)
+        self.to_qkv = nn.Linear(8, 24)
+        self.norm_q = nn.RMSNorm(8)
+        self.fused = False
+
+
+def get_projections(attn: "Attention", hidden_states):
+    if attn.fused:
+        query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
+        return query, key, value
+    query = attn.to_q(hidden_states)
+    key = attn.to_k(hidden_states)
+    value = attn.to_v(hidden_states)
+    return query, key, value
+
+
+class Processor(nn.Module):
+    def __call__(self, attn: Attention, hidden_states, context):
+        query, key, value = get_projections(attn, hidden_states)
+        query = attn.norm_q(query).unflatten(-1, (2, 4))
+        key = torch.cat([key, context], dim=1).unflatten(-1, (2, 4))
+        return query, key, value.unflatten(-1, (2, 4))
+"""
+
+
+def test_projection_helpers_with_several_returns_reach_the_processor_that_splits_heads():
+    # two returns (fused or not) merge elementwise; an nn.Module processor's __call__ binds
+    # `attn`; the split is reached through QK-norm and a concatenation
+    found = [(s.rule.id, s.line, s.method) for s in scan_snippet(PROCESSORS) if s.applicable]
+    assert found == [("paper.9", 21, "get_projections")]
