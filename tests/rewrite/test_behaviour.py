@@ -295,6 +295,41 @@ class Model(nn.Module):
         lambda: (torch.randn(2, 3, 4),),
         {"paper.5"},
     ),
+    "helpers_finished_by_the_caller": (
+        """
+class Proj(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.dense(x)
+
+
+class Conv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 1)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = Proj()
+        self.act = nn.GELU()
+        self.c = Conv()
+        self.bn = nn.BatchNorm2d(3)
+        self.plain = Proj()  # also a Proj, used without the activation
+
+    def forward(self, x, image):
+        return self.act(self.proj(x)) + self.plain(x), self.bn(self.c(image))
+""",
+        lambda: (torch.randn(2, 3, 4), torch.randn(2, 3, 4, 4)),
+        {"paper.6", "paper.7"},
+    ),
     "sequential": (
         """
 class Model(nn.Module):
