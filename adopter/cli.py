@@ -766,6 +766,78 @@ def list_rules(
             console.print(Text(str(rule.source), style="dim"), "\n")
 
 
+@app.command(
+    name="run",
+    context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
+)
+def run(
+    command: Annotated[
+        list[str], typer.Argument(help="The command, after --: python train.py ...")
+    ],
+    rule_files: RulesOption = None,
+    rule_set: Annotated[
+        str | None,
+        typer.Option(
+            "--rule-set",
+            help=f"Built-in rule set ({', '.join(RULE_SETS)}); default all unless --rules.",
+        ),
+    ] = None,
+    select: SelectOption = None,
+    packages: Annotated[
+        str,
+        typer.Option("--packages", help="Comma-separated packages patched as they are imported."),
+    ] = "transformers,timm,diffusers",
+    verify: Annotated[
+        bool,
+        typer.Option("--verify", help="Keep a module's patch only when verify proves it."),
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", "-q", help="Do not print what was patched.")
+    ] = False,
+) -> None:
+    """Run COMMAND with the matching modules of transformers, timm and diffusers patched in
+    memory as they are imported (no file is edited). Exit code: the command's."""
+    import os
+
+    from .runtime.launch import run_command, run_environment
+
+    if not command:
+        raise _fail("give the command to run, e.g. adopter run -- python train.py")
+    rules = load_rules(rule_files, rule_set or ("all" if not rule_files else None), select)
+    if not rules:
+        raise _fail("no rules selected")
+    names = ([rule_set] if rule_set else ["all"] if not rule_files else []) + [
+        str(path.resolve()) for path in rule_files or []
+    ]
+    env = run_environment(
+        os.environ,
+        rules=names,
+        select=select,
+        packages=[p.strip() for p in packages.split(",") if p.strip()],
+        verify=verify,
+        log_level=None if quiet else "INFO",
+    )
+    raise typer.Exit(run_command(command, env))
+
+
+cache_app = typer.Typer(
+    help="The per-user cache of adopter.patch and adopter run.", no_args_is_help=True
+)
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command(name="clear")
+def cache_clear() -> None:
+    """Delete the cached rewrites and verdicts (the next start rewrites again)."""
+    from .runtime.cache import CacheRefused, cache_dir, clear_cache
+
+    try:
+        removed = clear_cache()
+    except CacheRefused as error:
+        raise _fail(str(error)) from None
+    typer.echo(f"removed {removed} entries from {cache_dir()}")
+
+
 def main() -> None:  # pragma: no cover - console entry point
     app()
 

@@ -64,6 +64,8 @@ from adopter.bench.measure import (  # noqa: E402
     prepare_variant,
     run_memory_probe,
 )
+from adopter.bench.report import SpeedupVerdict, speedup_verdict  # noqa: E402
+from adopter.bench.selection import Judgement  # noqa: E402
 from adopter.rules import load_rule_set  # noqa: E402
 
 EXTENDED_ATTENTION = ("roberta", "gpt_neo", "distilbert", "albert")
@@ -549,10 +551,15 @@ def unchangeable_share(record: dict[str, Any] | None, model: str, mode: str) -> 
 # ----------------------------------------------------------------------------------------------
 # rendering helpers
 
+Records = dict[tuple[str, str], dict[str, Any]]
+"""Every saved record of a report, by (study, model)."""
+LongResults = dict[str, BenchResult | None]
+"""The ``long`` study's result per model (``None`` where it failed or did not run)."""
 
-def load_records(cache: Path) -> dict[tuple[str, str], dict[str, Any]]:
+
+def load_records(cache: Path) -> Records:
     """Every saved record, by (study, model)."""
-    records: dict[tuple[str, str], dict[str, Any]] = {}
+    records: Records = {}
     for path in sorted(cache.glob("*__*.json")):
         study, _, model = path.stem.partition("__")
         records[(study, model)] = json.loads(path.read_text(encoding="utf-8"))
@@ -569,6 +576,9 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else math.nan
 
 
+_VERDICT_MARKS = {SpeedupVerdict.FASTER: " ✓", SpeedupVerdict.SLOWER: " ✗"}
+
+
 def speed_cell(result: BenchResult | None, variant: str, mode: str) -> str:
     if result is None:
         return "-"
@@ -578,7 +588,7 @@ def speed_cell(result: BenchResult | None, variant: str, mode: str) -> str:
     if res.speedup is None:
         return "-"
     sp = res.speedup
-    mark = " ✓" if sp.ci_low >= 1.0 and sp.ratio > 1.0 else (" ✗" if sp.ci_high < 1.0 else "")
+    mark = _VERDICT_MARKS.get(speedup_verdict(res), "")
     return f"{sp.ratio:.2f}× [{sp.ci_low:.2f}, {sp.ci_high:.2f}]{mark}"
 
 
@@ -641,7 +651,7 @@ def verdict(measured: float | None, target: float, higher: bool = True) -> str:
     )
 
 
-def study_seconds(records: dict[tuple[str, str], dict[str, Any]]) -> str:
+def study_seconds(records: Records) -> str:
     """Seconds spent per study, e.g. ``long 310 s, short 280 s``."""
     totals: dict[str, float] = {}
     for (study, _), record in records.items():
@@ -730,7 +740,7 @@ def paper_variant(names: Iterable[str], patched_sites: dict[str, dict[str, int]]
     return "patched" if found and all(r.startswith("paper.") for r in found) else None
 
 
-def collect(records: dict[tuple[str, str], dict[str, Any]]) -> Numbers:
+def collect(records: Records) -> Numbers:
     numbers = Numbers()
     for m in TRANSFORMERS:
         long = result_of(records.get(("long", m)))
@@ -841,7 +851,7 @@ def targets_section(numbers: Numbers, settings: Settings) -> list[str]:
     return lines
 
 
-def why_section(records: dict[tuple[str, str], dict[str, Any]], numbers: Numbers) -> list[str]:
+def why_section(records: Records, numbers: Numbers) -> list[str]:
     """Why targets are missed and what would close each gap, from the measured numbers."""
     bert = records.get(("profile", "bert"))
     resnet = records.get(("profile", "resnet"))
@@ -1046,7 +1056,7 @@ MODEL_NOTES = {
 }
 
 
-def machine_section(records: dict[tuple[str, str], dict[str, Any]], meta: dict[str, Any]) -> str:
+def machine_section(records: Records, meta: dict[str, Any]) -> str:
     env: dict[str, Any] = {}
     for record in records.values():
         if "result" in record:
@@ -1097,16 +1107,10 @@ def profile_table(record: dict[str, Any] | None, modes: tuple[str, ...]) -> list
     return lines
 
 
-def render(cache: Path, out: Path, png: Path, settings: Settings) -> None:
-    """Write the Markdown report (and the PNG) from the saved records."""
-    records = load_records(cache)
-    meta_path = cache / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
-    get = records.get
-    numbers = collect(records)
-    long = {m: result_of(get(("long", m))) for m in ALL_MODELS}
-    md: list[str] = []
-    w = md.append
+def header_section(settings: Settings, meta: dict[str, Any]) -> list[str]:
+    """Title and what was measured how, in one paragraph."""
+    lines: list[str] = []
+    w = lines.append
     w("# Performance: what the rewrites buy, before and after\n")
     kind = "**--quick: tiny configurations, not a measurement**" if settings.quick else "full run"
     w(
@@ -1126,9 +1130,13 @@ def render(cache: Path, out: Path, png: Path, settings: Settings) -> None:
         "median step time, with a 95% paired-bootstrap confidence interval (✓: the whole "
         "interval is above 1, ✗: below 1).\n"
     )
-    md.extend(targets_section(numbers, settings))
-    md.extend(why_section(records, numbers))
+    return lines
 
+
+def method_section(records: Records, meta: dict[str, Any], settings: Settings) -> list[str]:
+    """The machine, the command and the method, with the deviations from the defaults."""
+    lines: list[str] = []
+    w = lines.append
     w("## Machine, command, method\n")
     w(machine_section(records, meta) + "\n")
     w(
@@ -1173,7 +1181,24 @@ def render(cache: Path, out: Path, png: Path, settings: Settings) -> None:
     if deviations and not settings.quick:
         w("Deviations from the class defaults, all to fit the machine or to be runnable:\n")
         w("\n".join(deviations) + "\n")
+    return lines
 
+
+def dropout_cell(model: str, record: dict[str, Any]) -> str:
+    """The configured-dropout training speedup of ``model`` (its ``long_dropout`` record)."""
+    if SPECS[model].family != "text":
+        return "n/a (configured dropout is 0)"
+    if "skipped" in record:
+        return "same as the previous column (configured attention dropout is 0)"
+    if "error" in record:
+        return f"failed: {record['error'][:120]}"
+    return speed_cell(result_of(record), "patched", "train")
+
+
+def long_section(records: Records, long: LongResults, settings: Settings, png: Path) -> list[str]:
+    """The main table: every model at the long sequence, and the chart."""
+    lines: list[str] = []
+    w = lines.append
     w(f"## {settings.long_seq} tokens (images {settings.image_size} px)\n")
     w(
         "| model | patched sites | inference | training, attention dropout 0 | training, "
@@ -1182,22 +1207,14 @@ def render(cache: Path, out: Path, png: Path, settings: Settings) -> None:
     )
     w("|---|---|---|---|---|---|---|")
     for m in ALL_MODELS:
-        record = get(("long", m))
+        record = records.get(("long", m))
         if record is None:
             continue
         if "error" in record:
             w(f"| {m} | failed: {record['error'][:200]} | | | | | |")
             continue
         res = long[m]
-        dropout_record = get(("long_dropout", m)) or {}
-        if SPECS[m].family != "text":
-            dropout_cell = "n/a (configured dropout is 0)"
-        elif "skipped" in dropout_record:
-            dropout_cell = "same as the previous column (configured attention dropout is 0)"
-        elif "error" in dropout_record:
-            dropout_cell = f"failed: {dropout_record['error'][:120]}"
-        else:
-            dropout_cell = speed_cell(result_of(dropout_record), "patched", "train")
+        dropout = dropout_cell(m, records.get(("long_dropout", m)) or {})
         steps = (
             f"{ms(res, 'original', 'inference')} → {ms(res, 'patched', 'inference')} / "
             f"{ms(res, 'original', 'train')} → {ms(res, 'patched', 'train')}"
@@ -1205,11 +1222,17 @@ def render(cache: Path, out: Path, png: Path, settings: Settings) -> None:
         memory = memory_cell(res) if SPECS[m].family == "text" else "not measured"
         w(
             f"| {m} | {sites(res)} | {speed_cell(res, 'patched', 'inference')} | "
-            f"{speed_cell(res, 'patched', 'train')} | {dropout_cell} | {memory} | {steps} |"
+            f"{speed_cell(res, 'patched', 'train')} | {dropout} | {memory} | {steps} |"
         )
     w("")
     w(f"![speedup and memory per model]({png.name})\n")
+    return lines
 
+
+def ablation_section(long: LongResults, settings: Settings) -> list[str]:
+    """One row per variant of the ``long`` run: what each rule contributes."""
+    lines: list[str] = []
+    w = lines.append
     w(f"### What each rule contributes ({settings.long_seq} tokens / {settings.image_size} px)\n")
     w(
         "One variant per rule that patches something on its own (`paper.5 only`: the source "
@@ -1229,7 +1252,13 @@ def render(cache: Path, out: Path, png: Path, settings: Settings) -> None:
                 f"{speed_cell(res, variant, 'inference')} | {speed_cell(res, variant, 'train')} |"
             )
     w("")
+    return lines
 
+
+def depth_memory_section(records: Records, numbers: Numbers, settings: Settings) -> list[str]:
+    """Peak training memory at the released depth (the ``memory_depth`` study)."""
+    lines: list[str] = []
+    w = lines.append
     w(f"### Peak training memory at the released depth ({settings.long_seq} tokens)\n")
     w(
         "The same step as above (attention dropout 0, one fresh process per variant, memory "
@@ -1241,7 +1270,7 @@ def render(cache: Path, out: Path, png: Path, settings: Settings) -> None:
     w("|---|---|---|---|---|")
     mib = 1 << 20
     for m in TRANSFORMERS:
-        record = get(("memory_depth", m))
+        record = records.get(("memory_depth", m))
         if record is None:
             continue
         if "error" in record:
@@ -1255,7 +1284,13 @@ def render(cache: Path, out: Path, png: Path, settings: Settings) -> None:
             f"{depth_cell(record, numbers.depth_memory_paper.get(m), PAPER_GROUP)} |"
         )
     w("")
+    return lines
 
+
+def only_faster_section(records: Records) -> list[str]:
+    """What ``apply --only-faster`` keeps per model, and that rewrite timed."""
+    lines: list[str] = []
+    w = lines.append
     w("## After `apply --only-faster`\n")
     w(
         "`adopter apply --only-faster` keeps a rule's patches only where a short interleaved run "
@@ -1271,7 +1306,7 @@ def render(cache: Path, out: Path, png: Path, settings: Settings) -> None:
     w("| model | kept | dropped | inference | training, configured dropout |")
     w("|---|---|---|---|---|")
     for m in ALL_MODELS:
-        record = get(("only_faster", m))
+        record = records.get(("only_faster", m))
         if record is None:
             continue
         if "error" in record:
@@ -1279,10 +1314,11 @@ def render(cache: Path, out: Path, png: Path, settings: Settings) -> None:
             continue
         reasons = record.get("reasons", {})
         kept = ", ".join(record.get("kept", [])) or "nothing"
+        judged = {rule: Judgement.from_reason(why) for rule, why in reasons.items()}
         dropped = "; ".join(
-            f"{rule}: {why.removeprefix('dropped: ')}"
-            for rule, why in reasons.items()
-            if why.startswith("dropped")
+            f"{rule}: {judgement.explanation}"
+            for rule, judgement in judged.items()
+            if judgement.dropped
         )
         result = result_of(record)
         if result is None:
@@ -1293,7 +1329,13 @@ def render(cache: Path, out: Path, png: Path, settings: Settings) -> None:
             f"| {speed_cell(result, 'patched', 'train')} |"
         )
     w("")
+    return lines
 
+
+def short_section(records: Records, settings: Settings) -> list[str]:
+    """The short-sequence run of the text models."""
+    lines: list[str] = []
+    w = lines.append
     w(f"## {settings.short_seq} tokens\n")
     w(f"{settings.short_batch} × {settings.short_seq} tokens, training with attention dropout 0.\n")
     w(
@@ -1301,7 +1343,7 @@ def render(cache: Path, out: Path, png: Path, settings: Settings) -> None:
     )
     w("|---|---|---|---|")
     for m in TRANSFORMERS:
-        record = get(("short", m))
+        record = records.get(("short", m))
         if record is None:
             continue
         if "error" in record:
@@ -1315,7 +1357,13 @@ def render(cache: Path, out: Path, png: Path, settings: Settings) -> None:
             f"{ms(res, 'patched', 'train')} |"
         )
     w("")
+    return lines
 
+
+def compile_section(records: Records, settings: Settings) -> list[str]:
+    """BERT and ResNet inference with ``torch.compile`` on both sides."""
+    lines: list[str] = []
+    w = lines.append
     w("## With `torch.compile` on both sides\n")
     w(
         "Inductor compiles slowly on this 2-core CPU, so this is bounded to inference for BERT "
@@ -1329,7 +1377,7 @@ def render(cache: Path, out: Path, png: Path, settings: Settings) -> None:
     )
     w("|---|---|---|---|")
     for m in ("bert", "resnet"):
-        record = get(("compile", m))
+        record = records.get(("compile", m))
         if record is None:
             w(f"| {m} | not run | | |")
         elif "error" in record or "skipped" in record:
@@ -1342,9 +1390,15 @@ def render(cache: Path, out: Path, png: Path, settings: Settings) -> None:
                 f"{record['seconds']:.0f} |"
             )
     w("")
+    return lines
 
+
+def profile_section(records: Records, settings: Settings) -> list[str]:
+    """The op-group tables of the BERT and ResNet profiles."""
+    lines: list[str] = []
+    w = lines.append
     w("## Where the time goes (torch.profiler)\n")
-    bert = get(("profile", "bert"))
+    bert = records.get(("profile", "bert"))
     steps = (bert or {}).get("steps", settings.profile_steps)
     w(
         f"Self CPU time per op, averaged over {steps} profiled steps and summed into groups "
@@ -1353,19 +1407,31 @@ def render(cache: Path, out: Path, png: Path, settings: Settings) -> None:
         "load; the shares are what the explanations above use. BERT: "
         f"{settings.long_batch} × {settings.long_seq} tokens, attention dropout 0.\n"
     )
-    md.extend(profile_table(bert, PROFILES["bert"]))
+    lines.extend(profile_table(bert, PROFILES["bert"]))
     w(
         f"ResNet inference ({SPECS['resnet'].image_batch} × {settings.image_size} px; "
         f"{settings.layers} blocks per stage):\n"
     )
-    md.extend(profile_table(get(("profile", "resnet")), PROFILES["resnet"]))
+    lines.extend(profile_table(records.get(("profile", "resnet")), PROFILES["resnet"]))
+    return lines
 
+
+def rewritten_section(long: LongResults) -> list[str]:
+    """What the rules rewrote in each model, with the sites of the ``long`` run."""
+    lines: list[str] = []
+    w = lines.append
     w("## What was rewritten in each model\n")
     for m in ALL_MODELS:
         res = long[m]
         w(f"* **{m}** ({sites(res)}): {MODEL_NOTES[m]}")
     w("")
+    return lines
 
+
+def failures_section(records: Records) -> list[str]:
+    """Every study that failed, with its error."""
+    lines: list[str] = []
+    w = lines.append
     failed = [(key, record) for key, record in records.items() if "error" in record]
     w("## Failures\n")
     if failed:
@@ -1374,9 +1440,11 @@ def render(cache: Path, out: Path, png: Path, settings: Settings) -> None:
     else:
         w("None: every model built, loaded the original's weights and ran in every study.")
     w("")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(md) + "\n", encoding="utf-8")
+    return lines
 
+
+def plot_long(long: LongResults, png: Path, settings: Settings) -> None:
+    """The chart of the ``long`` run: original and patched of every model that ran."""
     plotted = {}
     for m in ALL_MODELS:
         res = long[m]
@@ -1389,6 +1457,35 @@ def render(cache: Path, out: Path, png: Path, settings: Settings) -> None:
             "attention dropout 0 (CPU, 95% CI)"
         )
         plot(plotted, png, title=title)
+
+
+def render(cache: Path, out: Path, png: Path, settings: Settings) -> None:
+    """Write the Markdown report (and the PNG) from the saved records, section by section."""
+    records = load_records(cache)
+    meta_path = cache / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    numbers = collect(records)
+    long = {m: result_of(records.get(("long", m))) for m in ALL_MODELS}
+    sections = [
+        header_section(settings, meta),
+        targets_section(numbers, settings),
+        why_section(records, numbers),
+        method_section(records, meta, settings),
+        long_section(records, long, settings, png),
+        ablation_section(long, settings),
+        depth_memory_section(records, numbers, settings),
+        only_faster_section(records),
+        short_section(records, settings),
+        compile_section(records, settings),
+        profile_section(records, settings),
+        rewritten_section(long),
+        failures_section(records),
+    ]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        "\n".join(line for section in sections for line in section) + "\n", encoding="utf-8"
+    )
+    plot_long(long, png, settings)
 
 
 # ----------------------------------------------------------------------------------------------

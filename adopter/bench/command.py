@@ -39,7 +39,7 @@ import threading
 import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -50,11 +50,20 @@ from torch import nn
 from ..dsl.syntax import Rule
 from ..match.matcher import Matcher
 from ..rewrite import rewrite_text
+from ..verify.config_names import (
+    ATTENTION_DROPOUT_NAME,
+    DROPOUT_NAME,
+    SHARED_DROPOUT_NAMES,
+    STACK_DEPTH_LIST_NAMES,
+    STACK_DEPTH_NAMES,
+    is_sub_config,
+)
 from ..verify.factory_spec import make_importable, parse_factory
 from ..verify.worker import load_sibling
 from .measure import (
     MODES,
     RSS_RESOLUTION,
+    Factory,
     ModelVariant,
     _resolve_memory_method,
     benchmark_variants,
@@ -63,6 +72,7 @@ from .measure import (
 )
 from .report import plot, to_json
 from .results import BenchResult, MemoryStats, TimingStats
+from .selection import Judgement, Outcome, judge_variant
 
 __all__ = [
     "DROPOUT_MODES",
@@ -93,7 +103,9 @@ DROPOUT_MODES = ("config", "no-attention", "none")
 ``config``: as configured. ``no-attention``: attention-probability dropout set to 0 (the
 fused-attention kernels then take their fast path in training too; other dropout stays). Where
 a configuration has no separate attention-dropout setting (T5's ``dropout_rate`` covers every
-dropout) that shared rate is set to 0. ``none``: every dropout probability set to 0.
+dropout) that shared rate is set to 0. ``none``: every dropout probability set to 0, drop path
+and LayerDrop included (the names :data:`adopter.verify.config_names.DROPOUT_NAME` matches):
+a step that skips a random set of layers does a different amount of work in every variant.
 """
 
 BASELINE = "original"
@@ -101,25 +113,6 @@ PATCHED = "patched"
 _SIBLING_PREFIX = "_adopter_bench_"
 _SCRATCH: Path | None = None  # see _scratch_dir
 _SCRATCH_LOCK = threading.Lock()
-
-_LAYER_KEYS = frozenset(
-    {
-        "num_hidden_layers",
-        "num_layers",
-        "num_decoder_layers",
-        "n_layer",
-        "n_layers",
-        "encoder_layers",
-        "decoder_layers",
-    }
-)
-_LAYER_LIST_KEYS = frozenset({"depths"})
-_ATTENTION_DROPOUT = re.compile(
-    r"^(attention_probs_dropout_prob|attn_pdrop|attention_dropout|attention_dropout_prob|"
-    r"attn_dropout|attention_dropout_rate)$"
-)
-_SHARED_DROPOUT = frozenset({"dropout_rate"})  # T5: one rate for attention and the rest
-_ANY_DROPOUT = re.compile(r"(dropout|_pdrop$|drop_rate|drop_prob|drop_path)")
 
 
 class BenchTargetError(ValueError):
@@ -324,14 +317,14 @@ def _reduce_layers(config: dict[str, Any], layers: int) -> dict[str, Any]:
     """Overrides that cut every layer count in ``config`` (and its sub-configs) to ``layers``."""
     out: dict[str, Any] = {}
     for key, value in config.items():
-        if isinstance(value, dict) and (key.endswith("config") or "model_type" in value):
+        if is_sub_config(key, value):
             nested = _reduce_layers(value, layers)
             if nested:
                 out[key] = {**value, **nested}
-        elif key in _LAYER_KEYS and isinstance(value, int) and not isinstance(value, bool):
+        elif key in STACK_DEPTH_NAMES and isinstance(value, int) and not isinstance(value, bool):
             if value > layers:
                 out[key] = layers
-        elif key in _LAYER_LIST_KEYS and isinstance(value, list):
+        elif key in STACK_DEPTH_LIST_NAMES and isinstance(value, list):
             if all(isinstance(v, int) for v in value) and any(v > layers for v in value):
                 out[key] = [min(v, layers) for v in value]
     # Staged models (GroupViT's vision tower) also state the total depth; keep it the sum.
@@ -353,19 +346,20 @@ def _dropout_overrides(config: dict[str, Any], mode: str) -> dict[str, Any]:
     if mode not in DROPOUT_MODES:
         raise ValueError(f"unknown dropout mode {mode!r} (use {', '.join(DROPOUT_MODES)})")
     out: dict[str, Any] = {}
-    own_attention_key = any(_ATTENTION_DROPOUT.match(k) for k in config if isinstance(k, str))
+    own_attention_key = any(ATTENTION_DROPOUT_NAME.match(k) for k in config if isinstance(k, str))
     for key, value in config.items():
-        if isinstance(value, dict) and (key.endswith("config") or "model_type" in value):
+        if is_sub_config(key, value):
             nested = _dropout_overrides(value, mode)
             if nested:
                 out[key] = {**value, **nested}
             continue
         if not isinstance(value, float) or value == 0.0:
             continue
-        if mode == "none" and _ANY_DROPOUT.search(key):
+        if mode == "none" and DROPOUT_NAME.search(key):
             out[key] = 0.0
         elif mode == "no-attention" and (
-            _ATTENTION_DROPOUT.match(key) or (not own_attention_key and key in _SHARED_DROPOUT)
+            ATTENTION_DROPOUT_NAME.match(key)
+            or (not own_attention_key and key in SHARED_DROPOUT_NAMES)
         ):
             out[key] = 0.0
     return out
@@ -444,6 +438,14 @@ def make_bench_inputs(
     A text tower of a multimodal model (GroupViT, CLIP) gets at most its own context length
     (77 tokens). ``use_cache=False`` where accepted (training does not keep a KV cache) and
     ``return_loss=True`` for contrastive models (their real training loss).
+
+    Deliberately not :func:`adopter.verify.hf.make_inputs`: that one builds a *test* for a shrunk
+    model - 7 tokens, the second sequence's last two masked out so that mask handling runs,
+    special tokens kept out of the ids, every input modality the signature accepts, audio and
+    video inputs, ``output_hidden_states=True`` so that a difference can be traced to a layer.
+    A benchmark needs the *workload* instead: the sizes asked for, no padding, only the inputs a
+    training or inference step takes (every layer's hidden states would add time and memory
+    that no real step spends) and the model's own loss. Both draw from a seeded generator.
     """
     params = inspect.signature(model.forward).parameters
     gen = torch.Generator().manual_seed(seed)
@@ -649,126 +651,186 @@ def plan_variants(
         rules = load_rule_set("paper")
     rules = list(rules)
     if patched_factory is not None:
-        if factory is None:
-            raise BenchTargetError("--patched-factory needs --factory (the original)")
-        if ablation or not combined:
-            raise BenchTargetError(
-                "per-rule variants need the rules applied to source: give --factory without "
-                "--patched-factory"
-            )
-        variants = [
-            ModelVariant(name, functools.partial(build_from_factory, _factory_target(spec)[0]))
-            for name, spec in ((BASELINE, factory), (PATCHED, patched_factory))
-        ]
-        info = {"target": factory, "kind": "factories", "patched_factory": patched_factory}
-        return VariantPlan(variants, info=info)
-
+        return _plan_two_factories(factory, patched_factory, per_rule=ablation or not combined)
     if factory is not None:
-        original, path = _factory_target(factory)
-        text = path.read_text(encoding="utf-8")
-
-        def make(label: str, patched: str | None) -> Any:
-            if patched is None:
-                return functools.partial(build_from_factory, original)
-            file = patched_source_file(patched, path.name)
-            spec = FactoryBuild(
-                original.module_name, original.function, str(file), _tag(label, patched)
-            )
-            return functools.partial(build_from_factory, spec)
-
-        info: dict[str, Any] = {"target": factory, "kind": "factory", "source": str(path)}
+        source = _factory_source(factory)
     else:
         if target is None:
             raise BenchTargetError("give a target (model name or modeling file) or --factory")
-        resolved = resolve_transformers_target(target)
-        path, text = resolved.path, resolved.text
-        common = {
-            "class_name": model_class,
-            "overrides": tuple(sorted((config_overrides or {}).items())),
-            "layers": layers,
-            "dropout": dropout,
-            "batch_size": batch_size,
-            "seq_len": seq_len,
-            "image_size": image_size,
-            "decoder_seq_len": decoder_seq_len,
-            "seed": seed,
-        }
-
-        def make(label: str, patched: str | None) -> Any:
-            if patched is None:
-                source = None if resolved.installed else str(resolved.path)
-                tag = "original" if resolved.installed else _tag("original", resolved.text)
-                spec = TransformersBuild(resolved.module_name, source, tag, **common)
-            else:
-                file = patched_source_file(patched, path.name)
-                spec = TransformersBuild(
-                    resolved.module_name, str(file), _tag(label, patched), **common
-                )
-            return functools.partial(build_transformers, spec)
-
-        info = {
-            "target": target,
-            "kind": "transformers",
-            "module": resolved.module_name,
-            "source": str(resolved.path),
-            "installed_source": resolved.installed,
-            "layers": layers,
-            "dropout": dropout,
-            "config_overrides": dict(config_overrides or {}),
-            "batch_size": batch_size,
-            "seq_len": seq_len,
-            "image_size": image_size,
-            "decoder_seq_len": decoder_seq_len or seq_len,
-        }
-
-    variants = [ModelVariant(BASELINE, make(BASELINE, None))]
-    sites: dict[str, dict[str, int]] = {}
-    notes: list[str] = []
-    combined_text, combined_sites = patch_text(text, str(path), rules)
+        build = TransformersBuild(
+            module_name="",  # each variant sets its module, source and tag
+            source=None,
+            tag="",
+            class_name=model_class,
+            overrides=tuple(sorted((config_overrides or {}).items())),
+            layers=layers,
+            dropout=dropout,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            image_size=image_size,
+            decoder_seq_len=decoder_seq_len,
+            seed=seed,
+        )
+        source = _transformers_source(target, build, dict(config_overrides or {}))
+    plan = _RewritePlan(source)
+    combined_text, combined_sites = plan.patch(rules)
     if combined:
-        if not combined_sites:
+        plan.add_combined(combined_text, combined_sites, rules)
+    same_as = combined_text if combined else None
+    no_site = plan.add_solo_rules(rules, same_as) if ablation or not combined else []
+    if not combined and len(plan.variants) == 1:
+        raise NoSiteError(f"no rule patches anything in {source.path}: nothing to compare")
+    plan.add_rule_groups(rule_groups or {}, same_as)
+    info = {
+        **source.info,
+        "rules": _rule_ids(rules),
+        "patched_sites": plan.sites,
+        "no_site": no_site,
+        "notes": plan.notes,
+        "model_class": model_class,
+    }
+    return VariantPlan(plan.variants, info=info, no_site=no_site)
+
+
+def _plan_two_factories(factory: str | None, patched_factory: str, per_rule: bool) -> VariantPlan:
+    """Original and patched model each from a factory of its own: nothing to rewrite."""
+    if factory is None:
+        raise BenchTargetError("--patched-factory needs --factory (the original)")
+    if per_rule:
+        raise BenchTargetError(
+            "per-rule variants need the rules applied to source: give --factory without "
+            "--patched-factory"
+        )
+    variants = [
+        ModelVariant(name, functools.partial(build_from_factory, _factory_target(spec)[0]))
+        for name, spec in ((BASELINE, factory), (PATCHED, patched_factory))
+    ]
+    info = {"target": factory, "kind": "factories", "patched_factory": patched_factory}
+    return VariantPlan(variants, info=info)
+
+
+@dataclass(frozen=True)
+class _Source:
+    """The source text the variants are rewritten from, and how to build a variant of it."""
+
+    path: Path
+    text: str
+    make: Callable[[str, str | None], Factory]
+    """``make(label, patched_text)``: the factory of a variant (``None``: the original)."""
+    info: dict[str, Any]
+    """What the target is, for :attr:`VariantPlan.info`."""
+
+
+def _factory_source(factory: str) -> _Source:
+    """A ``module:function`` factory: its module's source is rewritten, and the factory
+    function of the patched copy builds the patched model."""
+    original, path = _factory_target(factory)
+
+    def make(label: str, patched: str | None) -> Factory:
+        if patched is None:
+            return functools.partial(build_from_factory, original)
+        file = patched_source_file(patched, path.name)
+        spec = FactoryBuild(
+            original.module_name, original.function, str(file), _tag(label, patched)
+        )
+        return functools.partial(build_from_factory, spec)
+
+    text = path.read_text(encoding="utf-8")
+    info: dict[str, Any] = {"target": factory, "kind": "factory", "source": str(path)}
+    return _Source(path, text, make, info)
+
+
+def _transformers_source(
+    target: str, build: TransformersBuild, config_overrides: dict[str, Any]
+) -> _Source:
+    """A transformers modeling file: every variant is ``build`` (configuration and inputs)
+    with that variant's module."""
+    resolved = resolve_transformers_target(target)
+
+    def make(label: str, patched: str | None) -> Factory:
+        if patched is None:
+            source = None if resolved.installed else str(resolved.path)
+            tag = "original" if resolved.installed else _tag("original", resolved.text)
+        else:
+            source = str(patched_source_file(patched, resolved.path.name))
+            tag = _tag(label, patched)
+        spec = replace(build, module_name=resolved.module_name, source=source, tag=tag)
+        return functools.partial(build_transformers, spec)
+
+    info = {
+        "target": target,
+        "kind": "transformers",
+        "module": resolved.module_name,
+        "source": str(resolved.path),
+        "installed_source": resolved.installed,
+        "layers": build.layers,
+        "dropout": build.dropout,
+        "config_overrides": config_overrides,
+        "batch_size": build.batch_size,
+        "seq_len": build.seq_len,
+        "image_size": build.image_size,
+        "decoder_seq_len": build.decoder_seq_len or build.seq_len,
+    }
+    return _Source(resolved.path, resolved.text, make, info)
+
+
+class _RewritePlan:
+    """The variants of one source as they are added: the original first, then one per rewrite
+    that changes something and differs from the others, with the sites each one patches."""
+
+    def __init__(self, source: _Source) -> None:
+        self.source = source
+        self.variants = [ModelVariant(BASELINE, source.make(BASELINE, None))]
+        self.sites: dict[str, dict[str, int]] = {}
+        self.notes: list[str] = []
+
+    def patch(self, rules: Sequence[Rule]) -> tuple[str, Counter[str]]:
+        """The source rewritten with ``rules``, and the patched sites per rule id."""
+        return patch_text(self.source.text, str(self.source.path), rules)
+
+    def add(self, name: str, text: str, sites: Counter[str]) -> None:
+        self.variants.append(ModelVariant(name, self.source.make(name, text)))
+        self.sites[name] = dict(sites)
+
+    def add_combined(self, text: str, sites: Counter[str], rules: Sequence[Rule]) -> None:
+        """The ``patched`` variant: every rule at once (it must patch something)."""
+        if not sites:
             raise NoSiteError(
                 f"no rule of {', '.join(_rule_ids(rules)) or '(none)'} patches anything in "
-                f"{path}: nothing to compare"
+                f"{self.source.path}: nothing to compare"
             )
-        variants.append(ModelVariant(PATCHED, make(PATCHED, combined_text)))
-        sites[PATCHED] = dict(combined_sites)
-    no_site: list[str] = []
-    if ablation or not combined:
+        self.add(PATCHED, text, sites)
+
+    def add_solo_rules(self, rules: Sequence[Rule], same_as: str | None) -> list[str]:
+        """One variant per rule that patches something alone, unless its rewrite is
+        ``same_as`` (the combined one); returns the ids of the rules that patch nothing."""
+        no_site: list[str] = []
         for rule in rules:
-            solo_text, solo_sites = patch_text(text, str(path), [rule])
-            if not solo_sites:
-                no_site.append(rule.id)
-                continue
-            if combined and solo_text == combined_text:
-                notes.append(f"{_ablation_name(rule.id)} is the same source as {PATCHED!r}")
-                continue
+            text, sites = self.patch([rule])
             name = _ablation_name(rule.id)
-            variants.append(ModelVariant(name, make(name, solo_text)))
-            sites[name] = dict(solo_sites)
-        if not combined and len(variants) == 1:
-            raise NoSiteError(f"no rule patches anything in {path}: nothing to compare")
-    for group, group_rules in (rule_groups or {}).items():
-        group_text, group_sites = patch_text(text, str(path), list(group_rules))
-        if not group_sites:
-            notes.append(f"{group!r} patches nothing here")
-        elif combined and group_text == combined_text:
-            notes.append(f"{group!r} is the same source as {PATCHED!r}")
-        elif any(group == variant.name for variant in variants):
-            raise ValueError(f"rule group {group!r} has the name of another variant")
-        else:
-            variants.append(ModelVariant(group, make(group, group_text)))
-            sites[group] = dict(group_sites)
-    info.update(
-        {
-            "rules": _rule_ids(rules),
-            "patched_sites": sites,
-            "no_site": no_site,
-            "notes": notes,
-            "model_class": model_class,
-        }
-    )
-    return VariantPlan(variants, info=info, no_site=no_site)
+            if not sites:
+                no_site.append(rule.id)
+            elif text == same_as:
+                self.notes.append(f"{name} is the same source as {PATCHED!r}")
+            else:
+                self.add(name, text, sites)
+        return no_site
+
+    def add_rule_groups(
+        self, rule_groups: Mapping[str, Sequence[Rule]], same_as: str | None
+    ) -> None:
+        """One variant per named group of rules, unless it patches nothing or its rewrite is
+        ``same_as`` (the combined one)."""
+        for group, group_rules in rule_groups.items():
+            text, sites = self.patch(list(group_rules))
+            if not sites:
+                self.notes.append(f"{group!r} patches nothing here")
+            elif text == same_as:
+                self.notes.append(f"{group!r} is the same source as {PATCHED!r}")
+            elif any(group == variant.name for variant in self.variants):
+                raise ValueError(f"rule group {group!r} has the name of another variant")
+            else:
+                self.add(group, text, sites)
 
 
 def _describe_model(plan: VariantPlan) -> dict[str, Any]:
@@ -1084,9 +1146,9 @@ def only_faster_rules(
             seed=seed,
         )
     except NoSiteError:
-        return [], dict.fromkeys(_rule_ids(rules), "no site")
+        return [], dict.fromkeys(_rule_ids(rules), Judgement(Outcome.NO_SITE).reason)
     for rule_id in plan.no_site:
-        reasons[rule_id] = "no site"
+        reasons[rule_id] = Judgement(Outcome.NO_SITE).reason
     measure = functools.partial(
         benchmark_variants,
         baseline=plan.baseline,
@@ -1111,8 +1173,9 @@ def only_faster_rules(
     for rule in rules:
         if rule.id in reasons:
             continue
-        keep, reasons[rule.id] = judge_variant(result, _ablation_name(rule.id), threshold)
-        if keep:
+        judgement = judge_variant(result, _ablation_name(rule.id), threshold)
+        reasons[rule.id] = judgement.reason
+        if judgement.keep:
             kept.append(rule)
     return kept, reasons
 
@@ -1120,8 +1183,7 @@ def only_faster_rules(
 def _undecided(result: BenchResult, name: str, threshold: float) -> bool:
     """Neither kept nor reliably slower, yet faster than ``threshold`` on the point estimate
     in some mode: more rounds could decide it."""
-    keep, reason = judge_variant(result, name, threshold)
-    if keep or not reason.startswith("dropped: not reliably faster"):
+    if judge_variant(result, name, threshold).outcome is not Outcome.NOT_RELIABLY_FASTER:
         return False
     return any(
         (res := result.get(name, mode)).speedup is not None and res.speedup.ratio > threshold
@@ -1151,36 +1213,6 @@ def _pool_rounds(result: BenchResult, more: BenchResult, names: Sequence[str], s
             )
             confidence = first.speedup.confidence if first.speedup else 0.95
             first.speedup = speedup_of(base, first.timing, confidence=confidence, seed=seed)
-
-
-def judge_variant(result: BenchResult, name: str, threshold: float = 1.0) -> tuple[bool, str]:
-    """The ``--only-faster`` criterion for one variant (see :func:`only_faster_rules`).
-
-    Kept when :func:`~adopter.bench.selection.faster_variants` finds it reliably faster (CI
-    lower bound ``>= threshold``) in at least one measured mode and no mode is reliably slower
-    (CI upper bound below 1); a failed mode drops it. Returns ``(keep, reason)``.
-    """
-    from .selection import faster_variants
-
-    per_mode = [(mode, result.get(name, mode)) for mode in result.modes]
-    errors = [f"{mode}: {res.error}" for mode, res in per_mode if res.error]
-    if errors:
-        return False, "dropped: " + "; ".join(errors)
-    missing = [mode for mode, res in per_mode if res.speedup is None]
-    if missing:
-        return False, f"dropped: no timing in {', '.join(missing)}"
-    faster = [m for m in result.modes if name in faster_variants(result, threshold, modes=m)]
-    slower = [mode for mode, res in per_mode if res.speedup and res.speedup.ci_high < 1.0]
-    numbers = "; ".join(
-        f"{mode} {res.speedup.ratio:.2f}x [{res.speedup.ci_low:.2f}, {res.speedup.ci_high:.2f}]"
-        for mode, res in per_mode
-        if res.speedup is not None
-    )
-    if slower:
-        return False, f"dropped: slower in {', '.join(slower)} ({numbers})"
-    if faster:
-        return True, f"kept: faster in {', '.join(faster)} ({numbers})"
-    return False, f"dropped: not reliably faster ({numbers})"
 
 
 def parse_config_overrides(items: Sequence[str]) -> dict[str, Any]:

@@ -79,7 +79,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -688,6 +688,24 @@ class _Prepared:
     steps: dict[str, Step]
 
 
+@dataclass(frozen=True)
+class _Run:
+    """The options of one :func:`benchmark_variants` call that its steps share."""
+
+    names: list[str]
+    """Variant names in the order given (results and reports keep this order)."""
+    modes: tuple[str, ...]
+    device: torch.device
+    dtype: torch.dtype
+    compile: bool
+    compile_backend: str | Callable[..., Any]
+    compile_mode: str | None
+    optimizer: str
+    lr: float
+    seed: int
+    say: Callable[[str], None]
+
+
 def _compile_limits(graphs: int) -> contextlib.AbstractContextManager[Any]:
     """Raise dynamo's recompile limit for the run.
 
@@ -771,93 +789,38 @@ def benchmark_variants(
         VariantBuildError: a factory failed.
     """
     names = [v.name for v in variants]
-    if len(set(names)) != len(names):
-        raise ValueError(f"variant names must be unique, got {names}")
-    if baseline not in names:
-        raise ValueError(f"baseline {baseline!r} is not among the variants {names}")
-    modes = tuple(modes)
-    for mode in modes:
-        if mode not in MODES:
-            raise ValueError(f"unknown mode {mode!r} (use {MODES})")
-    if repeats < 1 or warmup < 0 or number < 1:
-        raise ValueError("need repeats >= 1, warmup >= 0 and number >= 1")
+    modes = _check_arguments(names, baseline, modes, warmup=warmup, repeats=repeats, number=number)
     dev = torch.device(device)
     dt = _as_dtype(dtype)
     method = _resolve_memory_method(memory, dev)
-    say = progress or (lambda _message: None)
+    run = _Run(
+        names=names,
+        modes=modes,
+        device=dev,
+        dtype=dt,
+        compile=compile,
+        compile_backend=compile_backend,
+        compile_mode=compile_mode,
+        optimizer=optimizer,
+        lr=lr,
+        seed=seed,
+        say=progress or (lambda _message: None),
+    )
 
-    with contextlib.ExitStack() as restore:
-        if threads is not None:
-            restore.callback(torch.set_num_threads, torch.get_num_threads())
-            torch.set_num_threads(threads)
-        if compile:
-            restore.enter_context(_compile_limits(len(variants) * len(modes)))
-        ordered = sorted(variants, key=lambda v: v.name != baseline)  # baseline built first
-        prepared: dict[str, _Prepared] = {}
-        reference: dict[str, torch.Tensor] | None = None
-        args: Args = ()
-        kwargs: Kwargs = {}
-        for variant in ordered:
-            say(f"building {variant.name}")
-            model, v_args, v_kwargs = prepare_variant(variant, dev, dt, seed)
-            if reference is None:
-                reference = model.state_dict()
-                args, kwargs = v_args, v_kwargs  # every variant gets the baseline's inputs
-            else:
-                _load_weights(reference, model, variant=variant.name, baseline=baseline)
-                _check_same_inputs((args, kwargs), (v_args, v_kwargs), variant.name, baseline)
-            prepared[variant.name] = _Prepared(variant, model, model, None, {})
-
-        errors: dict[str, dict[str, str]] = {name: {} for name in names}
-        for name, prep in prepared.items():
-            if "train" in modes:
-                prep.optimizer = make_optimizer(prep.model, optimizer, lr)
-            if compile:
-                try:
-                    prep.runner = _compile(prep.model, compile_backend, compile_mode)
-                except Exception as exc:
-                    for mode in modes:
-                        errors[name][mode] = _describe_error(exc, compiling=True)
-            for mode in modes:
-                prep.steps[mode] = make_step(prep.runner, args, kwargs, mode, prep.optimizer)
-
+    with _run_settings(threads, compile=compile, graphs=len(variants) * len(modes)):
+        prepared, args, kwargs = _build_variants(variants, baseline, run)
+        errors = _make_steps(prepared, run, args, kwargs)
         samples_per_step = batch_size if batch_size is not None else _batch_size(args, kwargs)
+        warmup_steps = max(warmup, 1) if compile else warmup  # the first call compiles
         times = _time_interleaved(
-            prepared,
-            names,
-            modes,
-            errors,
-            warmup=max(warmup, 1) if compile else warmup,
-            repeats=repeats,
-            number=number,
-            device=dev,
-            seed=seed,
-            compiling=compile,
-            say=say,
+            prepared, run, errors, warmup=warmup_steps, repeats=repeats, number=number
         )
-
         memories: dict[str, dict[str, MemoryStats | str]] = {name: {} for name in names}
         if method is not None:
             memories = _measure_memory(
-                prepared,
-                names,
-                modes,
-                errors,
-                method=method,
-                device=dev,
-                dtype=dt,
-                compile=compile,
-                compile_backend=compile_backend,
-                compile_mode=compile_mode,
-                optimizer=optimizer,
-                lr=lr,
-                seed=seed,
-                timeout=probe_timeout,
-                jobs=probe_jobs,
-                say=say,
+                prepared, run, errors, method=method, timeout=probe_timeout, jobs=probe_jobs
             )
-
-        environment = environment_info(dev)
+        environment = environment_info(dev)  # inside: it records the thread count of the run
 
     variants_out = _summarise(
         names,
@@ -901,23 +864,105 @@ def benchmark_variants(
     )
 
 
+def _check_arguments(
+    names: list[str],
+    baseline: str,
+    modes: Sequence[str],
+    *,
+    warmup: int,
+    repeats: int,
+    number: int,
+) -> tuple[str, ...]:
+    """Reject what cannot be benchmarked; return the modes as a tuple."""
+    if len(set(names)) != len(names):
+        raise ValueError(f"variant names must be unique, got {names}")
+    if baseline not in names:
+        raise ValueError(f"baseline {baseline!r} is not among the variants {names}")
+    modes = tuple(modes)
+    for mode in modes:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r} (use {MODES})")
+    if repeats < 1 or warmup < 0 or number < 1:
+        raise ValueError("need repeats >= 1, warmup >= 0 and number >= 1")
+    return modes
+
+
+@contextlib.contextmanager
+def _run_settings(threads: int | None, *, compile: bool, graphs: int) -> Iterator[None]:
+    """``threads`` torch threads and, when compiling, room for ``graphs`` graphs (see
+    :func:`_compile_limits`) for the duration of a run; the previous values come back after."""
+    with contextlib.ExitStack() as restore:
+        if threads is not None:
+            restore.callback(torch.set_num_threads, torch.get_num_threads())
+            torch.set_num_threads(threads)
+        if compile:
+            restore.enter_context(_compile_limits(graphs))
+        yield
+
+
+def _build_variants(
+    variants: Sequence[ModelVariant], baseline: str, run: _Run
+) -> tuple[dict[str, _Prepared], Args, Kwargs]:
+    """Build every variant, the baseline first, and give all of them the baseline's weights.
+
+    Returns the prepared variants and the baseline's inputs, which every variant is timed on
+    (each variant's own inputs must match them in shape and dtype).
+    """
+    ordered = sorted(variants, key=lambda v: v.name != baseline)  # baseline built first
+    prepared: dict[str, _Prepared] = {}
+    reference: dict[str, torch.Tensor] | None = None
+    args: Args = ()
+    kwargs: Kwargs = {}
+    for variant in ordered:
+        run.say(f"building {variant.name}")
+        model, v_args, v_kwargs = prepare_variant(variant, run.device, run.dtype, run.seed)
+        if reference is None:
+            reference = model.state_dict()
+            args, kwargs = v_args, v_kwargs  # every variant gets the baseline's inputs
+        else:
+            _load_weights(reference, model, variant=variant.name, baseline=baseline)
+            _check_same_inputs((args, kwargs), (v_args, v_kwargs), variant.name, baseline)
+        prepared[variant.name] = _Prepared(variant, model, model, None, {})
+    return prepared, args, kwargs
+
+
+def _make_steps(
+    prepared: dict[str, _Prepared], run: _Run, args: Args, kwargs: Kwargs
+) -> dict[str, dict[str, str]]:
+    """Give every prepared variant its optimizer, compiled runner and one step per mode.
+
+    Returns the errors so far, ``errors[name][mode]``: a variant that fails to compile gets its
+    error in every mode (its steps then fail too and are never timed).
+    """
+    modes = run.modes
+    errors: dict[str, dict[str, str]] = {name: {} for name in run.names}
+    for name, prep in prepared.items():
+        if "train" in modes:
+            prep.optimizer = make_optimizer(prep.model, run.optimizer, run.lr)
+        if run.compile:
+            try:
+                prep.runner = _compile(prep.model, run.compile_backend, run.compile_mode)
+            except Exception as exc:
+                for mode in modes:
+                    errors[name][mode] = _describe_error(exc, compiling=True)
+        for mode in modes:
+            prep.steps[mode] = make_step(prep.runner, args, kwargs, mode, prep.optimizer)
+    return errors
+
+
 def _time_interleaved(
     prepared: dict[str, _Prepared],
-    names: list[str],
-    modes: tuple[str, ...],
+    run: _Run,
     errors: dict[str, dict[str, str]],
     *,
     warmup: int,
     repeats: int,
     number: int,
-    device: torch.device,
-    seed: int,
-    compiling: bool,
-    say: Callable[[str], None],
 ) -> dict[str, dict[str, list[float]]]:
     """Warm up, then take ``repeats`` rounds of one sample per live variant, shuffled."""
-    sync = _synchronizer(device)
-    rng = random.Random(seed)
+    names, modes, say = run.names, run.modes, run.say
+    sync = _synchronizer(run.device)
+    rng = random.Random(run.seed)
     times: dict[str, dict[str, list[float]]] = {n: {m: [] for m in modes} for n in names}
 
     def attempt(name: str, mode: str) -> float | None:
@@ -930,7 +975,7 @@ def _time_interleaved(
             sync()
             return (time.perf_counter() - start) / number
         except Exception as exc:
-            errors[name][mode] = _describe_error(exc, compiling)
+            errors[name][mode] = _describe_error(exc, run.compile)
             return None
 
     for mode in modes:
@@ -962,23 +1007,16 @@ def _time_interleaved(
 
 def _measure_memory(
     prepared: dict[str, _Prepared],
-    names: list[str],
-    modes: tuple[str, ...],
+    run: _Run,
     errors: dict[str, dict[str, str]],
     *,
     method: str,
-    device: torch.device,
-    dtype: torch.dtype,
-    compile: bool,
-    compile_backend: str | Callable[..., Any],
-    compile_mode: str | None,
-    optimizer: str,
-    lr: float,
-    seed: int,
     timeout: float,
     jobs: int,
-    say: Callable[[str], None],
 ) -> dict[str, dict[str, MemoryStats | str]]:
+    """The memory of every variant's step in every mode that ran, measured with ``method``:
+    in this process, or in one fresh process per variant (``rss_subprocess``)."""
+    names, modes, say = run.names, run.modes, run.say
     out: dict[str, dict[str, MemoryStats | str]] = {name: {} for name in names}
     probes: dict[str, list[str]] = {}
     for name in names:
@@ -998,7 +1036,7 @@ def _measure_memory(
             opt = prep.optimizer if mode == "train" else None
             try:
                 prep.steps[mode]()  # re-warm in this mode (the timing ended in another mode)
-                out[name][mode] = measure_step_memory(prep.steps[mode], method, device, opt)
+                out[name][mode] = measure_step_memory(prep.steps[mode], method, run.device, opt)
             except Exception as exc:
                 out[name][mode] = f"memory measurement failed: {type(exc).__name__}: {exc}"
     if probes:
@@ -1009,15 +1047,15 @@ def _measure_memory(
             return run_memory_probe(
                 prepared[name].variant,
                 modes=probes[name],
-                device=device,
-                dtype=dtype,
-                compile=compile,
-                compile_backend=compile_backend,
-                compile_mode=compile_mode,
+                device=run.device,
+                dtype=run.dtype,
+                compile=run.compile,
+                compile_backend=run.compile_backend,
+                compile_mode=run.compile_mode,
                 threads=threads,
-                optimizer=optimizer,
-                lr=lr,
-                seed=seed,
+                optimizer=run.optimizer,
+                lr=run.lr,
+                seed=run.seed,
                 timeout=timeout,
             )
 

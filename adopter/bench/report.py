@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from rich.text import Text
 from .results import BenchResult, ModeResult
 
 __all__ = [
+    "SpeedupVerdict",
     "format_bytes",
     "format_seconds",
     "from_json",
@@ -61,19 +63,35 @@ def format_bytes(count: float) -> str:
     return f"{value:.1f} GiB"  # pragma: no cover - loop always returns
 
 
-def speedup_verdict(res: ModeResult, threshold: float = 1.0) -> str:
+class SpeedupVerdict(StrEnum):
+    """Which side of ``threshold`` a speedup's confidence interval lies on."""
+
+    FASTER = "faster"
+    """The whole interval at or above the threshold (and the ratio above it)."""
+    SLOWER = "slower"
+    """The whole interval below the threshold."""
+    NOISE = "noise"
+    """The interval straddles the threshold."""
+    NOT_MEASURED = "n/a"
+    """No speedup: the variant failed or is the baseline."""
+
+
+def speedup_verdict(res: ModeResult, threshold: float = 1.0) -> SpeedupVerdict:
     """``faster`` / ``slower`` when the whole confidence interval is on one side, else ``noise``.
 
     Used for colouring; the decision used by ``apply --only-faster`` is
     :func:`adopter.bench.selection.faster_variants`.
     """
     if res.speedup is None:
-        return "n/a"
+        return SpeedupVerdict.NOT_MEASURED
     if res.speedup.ci_low >= threshold and res.speedup.ratio > threshold:
-        return "faster"
+        return SpeedupVerdict.FASTER
     if res.speedup.ci_high < threshold:
-        return "slower"
-    return "noise"
+        return SpeedupVerdict.SLOWER
+    return SpeedupVerdict.NOISE
+
+
+_VERDICT_STYLES = {SpeedupVerdict.FASTER: "bold green", SpeedupVerdict.SLOWER: "bold red"}
 
 
 def noise_warnings(result: BenchResult) -> list[str]:
@@ -120,7 +138,7 @@ def _speedup_cells(res: ModeResult, is_baseline: bool) -> tuple[Text, Text]:
     if is_baseline:
         return Text("1.00x (base)", style="dim"), Text("")
     sp = res.speedup
-    style = {"faster": "bold green", "slower": "bold red"}.get(speedup_verdict(res), "yellow")
+    style = _VERDICT_STYLES.get(speedup_verdict(res), "yellow")
     interval = f"[{sp.ci_low:.2f}, {sp.ci_high:.2f}]" + (" noisy" if sp.noise() else "")
     return Text(f"{sp.ratio:.2f}x", style=style), Text(interval, style=style)
 

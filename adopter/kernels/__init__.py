@@ -14,14 +14,25 @@ from .attention_extended import (
     fused_distilbert_attention,
     fused_gpt_neo_self_attention,
 )
+from .attention_function import attention_function, scaled_attention
 from .conv import conv_batch_norm
+from .cross_entropy import causal_lm_loss, fused_loss_applies, linear_cross_entropy
+from .gated import gated_activation, gated_activation_chunked, gated_mlp
 from .linear import linear_batch_norm, linear_bias_activation, qkv_projection
 from .norm import dropout_add_layer_norm
+from .norm_act import conv_bn_act, group_norm_activation
+from .rms_norm import rms_norm
+from .rotary import apply_rotary, apply_rotary_complex, rotary
 from .softmax import softmax
 
 __all__ = [
+    "attention_function",
+    "causal_lm_loss",
+    "apply_rotary",
+    "apply_rotary_complex",
     "clear_caches",
     "conv_batch_norm",
+    "conv_bn_act",
     "describe_backends",
     "dropout_add_layer_norm",
     "fused_albert_attention",
@@ -29,9 +40,18 @@ __all__ = [
     "fused_distilbert_attention",
     "fused_gpt2_attention",
     "fused_gpt_neo_self_attention",
+    "fused_loss_applies",
     "fused_t5_attention",
+    "gated_activation",
+    "gated_activation_chunked",
+    "gated_mlp",
+    "group_norm_activation",
     "linear_batch_norm",
     "linear_bias_activation",
+    "linear_cross_entropy",
     "qkv_projection",
+    "rms_norm",
+    "rotary",
+    "scaled_attention",
     "softmax",
 ]

@@ -253,7 +253,8 @@ def make_inputs(
     and end with ``eos`` where there is one. The second sequence's last two tokens are masked
     out so that attention-mask handling is exercised. ``output_hidden_states`` is
     switched on where supported: every layer's output then shows up in the comparison, which
-    tells which layer a difference starts in.
+    tells which layer a difference starts in. (``bench`` builds realistic workload inputs of
+    its own instead; ``adopter.bench.command.make_bench_inputs`` says how they differ.)
     """
     gen = torch.Generator().manual_seed(seed)
     params = inspect.signature(model.forward).parameters

@@ -25,6 +25,18 @@ _NO_RNG = frozenset(
         "qkv_projection",
         "clear_caches",
         "describe_backends",
+        "rms_norm",
+        "gated_activation",
+        "gated_activation_chunked",
+        "gated_mlp",
+        "rotary",
+        "apply_rotary",
+        "apply_rotary_complex",
+        "group_norm_activation",
+        "conv_bn_act",
+        "linear_cross_entropy",
+        "causal_lm_loss",
+        "fused_loss_applies",
     }
 )
 # Kernels whose dropout mask is drawn like nn.Dropout only in eager mode on the CPU.
@@ -41,7 +53,11 @@ _OWN_RNG = frozenset(
     }
 )
 
-KERNEL_NAMES = _NO_RNG | _SAME_RNG_EAGER_CPU | _OWN_RNG
+# Kernels that run the original code - and its nn.functional.dropout - whenever dropout is
+# active on a CPU, and hand dropout to scaled_dot_product_attention on other devices.
+_ORIGINAL_DROPOUT_ON_CPU = frozenset({"attention_function", "scaled_attention"})
+
+KERNEL_NAMES = _NO_RNG | _SAME_RNG_EAGER_CPU | _OWN_RNG | _ORIGINAL_DROPOUT_ON_CPU
 
 _KERNELS_MODULE = "adopter.kernels"
 
@@ -110,6 +126,12 @@ def rng_mismatch_reason(sources: Iterable[str], device_type: str) -> str | None:
     own = sorted(known & _OWN_RNG)
     if own:
         return f"{', '.join(own)}: attention dropout is drawn inside scaled_dot_product_attention"
+    sdpa_off_cpu = sorted(known & _ORIGINAL_DROPOUT_ON_CPU)
+    if sdpa_off_cpu and device_type != "cpu":
+        return (
+            f"{', '.join(sdpa_off_cpu)}: attention dropout is drawn inside "
+            f"scaled_dot_product_attention on {device_type}"
+        )
     eager = sorted(known & _SAME_RNG_EAGER_CPU)
     if eager:
         compile_switch = os.environ.get("ADOPTER_KERNELS_COMPILE", "auto").strip().lower()

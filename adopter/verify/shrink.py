@@ -23,6 +23,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from .config_names import DROPOUT_NAME
+from .config_names import LAYER_COUNT_NAME as _LAYER_COUNT
+from .config_names import LAYER_LIST_NAME as _LAYER_LISTS
+from .config_names import is_sub_config as _is_sub_config
+
 __all__ = [
     "DROPOUT_NAME",
     "SHRINK_SETTINGS",
@@ -114,11 +119,7 @@ SHRINK_SETTINGS: tuple[ShrinkSetting | None, ...] = (
 )
 
 # Exact names and suffixes; ``_shrink_value`` tries them in a fixed order, first match decides.
-_LAYER_COUNT = re.compile(
-    r"^(n_layers?|num_layers|num_hidden_layers|num_.*_layers|.*_layers|num_blocks|depth|"
-    r"encoder_layers|decoder_layers|n_blocks)$"
-)
-_LAYER_LISTS = re.compile(r"^(depths|num_layers|layers|block_counts|.*_depths)$")
+# (Layer counts and dropout names are shared with ``bench``: :mod:`adopter.verify.config_names`.)
 _HEAD_COUNT = re.compile(
     r"^(n_heads?|num_heads|num_attention_heads|num_.*_heads|.*_attention_heads)$"
 )
@@ -152,11 +153,6 @@ _POSITIONS = re.compile(
 _IMAGE_SIZE = re.compile(r"^(image_size|img_size|input_size)$")
 _PATCH_SIZE = re.compile(r"^(patch_size|patch_sizes)$")
 _TOKEN_ID = re.compile(r"^.*_token_id$")
-# Names of dropout probabilities (config keys and module attributes alike): HF's
-# ``hidden_dropout_prob``/``attention_dropout``, GPT-2's ``resid_pdrop``, LayerDrop, drop path.
-DROPOUT_NAME = re.compile(
-    r"(dropout|_pdrop$|drop_rate|drop_path|^layerdrop$|_layerdrop$|drop_prob)"
-)
 # Small integers that the patterns above would otherwise treat as sizes.
 _KEEP = frozenset({"type_vocab_size", "num_labels", "num_channels", "num_choices"})
 
@@ -221,13 +217,6 @@ def shrink_config_dict(defaults: dict[str, Any], setting: ShrinkSetting) -> dict
     if isinstance(image, int) and isinstance(patch, int) and patch and image % patch:
         overrides["image_size"] = max(patch, image - image % patch)
     return overrides
-
-
-def _is_sub_config(key: Any, value: Any) -> bool:
-    """Nested configurations (``text_config``) - not other dicts such as ``id2label``."""
-    if not isinstance(value, dict) or not isinstance(key, str):
-        return False
-    return key.endswith("config") or "model_type" in value
 
 
 def _shrink_value(key: Any, value: Any, setting: ShrinkSetting) -> Any:

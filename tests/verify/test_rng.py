@@ -33,3 +33,13 @@ def test_attention_and_unknown_kernels_skip_it() -> None:
     assert "fused_t5_attention" in (rng_mismatch_reason([attention], "cpu") or "")
     unknown = "from adopter.kernels import (\n    brand_new_kernel,\n)"
     assert "brand_new_kernel" in (rng_mismatch_reason([unknown], "cpu") or "")
+
+
+def test_modern_kernels_keep_the_comparison_on_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ADOPTER_KERNELS_COMPILE", raising=False)
+    source = (
+        "from adopter.kernels import rms_norm, gated_mlp, apply_rotary, causal_lm_loss\n"
+        "from adopter.kernels import attention_function, conv_bn_act\n"
+    )
+    assert rng_mismatch_reason([source], "cpu") is None
+    assert "attention_function" in (rng_mismatch_reason([source], "cuda") or "")

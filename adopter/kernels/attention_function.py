@@ -1,0 +1,375 @@
+"""Attention *functions* (transformers 5 ``eager_attention_forward``, timm's and diffusers'
+unfused paths) routed through ``scaled_dot_product_attention``.
+
+The unfused original materialises the ``(batch, heads, q_len, k_len)`` scores, the mask sum,
+the probabilities (in float32, then cast back) and, in training, the dropout output, and keeps
+most of them for backward. ``scaled_dot_product_attention`` computes the same result without
+them (on a CPU with its fused flash kernel: about 4x faster forward+backward at 512 tokens).
+
+Two entries, one per calling convention:
+
+:func:`attention_function` - ``eager_attention_forward(module, query, key, value,
+attention_mask, scaling, dropout=0.0, **kwargs)`` of transformers 5: ``(batch, heads, len,
+head_dim)`` inputs, grouped-query keys/values repeated ``module.num_key_value_groups`` times,
+``softmax(..., dtype=float32).to(query.dtype)``, dropout active when ``module.training``;
+returns ``(attn_output transposed to (batch, len, heads, head_dim), attn_weights)``.
+
+:func:`scaled_attention` - ``softmax(q @ k^T * scale + mask) @ v`` as timm's ``Attention``
+(``fused_attn=False``: the query is scaled before the product) and diffusers' ``AttnProcessor``
+(``get_attention_scores`` + ``bmm``, with ``upcast_attention`` / ``upcast_softmax``) write it;
+returns the product in the inputs' layout.
+
+When the fused path runs, the attention weights are not computed: :func:`attention_function`
+returns ``None`` in their place. So the original code runs (and returns the weights) whenever
+they may be used: ``output_attentions`` in the keyword arguments or the module's config, or
+any hook on the module (transformers records attentions through forward hooks). It also runs
+for everything SDPA cannot reproduce exactly:
+
+* masks that are not a floating tensor of the query dtype or that would broadcast the scores
+  to a larger shape (a boolean mask is *added* by the original, which SDPA would read as
+  "keep/drop"), masks with a query row whose every key is masked (``<= finfo.min / 2``: the
+  original then averages the values uniformly, SDPA does not), keys/values of another dtype,
+  inputs that are not 4-D (3-D for :func:`scaled_attention`), tensor subclasses, autocast;
+* dropout on a CPU, and a mask that needs a gradient on a CPU: SDPA would run its unfused math
+  path there (no faster) and, for dropout, draw its own mask - the original draws exactly the
+  random numbers ``nn.functional.dropout`` draws, so training on a CPU stays bit-reproducible;
+* ``torch.jit`` / ``torch.fx`` tracing.
+
+Dropout on other devices is handed to SDPA (``dropout_p``), which draws its own mask: same
+distribution, other random numbers for a given seed (recorded in
+:mod:`adopter.verify.rng`, so verification compares those runs without dropout).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import attention as _attention
+from ._trace import tracing
+from ._util import has_hooks, plain_tensors
+
+__all__ = [
+    "attention_function",
+    "attention_function_reference",
+    "attention_weights_needed",
+    "scaled_attention",
+    "scaled_attention_reference",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# The original spellings
+
+
+def _repeat_kv(hidden: torch.Tensor, n_rep: int) -> torch.Tensor:
+    batch, kv_heads, length, dim = hidden.shape
+    if n_rep == 1:
+        return hidden
+    hidden = hidden[:, :, None, :, :].expand(batch, kv_heads, n_rep, length, dim)
+    return hidden.reshape(batch, kv_heads * n_rep, length, dim)
+
+
+def attention_function_reference(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    *,
+    repeat_kv: bool = True,
+    softmax_dtype: torch.dtype | None = torch.float32,
+    slice_mask: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' ``eager_attention_forward`` in the spelling the options describe."""
+    if scaling is None:
+        scaling = query.size(-1) ** -0.5
+    if repeat_kv:
+        key = _repeat_kv(key, module.num_key_value_groups)
+        value = _repeat_kv(value, module.num_key_value_groups)
+    attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        if slice_mask:
+            attention_mask = attention_mask[:, :, :, : key.shape[-2]]
+        attn_weights = attn_weights + attention_mask
+    if softmax_dtype is None:
+        attn_weights = F.softmax(attn_weights, dim=-1)
+    else:
+        attn_weights = F.softmax(attn_weights, dim=-1, dtype=softmax_dtype).to(query.dtype)
+    attn_weights = F.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value)
+    attn_output = attn_output.transpose(1, 2).contiguous()
+    return attn_output, attn_weights
+
+
+def _apply_dropout(
+    probs: torch.Tensor, dropout: nn.Module | float | None, training: bool
+) -> torch.Tensor:
+    if dropout is None:
+        return probs
+    if isinstance(dropout, nn.Module):
+        return dropout(probs)
+    return F.dropout(probs, p=float(dropout), training=training)
+
+
+def scaled_attention_reference(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    dropout: nn.Module | float | None = None,
+    training: bool = False,
+    scale_query: bool = False,
+    upcast_qk: bool = False,
+    softmax_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``softmax(q @ k^T * scale + mask) @ v`` as timm / diffusers write it."""
+    if scale is None:
+        scale = query.size(-1) ** -0.5
+    dtype = query.dtype
+    if upcast_qk:
+        query, key = query.float(), key.float()
+    if scale_query:
+        scores = (query * scale) @ key.transpose(-2, -1)
+    else:
+        scores = (query @ key.transpose(-2, -1)) * scale
+    if attn_mask is not None:
+        scores = scores + attn_mask
+    probs = scores.softmax(dim=-1) if softmax_dtype is None else scores.softmax(-1, softmax_dtype)
+    probs = _apply_dropout(probs.to(dtype), dropout, training)
+    return probs @ value
+
+
+# --------------------------------------------------------------------------------------------
+# Decisions
+
+
+def attention_weights_needed(module: object, kwargs: dict[str, Any] | None = None) -> bool:
+    """Whether the attention weights of ``module``'s call may be used by someone.
+
+    True when ``output_attentions`` is requested in ``kwargs`` or in ``module.config``, or when
+    the module has hooks (transformers 5 collects attentions with forward hooks on the
+    attention modules).
+    """
+    if kwargs and kwargs.get("output_attentions"):
+        return True
+    config = getattr(module, "config", None)
+    if config is not None and getattr(config, "output_attentions", False):
+        return True
+    return isinstance(module, nn.Module) and has_hooks(module)
+
+
+def _dropout_probability(dropout: nn.Module | float | None, training: bool) -> float | None:
+    """Active drop probability, ``None`` for a dropout module the kernel does not know."""
+    if dropout is None:
+        return 0.0
+    if isinstance(dropout, nn.Module):
+        return _attention._dropout_p(dropout)
+    p = float(dropout)
+    return p if training else 0.0
+
+
+def _sdpa_inputs_ok(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: Any,
+    p: float | None,
+    dims: int,
+) -> bool:
+    tensors = (query, key, value)
+    if p is None or not all(isinstance(t, torch.Tensor) for t in tensors):
+        return False
+    if mask is not None and not isinstance(mask, torch.Tensor):
+        return False
+    if not plain_tensors(query, key, value, mask) or query.dim() != dims:
+        return False
+    if key.dim() != dims or value.dim() != dims or not query.is_floating_point():
+        return False
+    if query.numel() == 0 or key.shape[-2] == 0:
+        return False
+    if torch.is_autocast_enabled(query.device.type):
+        return False
+    if mask is not None and not mask.is_floating_point():
+        return False
+    if query.device.type == "cpu" and _attention.ORIGINAL_WHEN_UNFUSED_ON_CPU:
+        mask_grad = mask is not None and mask.requires_grad and torch.is_grad_enabled()
+        if p > 0 or mask_grad:
+            return False
+    return True
+
+
+_MASK_CHECK_LOCK = threading.Lock()
+_last_mask_check: tuple[weakref.ref[torch.Tensor], int, bool] | None = None
+
+
+def _has_fully_masked_row(mask: torch.Tensor) -> bool:
+    """Whether some query row of the additive ``mask`` masks every key.
+
+    The original adds ``finfo.min`` to every score of such a row; they all round to
+    ``finfo.min`` and the softmax becomes uniform, which SDPA does not reproduce. Remembered
+    for the last mask seen (identity and version): a model hands one mask to every layer.
+    """
+    global _last_mask_check
+    with _MASK_CHECK_LOCK:
+        last = _last_mask_check
+        if last is not None and last[0]() is mask and last[1] == mask._version:
+            return last[2]
+        threshold = torch.finfo(mask.dtype).min / 2
+        found = bool((mask.detach().amax(-1) <= threshold).any())
+        _last_mask_check = (weakref.ref(mask), mask._version, found)
+        return found
+
+
+def _sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    p: float,
+    scale: float,
+    groups: int,
+) -> torch.Tensor | None:
+    """SDPA over 4-D inputs, ``None`` when the mask or dtypes do not fit."""
+    ok, mask = _attention._sdpa_mask(mask, query, key, value)
+    if not ok:
+        return None
+    if mask is not None:
+        if torch.compiler.is_compiling() or _has_fully_masked_row(mask):
+            return None  # a data-dependent check cannot go into a compiled graph
+        mask = _attention._without_zero_mask(mask)
+    extra = {"enable_gqa": True} if groups > 1 else {}
+    return F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=p, scale=scale, **extra
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Entries
+
+
+def attention_function(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    *,
+    repeat_kv: bool = True,
+    softmax_dtype: torch.dtype | None = torch.float32,
+    slice_mask: bool = False,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """transformers 5 ``eager_attention_forward`` through SDPA.
+
+    Args:
+        module: the attention module (``training``, ``num_key_value_groups``, hooks, config).
+        query, key, value: ``(batch, heads, len, head_dim)``; key/value may have
+            ``heads / module.num_key_value_groups`` heads.
+        attention_mask: additive float mask broadcastable to the scores, or ``None``.
+        scaling: score scale; ``None`` means ``query.size(-1) ** -0.5``.
+        dropout: drop probability on the probabilities, active when ``module.training``.
+        repeat_kv: the spelling repeats keys/values ``module.num_key_value_groups`` times
+            (Llama family); ``False`` for the spellings without it (BERT family).
+        softmax_dtype: ``torch.float32`` for ``softmax(..., dtype=float32).to(query.dtype)``,
+            ``None`` for a softmax in the scores' dtype.
+        slice_mask: the spelling slices the mask to the key length first.
+        kwargs: the caller's remaining keyword arguments; only ``output_attentions`` is read.
+
+    Returns ``(attn_output, attn_weights)``; ``attn_weights`` is ``None`` when SDPA ran.
+    """
+    options = {"repeat_kv": repeat_kv, "softmax_dtype": softmax_dtype, "slice_mask": slice_mask}
+
+    def original() -> tuple[torch.Tensor, torch.Tensor]:
+        return attention_function_reference(
+            module, query, key, value, attention_mask, scaling, dropout, **options
+        )
+
+    if tracing(query, key, value, attention_mask) or attention_weights_needed(module, kwargs):
+        return original()
+    p = float(dropout) if module.training else 0.0
+    if not _sdpa_inputs_ok(query, key, value, attention_mask, p, 4):
+        return original()
+    groups = int(getattr(module, "num_key_value_groups", 1)) if repeat_kv else 1
+    if groups < 1 or key.shape[1] * groups != query.shape[1] or value.shape[1] != key.shape[1]:
+        return original()
+    mask = attention_mask
+    if mask is not None and slice_mask:
+        mask = mask[:, :, :, : key.shape[-2]]
+    scale = query.size(-1) ** -0.5 if scaling is None else float(scaling)
+    out = _sdpa(query, key, value, mask, p, scale, groups)
+    if out is None:
+        return original()
+    return out.transpose(1, 2).contiguous(), None
+
+
+def scaled_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    *,
+    scale: float | None = None,
+    dropout: nn.Module | float | None = None,
+    training: bool = False,
+    scale_query: bool = False,
+    upcast_qk: bool = False,
+    softmax_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """``softmax(q @ k^T * scale + attn_mask) @ v`` through SDPA (timm, diffusers).
+
+    Args:
+        query, key, value: ``(..., len, head_dim)`` with 3 (diffusers' ``(batch * heads, len,
+            dim)``) or 4 dimensions.
+        attn_mask: additive float mask broadcastable to the scores, or ``None``.
+        scale: score scale; ``None`` means ``query.size(-1) ** -0.5``.
+        dropout: ``nn.Dropout`` module (timm's ``attn_drop``), a probability used when
+            ``training``, or ``None``.
+        scale_query: the spelling scales the query before the product (timm).
+        upcast_qk: query and key are cast to float32 first (diffusers' ``upcast_attention``).
+        softmax_dtype: ``torch.float32`` when the scores are upcast for the softmax
+            (diffusers' ``upcast_softmax``); the probabilities return to the query's dtype.
+    """
+    options = {
+        "scale": scale,
+        "dropout": dropout,
+        "training": training,
+        "scale_query": scale_query,
+        "upcast_qk": upcast_qk,
+        "softmax_dtype": softmax_dtype,
+    }
+
+    def original() -> torch.Tensor:
+        return scaled_attention_reference(query, key, value, attn_mask, **options)
+
+    if tracing(query, key, value, attn_mask):
+        return original()
+    p = _dropout_probability(dropout, training)
+    dims = query.dim() if isinstance(query, torch.Tensor) else 0
+    if dims not in (3, 4) or not _sdpa_inputs_ok(query, key, value, attn_mask, p, dims):
+        return original()
+    if upcast_qk and query.dtype != torch.float32:
+        return original()  # the upcast product would be rounded back to the query dtype
+    lift = dims == 3  # SDPA's CPU flash kernel wants (batch, heads, len, dim)
+    q, k, v = (t.unsqueeze(0) if lift else t for t in (query, key, value))
+    mask = attn_mask
+    if lift and mask is not None:
+        if mask.dim() > 3:
+            return original()
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    scale_value = query.size(-1) ** -0.5 if scale is None else float(scale)
+    out = _sdpa(q, k, v, mask, float(p), scale_value, 1)
+    if out is None:
+        return original()
+    return out.squeeze(0) if lift else out

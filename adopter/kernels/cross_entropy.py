@@ -1,0 +1,481 @@
+"""LM head + token-level cross-entropy without materialising the logits.
+
+A causal LM computes ``logits = lm_head(hidden)`` - ``tokens x vocab`` floats, 131 MB for 1,024
+tokens and a 32,000 vocabulary, 525 MB at 128,256 - and the loss keeps them (and their log-softmax)
+for backward, then allocates their gradient. :func:`linear_cross_entropy` walks the tokens in
+chunks instead. Per chunk it computes the logits, the loss terms and - when autograd will need
+them - the logit gradients, which it immediately turns into the gradients of the hidden states
+(one GEMM into their rows) and of the weight (accumulated *in place* into one weight-sized
+buffer) and bias; then the chunk's logits are freed. Backward only hands these gradients out,
+scaled by the incoming gradient (not at all in the usual case of a gradient of one: no
+full-size scaled copy is made).
+
+Semantics are those of ``cross_entropy(logits.float(), targets, ignore_index=..., reduction=...)``
+on ``logits = linear(hidden, weight, bias)`` (optionally soft-capped ``tanh(logits / c) * c`` in
+the logits' dtype first, as Gemma 2/3 do): per token ``logsumexp(z) - z[target]`` from the same
+row-wise ``log_softmax``, tokens whose target is ``ignore_index`` skipped (they are not even
+multiplied out), ``mean`` dividing the sum by the number of counted tokens (``nan`` when there
+are none, like PyTorch), ``sum`` by an optional ``divisor`` (transformers' ``num_items_in_batch``).
+The logit gradient is formed as autograd forms it (``p * s`` and ``- s`` at the target, ``s`` the
+reduction's scale). Values agree with the original to float rounding: the sums over tokens run
+in another order.
+
+:func:`causal_lm_loss` is transformers 5's ``ForCausalLMLoss`` on top: labels padded with
+``ignore_index`` and shifted left by one (or ``shift_labels`` as given), ``num_items_in_batch``
+turning the mean into ``sum / num_items_in_batch``.
+
+**Logits are not returned.** Code that returns the logits (every ``*ForCausalLM.forward``) can
+only use this kernel when nobody needs them; :func:`fused_loss_applies` is the run-time test a
+rewrite calls (labels given, training with autograd on, the model's loss function being
+``ForCausalLMLoss``), falling back to the original ``lm_head`` + loss otherwise.
+
+The original computation runs instead (inside the kernel) for ``torch.jit`` / ``torch.fx``
+tracing, autocast, a head that is not a stock ``nn.Linear`` (hooks, LoRA, quantised), weights of
+another dtype or device than the hidden states, non-``int64`` targets, targets out of range
+(which the original reports), and shapes the original would reject.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._trace import tracing
+from ._util import grad_needed, is_plain, plain_tensors
+
+__all__ = [
+    "causal_lm_loss",
+    "causal_lm_loss_reference",
+    "fused_loss_applies",
+    "linear_cross_entropy",
+    "linear_cross_entropy_reference",
+]
+
+CHUNK_BYTES = 32 << 20
+"""Smallest default size of one chunk's float32 logits.
+
+Every chunk reads the whole weight again (and, with gradients, reads and writes the weight
+gradient): with chunks much smaller than the weight that traffic dominates (at vocab 128,256 and
+width 768, 65-token chunks made the CPU loss 35% slower than the unchunked original, 384-token
+chunks as fast). So a chunk's logits take at least half the weight's bytes."""
+
+
+# --------------------------------------------------------------------------------------------
+# The original computation
+
+
+def _softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    if cap is None:
+        return logits
+    logits = logits / cap
+    logits = torch.tanh(logits)
+    return logits * cap
+
+
+def _divide(loss: torch.Tensor, divisor: Any) -> torch.Tensor:
+    if torch.is_tensor(divisor):
+        divisor = divisor.to(loss.device)
+    return loss / divisor
+
+
+def linear_cross_entropy_reference(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    *,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    divisor: Any = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """``cross_entropy(softcap(linear(hidden)).float(), targets)`` with the logits in memory."""
+    logits = _softcap(F.linear(hidden, weight, bias), softcap).float()
+    logits = logits.view(-1, logits.shape[-1])
+    loss = F.cross_entropy(logits, targets.view(-1), ignore_index=ignore_index, reduction=reduction)
+    return loss if divisor is None else _divide(loss, divisor)
+
+
+def _shifted(labels: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    labels = F.pad(labels, (0, 1), value=ignore_index)
+    return labels[..., 1:].contiguous()
+
+
+def causal_lm_loss_reference(
+    hidden_states: torch.Tensor,
+    lm_head: nn.Module,
+    labels: torch.Tensor,
+    vocab_size: int,
+    num_items_in_batch: Any = None,
+    ignore_index: int = -100,
+    shift_labels: torch.Tensor | None = None,
+    *,
+    final_logit_softcapping: float | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """``ForCausalLMLoss(softcap(lm_head(hidden_states)), labels, vocab_size, ...)``."""
+    logits = _softcap(lm_head(hidden_states), final_logit_softcapping).float()
+    if shift_labels is None:
+        shift_labels = _shifted(labels, ignore_index)
+    logits = logits.view(-1, vocab_size)
+    shift_labels = shift_labels.view(-1).to(logits.device)
+    reduction = "sum" if num_items_in_batch is not None else "mean"
+    loss = F.cross_entropy(logits, shift_labels, ignore_index=ignore_index, reduction=reduction)
+    return loss if num_items_in_batch is None else _divide(loss, num_items_in_batch)
+
+
+# --------------------------------------------------------------------------------------------
+# The chunked kernel
+
+
+def _chunk_rows(weight: torch.Tensor, rows: int, chunk_size: int | None) -> int:
+    if chunk_size is not None:
+        return max(1, min(int(chunk_size), rows))
+    budget = max(CHUNK_BYTES, weight.numel() * weight.element_size() // 2)
+    return max(1, min(rows, budget // (4 * max(weight.shape[0], 1))))
+
+
+def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """Row-wise log-softmax; on a CPU written over ``logits`` when they are a buffer of our own
+    (the kernel reads each row before it writes it, so the values are those of the
+    out-of-place call), which halves the chunk's memory."""
+    if logits.device.type == "cpu" and logits._base is None and logits.is_contiguous():
+        return torch.log_softmax(logits, dim=-1, out=logits)
+    return torch.log_softmax(logits, dim=-1)
+
+
+def _logit_grad(
+    logp: torch.Tensor,
+    targets: torch.Tensor,
+    scale: torch.Tensor,
+    dtype: torch.dtype,
+    softcap: float | None,
+    capped: torch.Tensor | None,
+) -> torch.Tensor:
+    """dLoss/dlogits for one chunk from its log-probabilities (overwritten), as autograd
+    forms it: ``exp(logp) * s`` everywhere, ``- s`` added at the target, cast to the logits'
+    dtype, through the soft-cap's ``* c``, ``tanh`` and ``/ c``."""
+    grad = logp.exp_().mul_(scale)
+    rows = torch.arange(grad.shape[0], device=grad.device)
+    grad[rows, targets] -= scale
+    grad = grad.to(dtype)
+    if softcap is not None:
+        grad = torch.ops.aten.tanh_backward(grad * softcap, capped) / softcap
+    return grad
+
+
+def _forward_chunks(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    softcap: float | None,
+    scale: torch.Tensor | None,
+    chunk: int,
+    grads: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None],
+) -> torch.Tensor:
+    """Sum of the per-token losses over ``hidden``'s rows (all counted); with ``scale`` the
+    gradients go into ``grads = (hidden rows, weight, bias)`` buffers (``None``: not wanted)."""
+    grad_h, grad_w, grad_b = grads
+    total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+    for start in range(0, hidden.shape[0], chunk):
+        h = hidden[start : start + chunk]
+        y = targets[start : start + chunk]
+        logits = F.linear(h, weight, bias)
+        capped = None
+        if softcap is not None:
+            capped = torch.tanh(logits / softcap)
+            logits = capped * softcap
+        logp = _log_softmax(logits.float())
+        del logits
+        total -= logp.gather(1, y[:, None]).sum()
+        if scale is None:
+            continue
+        grad = _logit_grad(logp, y, scale, h.dtype, softcap, capped)
+        del logp, capped
+        if grad_h is not None:
+            torch.mm(grad, weight, out=grad_h[start : start + chunk])
+        if grad_w is not None:
+            if grad_w.dtype != grad.dtype:  # float32 accumulation of a half-precision head
+                grad_w.addmm_(grad.t().to(grad_w.dtype), h.to(grad_w.dtype))
+            else:
+                grad_w.addmm_(grad.t(), h)
+        if grad_b is not None:
+            grad_b.add_(grad.sum(0, dtype=grad_b.dtype))
+        del grad  # before the next chunk's logits are allocated
+    return total
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        targets: torch.Tensor,
+        ignore_index: int,
+        reduction: str,
+        divisor: Any,
+        softcap: float | None,
+        chunk_size: int | None,
+        recording: bool,
+    ) -> torch.Tensor:
+        ctx.recording = recording
+        # ``needs_input_grad`` ignores the grad mode: the caller says whether autograd records.
+        want_h, want_w, want_b = ctx.needs_input_grad[:3] if ctx.recording else (False,) * 3
+        want_b = want_b and bias is not None
+        counted = targets != ignore_index
+        rows = counted.nonzero().squeeze(1)
+        count = rows.numel()
+        # The reduction's scale of each counted token's gradient, as autograd computes it.
+        if reduction == "mean":
+            loss_divisor: Any = torch.tensor(float(count), device=hidden.device)
+        else:
+            loss_divisor = divisor
+        one = torch.ones((), dtype=torch.float32, device=hidden.device)
+        scale = one if loss_divisor is None else _divide(one, loss_divisor).to(torch.float32)
+
+        full = rows.numel() == hidden.shape[0]
+        picked = hidden if full else hidden.index_select(0, rows)
+        picked_targets = targets if full else targets.index_select(0, rows)
+        # Half-precision weights accumulate their gradient in float32 (one GEMM per chunk
+        # would otherwise round the running sum to 8 or 11 bits each time).
+        accumulate = torch.float32 if weight.dtype in (torch.float16, torch.bfloat16) else None
+        grad_rows = torch.empty_like(picked) if want_h else None
+        grad_w = (
+            torch.zeros(weight.shape, dtype=accumulate or weight.dtype, device=weight.device)
+            if want_w
+            else None
+        )
+        grad_b = (
+            torch.zeros(bias.shape, dtype=accumulate or bias.dtype, device=bias.device)
+            if want_b
+            else None
+        )
+        wanted = want_h or want_w or want_b
+        chunk = _chunk_rows(weight, max(count, 1), chunk_size)
+        total = _forward_chunks(
+            picked,
+            weight,
+            bias,
+            picked_targets,
+            softcap,
+            scale if wanted else None,
+            chunk,
+            (grad_rows, grad_w, grad_b),
+        )
+        if want_h and not full:
+            grad_h = torch.zeros_like(hidden)
+            grad_h.index_copy_(0, rows, grad_rows)
+        else:
+            grad_h = grad_rows
+        ctx.grads = (
+            grad_h,
+            None if grad_w is None else grad_w.to(weight.dtype),
+            None if grad_b is None else grad_b.to(bias.dtype),
+        )
+        loss = total if loss_divisor is None else _divide(total, loss_divisor)
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        grads = ctx.grads
+        if grads is None:
+            raise RuntimeError(
+                "adopter.kernels.linear_cross_entropy: its gradients were already handed out; "
+                "backward through the same loss twice (retain_graph=True) is not supported"
+            )
+        ctx.grads = None
+        # The gradients were computed for d(loss) = 1; scale (in place) only when it is not.
+        if bool(grad_loss.ne(1).item()):
+            grads = tuple(None if g is None else g.mul_(grad_loss) for g in grads)
+        grad_h, grad_w, grad_b = grads
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None, None
+
+
+_REDUCTIONS = ("mean", "sum")
+
+
+def _handled(hidden: Any, weight: Any, bias: Any, targets: Any, reduction: str) -> bool:
+    if not all(isinstance(t, torch.Tensor) for t in (hidden, weight, targets)):
+        return False
+    if not plain_tensors(hidden, weight, bias, targets) or reduction not in _REDUCTIONS:
+        return False
+    if hidden.dim() != 2 or weight.dim() != 2 or not hidden.is_floating_point():
+        return False
+    if hidden.shape[1] != weight.shape[1] or weight.shape[0] == 0:
+        return False
+    if weight.dtype != hidden.dtype or weight.device != hidden.device:
+        return False
+    if bias is not None and (bias.dtype != hidden.dtype or bias.shape != (weight.shape[0],)):
+        return False
+    if targets.dtype != torch.long or targets.shape != (hidden.shape[0],):
+        return False
+    if targets.device != hidden.device or torch.is_autocast_enabled(hidden.device.type):
+        return False
+    return True
+
+
+def _targets_in_range(targets: torch.Tensor, vocab: int, ignore_index: int) -> bool:
+    counted = targets[targets != ignore_index]
+    return counted.numel() == 0 or bool(((counted >= 0) & (counted < vocab)).all())
+
+
+def linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    *,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    divisor: Any = None,
+    softcap: float | None = None,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
+    """``cross_entropy(softcap(linear(hidden, weight, bias)).float(), targets)``, chunked.
+
+    Args:
+        hidden: ``(tokens, hidden)`` inputs of the head.
+        weight, bias: the head's parameters (``(vocab, hidden)``, ``(vocab,)`` or ``None``).
+        targets: ``(tokens,)`` int64 class indices.
+        ignore_index: targets not counted.
+        reduction: ``"mean"`` (over counted tokens) or ``"sum"``.
+        divisor: with ``reduction="sum"``, the sum is divided by it (a number or a tensor).
+        softcap: ``c`` of ``tanh(logits / c) * c``, or ``None``.
+        chunk_size: tokens per chunk (default: a chunk's float32 logits take half the
+            weight's bytes, at least :data:`CHUNK_BYTES`).
+    """
+    options = {"ignore_index": ignore_index, "reduction": reduction, "softcap": softcap}
+
+    def original() -> torch.Tensor:
+        return linear_cross_entropy_reference(
+            hidden, weight, bias, targets, divisor=divisor, **options
+        )
+
+    if tracing(hidden, weight, bias, targets) or not _handled(
+        hidden, weight, bias, targets, reduction
+    ):
+        return original()
+    if divisor is not None and reduction != "sum":
+        return original()
+    if not _targets_in_range(targets, weight.shape[0], ignore_index):
+        return original()  # the original raises its own error for these
+    if softcap is not None:
+        softcap = float(softcap)
+        if softcap == 0.0 or not math.isfinite(softcap):
+            return original()
+    recording = grad_needed(hidden, weight, bias)
+    return _LinearCrossEntropy.apply(
+        hidden,
+        weight,
+        bias,
+        targets,
+        ignore_index,
+        reduction,
+        divisor,
+        softcap,
+        chunk_size,
+        recording,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# transformers' ForCausalLMLoss
+
+
+def causal_lm_loss(
+    hidden_states: torch.Tensor,
+    lm_head: nn.Module,
+    labels: torch.Tensor,
+    vocab_size: int,
+    num_items_in_batch: Any = None,
+    ignore_index: int = -100,
+    shift_labels: torch.Tensor | None = None,
+    *,
+    final_logit_softcapping: float | None = None,
+    chunk_size: int | None = None,
+    **kwargs: Any,
+) -> torch.Tensor:
+    """transformers' ``ForCausalLMLoss(lm_head(hidden_states), labels, vocab_size, ...)``
+    without the logits (soft-capped first when ``final_logit_softcapping`` is set).
+
+    ``hidden_states`` are the head's inputs (after ``logits_to_keep`` slicing); the remaining
+    arguments are ``ForCausalLMLoss``'s, so a rewrite can pass the model's ``**kwargs``
+    through (unknown keywords are ignored, as ``ForCausalLMLoss`` ignores them).
+    """
+
+    def original() -> torch.Tensor:
+        return causal_lm_loss_reference(
+            hidden_states,
+            lm_head,
+            labels,
+            vocab_size,
+            num_items_in_batch,
+            ignore_index,
+            shift_labels,
+            final_logit_softcapping=final_logit_softcapping,
+        )
+
+    if tracing(hidden_states, labels, shift_labels) or not is_plain(lm_head, nn.Linear):
+        return original()
+    weight, bias = lm_head.weight, lm_head.bias
+    if not isinstance(hidden_states, torch.Tensor) or weight.shape[0] != vocab_size:
+        return original()
+    targets = shift_labels if shift_labels is not None else labels
+    if not isinstance(targets, torch.Tensor) or targets.dtype != torch.long:
+        return original()
+    if shift_labels is None:
+        if labels.dim() == 0:
+            return original()
+        targets = _shifted(labels, ignore_index)
+    try:
+        targets = targets.view(-1).to(hidden_states.device)
+    except RuntimeError:
+        return original()  # the original's ``view`` raises for this layout
+    hidden = hidden_states.reshape(-1, hidden_states.shape[-1]) if hidden_states.dim() else None
+    if hidden is None or targets.numel() != hidden.shape[0]:
+        return original()
+    reduction = "sum" if num_items_in_batch is not None else "mean"
+    return linear_cross_entropy(
+        hidden,
+        weight,
+        bias,
+        targets,
+        ignore_index=ignore_index,
+        reduction=reduction,
+        divisor=num_items_in_batch,
+        softcap=final_logit_softcapping,
+        chunk_size=chunk_size,
+    )
+
+
+def _is_causal_lm_loss(loss_function: object) -> bool:
+    return getattr(loss_function, "__name__", None) == "ForCausalLMLoss" and (
+        getattr(loss_function, "__module__", "") or ""
+    ).startswith("transformers.")
+
+
+def fused_loss_applies(
+    model: nn.Module, labels: object, loss_function: object = None, **kwargs: Any
+) -> bool:
+    """Whether a causal LM's ``logits`` + loss may be replaced by :func:`causal_lm_loss`.
+
+    True when labels are given, the model is training with autograd on (the logits of a
+    training step are not used; evaluation and generation keep them), and - when
+    ``loss_function`` is passed - it is transformers' ``ForCausalLMLoss``. A caller that needs
+    the logits in training passes ``return_logits=True`` (read from ``kwargs``). When this is
+    true the rewritten model returns ``logits=None``.
+    """
+    if kwargs.get("return_logits"):
+        return False
+    if not isinstance(labels, torch.Tensor) or not model.training or not torch.is_grad_enabled():
+        return False
+    if loss_function is not None and not _is_causal_lm_loss(loss_function):
+        return False
+    return not tracing(labels)

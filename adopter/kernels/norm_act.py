@@ -1,0 +1,173 @@
+"""Normalisation followed by an activation: GroupNorm -> SiLU, Conv -> BatchNorm -> activation.
+
+``group_norm_activation(x, norm, act)`` == ``act(norm(x))``
+    diffusers' ResNet blocks (``norm1`` / ``norm2`` then ``nonlinearity``) and timm's
+    ``GroupNormAct`` (pass ``act=None``; its ``act`` is used). In inference the activation is
+    applied in place on the group-norm output, so the block allocates and writes one tensor
+    instead of two.
+
+``conv_bn_act(x, conv, bn, act=None)`` == ``act(bn(conv(x)))``
+    torchvision-style ``Conv2dNormActivation`` (conv, plain BatchNorm, activation module) and
+    timm's ``ConvNormAct`` (``bn`` is a ``BatchNormAct2d`` holding the activation; pass
+    ``act=None``). In inference the eval-mode BatchNorm is folded into the convolution
+    (:mod:`adopter.kernels._fold`, cached while the parameters are unchanged) and the
+    activation runs in place on the convolution output: one convolution and one in-place
+    activation instead of a convolution, a normalisation pass and an activation pass.
+
+In training (or whenever autograd records through the inputs or parameters) both run the
+original modules unchanged - batch statistics, running-stat updates and gradients are the
+original's. They also do for non-stock modules (hooks, overridden ``forward``, tensor-subclass
+parameters), activations :mod:`adopter.kernels._activations` does not recognise, timm norm
+layers with an active dropout or timm's fast-norm mode, ``torch.compile`` (where the fold
+cannot be cached; see :func:`adopter.kernels.conv_batch_norm`) and ``torch.jit`` / ``torch.fx``
+tracing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ._activations import ActSpec, resolve_activation
+from ._fold import folded_weight_bias
+from ._trace import tracing
+from ._util import grad_needed, has_hooks, is_plain, plain_tensors
+from .conv import conv_batch_norm
+
+__all__ = ["conv_bn_act", "group_norm_activation"]
+
+Module = Callable[[torch.Tensor], torch.Tensor]
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _timm_norm_act(norm: object, name: str) -> bool:
+    """``norm`` is timm's ``name`` class (by defining module), unhooked, with an inactive
+    dropout slot."""
+    cls = type(norm)
+    if cls.__name__ != name or not (cls.__module__ or "").startswith("timm."):
+        return False
+    if has_hooks(norm) or getattr(norm, "_fast_norm", False):  # type: ignore[arg-type]
+        return False
+    drop = getattr(norm, "drop", None)
+    if is_plain(drop, nn.Identity):
+        return True
+    return is_plain(drop, nn.Dropout) and not drop.training  # type: ignore[union-attr]
+
+
+def _inplace(y: torch.Tensor, spec: ActSpec) -> torch.Tensor:
+    """The activation applied to ``y``, a fresh buffer nobody else holds."""
+    return spec.apply(y, recording=False)
+
+
+# --------------------------------------------------------------------------------------------
+# GroupNorm -> activation
+
+
+def group_norm_activation(
+    x: torch.Tensor, norm: nn.Module, act: Module | None = None
+) -> torch.Tensor:
+    """``act(norm(x))`` with the activation in place in inference.
+
+    ``norm`` is an ``nn.GroupNorm`` (``act`` the activation module or function that follows
+    it), or timm's ``GroupNormAct`` with ``act=None`` (its own activation is applied).
+    """
+    if act is None:
+
+        def original() -> torch.Tensor:
+            return norm(x)
+    else:
+
+        def original() -> torch.Tensor:
+            return act(norm(x))
+
+    if tracing(x):
+        return original()
+    if act is None:
+        if not _timm_norm_act(norm, "GroupNormAct"):
+            return original()
+        activation: Any = norm.act
+    elif is_plain(norm, nn.GroupNorm):
+        activation = act
+    else:
+        return original()
+    spec = resolve_activation(activation)
+    weight, bias = norm.weight, norm.bias
+    if spec is None or not isinstance(x, torch.Tensor) or not plain_tensors(x, weight, bias):
+        return original()
+    if grad_needed(x, weight, bias):
+        return original()
+    y = F.group_norm(x, norm.num_groups, weight, bias, norm.eps)
+    return _inplace(y, spec)
+
+
+# --------------------------------------------------------------------------------------------
+# Conv -> BatchNorm -> activation
+
+
+_CONVS: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+
+def _stats_foldable(bn: Any, weight: torch.Tensor, out_channels: int) -> bool:
+    """The checks of :func:`adopter.kernels._fold.bn_foldable` after its stock-module test
+    (which a ``BatchNormAct2d``, overriding ``forward``, cannot pass)."""
+    if bn.training or bn.running_mean is None or bn.running_var is None:
+        return False
+    if bn.num_features != out_channels:
+        return False
+    tensors = (bn.weight, bn.bias, bn.running_mean, bn.running_var)
+    if not plain_tensors(*tensors):
+        return False
+    for t in tensors:
+        if t is None:
+            continue
+        if t.device != weight.device:
+            return False
+        if t.dtype != weight.dtype and not (weight.dtype in _HALF and t.dtype == torch.float32):
+            return False
+    return True
+
+
+def _fold_timm(x: torch.Tensor, conv: nn.Module, bn: Any) -> torch.Tensor | None:
+    """The folded convolution + activation for timm's ``BatchNormAct2d``, or ``None``."""
+    spec = resolve_activation(bn.act)
+    weight, bias = conv.weight, conv.bias
+    if spec is None or not is_plain(conv, nn.Conv2d) or x.dim() != 4:
+        return None
+    if not plain_tensors(x, weight, bias) or grad_needed(x, *conv.parameters()):
+        return None
+    if not _stats_foldable(bn, weight, conv.out_channels):
+        return None
+    new_weight, new_bias = folded_weight_bias(conv, weight, bias, bn)
+    return _inplace(conv._conv_forward(x, new_weight, new_bias), spec)
+
+
+def conv_bn_act(
+    x: torch.Tensor, conv: nn.Module, bn: nn.Module, act: Module | None = None
+) -> torch.Tensor:
+    """``act(bn(conv(x)))``; in inference the BatchNorm is folded and the activation runs in
+    place. ``act=None`` with timm's ``BatchNormAct2d`` uses its activation; with a plain
+    BatchNorm it means no activation."""
+
+    def original() -> torch.Tensor:
+        y = bn(conv(x))
+        return y if act is None else act(y)
+
+    if tracing(x) or torch.compiler.is_compiling() or not isinstance(x, torch.Tensor):
+        return original()
+    if act is None and _timm_norm_act(bn, "BatchNormAct2d"):
+        fused = _fold_timm(x, conv, bn)
+        return original() if fused is None else fused
+    if act is None:
+        return conv_batch_norm(x, conv, bn)
+    spec = resolve_activation(act)
+    recording = grad_needed(x, *conv.parameters(), *bn.parameters())
+    stock = is_plain(conv, *_CONVS) and is_plain(bn, nn.modules.batchnorm._BatchNorm)
+    if spec is None or recording or not stock:
+        return original()
+    # Without autograd the result of conv_batch_norm is a fresh buffer (folded convolution or
+    # the BatchNorm's output), so the activation may overwrite it.
+    return _inplace(conv_batch_norm(x, conv, bn), spec)

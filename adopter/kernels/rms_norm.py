@@ -1,0 +1,279 @@
+"""RMSNorm that keeps only the input and the inverse RMS for backward.
+
+Every modern decoder normalises with a root-mean-square norm written out as five to seven
+elementwise operations (upcast, square, mean, add eps, rsqrt, multiply, downcast, weight).
+Under autograd the original keeps, per norm, the input *and* the normalised activation (plus
+an fp32 copy of the input for half-precision models); :func:`rms_norm` keeps the input and one
+float per row (the inverse RMS) and recomputes the normalised value in backward, where the
+gradient is computed in closed form::
+
+    n      = x32 * r,             r = rsqrt(mean(x32 ** 2) + eps)
+    dL/dx  = r * g - x32 * r**3 * mean(g * x32)     with g = dL/dn (float32)
+
+The forward runs the same operations in the same order as the originals, so outputs are
+bit-identical to them; gradients agree to float rounding (the reductions are ordered
+differently).
+
+The three spellings, chosen with ``cast`` (``dt`` is the input dtype, ``x32 = x.float()``)::
+
+    "before_weight"  (Llama, Mistral, Qwen, Phi-3 ...; the default)
+        weight * (x32 * r).to(dt)
+    "after_weight"   (Gemma with offset=1.0; OLMo, GPT-OSS, Moshi with offset=0.0)
+        ((x32 * r) * (offset + weight.float())).to(dt)
+    "weight_dtype"   (T5 and its descendants)
+        n = x * rsqrt(mean(x32 ** 2) + eps)               # x in its own dtype, promoted
+        weight * (n.to(weight.dtype) if weight is fp16/bf16 else n)
+
+``offset`` is added to the weight (``(1 + w)`` of the Gemma family) in the dtype the weight is
+multiplied in. ``weight=None`` normalises without a scale (``n.to(dt)`` for the first two
+spellings). ``"after_weight"`` multiplies in float32, as Gemma's ``weight.float()`` does; OLMo's
+``(weight * n)`` is the same for every weight of at most 32 bits.
+
+On CUDA with Triton the forward and backward are one Triton kernel each
+(:mod:`adopter.kernels._triton_modern`; not for ``"weight_dtype"``), equal to float rounding.
+
+Falls back to the original composite code (:func:`rms_norm_reference`) under ``torch.jit`` /
+``torch.fx`` tracing, for tensor subclasses, non-floating inputs, a weight whose shape is not
+``(x.shape[-1],)`` or that lives elsewhere, empty inputs, and a weight or input of float64
+combined with ``"after_weight"``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import _triton_modern
+from ._trace import tracing
+from ._util import grad_needed, plain_tensors
+
+__all__ = ["RMS_NORM_CASTS", "rms_norm", "rms_norm_reference"]
+
+RMS_NORM_CASTS = ("before_weight", "after_weight", "weight_dtype")
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _check_cast(cast: str) -> None:
+    if cast not in RMS_NORM_CASTS:
+        raise ValueError(f"cast must be one of {RMS_NORM_CASTS}, got {cast!r}")
+
+
+def rms_norm_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    *,
+    offset: float = 0.0,
+    cast: str = "before_weight",
+) -> torch.Tensor:
+    """The original composite code of each spelling, operation for operation."""
+    _check_cast(cast)
+    if cast == "weight_dtype":
+        variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        normed = x * torch.rsqrt(variance + eps)
+        if weight is None:
+            return normed
+        if weight.dtype in _HALF:
+            normed = normed.to(weight.dtype)
+        scale = weight + offset if offset else weight
+        return scale * normed
+    input_dtype = x.dtype
+    hidden = x.to(torch.float32)
+    variance = hidden.pow(2).mean(-1, keepdim=True)
+    hidden = hidden * torch.rsqrt(variance + eps)
+    if weight is None:
+        return hidden.to(input_dtype)
+    if cast == "before_weight":
+        scale = weight + offset if offset else weight
+        return scale * hidden.to(input_dtype)
+    return (hidden * (offset + weight.float())).to(input_dtype)
+
+
+def _inverse_rms(x32: torch.Tensor, eps: float) -> torch.Tensor:
+    # x*x is what pow(2) computes (ATen special-cases the square), without the pow dispatch.
+    return torch.rsqrt((x32 * x32).mean(-1, keepdim=True) + eps)
+
+
+def _scale(weight: torch.Tensor, offset: float, dtype: torch.dtype | None = None) -> torch.Tensor:
+    w = weight if dtype is None else weight.to(dtype)
+    return w + offset if offset else w
+
+
+def _forward(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, cast: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(output, inverse_rms)``; the same operations as the reference, fewer temporaries."""
+    x32 = x.to(torch.float32)
+    inv = _inverse_rms(x32, eps)
+    if cast == "weight_dtype":
+        normed = x * inv
+        if weight is None:
+            return normed, inv
+        if weight.dtype in _HALF:
+            normed = normed.to(weight.dtype)
+        return _scale(weight, offset) * normed, inv
+    normed = x32 * inv
+    if weight is None:
+        return normed.to(x.dtype), inv
+    if cast == "before_weight":
+        normed = normed.to(x.dtype)
+        scale = _scale(weight, offset)
+        if torch.result_type(scale, normed) == normed.dtype and normed.shape == x.shape:
+            # ``normed`` is a fresh buffer (the multiply above allocated it): scale in place.
+            return normed.mul_(scale), inv
+        return scale * normed, inv
+    return normed.mul_(_scale(weight, offset, torch.float32)).to(x.dtype), inv
+
+
+def _normed_grad(
+    ctx: Any, grad_out: torch.Tensor, x: torch.Tensor, inv: torch.Tensor, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(dL/dn in float32, dL/dweight)`` where ``n = x32 * inv`` is the normalised input."""
+    cast, offset = ctx.cast, ctx.offset
+    want_w = weight is not None and ctx.needs_input_grad[1]
+    grad_w = None
+    if cast == "after_weight":
+        g32 = grad_out.to(torch.float32)
+        if want_w:
+            grad_w = _row_sum(g32 * (x.to(torch.float32) * inv)).to(weight.dtype)
+        if weight is None:
+            return g32, None
+        return g32 * _scale(weight, offset, torch.float32), grad_w
+    if cast == "before_weight":
+        if weight is None:
+            return grad_out.to(torch.float32), None
+        if want_w:
+            normed = (x.to(torch.float32) * inv).to(x.dtype)
+            grad_w = _row_sum(grad_out * normed).to(weight.dtype)
+        grad_n = grad_out * _scale(weight, offset)
+        return grad_n.to(x.dtype).to(torch.float32), grad_w
+    # weight_dtype: n = x * inv is float32 (float64 inputs are not handled), then maybe cast
+    # to the weight's half dtype.
+    if weight is None:
+        return grad_out.to(torch.float32), None
+    narrowed = weight.dtype if weight.dtype in _HALF else torch.float32
+    if want_w:
+        normed = (x * inv).to(narrowed)
+        grad_w = _row_sum(grad_out * normed).to(weight.dtype)
+    grad_n = (grad_out * _scale(weight, offset)).to(narrowed)
+    return grad_n.to(torch.float32), grad_w
+
+
+def _row_sum(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1, t.shape[-1]).sum(0)
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor | None,
+        eps: float,
+        offset: float,
+        cast: str,
+    ) -> torch.Tensor:
+        out, inv = _forward(x, weight, eps, offset, cast)
+        ctx.eps, ctx.offset, ctx.cast = eps, offset, cast
+        ctx.save_for_backward(x, inv, weight)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, inv, weight = ctx.saved_tensors
+        grad_n, grad_w = _normed_grad(ctx, grad_out, x, inv, weight)
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            x32 = x.to(torch.float32)
+            # dL/dx = inv * g - x * inv^3 * mean(g * x): the variance path folded in.
+            coeff = (grad_n * x32).mean(-1, keepdim=True).mul_(inv.pow(3))
+            grad_x32 = grad_n.mul_(inv) if grad_n is not grad_out else grad_n * inv
+            if ctx.cast == "weight_dtype" and x.dtype != torch.float32:
+                # T5 multiplies the half-precision input itself, so autograd rounds the direct
+                # and the variance contributions to x's dtype separately and adds them there.
+                grad_x = grad_x32.to(x.dtype) - (x32 * coeff).to(x.dtype)
+            else:
+                grad_x = grad_x32.sub_(x32 * coeff).to(x.dtype)
+        return grad_x, grad_w, None, None, None
+
+
+class _TritonRMSNorm(torch.autograd.Function):
+    """The CUDA path: :mod:`adopter.kernels._triton_modern` forward and backward."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, cast: str
+    ) -> torch.Tensor:
+        out, inv = _triton_modern.rms_forward(x, weight, eps, offset, cast)
+        ctx.offset, ctx.cast = offset, cast
+        ctx.save_for_backward(x, inv, weight)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, inv, weight = ctx.saved_tensors
+        grad_x, grad_w = _triton_modern.rms_backward(grad_out, x, weight, inv, ctx.offset, ctx.cast)
+        wants = ctx.needs_input_grad
+        return (grad_x if wants[0] else None), (grad_w if wants[1] else None), None, None, None
+
+
+def _triton(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, offset: float, cast: str
+) -> torch.Tensor | None:
+    if not (_triton_modern.usable(x) and _triton_modern.rms_supported(x, weight, cast)):
+        return None
+    try:
+        if grad_needed(x, weight):
+            return _TritonRMSNorm.apply(x, weight, eps, offset, cast)
+        return _triton_modern.rms_forward(x, weight, eps, offset, cast)[0]
+    except Exception as exc:  # a Triton problem must not break the model
+        _triton_modern.failed(exc)
+        return None
+
+
+def _handled(x: Any, weight: Any, cast: str) -> bool:
+    if not isinstance(x, torch.Tensor) or not plain_tensors(x, weight):
+        return False
+    if not x.is_floating_point() or x.dim() == 0 or x.numel() == 0:
+        return False
+    if cast == "weight_dtype" and x.dtype == torch.float64:
+        return False  # the fp64 T5 path mixes a float32 variance into fp64 arithmetic
+    if weight is None:
+        return True
+    if not weight.is_floating_point() or weight.device != x.device:
+        return False
+    if tuple(weight.shape) != (x.shape[-1],):
+        return False
+    return not (cast == "after_weight" and weight.dtype == torch.float64)
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    eps: float,
+    *,
+    offset: float = 0.0,
+    cast: str = "before_weight",
+) -> torch.Tensor:
+    """RMS-normalise the last dimension of ``x`` like the original spelling ``cast``.
+
+    Args:
+        x: the activation, any shape ``(..., hidden)``.
+        weight: the module's scale parameter of shape ``(hidden,)``, or ``None``.
+        eps: added to the mean square (``self.variance_epsilon`` / ``self.eps``).
+        offset: added to the weight (1.0 for Gemma's ``(1 + weight)``).
+        cast: ``"before_weight"``, ``"after_weight"`` or ``"weight_dtype"`` (module docstring).
+
+    Under autograd the backward keeps ``x`` and the inverse RMS only.
+    """
+    _check_cast(cast)
+    if tracing(x, weight) or not _handled(x, weight, cast):
+        return rms_norm_reference(x, weight, eps, offset=offset, cast=cast)
+    eps, offset = float(eps), float(offset)
+    fast = _triton(x, weight, eps, offset, cast)
+    if fast is not None:
+        return fast
+    if not grad_needed(x, weight):
+        return _forward(x, weight, eps, offset, cast)[0]
+    return _RMSNormFunction.apply(x, weight, eps, offset, cast)

@@ -1,0 +1,97 @@
+"""Which rules the runtime patches with, and a fingerprint of them that keys the cache.
+
+The fingerprint comes from the rule files' bytes, so a warm start never parses a rule: Lark and
+the rules are loaded only when a module has to be rewritten. Rules are parsed from their text
+here (not through :func:`adopter.dsl.load_rule_file`, whose parse cache lives in the shared temp
+folder and is unpickled from there): the runtime executes what it derives from them inside the
+user's training process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..dsl import Rule, parse_rules
+from ..rules import RULE_SETS, rule_files
+
+DEFAULT_RULE_SET = "all"
+
+RuleArgument = str | Path | Rule | Sequence[str | Path | Rule] | None
+
+
+@dataclass
+class RuleChoice:
+    """Rule files and/or rule objects, narrowed by ``select`` (ids or id prefixes)."""
+
+    files: tuple[Path, ...] = ()
+    objects: tuple[Rule, ...] = ()
+    select: tuple[str, ...] = ()
+    _loaded: list[Rule] | None = field(default=None, repr=False, compare=False)
+    _fingerprint: str | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def of(
+        cls, rules: RuleArgument = None, select: str | Sequence[str] | None = None
+    ) -> RuleChoice:
+        """Built-in set names (``"all"``, ``"paper"``), ``.adopt`` paths, or parsed rules."""
+        items: list[str | Path | Rule]
+        if rules is None:
+            items = [DEFAULT_RULE_SET]
+        elif isinstance(rules, (str, Path, Rule)):
+            items = [rules]
+        else:
+            items = list(rules)
+        files: list[Path] = []
+        objects: list[Rule] = []
+        for item in items:
+            if isinstance(item, Rule):
+                objects.append(item)
+            elif isinstance(item, str) and item in RULE_SETS:
+                files.extend(rule_files(item))
+            else:
+                path = Path(item).expanduser()
+                if not path.is_file():
+                    known = ", ".join(RULE_SETS)
+                    raise ValueError(f"{item}: neither a rule file nor a rule set ({known})")
+                files.append(path.resolve())
+        if isinstance(select, str):
+            select = [part for part in select.split(",")]
+        wanted = tuple(part.strip() for part in select or () if part.strip())
+        return cls(tuple(dict.fromkeys(files)), tuple(objects), wanted)
+
+    @property
+    def fingerprint(self) -> str:
+        """A digest of every rule's text and of ``select``: equal choices, equal rewrites."""
+        if self._fingerprint is None:
+            digest = hashlib.sha256()
+            for path in self.files:
+                digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+            for rule in self.objects:
+                digest.update(repr(rule).encode() + b"\0")
+            digest.update(",".join(self.select).encode())
+            self._fingerprint = digest.hexdigest()
+        return self._fingerprint
+
+    def rules(self) -> list[Rule]:
+        """The parsed rules (parsed once, on first use)."""
+        if self._loaded is None:
+            loaded: list[Rule] = []
+            for path in self.files:
+                loaded.extend(parse_rules(path.read_text(encoding="utf-8"), str(path)))
+            loaded.extend(self.objects)
+            if self.select:
+                loaded = [rule for rule in loaded if _selected(rule.id, self.select)]
+            self._loaded = loaded
+        return self._loaded
+
+    def describe(self) -> str:
+        parts = [path.name for path in self.files] + [rule.id for rule in self.objects]
+        text = ", ".join(parts) or "no rules"
+        return text + (f" (select {','.join(self.select)})" if self.select else "")
+
+
+def _selected(rule_id: str, wanted: Sequence[str]) -> bool:
+    return any(rule_id == item or rule_id.startswith(item + ".") for item in wanted)

@@ -1,0 +1,81 @@
+"""Names of model-configuration entries that mean layers or dropout: one vocabulary for two stages.
+
+``verify`` shrinks a configuration to a tiny model (:mod:`adopter.verify.shrink`) and sets its
+dropout to 0 for an exact comparison; ``bench`` cuts a configuration's depth while keeping its
+widths and sets the dropout a benchmark asks for (:func:`adopter.bench.command.bench_config`).
+Both read a configuration's ``to_dict()`` by entry names, and the names live here, so that a
+model family taught to one stage is known to the other. (``bench`` imports ``verify``, never the
+other way round, hence this module's place.)
+
+Pure name matching: no torch, no transformers.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = [
+    "ATTENTION_DROPOUT_NAME",
+    "DROPOUT_NAME",
+    "LAYER_COUNT_NAME",
+    "LAYER_LIST_NAME",
+    "SHARED_DROPOUT_NAMES",
+    "STACK_DEPTH_LIST_NAMES",
+    "STACK_DEPTH_NAMES",
+    "is_sub_config",
+]
+
+
+def is_sub_config(key: Any, value: Any) -> bool:
+    """Nested configurations (``text_config``) - not other dicts such as ``id2label``."""
+    if not isinstance(value, dict) or not isinstance(key, str):
+        return False
+    return key.endswith("config") or "model_type" in value
+
+
+# -- layers ------------------------------------------------------------------------------------
+
+LAYER_COUNT_NAME = re.compile(
+    r"^(n_layers?|num_layers|num_hidden_layers|num_.*_layers|.*_layers|num_blocks|depth|"
+    r"encoder_layers|decoder_layers|n_blocks)$"
+)
+"""Every integer that counts layers of some kind. ``verify`` cuts them all (to a tiny model, with
+the per-layer lists that must follow, see :mod:`adopter.verify.shrink`)."""
+LAYER_LIST_NAME = re.compile(r"^(depths|num_layers|layers|block_counts|.*_depths)$")
+"""Per-stage layer counts (Swin's ``depths``)."""
+
+STACK_DEPTH_NAMES = frozenset(
+    {
+        "num_hidden_layers",
+        "num_layers",
+        "num_decoder_layers",
+        "n_layer",
+        "n_layers",
+        "encoder_layers",
+        "decoder_layers",
+    }
+)
+"""The depths of a model's main layer stacks: the part of :data:`LAYER_COUNT_NAME` that ``bench``
+cuts. A benchmark keeps every other size real, and the broad pattern also matches counts that are
+no stack depth (wav2vec2's ``num_feat_extract_layers``, derived from its ``conv_dim`` list; its
+``num_adapter_layers``); stacks named otherwise (LXMERT's ``l_layers``, ViT-MAE's
+``decoder_num_hidden_layers``) keep their default depth in a benchmark."""
+STACK_DEPTH_LIST_NAMES = frozenset({"depths"})
+"""Per-stage depths that ``bench`` cuts (ResNet's, Swin's, GroupViT's vision tower's)."""
+
+# -- dropout -----------------------------------------------------------------------------------
+
+DROPOUT_NAME = re.compile(
+    r"(dropout|_pdrop$|drop_rate|drop_path|^layerdrop$|_layerdrop$|drop_prob)"
+)
+"""Names of dropout probabilities (config keys and module attributes alike): HF's
+``hidden_dropout_prob`` / ``attention_dropout``, GPT-2's ``resid_pdrop``, LayerDrop, drop path."""
+ATTENTION_DROPOUT_NAME = re.compile(
+    r"^(attention_probs_dropout_prob|attn_pdrop|attention_dropout|attention_dropout_prob|"
+    r"attn_dropout|attention_dropout_rate)$"
+)
+"""The dropout of the attention probabilities alone (what the fused attention kernels need at 0
+to take their fast path in training)."""
+SHARED_DROPOUT_NAMES = frozenset({"dropout_rate"})
+"""One rate for attention and everything else (T5), where there is no attention-only rate."""

@@ -1,0 +1,403 @@
+"""adopter.kernels attention_function / scaled_attention against the original spellings."""
+
+from __future__ import annotations
+
+import importlib
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from adopter.kernels import attention_function, scaled_attention
+from adopter.kernels.attention_function import (
+    attention_function_reference,
+    attention_weights_needed,
+    scaled_attention_reference,
+)
+from tests.kernels.conftest import assert_close, assert_same_function, assert_traces_like_reference
+
+module_of_kernel = importlib.import_module("adopter.kernels.attention_function")
+
+# --- the spellings as the model files write them --------------------------------------------
+
+
+def repeat_kv(hidden_states, n_rep):
+    batch, num_key_value_heads, slen, head_dim = hidden_states.shape
+    if n_rep == 1:
+        return hidden_states
+    hidden_states = hidden_states[:, :, None, :, :].expand(
+        batch, num_key_value_heads, n_rep, slen, head_dim
+    )
+    return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
+
+
+def llama_eager(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+    key_states = repeat_kv(key, module.num_key_value_groups)
+    value_states = repeat_kv(value, module.num_key_value_groups)
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value_states)
+    attn_output = attn_output.transpose(1, 2).contiguous()
+    return attn_output, attn_weights
+
+
+def bert_eager(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    if scaling is None:
+        scaling = query.size(-1) ** -0.5
+    attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1)
+    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value)
+    attn_output = attn_output.transpose(1, 2).contiguous()
+    return attn_output, attn_weights
+
+
+def timm_attention(q, k, v, attn_mask, scale, attn_drop):
+    q = q * scale
+    attn = q @ k.transpose(-2, -1)
+    if attn_mask is not None:
+        attn = attn + attn_mask
+    attn = attn.softmax(dim=-1)
+    attn = attn_drop(attn)
+    return attn @ v
+
+
+def diffusers_scores(query, key, attention_mask, scale, upcast_attention, upcast_softmax):
+    dtype = query.dtype
+    if upcast_attention:
+        query = query.float()
+        key = key.float()
+    if attention_mask is None:
+        baddbmm_input = torch.empty(query.shape[0], query.shape[1], key.shape[1], dtype=query.dtype)
+        beta = 0
+    else:
+        baddbmm_input = attention_mask
+        beta = 1
+    scores = torch.baddbmm(baddbmm_input, query, key.transpose(-1, -2), beta=beta, alpha=scale)
+    if upcast_softmax:
+        scores = scores.float()
+    return scores.softmax(dim=-1).to(dtype)
+
+
+class Attn(nn.Module):
+    def __init__(self, groups=1, p=0.0):
+        super().__init__()
+        self.num_key_value_groups = groups
+        self.attention_dropout = p
+        self.config = types.SimpleNamespace(output_attentions=False)
+
+
+def causal_mask(batch, q_len, k_len, dtype=torch.float32, pad=0):
+    mask = torch.full((q_len, k_len), torch.finfo(dtype).min, dtype=dtype).triu(k_len - q_len + 1)
+    mask = mask[None, None].repeat(batch, 1, 1, 1)
+    if pad:  # right padding: the last keys of the first sequence
+        mask[0, :, :, k_len - pad :] = torch.finfo(dtype).min
+    return mask
+
+
+def qkv(batch=2, heads=6, kv_heads=2, q_len=7, k_len=7, dim=8, dtype=torch.float32, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, q_len, dim, generator=generator).to(dtype)
+    k = torch.randn(batch, kv_heads, k_len, dim, generator=generator).to(dtype)
+    v = torch.randn(batch, kv_heads, k_len, dim, generator=generator).to(dtype)
+    return q, k, v
+
+
+def fused_only(fn):
+    """``fn`` whose attention weights must be ``None`` (the fused path ran)."""
+
+    def run(*args):
+        out, weights = fn(*args)
+        assert weights is None
+        return out
+
+    return run
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+@pytest.mark.parametrize("mask", ["none", "causal", "padded"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_llama_spelling(groups, mask, dtype):
+    module = Attn(groups)
+    q, k, v = qkv(heads=6, kv_heads=6 // groups, dtype=dtype)
+    attention_mask = (
+        None if mask == "none" else causal_mask(2, 7, 7, dtype, pad=2 * (mask == "padded"))
+    )
+    assert_same_function(
+        fused_only(lambda q, k, v: attention_function(module, q, k, v, attention_mask, 0.3)),
+        lambda q, k, v: llama_eager(module, q, k, v, attention_mask, 0.3)[0],
+        [q, k, v],
+        scale=4 if dtype == torch.bfloat16 else 1,
+    )
+
+
+def test_bert_spelling_with_default_scaling():
+    module = Attn()
+    q, k, v = qkv(heads=4, kv_heads=4)
+    mask = causal_mask(2, 7, 7)
+    assert_same_function(
+        fused_only(
+            lambda q, k, v: attention_function(
+                module, q, k, v, mask, None, repeat_kv=False, softmax_dtype=None
+            )
+        ),
+        lambda q, k, v: bert_eager(module, q, k, v, mask)[0],
+        [q, k, v],
+    )
+
+
+def test_sliced_mask_and_cross_lengths():
+    module = Attn(2)
+    q, k, v = qkv(heads=4, kv_heads=2, q_len=3, k_len=9)
+    long_mask = torch.randn(2, 1, 3, 12)
+
+    def original(q, k, v):
+        return llama_eager(module, q, k, v, long_mask[:, :, :, : k.shape[-2]], 0.2)[0]
+
+    assert_same_function(
+        fused_only(
+            lambda q, k, v: attention_function(module, q, k, v, long_mask, 0.2, slice_mask=True)
+        ),
+        original,
+        [q, k, v],
+    )
+
+
+def test_query_rows_that_see_no_key_run_the_original():
+    module = Attn(3)
+    q, k, v = qkv()
+    mask = causal_mask(2, 7, 7)
+    mask[0, :, :, :2] = torch.finfo(torch.float32).min  # left padding: rows 0-1 see nothing
+    out, weights = attention_function(module, q, k, v, mask, 0.3)
+    out_o, weights_o = llama_eager(module, q, k, v, mask, 0.3)
+    assert torch.equal(out, out_o) and torch.equal(weights, weights_o)
+
+
+@pytest.mark.parametrize("how", ["kwarg", "config", "hook"])
+def test_weights_are_returned_when_they_may_be_used(how):
+    module = Attn(3)
+    q, k, v = qkv()
+    kwargs = {}
+    if how == "kwarg":
+        kwargs["output_attentions"] = True
+    elif how == "config":
+        module.config.output_attentions = True
+    else:
+        module.register_forward_hook(lambda *args: None)
+    assert attention_weights_needed(module, kwargs)
+    out, weights = attention_function(module, q, k, v, None, 0.3, **kwargs)
+    out_o, weights_o = llama_eager(module, q, k, v, None, 0.3)
+    assert torch.equal(out, out_o) and torch.equal(weights, weights_o)
+
+
+def test_dropout_on_cpu_draws_like_the_original():
+    module = Attn(3, p=0.4).train()
+    q, k, v = qkv()
+    mask = causal_mask(2, 7, 7)
+    torch.manual_seed(5)
+    out, weights = attention_function(module, q, k, v, mask, 0.3, dropout=0.4)
+    torch.manual_seed(5)
+    out_o, weights_o = llama_eager(module, q, k, v, mask, 0.3, dropout=0.4)
+    assert torch.equal(out, out_o) and torch.equal(weights, weights_o)
+
+
+def test_dropout_through_sdpa_when_allowed(monkeypatch):
+    monkeypatch.setattr(
+        importlib.import_module("adopter.kernels.attention"), "ORIGINAL_WHEN_UNFUSED_ON_CPU", False
+    )
+    module = Attn(1).train()
+    q, k, v = qkv(heads=2, kv_heads=2, q_len=64, k_len=64, dim=4)
+    v = torch.ones_like(v)  # every output is then the kept probability mass, scaled back
+    out, weights = attention_function(module, q, k, v, None, 0.3, dropout=0.5)
+    assert weights is None
+    assert 0.6 < out.mean().item() < 1.4  # E[out] = 1 with the 1/(1-p) rescale
+    out_eval, _ = attention_function(module.eval(), q, k, v, None, 0.3, dropout=0.5)
+    assert torch.allclose(out_eval, torch.ones_like(out_eval))
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "bool_mask",
+        "mask_other_dtype",
+        "mask_needs_grad",
+        "grows_scores",
+        "subclass",
+        "autocast",
+        "3d",
+    ],
+)
+def test_falls_back_to_the_original(case, monkeypatch):
+    module = Attn(1)
+    q, k, v = qkv(heads=2, kv_heads=2)
+    mask = causal_mask(2, 7, 7)
+    if case == "bool_mask":
+        mask = torch.rand(2, 1, 7, 7) > 0.5
+    elif case == "mask_other_dtype":
+        mask = mask.double()
+    elif case == "mask_needs_grad":
+        mask = torch.randn(2, 1, 7, 7, requires_grad=True)
+    elif case == "grows_scores":
+        mask = torch.zeros(3, 2, 7, 7)
+        q, k, v = q[:1], k[:1], v[:1]
+    elif case == "subclass":
+        q = q.as_subclass(type("Sub", (torch.Tensor,), {}))
+    elif case == "3d":
+        q, k, v = q[0], k[0], v[0]
+        mask = None
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("SDPA ran")
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", forbidden)
+    if case == "3d":
+        with pytest.raises(ValueError):  # repeat_kv unpacks four dimensions, as the original
+            attention_function(module, q, k, v, mask, 0.3)
+        return
+    if case == "autocast":
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, weights = attention_function(module, q, k, v, mask, 0.3)
+            expected = llama_eager(module, q, k, v, mask, 0.3)
+    else:
+        out, weights = attention_function(module, q, k, v, mask, 0.3)
+        expected = llama_eager(module, q, k, v, mask, 0.3)
+    assert weights is not None
+    torch.testing.assert_close(out, expected[0], rtol=0, atol=0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    batch=st.integers(1, 3),
+    kv_heads=st.integers(1, 3),
+    groups=st.integers(1, 3),
+    q_len=st.integers(1, 9),
+    extra_keys=st.integers(0, 5),
+    dim=st.sampled_from([4, 8, 16]),
+    mask_kind=st.sampled_from(["none", "causal", "random", "per_head"]),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+)
+def test_property_eager_attention(
+    batch, kv_heads, groups, q_len, extra_keys, dim, mask_kind, dtype
+):
+    k_len = q_len + extra_keys
+    module = Attn(groups)
+    q, k, v = qkv(
+        batch, kv_heads * groups, kv_heads, q_len, k_len, dim, dtype, seed=q_len * 7 + k_len
+    )
+    generator = torch.Generator().manual_seed(dim + q_len)
+    if mask_kind == "none":
+        mask = None
+    elif mask_kind == "causal":
+        mask = causal_mask(batch, q_len, k_len, dtype)
+    elif mask_kind == "random":
+        mask = torch.randn(batch, 1, q_len, k_len, generator=generator).to(dtype)
+    else:
+        mask = torch.randn(1, kv_heads * groups, q_len, k_len, generator=generator).to(dtype)
+    scaling = dim**-0.5
+    assert_same_function(
+        lambda q, k, v: attention_function(module, q, k, v, mask, scaling)[0],
+        lambda q, k, v: llama_eager(module, q, k, v, mask, scaling)[0],
+        [q, k, v],
+        scale=4 if dtype == torch.bfloat16 else 1,
+    )
+
+
+def test_reference_is_the_model_spelling():
+    module = Attn(3, p=0.2).train()
+    q, k, v = qkv()
+    mask = causal_mask(2, 7, 7)
+    torch.manual_seed(1)
+    ours = attention_function_reference(module, q, k, v, mask, 0.3, 0.2)
+    torch.manual_seed(1)
+    theirs = llama_eager(module, q, k, v, mask, 0.3, 0.2)
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_traces_record_the_original_operations():
+    module = Attn(3)
+    q, k, v = qkv()
+    mask = causal_mask(2, 7, 7)
+    assert_traces_like_reference(
+        lambda q, k, v, m: attention_function(module, q, k, v, m, 0.3),
+        lambda q, k, v, m: attention_function_reference(module, q, k, v, m, 0.3),
+        [q, k, v, mask],
+        fx=False,  # repeat_kv unpacks a Proxy shape: not fx-traceable in the original either
+    )
+    assert_traces_like_reference(
+        lambda q, k, v, m: scaled_attention(q, k, v, m, scale=0.3),
+        lambda q, k, v, m: scaled_attention_reference(q, k, v, m, scale=0.3),
+        [q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), mask],
+    )
+
+
+# --- scaled_attention: timm and diffusers ---------------------------------------------------
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_timm_spelling(with_mask):
+    q, k, v = qkv(heads=3, kv_heads=3, q_len=10, k_len=10)
+    mask = torch.randn(1, 1, 10, 10) if with_mask else None
+    drop = nn.Dropout(0.1).eval()
+    assert_same_function(
+        lambda q, k, v: scaled_attention(q, k, v, mask, scale=0.35, dropout=drop, scale_query=True),
+        lambda q, k, v: timm_attention(q, k, v, mask, 0.35, drop),
+        [q, k, v],
+    )
+
+
+def test_timm_training_dropout_on_cpu_draws_like_the_original():
+    q, k, v = qkv(heads=3, kv_heads=3)
+    drop = nn.Dropout(0.3).train()
+    torch.manual_seed(2)
+    out = scaled_attention(q, k, v, None, scale=0.35, dropout=drop, scale_query=True)
+    torch.manual_seed(2)
+    assert torch.equal(out, timm_attention(q, k, v, None, 0.35, drop))
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+@pytest.mark.parametrize("upcast", [False, True])
+def test_diffusers_spelling(with_mask, upcast):
+    generator = torch.Generator().manual_seed(4)
+    q = torch.randn(6, 9, 8, generator=generator)
+    k = torch.randn(6, 11, 8, generator=generator)
+    v = torch.randn(6, 11, 8, generator=generator)
+    mask = torch.randn(6, 1, 11, generator=generator) if with_mask else None
+
+    def original(q, k, v):
+        return torch.bmm(diffusers_scores(q, k, mask, 0.3, upcast, upcast), v)
+
+    assert_same_function(
+        lambda q, k, v: scaled_attention(
+            q,
+            k,
+            v,
+            mask,
+            scale=0.3,
+            upcast_qk=upcast,
+            softmax_dtype=torch.float32 if upcast else None,
+        ),
+        original,
+        [q, k, v],
+    )
+
+
+def test_scaled_attention_unknown_dropout_module_runs_the_original(monkeypatch):
+    q, k, v = qkv(heads=2, kv_heads=2)
+
+    class Drop(nn.Module):
+        def forward(self, x):
+            return x * 0.5
+
+    monkeypatch.setattr(module_of_kernel.F, "scaled_dot_product_attention", None)
+    out = scaled_attention(q, k, v, scale=0.3, dropout=Drop())
+    assert_close(out, scaled_attention_reference(q, k, v, scale=0.3, dropout=Drop()))
