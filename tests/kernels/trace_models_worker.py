@@ -17,6 +17,7 @@ import importlib.util
 import json
 import sys
 import traceback
+from collections import Counter
 from typing import Any
 
 import torch
@@ -114,8 +115,40 @@ def _load_patched(module_name: str, path: str) -> Any:
     return module
 
 
-def _node_kinds(traced: Any) -> list[str]:
-    return [node.kind() for node in traced.inlined_graph.nodes()]
+def _node_kinds(traced: Any) -> Counter[str]:
+    """The TorchScript graph's operations, counted (a rewrite may order independent ones
+    differently: fused QKV projections run before the key's transpose)."""
+    return Counter(node.kind() for node in traced.inlined_graph.nodes())
+
+
+def _fx_structure(graph: torch.fx.Graph) -> tuple[int, Counter[int]]:
+    """The computation an fx graph records, independent of node names and of the order of
+    independent nodes: each node is numbered by its operation and target over the numbers of
+    its inputs (equal computations get equal numbers); the output's number and the count of
+    every number."""
+    numbers: dict[Any, int] = {}
+    of_node: dict[torch.fx.Node, int] = {}
+
+    def shape(value: Any) -> Any:
+        if isinstance(value, torch.fx.Node):
+            return ("node", of_node[value])
+        if isinstance(value, (tuple, list)):
+            return (type(value).__name__, tuple(shape(v) for v in value))
+        if isinstance(value, dict):
+            return ("dict", tuple(sorted((k, shape(v)) for k, v in value.items())))
+        return repr(value)
+
+    for node in graph.nodes:  # topological order: inputs come first
+        if node.op == "placeholder":
+            key: Any = ("placeholder", node.target)
+        else:
+            target = node.target
+            if not isinstance(target, str):
+                target = getattr(target, "__qualname__", repr(target))
+            key = (node.op, target, shape(node.args), shape(node.kwargs))
+        of_node[node] = numbers.setdefault(key, len(numbers))
+    output = next(node for node in graph.nodes if node.op == "output")
+    return of_node[output], Counter(of_node.values())
 
 
 def _first(output: Any) -> torch.Tensor:
@@ -150,7 +183,7 @@ def trace_family(transformers: Any, family: str, module_name: str, patched_path:
     try:
         graph = symbolic_trace(patched, input_names=list(inputs))
         reference = symbolic_trace(original, input_names=list(inputs))
-        result["fx_same_graph"] = str(graph.graph) == str(reference.graph)
+        result["fx_same_graph"] = _fx_structure(graph.graph) == _fx_structure(reference.graph)
         with torch.no_grad():
             result["fx_matches_eager"] = bool(
                 torch.allclose(_first(graph(**inputs)), _first(patched(**inputs)), atol=1e-6)
