@@ -113,6 +113,8 @@ class Step:
     column: int = 0
 
     def __str__(self) -> str:
+        if isinstance(self.callee, Literal):  # ``None -> $logits`` in a replacement
+            return f"{self.callee} -> {self.targets[0]}" if self.targets else str(self.callee)
         call = "" if self.lookup else f"({', '.join(map(str, self.args))})"
         text = f"{'@' if self.construct else ''}{self.callee}{call}"
         if len(self.targets) == 1:
@@ -130,13 +132,15 @@ class Section:
     """``init { ... }`` or ``forward { ... }``, with optional ``where`` context and replacement.
 
     ``replacement`` is ``None`` when the section is left as it is, ``DETECT_ONLY`` for ``=> _``,
-    or the replacement steps.
+    or the replacement steps. ``guard`` (``=> if kernel(...) { ... }``): the replacement runs
+    only where this call returns true at run time; elsewhere the original statements do.
     """
 
     kind: str
     steps: tuple[Step, ...]
     where: tuple[Step, ...] = ()
     replacement: tuple[Step, ...] | str | None = None
+    guard: Step | None = None
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from ..extract.model import Construction, Operand
 from ..extract.model import Step as FlowStep
 from ..extract.names import DROPOUT_FUNCTION
 from ..match.matcher import BoundModule, BoundOutput, Site
+from .guarded import plan_guarded
 from .source import Blocks, SourceText, assigned_names, contains, has_call, read_names
 
 KERNEL_PACKAGE = "adopter.kernels"
@@ -142,6 +143,9 @@ class Plan:
     companions: list[Plan] = field(default_factory=list)
     insert_before: list[tuple[ast.stmt, str]] = field(default_factory=list)
     keyword_parameters: list[str] = field(default_factory=list)  # added to ``function``
+    # a guarded replacement: (statements moved into the ``else`` arm, the guard's text, the
+    # kernel arm's statements, one indentation step)
+    wrap: tuple[list[ast.stmt], str, list[str], str] | None = None
     instance_of: Site | None = None  # another call of a site already reported
     imports: set[str] = field(default_factory=set)
     touched: list[ast.AST] = field(default_factory=list)
@@ -196,6 +200,9 @@ class Planner:
         if isinstance(init_replacement, tuple) and init_replacement:
             return self.plan_construction(site, init_replacement)
         if isinstance(forward_replacement, tuple) and forward_replacement:
+            guard = rule.forward.guard if rule.forward else None
+            if guard is not None:
+                return plan_guarded(self, site, guard, forward_replacement)
             return self.plan_forward(site, forward_replacement)
         raise Refusal(
             "the rule only detects (no replacement)"

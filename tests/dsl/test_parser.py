@@ -140,3 +140,42 @@ def test_sequences_round_trip(parts):
     assert format_sequence(steps).replace(";\n", "; ") == text
     again = parse_sequence(format_sequence(steps))
     assert [str(s) for s in again] == [str(s) for s in steps]
+
+
+GUARDED = """
+rule demo.2 {
+    init { @torch.nn.Linear(...) -> $head }
+    forward {
+        $head($h) -> $logits;
+        self.loss_function(logits=$logits, labels=$labels, ...) -> $loss
+    } => if pkg.applies(self, $labels, ...) {
+        None -> $logits;
+        pkg.loss($h, $head, $labels, ...) -> $loss
+    }
+}
+"""
+
+
+def test_guarded_replacement_with_a_literal_step():
+    (rule,) = parse_rules(GUARDED)
+    assert str(rule.forward.guard) == "pkg.applies(self, $labels, ...)"
+    assert [str(step) for step in rule.forward.replacement] == [
+        "None -> $logits",
+        "pkg.loss($h, $head, $labels, ...) -> $loss",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("rule a { forward { f($x) -> $y } => if g($z) { k($x) -> $y } }", "unbound variable"),
+        ("rule a { forward { f($x) -> $y } => if g($x) { None -> $y } }", "calls no kernel"),
+        ("rule a { forward { f($x) -> $y } => if g($x) { None } }", "exactly one target"),
+        ("rule a { forward { f($x) -> $y } => { None -> $y } }", "must be a call"),
+        ("rule a { init { @f() -> $m } => if g() { @k() -> $m } }", "cannot be guarded"),
+    ],
+)
+def test_guarded_replacement_errors(text, fragment):
+    with pytest.raises(DslError) as caught:
+        parse_rules(text, "bad.adopt")
+    assert fragment in str(caught.value)
