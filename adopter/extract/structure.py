@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 from .constructions import InitAnalyzer, InitContext
 from .flow import FlowBuilder
+from .helpers import canonical_helper
 from .model import BranchPoint, ClassInfo, Construction, FileStructure, FunctionFlow
 from .names import ImportTable
 from .project import project_for
@@ -43,8 +44,16 @@ class FileAnalysis:
         self.class_nodes: dict[str, ast.ClassDef] = {}
         self.classes: dict[str, ClassInfo] = {}
         self._branch = 0
+        self._helpers: dict[int, str | None] = {}
         self.branch_labels: dict[int, BranchPoint] = {}
         self._collect(tree.body)
+
+    def canonical_helper(self, function: ast.FunctionDef) -> str | None:
+        """The canonical operation a module-level function of this file computes, if any."""
+        key = id(function)
+        if key not in self._helpers:
+            self._helpers[key] = canonical_helper(function, self.imports)
+        return self._helpers[key]
 
     def next_branch(self) -> int:
         self._branch += 1
