@@ -482,7 +482,10 @@ class Planner:
                     continue
                 if not isinstance(site.bindings.get(arg.value.name), Operand):
                     continue
-                operand = step.positional[position]
+                operands = step.positional
+                if step.id in site.swapped:
+                    operands = list(reversed(operands))
+                operand = operands[position]
                 spelled = texts.setdefault(arg.value.name, [])
                 if operand.node is not None and operand.text not in spelled:
                     spelled.append(operand.text)
