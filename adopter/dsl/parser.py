@@ -12,7 +12,9 @@ from .errors import DslError
 from .loading import GRAMMAR_PATH
 from .syntax import (
     DETECT_ONLY,
+    SCOPES,
     Arg,
+    Attribute,
     Call,
     Expr,
     Index,
@@ -133,8 +135,11 @@ def _nesting(expr: Expr) -> int:
 def _apply_trailers(base: Expr, trailers: list[tuple]) -> Expr:
     for kind, payload in trailers:
         if kind == "attr":
+            if isinstance(base, Var):
+                base = Attribute(base, payload)
+                continue
             if not isinstance(base, Name):
-                raise ValueError(f"attribute .{payload} only follows a dotted name")
+                raise ValueError(f"attribute .{payload} only follows a dotted name or $variable")
             base = Name(f"{base.dotted}.{payload}")
         elif kind == "index":
             base = Index(base, payload)
@@ -269,6 +274,12 @@ class RuleParser:
         site = meta.get("site", "forward" if "forward" in sections else "init")
         if site not in sections:
             raise self.error(node, f"rule {rule_id}: site {site!r} names no section of the rule")
+        scope = meta.get("scope", "calls")
+        if scope not in SCOPES:
+            raise self.error(node, f"rule {rule_id}: scope is one of {', '.join(SCOPES)}")
+        forward = sections.get("forward")
+        if scope == "block" and (forward is None or not isinstance(forward.replacement, tuple)):
+            raise self.error(node, f"rule {rule_id}: scope 'block' needs a forward replacement")
         rule = Rule(
             id=rule_id,
             name=meta.get("name", rule_id),
@@ -277,7 +288,8 @@ class RuleParser:
             message=meta.get("message", meta.get("description", "")),
             site=site,
             init=sections.get("init"),
-            forward=sections.get("forward"),
+            forward=forward,
+            scope=scope,
             source=self.path,
             line=node.meta.line,
         )
@@ -361,6 +373,8 @@ class RuleParser:
 def _vars_in_expr(expr: Expr) -> set[str]:
     if isinstance(expr, Var):
         return {expr.name}
+    if isinstance(expr, Attribute):
+        return {expr.base.name}
     if isinstance(expr, Index):
         return _vars_in_expr(expr.base) | _vars_in_expr(expr.item)
     if isinstance(expr, Call):

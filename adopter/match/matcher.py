@@ -13,11 +13,13 @@ the code.
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ..dsl.syntax import (
     DETECT_ONLY,
+    Attribute,
     Call,
     Expr,
     Index,
@@ -718,6 +720,16 @@ def _unify_value(pattern: Expr, operand: Operand, state: _State, edges: list[Con
         return operand.text == pattern.dotted
     if isinstance(pattern, (Index, Call)):
         return operand.text == str(pattern)
+    if isinstance(pattern, Attribute):
+        # ``$module.training``: ``$module`` is the text of the object the attribute is read from
+        node = operand.node
+        if not (isinstance(node, ast.Attribute) and node.attr == pattern.name):
+            return False
+        owner = ast.unparse(node.value)
+        bound = state.bindings.setdefault(pattern.base.name, owner)
+        if isinstance(bound, Operand):  # ``$query.dtype`` of a ``$query`` bound as an argument
+            return bound.text == owner
+        return isinstance(bound, str) and bound == owner
     assert isinstance(pattern, Var)
     bound = state.bindings.get(pattern.name)
     if bound is None:

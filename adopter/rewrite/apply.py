@@ -84,7 +84,7 @@ class _FunctionEditor(cst.CSTTransformer):
         self.inserted: dict[tuple[int, int], list[str]] = {}
         self.new_keywords: dict[tuple[int, int], list[str]] = {}
         # first statement -> (statements wrapped, guard, kernel arm, indentation step)
-        self.wraps: dict[tuple[int, int], tuple[int, str, list[str], str]] = {}
+        self.wraps: dict[tuple[int, int], tuple[int, str | None, list[str], str]] = {}
         for plan in plans:
             if plan.wrap is not None:
                 wrapped, guard, kernel_arm, indent = plan.wrap
@@ -231,7 +231,8 @@ class _FunctionEditor(cst.CSTTransformer):
     def _wrapped(
         self, original: cst.IndentedBlock, updated: cst.IndentedBlock
     ) -> cst.IndentedBlock:
-        """Guarded replacements: their statements moved into the ``else`` arm of the guard."""
+        """Replacements of whole statements: the statements moved into the ``else`` arm of the
+        guard, or replaced where there is no guard."""
         if not self.wraps or len(original.body) != len(updated.body):
             return updated
         keys = [self._start(statement) for statement in original.body]
@@ -248,6 +249,10 @@ class _FunctionEditor(cst.CSTTransformer):
             leading = moved[0].leading_lines
             moved[0] = moved[0].with_changes(leading_lines=())
             arm = [cst.parse_statement(text) for text in kernel_arm]
+            if guard is None:  # the statements replaced
+                body.extend([arm[0].with_changes(leading_lines=leading), *arm[1:]])
+                index += count
+                continue
             body.append(
                 cst.If(
                     test=cst.parse_expression(guard),

@@ -1,5 +1,6 @@
-"""Synthesis of a guarded replacement: the kernel where a run-time test allows it, the original
-statements everywhere else.
+"""Synthesis of a replacement that takes over whole statements: a guarded replacement (the
+kernel where a run-time test allows it, the original statements everywhere else) and a rule of
+``scope: "block"`` (the kernel in place of the statements, on every path through them).
 
 A rule whose kernel is only right in some situations decided at run time (``=> if
 kernel.applies(...) { ... }``) is rewritten by wrapping the matched statements, unchanged, in
@@ -17,9 +18,11 @@ the ``else`` arm of an ``if`` whose test is the guard call and whose body runs t
 The wrapped range is every statement of one block from the one holding the first matched call
 to the one holding the last. The kernel arm replaces that range only when it is safe to skip
 it: the range does nothing but the matched calls (no other call, no ``return``, ``raise``,
-``yield``, loop jump or global), every name the range binds is bound by the kernel arm, and the
-kernel arm reads nothing the range assigns. A range already inside the ``else`` arm of its own
-guard is a site that was patched before: refused, so a second ``apply`` changes nothing.
+``yield``, loop jump or global), every name the range binds that is read anywhere else in the
+function is bound by the kernel arm, and the kernel arm reads nothing the range assigns. With
+``scope: "block"`` and no guard the kernel arm simply replaces the range. A range already
+inside the ``else`` arm of its own guard is a site that was patched before: refused, so a
+second ``apply`` changes nothing.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import TYPE_CHECKING
 from ..dsl.syntax import Literal, Name
 from ..dsl.syntax import Step as PatternStep
 from ..match.matcher import Site
-from .source import assigned_names, contains, read_names
+from .source import Blocks, assigned_names, contains, read_names
 
 if TYPE_CHECKING:
     from .plan import Plan, Planner
@@ -50,7 +53,7 @@ _CONTROL = (
 )
 
 
-def plan_guarded(planner: Planner, site: Site, guard: PatternStep, body: tuple) -> Plan:
+def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: tuple) -> Plan:
     from .plan import Plan, Refusal, _is_plain_assignment, _step_expression
 
     steps = site.steps
@@ -75,7 +78,7 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep, body: tuple) 
             raise Refusal(f"line {step.line}: the matched calls are not in one block")
         last_index = max(last_index, holder)
     wrapped = block[first_index : last_index + 1]
-    if _inside_own_guard(planner, parent, field, guard):
+    if guard is not None and _inside_own_guard(planner, parent, field, guard):
         raise Refusal("already guarded by its kernel (patched before)")
 
     # The range must do nothing but the matched work.
@@ -99,15 +102,22 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep, body: tuple) 
     bound: set[str] = set()
     last_pattern, last_step = pattern[-1], steps[-1]
     for new_step in body:
-        if len(new_step.targets) != 1 or new_step.targets[0].name not in producer:
-            raise Refusal("a guarded replacement step must name one value of the pattern")
-        pattern_step, step = producer[new_step.targets[0].name]
-        node = _step_expression(step)
-        statement = step.statement
-        assert statement is not None
-        if not _is_plain_assignment(statement, node):
-            raise Refusal(f"line {step.line}: the value is not assigned to a plain name")
-        name = statement.targets[0].id if isinstance(statement, ast.Assign) else statement.target.id  # type: ignore[union-attr]
+        if not new_step.targets or any(t.name not in producer for t in new_step.targets):
+            raise Refusal("a replacement step must name values of the pattern")
+        names = []
+        for target in new_step.targets:
+            pattern_step, step = producer[target.name]
+            node = _step_expression(step)
+            statement = step.statement
+            assert statement is not None
+            if not _is_plain_assignment(statement, node):
+                raise Refusal(f"line {step.line}: the value is not assigned to a plain name")
+            names.append(
+                statement.targets[0].id  # type: ignore[union-attr]
+                if isinstance(statement, ast.Assign)
+                else statement.target.id  # type: ignore[union-attr]
+            )
+        name = ", ".join(names)
         if isinstance(new_step.callee, Literal):
             value = repr(new_step.callee.value)
         elif isinstance(new_step.callee, Name):
@@ -115,15 +125,19 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep, body: tuple) 
         else:
             raise Refusal(f"cannot render replacement step {new_step}")
         lines.append(f"{name} = {value}")
-        bound.add(name)
-    guard_text = planner.render_call(guard, site, plan, last_pattern, last_step)
+        bound.update(names)
+    guard_text = (
+        planner.render_call(guard, site, plan, last_pattern, last_step) if guard else "True"
+    )
     planner._moved_calls = []  # arguments are evaluated where the range began: the same point
 
     assigned = set().union(*(assigned_names(s) for s in wrapped))
-    if assigned - bound:
+    elsewhere = read_names(function) - set().union(*(read_names(s) for s in wrapped))
+    unset = (assigned - bound) & (elsewhere | _read_in_range_loops(blocks, wrapped))
+    if unset:
         raise Refusal(
             "the matched statements also set "
-            + ", ".join(f"`{n}`" for n in sorted(assigned - bound))
+            + ", ".join(f"`{n}`" for n in sorted(unset))
             + ", which the kernel arm would leave unset"
         )
     # The kernel arm runs where the range starts: what it reads must not change inside it.
@@ -137,11 +151,24 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep, body: tuple) 
 
     outer = planner.source.indentation(function.lineno)
     inner = planner.source.indentation(function.body[0].lineno)
-    plan.wrap = (wrapped, guard_text, lines, inner[len(outer) :] or "    ")
+    plan.wrap = (wrapped, guard_text if guard else None, lines, inner[len(outer) :] or "    ")
     plan.statements.extend(wrapped)
     plan.touched.extend(matched_nodes)
-    plan.summary = f"{planner.source.segment(matched_nodes[-1])} -> if {guard_text}: ..."
+    plan.summary = f"{planner.source.segment(matched_nodes[-1])} -> " + (
+        f"if {guard_text}: ..." if guard else "; ".join(lines)
+    )
     return plan
+
+
+def _read_in_range_loops(blocks: Blocks, wrapped: list[ast.stmt]) -> set[str]:
+    """Names read by a loop around the range (a later iteration reads them again)."""
+    found: set[str] = set()
+    parent = blocks.block_of(wrapped[0])[2]
+    while parent is not None:
+        if isinstance(parent, (ast.For, ast.AsyncFor, ast.While)):
+            found |= read_names(parent)
+        parent = blocks.block_of(parent)[2] if id(parent) in blocks.where else None
+    return found
 
 
 def _read_before_bound(lines: list[str], guard_text: str) -> set[str]:

@@ -143,9 +143,9 @@ class Plan:
     companions: list[Plan] = field(default_factory=list)
     insert_before: list[tuple[ast.stmt, str]] = field(default_factory=list)
     keyword_parameters: list[str] = field(default_factory=list)  # added to ``function``
-    # a guarded replacement: (statements moved into the ``else`` arm, the guard's text, the
-    # kernel arm's statements, one indentation step)
-    wrap: tuple[list[ast.stmt], str, list[str], str] | None = None
+    # a replacement of whole statements: (the statements, the guard's text - ``None``: no
+    # guard, the statements are replaced - the kernel arm's statements, one indentation step)
+    wrap: tuple[list[ast.stmt], str | None, list[str], str] | None = None
     instance_of: Site | None = None  # another call of a site already reported
     imports: set[str] = field(default_factory=set)
     touched: list[ast.AST] = field(default_factory=list)
@@ -201,7 +201,7 @@ class Planner:
             return self.plan_construction(site, init_replacement)
         if isinstance(forward_replacement, tuple) and forward_replacement:
             guard = rule.forward.guard if rule.forward else None
-            if guard is not None:
+            if guard is not None or rule.scope == "block":
                 return plan_guarded(self, site, guard, forward_replacement)
             return self.plan_forward(site, forward_replacement)
         raise Refusal(

@@ -179,3 +179,29 @@ def test_guarded_replacement_errors(text, fragment):
     with pytest.raises(DslError) as caught:
         parse_rules(text, "bad.adopt")
     assert fragment in str(caught.value)
+
+
+def test_attribute_of_a_variable_and_block_scope():
+    (rule,) = parse_rules(
+        """
+        rule demo.3 {
+            scope: "block"
+            forward { repeat_kv($k, $module.groups) -> $r } => { pkg.k($module, $k) -> $r }
+        }
+        """
+    )
+    assert rule.scope == "block"
+    assert str(rule.forward.steps[0]) == "repeat_kv($k, $module.groups) -> $r"
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ('rule a { scope: "file" forward { f($x) -> $y } => { k($x) -> $y } }', "scope is one of"),
+        ('rule a { scope: "block" forward { f($x) -> $y } => _ }', "needs a forward replacement"),
+    ],
+)
+def test_scope_errors(text, fragment):
+    with pytest.raises(DslError) as caught:
+        parse_rules(text, "bad.adopt")
+    assert fragment in str(caught.value)
