@@ -207,6 +207,9 @@ class Matcher:
             if compiled.first is None:
                 for site in self._match_init_only(compiled, structure):
                     found.setdefault(site.key, site)
+        for site in found.values():
+            if site.path == structure.path:  # a helper's site in another file keeps its column
+                site.column = structure.character_column(site.line, site.column)
         return _without_overlaps(
             sorted(found.values(), key=lambda s: (s.path, s.line, s.column, s.rule.id))
         )
