@@ -6,8 +6,11 @@ same name may compute something else (about 25 files call the interleaved pair r
 ``rotate_half``). Extraction therefore recognises a helper by what its body computes, not by
 its name: a called module-level function whose body equals one of the templates below - up to
 the names of its parameters and locals, annotations, docstring, import aliases and a slice
-start of ``0`` - is recorded as one step of the canonical kind (``rotate_half(q)``) instead of
-being inlined, so a rule can name the operation.
+start of ``0`` - is recorded as one step of the canonical kind (``helper.rotate_half(q)``)
+instead of being inlined, so a rule can name the operation. The kinds carry the prefix
+``helper.`` so that a rule naming one never matches a call by its name alone (a
+``rotate_half`` imported from a file the analysis cannot read is ``that.module.rotate_half``).
+A helper imported from another file of the package is known by that file's body.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from .names import ImportTable
 # canonical kind -> the spellings of its body (as Python source of a whole function)
 TEMPLATES: dict[str, tuple[str, ...]] = {
     # the two halves of the last dimension swapped, the second negated (Llama family)
-    "rotate_half": (
+    "helper.rotate_half": (
         """
 def f(x):
     x1 = x[..., : x.shape[-1] // 2]
@@ -29,7 +32,7 @@ def f(x):
 """,
     ),
     # each pair (2i, 2i+1) of the last dimension rotated in place (GPT-J, GLM)
-    "rotate_pairs": (
+    "helper.rotate_pairs": (
         """
 def f(x):
     x1 = x[..., ::2]
@@ -45,7 +48,7 @@ def f(x):
 """,
     ),
     # grouped-query keys/values repeated per query head: (b, kv, s, d) -> (b, kv * n, s, d)
-    "repeat_kv": (
+    "helper.repeat_kv": (
         """
 def f(hidden_states, n_rep):
     batch, num_key_value_heads, slen, head_dim = hidden_states.shape

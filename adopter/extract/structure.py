@@ -45,6 +45,7 @@ class FileAnalysis:
         self.classes: dict[str, ClassInfo] = {}
         self._branch = 0
         self._helpers: dict[int, str | None] = {}
+        self._imported_helpers: dict[str, str | None] = {}
         self.branch_labels: dict[int, BranchPoint] = {}
         self._collect(tree.body)
 
@@ -54,6 +55,19 @@ class FileAnalysis:
         if key not in self._helpers:
             self._helpers[key] = canonical_helper(function, self.imports)
         return self._helpers[key]
+
+    def imported_helper(self, name: str) -> str | None:
+        """The canonical operation of a function imported from another file of the package
+        (``from ..llama.modeling_llama import rotate_half``), read from that file."""
+        if name not in self._imported_helpers:
+            found = None
+            if self.project.enabled and self.project.file is not None:
+                found = self.project.lookup(self.imports, self.project.file, name)
+            helper = None
+            if found is not None and isinstance(found.node, ast.FunctionDef):
+                helper = canonical_helper(found.node, found.module.imports)
+            self._imported_helpers[name] = helper
+        return self._imported_helpers[name]
 
     def next_branch(self) -> int:
         self._branch += 1

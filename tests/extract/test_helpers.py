@@ -40,9 +40,9 @@ class Rotate(nn.Module):
 @pytest.mark.parametrize(
     ("call", "kind"),
     [
-        ("rotate_half", "rotate_half"),
-        ("swap", "rotate_half"),  # another name, annotations, a slice start of 0
-        ("interleaved", "rotate_pairs"),  # GPT-J's rotate_every_two, whatever it is called
+        ("rotate_half", "helper.rotate_half"),
+        ("swap", "helper.rotate_half"),  # another name, annotations, a slice start of 0
+        ("interleaved", "helper.rotate_pairs"),  # GPT-J's rotate_every_two, whatever it is called
         ("not_quite", None),  # no negation: inlined, not a rotation
     ],
 )
@@ -51,6 +51,33 @@ def test_helpers_are_known_by_their_body(call, kind):
     (flow,) = structure.classes["Rotate"].flows.values()
     kinds = [step.kind for step in flow.steps if not step.transparent]
     if kind is None:
-        assert "rotate_half" not in kinds and "torch.cat" in kinds
+        assert "helper.rotate_half" not in kinds and "torch.cat" in kinds
     else:
         assert kinds == [kind]
+
+
+def test_imported_helpers_are_read_from_their_file(tmp_path):
+    """A ``rotate_half`` imported from another file is known by that file's body: the halves
+    swap of one file is the canonical step, the pair rotation of another file of the same name
+    is not (and no rule matches it by its name)."""
+    from adopter.extract import analyse_file
+
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/llama.py": HELPERS.split("class Rotate")[0],
+        "pkg/gptj.py": "import torch\n\ndef rotate_half(x):\n"
+        "    x1 = x[..., ::2]\n    x2 = x[..., 1::2]\n"
+        "    return torch.stack((-x2, x1), dim=-1).flatten(-2)\n",
+        "pkg/model.py": "from torch import nn\nfrom .llama import rotate_half\n"
+        "from .gptj import rotate_half as rotate_pairs_named_half\n\n"
+        "class Rotate(nn.Module):\n    def forward(self, q, k):\n"
+        "        return rotate_half(q), rotate_pairs_named_half(k)\n",
+    }
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    structure = analyse_file(str(tmp_path / "pkg/model.py"))
+    (flow,) = structure.classes["Rotate"].flows.values()
+    kinds = [step.kind for step in flow.steps if not step.transparent]
+    assert kinds[:2] == ["helper.rotate_half", "helper.rotate_pairs"]
