@@ -169,7 +169,7 @@ class Matcher:
     """Matches a rule set against extracted files."""
 
     def __init__(self, rules: list[Rule]) -> None:
-        self.rules = [CompiledRule(rule) for rule in rules]
+        self.rules = [CompiledRule(spelling) for rule in rules for spelling in rule.spellings]
         self._kind_cache: dict[tuple[str, str], bool] = {}
 
     @property
