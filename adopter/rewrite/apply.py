@@ -249,7 +249,14 @@ class _FunctionEditor(cst.CSTTransformer):
             leading = moved[0].leading_lines
             moved[0] = moved[0].with_changes(leading_lines=())
             arm = [cst.parse_statement(text) for text in kernel_arm]
-            if guard is None:  # the statements replaced
+            if guard is None:  # the statements replaced; their comment lines kept before them
+                comments = [
+                    line
+                    for statement in moved[1:]
+                    for line in getattr(statement, "leading_lines", ())
+                    if line.comment
+                ]
+                leading = [*leading, *comments]
                 body.extend([arm[0].with_changes(leading_lines=leading), *arm[1:]])
                 index += count
                 continue
