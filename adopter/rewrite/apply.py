@@ -20,6 +20,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ..extract.source import split_lines
 from ..match.matcher import Site
+from .guarded import AlreadyPatched
 from .plan import KERNEL_PACKAGE, Plan, Planner, Refusal, edit_location, sequential_expression
 from .source import SourceText, function_start
 
@@ -708,6 +709,8 @@ def rewrite_source(
                 if _same_helper_edit(site_plans[0], extra):
                     extra.companions = []
                 site_plans.append(extra)
+        except AlreadyPatched:
+            continue
         except Refusal as refusal:
             results.append(SiteResult(site, "skipped", str(refusal)))
             continue

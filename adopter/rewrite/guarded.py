@@ -54,6 +54,11 @@ _CONTROL = (
 )
 
 
+class AlreadyPatched(Exception):
+    """The site is the original code kept in the ``else`` arm of its own guard: nothing to do
+    (not a skipped site)."""
+
+
 def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: tuple) -> Plan:
     from .plan import Plan, Refusal, _is_plain_assignment, _step_expression
 
@@ -76,7 +81,7 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
         last_index = max(last_index, holder)
     wrapped = block[first_index : last_index + 1]
     if guard is not None and _inside_own_guard(planner, parent, field, guard):
-        raise Refusal("already guarded by its kernel (patched before)")
+        raise AlreadyPatched("already guarded by its kernel (patched before)")
 
     # The range must do nothing but the matched work (and the calls of helpers that do only
     # matched work); a ``return`` may end it when it returns the replacement's value.
