@@ -463,7 +463,11 @@ NOTES = [
     "layers, which shows when each is applied alone but does not lower a peak that the loss "
     "sets, so their savings do not add to modern.7's. The memory targets (-25% at vocabulary "
     "32,000, -40% at 128,256) are judged on the whole patched model; what is missed is "
-    "missed by that much.",
+    "missed by that much. At vocabulary 128,256 the saving in MiB is about the one at "
+    "32,000, although the logits it avoids are four times larger: something that grows with "
+    "the vocabulary offsets it in the patched step - most likely the kernel's full-size "
+    "weight-gradient accumulation for the head, which issue 14 names as the next saving. "
+    "That is modern.7's kernel (adopter/kernels/cross_entropy.py), not measured apart here.",
     "* **What a CPU shows.** The saving of an in-place activation or a folded norm is one pass "
     "over an activation tensor per site; at batch 2 on one thread that is a few percent of a "
     "step made of convolutions and matrix products, about the width of the intervals here. "
