@@ -208,6 +208,15 @@ def scan(
     jobs: Annotated[
         int | None, typer.Option("--jobs", "-j", min=1, help="Worker processes.")
     ] = None,
+    explain: Annotated[
+        bool,
+        typer.Option(
+            "--explain",
+            envvar="ADOPTER_EXPLAIN",
+            help="Also say, on stderr, where each rule could have started and why it did not "
+            "fire: the pattern step that failed, at which line, and why.",
+        ),
+    ] = False,
 ) -> None:
     """List every site where a rule applies. Never imports or runs the scanned code.
 
@@ -218,11 +227,15 @@ def scan(
     console = _stderr()
     if len(files) >= PROGRESS_MIN_FILES and console.is_terminal:
         with _progress_bar(console, "scanning", len(files)) as advance:
-            result = scan_paths(paths, rules, jobs=jobs, progress=lambda _: advance())
+            result = scan_paths(
+                paths, rules, jobs=jobs, progress=lambda _: advance(), explain=explain
+            )
     else:  # a few files finish before a bar would be drawn
-        result = scan_paths(paths, rules, jobs=jobs)
+        result = scan_paths(paths, rules, jobs=jobs, explain=explain)
     for error in result.errors:
         _print_error(console, error)
+    for miss in result.misses:  # plain lines, as a rule author greps them
+        typer.echo(str(miss), err=True)
     sites = result.sites + (result.not_applicable if show_not_applicable else [])
     sites.sort(key=lambda s: (s.path, s.line, s.column, s.rule.id))
     if output_format is OutputFormat.json:
