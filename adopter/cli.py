@@ -385,6 +385,7 @@ def apply(
     and the exit code is 2.
     """
     from .rewrite import (
+        SiteStatus,
         WriteOptions,
         WriteStatus,
         remove_stale_temporaries,
@@ -445,9 +446,9 @@ def apply(
                 console.print(f"{prefix}{outcome}", soft_wrap=True, markup=False, highlight=False)
         written = {o.path for o in outcomes if o.status is WriteStatus.WRITTEN}
         done = [r for r in done if r.path in written]
-    patched = sum(r.status == "patched" for rewrite in done for r in rewrite.results)
-    covered = sum(r.status == "covered" for r in result.results)
-    skipped = [r for r in result.results if r.status == "skipped"]
+    patched = sum(len(rewrite.with_status(SiteStatus.PATCHED)) for rewrite in done)
+    covered = sum(r.status is SiteStatus.COVERED for r in result.results)
+    skipped = [r for r in result.results if r.status is SiteStatus.SKIPPED]
     for skip in skipped:
         console.print(
             f"skipped {skip.site.rule.id} at {skip.site.path}:{skip.line}:{skip.column}: "

@@ -57,7 +57,7 @@ from adopter.dsl.errors import LocatedError  # noqa: E402
 from adopter.extract.source import read_source  # noqa: E402
 from adopter.match.matcher import Matcher  # noqa: E402
 from adopter.match.scan import collect_python_files, map_files, scan_source  # noqa: E402
-from adopter.rewrite import rewrite_file  # noqa: E402
+from adopter.rewrite import SiteStatus, rewrite_file  # noqa: E402
 from adopter.rules import load_rule_set  # noqa: E402
 
 LABELS = Path(__file__).with_name("coverage")
@@ -114,7 +114,7 @@ def apply_file(path: str, matcher: Matcher) -> FileApply:
         return result
     for item in rewrite.results:
         result.statuses[item.status] += 1
-        if item.status == "patched":
+        if item.status is SiteStatus.PATCHED:
             result.patched_rules[item.site.rule.id] += 1
     if rewrite.changed:
         result.patched = rewrite.patched

@@ -69,7 +69,7 @@ def main() -> int:
     for model in models:
         path = paths[model]
         rewrite = rewrite_text(path.read_text(encoding="utf-8"), str(path), matcher)
-        used = sorted({r.site.rule.id for r in rewrite.results if r.status == "patched"})
+        used = rewrite.rules_patched
         rules_of[model] = used
         if not rewrite.changed:
             outcome[model] = ("unchanged", "no site patched", None, None)

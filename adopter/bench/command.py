@@ -49,7 +49,7 @@ from torch import nn
 
 from ..dsl.syntax import Rule
 from ..match.matcher import Matcher
-from ..rewrite import rewrite_text
+from ..rewrite import SiteStatus, rewrite_text
 from ..verify.config_names import (
     ATTENTION_DROPOUT_NAME,
     DROPOUT_NAME,
@@ -142,7 +142,7 @@ def patch_text(text: str, path: str, rules: Sequence[Rule]) -> tuple[str, Counte
     rewrite = rewrite_text(text, path, Matcher(list(rules)))
     if rewrite.error:
         raise BenchTargetError(f"rewriting {path} failed: {rewrite.error}")
-    patched = Counter(r.site.rule.id for r in rewrite.results if r.status == "patched")
+    patched = Counter(r.site.rule.id for r in rewrite.with_status(SiteStatus.PATCHED))
     return (rewrite.patched if patched else text), patched
 
 

@@ -3,6 +3,7 @@
 from .apply import FileRewrite, SiteResult, rewrite_source
 from .diff import unified_diff
 from .driver import ApplyResult, rewrite_file, rewrite_paths, rewrite_text
+from .outcome import SiteStatus, SkipReason
 from .write import (
     WriteOptions,
     WriteResult,
@@ -16,6 +17,8 @@ __all__ = [
     "ApplyResult",
     "FileRewrite",
     "SiteResult",
+    "SiteStatus",
+    "SkipReason",
     "WriteOptions",
     "WriteResult",
     "WriteStatus",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import libcst as cst
@@ -20,6 +20,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ..extract.source import split_lines
 from ..match.matcher import Site
+from .outcome import SiteStatus, SkipReason
 from .plan import KERNEL_PACKAGE, Plan, Planner, Refusal, edit_location, sequential_expression
 from .source import SourceText, function_start
 
@@ -28,11 +29,10 @@ WRAPPER = "if True:"  # + the file's line ending
 
 @dataclass
 class SiteResult:
-    """What happened to one site."""
+    """What happened to one site: made by :meth:`patched`, :meth:`covered` or :meth:`skipped`."""
 
     site: Site
-    # "patched"; "covered" (inside code that an enclosing rewrite replaces); or "skipped"
-    status: str
+    status: SiteStatus
     reason: str = ""
     summary: str = ""
     # Where the edit is (1-based line, byte column + 1): the site's own location, except for a
@@ -40,10 +40,27 @@ class SiteResult:
     # built it while the edit is its call in ``forward``.
     line: int = 0
     column: int = 0
+    skip: SkipReason | None = None  # the kind of reason, for a skipped site
 
     def __post_init__(self) -> None:
         if not self.line:
             self.line, self.column = edit_location(self.site)
+
+    @classmethod
+    def patched(cls, site: Site, summary: str) -> SiteResult:
+        return cls(site, SiteStatus.PATCHED, summary=summary)
+
+    @classmethod
+    def covered(cls, site: Site, reason: str) -> SiteResult:
+        return cls(site, SiteStatus.COVERED, reason)
+
+    @classmethod
+    def skipped(cls, site: Site, skip: SkipReason, reason: str) -> SiteResult:
+        return cls(site, SiteStatus.SKIPPED, reason, skip=skip)
+
+    def now_skipped(self, skip: SkipReason, reason: str) -> SiteResult:
+        """This result, skipped after all (a later stage undid its patch)."""
+        return replace(self, status=SiteStatus.SKIPPED, reason=reason, skip=skip)
 
     def as_record(self) -> dict[str, object]:
         record = self.site.as_record()
@@ -66,6 +83,14 @@ class FileRewrite:
     @property
     def changed(self) -> bool:
         return self.patched != self.original
+
+    def with_status(self, status: SiteStatus) -> list[SiteResult]:
+        return [result for result in self.results if result.status is status]
+
+    @property
+    def rules_patched(self) -> list[str]:
+        """The rules of the sites patched, each once, sorted."""
+        return sorted({result.site.rule.id for result in self.with_status(SiteStatus.PATCHED)})
 
 
 class _FunctionEditor(cst.CSTTransformer):
@@ -527,19 +552,17 @@ def resolve_overlaps(
         site = plan.site
         if site.rule.site != "init" and site.cls in replaced_classes:
             results.append(
-                SiteResult(
-                    site,
-                    "covered",
-                    f"inside {site.cls}, which a fused-attention rule replaces as a whole",
+                SiteResult.covered(
+                    site, f"inside {site.cls}, which a fused-attention rule replaces as a whole"
                 )
             )
             continue
         clash = next((k for k in kept if _overlaps(k, plan)), None)
         if clash is not None:
             results.append(
-                SiteResult(
+                SiteResult.skipped(
                     site,
-                    "skipped",
+                    SkipReason.OVERLAP,
                     f"overlaps {clash.site.rule.id} at line "
                     f"{edit_location(clash.site)[0]}, which is applied instead",
                 )
@@ -618,7 +641,11 @@ def rewrite_source(
     (see :func:`generated_pair`)."""
     refusal = modular_refusal(text, path, modular)
     if refusal is not None:
-        skipped = [SiteResult(site, "skipped", refusal) for site in sites if site.applicable]
+        skipped = [
+            SiteResult.skipped(site, SkipReason.MODULAR_POLICY, refusal)
+            for site in sites
+            if site.applicable
+        ]
         return FileRewrite(path, text, text, _ordered(skipped))
     source = SourceText(text)
     planner = Planner(source, module_names(tree), existing_kernel_imports(tree))
@@ -636,7 +663,7 @@ def rewrite_source(
                     extra.companions = []
                 site_plans.append(extra)
         except Refusal as refusal:
-            results.append(SiteResult(site, "skipped", str(refusal)))
+            results.append(SiteResult.skipped(site, SkipReason.UNSAFE, str(refusal)))
             continue
         for extra in site_plans[1:]:
             extra.instance_of = site
@@ -661,13 +688,18 @@ def rewrite_source(
                 retry = rewrite_source(
                     text, path, [s for s in sites if id(s) not in failed], tree, modular=modular
                 )
+                why = f"synthesis failed: {error}"
                 skipped = [
-                    SiteResult(site, "skipped", f"synthesis failed: {error}")
+                    SiteResult.skipped(site, SkipReason.SYNTHESIS_FAILED, why)
                     for site in failed.values()
                 ]
                 return FileRewrite(path, text, retry.patched, _ordered(retry.results + skipped))
             for plan in group:
-                results.append(SiteResult(plan.site, "skipped", f"synthesis failed: {error}"))
+                results.append(
+                    SiteResult.skipped(
+                        plan.site, SkipReason.SYNTHESIS_FAILED, f"synthesis failed: {error}"
+                    )
+                )
             plans = [p for p in plans if p not in group]
             continue
         lines[start - 1 : end] = new_lines
@@ -682,9 +714,9 @@ def rewrite_source(
     except SyntaxError as error:
         for plan in [p for group in plans for p in (group, *group.also_patched)]:
             results.append(
-                SiteResult(
+                SiteResult.skipped(
                     plan.site,
-                    "skipped",
+                    SkipReason.DOES_NOT_COMPILE,
                     f"patched code does not compile: "
                     f"{error.msg} (line {error.lineno}); file left unchanged",
                 )
@@ -693,7 +725,7 @@ def rewrite_source(
     for plan in plans:
         for done in (plan, *plan.also_patched):
             if done.instance_of is None:
-                results.append(SiteResult(done.site, "patched", summary=plan.summary))
+                results.append(SiteResult.patched(done.site, plan.summary))
     return FileRewrite(path, text, patched, _ordered(results))
 
 

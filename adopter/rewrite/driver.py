@@ -27,6 +27,7 @@ from ..match.matcher import Matcher
 from ..match.scan import collect_python_files, map_files, strip_details
 from .apply import FileRewrite, SiteResult, rewrite_source
 from .encoding import EncodingRefusal, encode_patched
+from .outcome import SiteStatus, SkipReason
 from .plan import edit_location
 
 # Rounds of rewriting one file: a round that skipped a site (it overlapped one applied instead,
@@ -62,7 +63,7 @@ def rewrite_text(text: str, path: str, matcher: Matcher, *, modular: bool = Fals
         return replace(inner, original=text, patched=inner.patched.replace("\n", newline))
     rounds = [rewrite_once(text, path, matcher, modular)]
     to_original: list[Callable[[int], int]] = [lambda line: line]
-    while rounds[-1].changed and any(r.status == "skipped" for r in rounds[-1].results):
+    while rounds[-1].changed and any(r.status is SiteStatus.SKIPPED for r in rounds[-1].results):
         current = rounds[-1].patched
         try:
             following = rewrite_once(current, path, matcher, modular)
@@ -77,13 +78,11 @@ def rewrite_text(text: str, path: str, matcher: Matcher, *, modular: bool = Fals
                 current,
                 current,
                 [
-                    replace(
-                        r,
-                        status="skipped",
-                        reason=f"still rewritable after {MAX_ROUNDS} "
-                        "rounds of apply; run apply again",
+                    r.now_skipped(
+                        SkipReason.TOO_MANY_ROUNDS,
+                        f"still rewritable after {MAX_ROUNDS} rounds of apply; run apply again",
                     )
-                    if r.status == "patched"
+                    if r.status is SiteStatus.PATCHED
                     else r
                     for r in following.results
                 ],
@@ -142,7 +141,7 @@ def _merge_rounds(
         mapped = [_in_original(result, to_line) for result in rounds[index]]
         for result in mapped:
             key = (result.site.rule.id, result.line)
-            if result.status == "patched" or index == last:
+            if result.status is SiteStatus.PATCHED or index == last:
                 merged.append(result)
             elif seen_later[key]:
                 seen_later[key] -= 1
@@ -191,7 +190,9 @@ def rewrite_file(path: str, matcher: Matcher, modular: bool = False) -> FileRewr
             encode_patched(path, data, source, rewrite.patched)
         except EncodingRefusal as refusal:
             results = [
-                replace(r, status="skipped", reason=refusal.message) if r.status == "patched" else r
+                r.now_skipped(SkipReason.ENCODING, refusal.message)
+                if r.status is SiteStatus.PATCHED
+                else r
                 for r in rewrite.results
             ]
             return FileRewrite(path, rewrite.original, rewrite.original, results)

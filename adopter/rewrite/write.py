@@ -30,12 +30,12 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 
 from ..extract.source import SourceError, decode_source_file
 from .apply import FileRewrite
 from .encoding import EncodingRefusal, encode_patched
+from .outcome import TextEnum
 
 TEMPORARY_SUFFIX = ".adopter"
 # ``tempfile.mkstemp(prefix=".NAME.", suffix=".adopter")``: eight characters from [a-z0-9_].
@@ -44,7 +44,7 @@ STALE_AFTER_SECONDS = 10.0  # a live write renames its temporary file within mil
 LOCK_TIMEOUT_SECONDS = 60.0
 
 
-class WriteStatus(str, Enum):
+class WriteStatus(TextEnum):
     WRITTEN = "written"
     UNCHANGED = "unchanged"  # nothing to write
     SKIPPED = "skipped"  # not written on purpose; the reason says why and what to do

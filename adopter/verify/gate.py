@@ -60,7 +60,7 @@ def gate_rewrites(
     gated: list[GatedFile] = []
     for rewrite, verification in zip(changed, verdicts, strict=True):
         status, reason = file_status(verification)
-        used = sorted({r.site.rule.id for r in rewrite.results if r.status == "patched"})
+        used = rewrite.rules_patched
         if progress:
             progress(f"{rewrite.path}: {status}")
         if status == VERIFIED:
