@@ -14,7 +14,7 @@ the code.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..dsl.syntax import (
     DETECT_ONLY,
@@ -212,6 +212,9 @@ class Matcher:
             if compiled.first is None:
                 for site in self._match_init_only(compiled, structure):
                     found.setdefault(site.key, site)
+        for site in found.values():
+            if site.path == structure.path:  # a helper's site in another file keeps its column
+                site.column = structure.character_column(site.line, site.column)
         sites = sorted(found.values(), key=lambda s: (s.path, s.line, s.column, s.rule.id))
         kept = _without_overlaps(sites)
         if self.explain:
@@ -579,6 +582,8 @@ class Matcher:
         misses: dict[tuple[object, ...], Miss] = {}
         for node, miss in self._candidate_misses:
             if (miss.rule, *node) not in fired:
+                if miss.path == structure.path:  # columns count characters, as sites' do
+                    miss = replace(miss, column=structure.character_column(miss.line, miss.column))
                 misses.setdefault((*miss.key, miss.step, miss.reason), miss)
         for site in sites:
             if site not in kept and site.steps:
