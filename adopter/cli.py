@@ -384,36 +384,27 @@ def apply(
     owner and mode (a symlink's target is written); a file it skips is named with the reason
     and the exit code is 2.
     """
-    from .rewrite import (
-        SiteStatus,
-        WriteOptions,
-        WriteStatus,
-        remove_stale_temporaries,
-        rewrite_paths,
-        unified_diff,
-        write_rewrites,
-    )
+    from .rewrite import WriteOptions, rewrite_paths, unified_diff, write_changed
 
     if output_format not in ("diff", "json"):
         raise _fail(f"--format must be diff or json, not {output_format!r}")
     rules = load_rules(rule_files, rule_set, select)
     console = _stderr()
+
+    def say(message: str) -> None:  # file names and reasons are never Rich markup
+        console.print(message, soft_wrap=True, markup=False, highlight=False)
+
     result = rewrite_paths(paths, rules, jobs=jobs, modular=modular)
     for error in result.errors:
         _print_error(console, error)
     if only_faster:
-        result = _keep_faster_rules(result, rules, console)
-    if verify:
-        from .verify.gate import describe, gate_rewrites
+        from .bench.command import keep_faster_rules
 
-        gated = gate_rewrites(result.changed, rules, timeout=verify_timeout)
-        for item in gated:
-            console.print(describe(item.rewrite.path, item), soft_wrap=True, markup=False)
-        # Only what was proven goes on: the (possibly narrowed) rewrite of each verified file.
-        verified_files = [item.rewrite for item in gated if item.text is not None]
-        result.files = [
-            r for r in result.files if not r.changed or r.error is not None
-        ] + verified_files
+        result = keep_faster_rules(result, rules, say)
+    if verify:
+        from .verify.gate import keep_verified
+
+        keep_verified(result, rules, timeout=verify_timeout, say=say)
     out = Console(highlight=False)
     if output_format == "json":
         records = [r.as_record() for r in result.results]
@@ -427,81 +418,17 @@ def apply(
                 out.print(Syntax(diff, "diff", theme="ansi_dark", background_color="default"))
             else:
                 typer.echo(diff, nl=False)
-    done = result.changed
-    not_written = 0
+    done, not_written = result.changed, 0
     if write:
-        for removed in remove_stale_temporaries(r.path for r in result.files):
-            console.print(
-                f"removed {removed}: a temporary file left by an interrupted apply",
-                soft_wrap=True,
-                markup=False,
-                highlight=False,
-            )
-        outcomes = write_rewrites(done, WriteOptions(force_read_only, in_place_hard_links))
-        for outcome in outcomes:
-            failed = outcome.status in (WriteStatus.SKIPPED, WriteStatus.FAILED)
-            not_written += failed
-            if failed or outcome.reason:
-                prefix = "error: " if outcome.status is WriteStatus.FAILED else ""
-                console.print(f"{prefix}{outcome}", soft_wrap=True, markup=False, highlight=False)
-        written = {o.path for o in outcomes if o.status is WriteStatus.WRITTEN}
-        done = [r for r in done if r.path in written]
-    patched = sum(len(rewrite.with_status(SiteStatus.PATCHED)) for rewrite in done)
-    covered = sum(r.status is SiteStatus.COVERED for r in result.results)
-    skipped = [r for r in result.results if r.status is SiteStatus.SKIPPED]
-    for skip in skipped:
-        console.print(
-            f"skipped {skip.site.rule.id} at {skip.site.path}:{skip.line}:{skip.column}: "
-            f"{skip.reason}",
-            soft_wrap=True,
-            highlight=False,
-            markup=False,
-        )
-    verb = "patched" if write else "to patch"
-    console.print(
-        f"{patched} site(s) {verb} in {len(done)} file(s), {covered} covered by an "
-        f"enclosing rewrite, {len(skipped)} skipped, "
-        + (f"{not_written} file(s) not written, " if not_written else "")
-        + f"{len(result.errors)} error(s), {result.seconds:.2f} s",
-        highlight=False,
-        soft_wrap=True,
-    )
+        options = WriteOptions(force_read_only, in_place_hard_links)
+        done, not_written = write_changed(result, options, say)
+    for line in result.skip_lines():
+        say(line)
+    say(result.summary(done, written=write, not_written=not_written))
     if result.errors or not_written:
         raise typer.Exit(EXIT_ERROR)
     if check and result.changed:
         raise typer.Exit(1)
-
-
-def _keep_faster_rules(result, rules: list[Rule], console: Console):
-    """Re-patch each changed file with only the rules that ``bench`` shows help here."""
-    from .bench.command import BenchTargetError, only_faster_rules
-    from .match import Matcher
-    from .rewrite import rewrite_text
-
-    files = []
-    for rewrite in result.files:
-        if rewrite.error is not None or not rewrite.changed:
-            files.append(rewrite)
-            continue
-        try:
-            kept, reasons = only_faster_rules(rewrite.path, rules)
-        except (BenchTargetError, ValueError, RuntimeError) as error:
-            console.print(
-                f"{rewrite.path}: not benchmarked ({error}); left unpatched",
-                soft_wrap=True,
-                markup=False,
-            )
-            files.append(type(rewrite)(rewrite.path, rewrite.original, rewrite.original))
-            continue
-        for rule_id, reason in sorted(reasons.items()):
-            console.print(f"{rewrite.path}: {rule_id}: {reason}", soft_wrap=True, markup=False)
-        files.append(
-            rewrite_text(rewrite.original, rewrite.path, Matcher(kept))
-            if kept
-            else type(rewrite)(rewrite.path, rewrite.original, rewrite.original)
-        )
-    result.files = files
-    return result
 
 
 @app.command()
@@ -650,8 +577,9 @@ def verify_command(
     Exit code 0 when nothing was refuted, 1 when a patch was refuted, 2 on bad input.
     """
     from .rewrite import rewrite_paths
-    from .verify import PatchedFile, verify_factory, verify_patched_files
-    from .verify.report import class_row, verification_rows
+    from .verify import verify_factory, verify_patched_files
+    from .verify.report import class_row, rewrite_rows
+    from .verify.results import REFUTED
 
     mode_list = _comma_list(modes, "--modes")
     try:  # checks the options (modes, timeout) before any work; verifies nothing
@@ -674,29 +602,12 @@ def verify_command(
         result = rewrite_paths(paths, rules)
         for error in result.errors:
             _print_error(_stderr(), error)
-        items = [PatchedFile(r.path, r.patched, classes=wanted) for r in result.changed]
-        for rewrite in result.files:
-            if rewrite.error is None and not rewrite.changed:
-                rows.append(
-                    {
-                        "kind": "file",
-                        "path": rewrite.path,
-                        "class": "-",
-                        "status": "unchanged",
-                        "reason": "no site to patch",
-                        "max_abs_diff": None,
-                        "where": None,
-                    }
-                )
-        for item, verification in zip(
-            items, verify_patched_files(items, timeout=timeout, modes=mode_list), strict=True
-        ):
-            rows += verification_rows(item.original_path, verification)
+        rows += rewrite_rows(result, wanted, timeout=timeout, modes=mode_list)
         if result.errors:
             _print_verdicts(rows, output_format)
             raise typer.Exit(EXIT_ERROR)
     _print_verdicts(rows, output_format)
-    if any(row["status"] == "refuted" for row in rows):
+    if any(row["status"] == REFUTED for row in rows):
         raise typer.Exit(1)
 
 

@@ -9,6 +9,7 @@ from .write import (
     WriteResult,
     WriteStatus,
     remove_stale_temporaries,
+    write_changed,
     write_rewrite,
     write_rewrites,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "rewrite_source",
     "rewrite_text",
     "unified_diff",
+    "write_changed",
     "write_rewrite",
     "write_rewrites",
 ]

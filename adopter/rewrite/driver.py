@@ -220,6 +220,33 @@ class ApplyResult:
     def changed(self) -> list[FileRewrite]:
         return [rewrite for rewrite in self.files if rewrite.error is None and rewrite.changed]
 
+    def keep(self, proven: list[FileRewrite]) -> None:
+        """Replace the changed files by ``proven`` (those a gate kept, possibly narrowed)."""
+        unchanged = [r for r in self.files if not r.changed or r.error is not None]
+        self.files = unchanged + proven
+
+    def skip_lines(self) -> list[str]:
+        """One line per skipped site: where, which rule, and why."""
+        return [
+            f"skipped {r.site.rule.id} at {r.site.path}:{r.line}:{r.column}: {r.reason}"
+            for r in self.results
+            if r.status is SiteStatus.SKIPPED
+        ]
+
+    def summary(self, done: list[FileRewrite], *, written: bool, not_written: int) -> str:
+        """``apply``'s last line: what ``done`` (the files patched or to patch) holds, and the
+        sites covered, skipped, files not written and errors of the whole run."""
+        patched = sum(len(rewrite.with_status(SiteStatus.PATCHED)) for rewrite in done)
+        covered = sum(r.status is SiteStatus.COVERED for r in self.results)
+        skipped = sum(r.status is SiteStatus.SKIPPED for r in self.results)
+        verb = "patched" if written else "to patch"
+        return (
+            f"{patched} site(s) {verb} in {len(done)} file(s), {covered} covered by an "
+            f"enclosing rewrite, {skipped} skipped, "
+            + (f"{not_written} file(s) not written, " if not_written else "")
+            + f"{len(self.errors)} error(s), {self.seconds:.2f} s"
+        )
+
 
 def rewrite_paths(
     paths: Iterable[str | Path],
