@@ -18,7 +18,6 @@ import json
 import os
 import py_compile
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,7 +49,7 @@ from coverage_compare import (  # noqa: E402
     tabulate,
     total,
 )
-from machine import describe_machine  # noqa: E402
+from machine import describe_machine, git_revision  # noqa: E402
 
 from adopter.corpus import fetch_wheel  # noqa: E402
 from adopter.dsl.errors import LocatedError  # noqa: E402
@@ -223,19 +222,6 @@ def package_pass(package: str, version: str, root: Path, rules, jobs: int) -> Pa
 
 
 # --- the report -------------------------------------------------------------------------------
-
-
-def git_revision() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def code_line(root: Path, path: str, line: int) -> str:

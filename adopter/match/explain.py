@@ -51,6 +51,11 @@ def numbered(pattern_step: Step, position: int, where: bool) -> str:
     return f"{section} {position + 1} `{pattern_step}`"
 
 
+def owner(step: FlowStep) -> str:
+    """``Class.method`` of a flow step, or the function's name at module level."""
+    return f"{step.cls}.{step.method}" if step.cls else step.method
+
+
 def callee_text(step: FlowStep) -> str:
     """How a flow step's call reads in a reason: ``self.dropout (torch.nn.Dropout)`` or ``mul``."""
     if step.module is not None:

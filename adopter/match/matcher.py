@@ -43,7 +43,7 @@ from ..extract.model import (
 )
 from ..extract.model import Step as FlowStep
 from ..extract.names import dotted_suffix_match, parameter_names, step_family
-from .explain import Miss, callee_text, describe_construction, describe_value, numbered
+from .explain import Miss, callee_text, describe_construction, describe_value, numbered, owner
 
 MAX_CANDIDATES = 2000  # per pattern step, a guard against pathological files
 
@@ -561,9 +561,14 @@ class Matcher:
             self._deepest = (depth, priority, label, reason)
 
     def _miss(self, compiled: CompiledRule, candidate: FlowStep, label: str, reason: str) -> None:
-        where = f"{candidate.cls}.{candidate.method}" if candidate.cls else candidate.method
         miss = Miss(
-            compiled.rule.id, candidate.path, candidate.line, candidate.column, where, label, reason
+            compiled.rule.id,
+            candidate.path,
+            candidate.line,
+            candidate.column,
+            owner(candidate),
+            label,
+            reason,
         )
         self._candidate_misses.append(((id(candidate.node), candidate.module), miss))
 
@@ -587,8 +592,7 @@ class Matcher:
                 misses.setdefault((*miss.key, miss.step, miss.reason), miss)
         for site in sites:
             if site not in kept and site.steps:
-                first = site.steps[0]
-                where = f"{first.cls}.{first.method}" if first.cls else first.method
+                where = owner(site.steps[0])
                 reason = "dropped: its calls overlap an earlier site of the same rule"
                 miss = Miss(site.rule.id, site.path, site.line, site.column, where, "", reason)
                 misses.setdefault((*miss.key, "", reason), miss)
