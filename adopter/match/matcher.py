@@ -165,7 +165,7 @@ class Matcher:
     """Matches a rule set against extracted files."""
 
     def __init__(self, rules: list[Rule], *, explain: bool = False) -> None:
-        self.rules = [CompiledRule(rule) for rule in rules]
+        self.rules = [CompiledRule(spelling) for rule in rules for spelling in rule.spellings]
         self._kind_cache: dict[tuple[str, str], bool] = {}
         # The match trace (``scan --explain``): the candidates of the last ``match_file`` where
         # a rule did not fire. ``_reason`` is why the last unification failed, ``_deepest`` the
