@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..dsl.syntax import Call, Expr, Index, Literal, Name, Step, Var, Wildcard
+from ..dsl.syntax import Call, Expr, Index, Literal, Name, Step, Var
 from ..extract.model import Construction, Operand
 from ..extract.model import Step as FlowStep
 
@@ -70,10 +70,10 @@ def describe_value(pattern: Expr, operand: Operand, bindings: dict[str, object])
         return f"{text} is not the literal {pattern}"
     if isinstance(pattern, (Name, Index, Call)):
         return f"{text} is not `{pattern}`"
-    if isinstance(pattern, Wildcard):  # pragma: no cover - a wildcard always unifies
-        return f"{text} does not match _"
-    assert isinstance(pattern, Var)
+    assert isinstance(pattern, Var), pattern  # a wildcard always unifies
     bound = bindings.get(pattern.name)
+    # the matcher's BoundOutput (a value a matched call produced) and BoundModule (a submodule),
+    # known by their fields: the matcher imports this module, not the other way round
     step = getattr(bound, "step", None)
     if isinstance(step, FlowStep):
         return f"data flow broken: {text} does not come from {pattern} (line {step.line})"
