@@ -2,27 +2,17 @@
 
 Modelled on LibCST's codemod runner (``TransformSuccess`` / ``TransformSkip`` with a
 ``SkipReason``): a site is patched, covered by an enclosing rewrite, or skipped, and a skip says
-which kind of reason stopped it besides the sentence for the user. The values are strings, so
-JSON, SARIF and every report print exactly the words they always printed.
+which kind of reason stopped it besides the sentence for the user. The members are strings
+(``StrEnum``), so JSON, SARIF and every report print exactly the words they always printed, and
+records read back from JSON compare equal to them.
 """
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class TextEnum(str, Enum):
-    """An enum whose members are their text, in ``str()``, f-strings and JSON alike (a plain
-    ``(str, Enum)`` formats as ``Class.MEMBER`` from Python 3.12 on)."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
-
-
-class SiteStatus(TextEnum):
+class SiteStatus(StrEnum):
     """What happened to one site (the ``status`` of ``apply --format json``)."""
 
     PATCHED = "patched"
@@ -30,7 +20,7 @@ class SiteStatus(TextEnum):
     SKIPPED = "skipped"  # not rewritten: see the result's ``skip`` and ``reason``
 
 
-class SkipReason(TextEnum):
+class SkipReason(StrEnum):
     """Why a site was skipped, by kind; the result's ``reason`` holds the details."""
 
     MODULAR_POLICY = "modular policy"  # transformers' modular/generated pair: the other file

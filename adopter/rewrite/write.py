@@ -30,13 +30,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from ..extract.source import SourceError, decode_source_file
 from .apply import FileRewrite
 from .driver import ApplyResult
 from .encoding import EncodingRefusal, encode_patched
-from .outcome import TextEnum
 
 TEMPORARY_SUFFIX = ".adopter"
 # ``tempfile.mkstemp(prefix=".NAME.", suffix=".adopter")``: eight characters from [a-z0-9_].
@@ -45,7 +45,7 @@ STALE_AFTER_SECONDS = 10.0  # a live write renames its temporary file within mil
 LOCK_TIMEOUT_SECONDS = 60.0
 
 
-class WriteStatus(TextEnum):
+class WriteStatus(StrEnum):
     WRITTEN = "written"
     UNCHANGED = "unchanged"  # nothing to write
     SKIPPED = "skipped"  # not written on purpose; the reason says why and what to do
