@@ -43,6 +43,8 @@ class SiteResult:
     skip: SkipReason | None = None  # the kind of reason, for a skipped site
 
     def __post_init__(self) -> None:
+        # a status given as its text (code that predates SiteStatus) still compares by identity
+        self.status = SiteStatus(self.status)
         if not self.line:
             self.line, self.column = edit_location(self.site)
 

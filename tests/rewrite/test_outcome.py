@@ -70,3 +70,11 @@ def test_a_modular_source_is_skipped_by_policy_and_patched_with_modular():
     assert [(r.status, r.skip) for r in patched.results] == [(SiteStatus.PATCHED, None)]
     assert patched.rules_patched == ["paper.5"]
     assert patched.with_status(SiteStatus.PATCHED)[0].as_record()["status"] == "patched"
+
+
+def test_a_status_given_as_text_becomes_the_member():
+    from adopter.rewrite.apply import SiteResult
+
+    result = rewrite_text(BERT_OUTPUT, "model.py", Matcher(load_rule_set("paper"))).results[0]
+    again = SiteResult(result.site, "skipped", "why")  # code that predates SiteStatus
+    assert again.status is SiteStatus.SKIPPED
