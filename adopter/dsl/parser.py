@@ -13,7 +13,9 @@ from .errors import DslError
 from .loading import GRAMMAR_PATH
 from .syntax import (
     DETECT_ONLY,
+    SCOPES,
     Arg,
+    Attribute,
     Call,
     Expr,
     Index,
@@ -134,8 +136,11 @@ def _nesting(expr: Expr) -> int:
 def _apply_trailers(base: Expr, trailers: list[tuple]) -> Expr:
     for kind, payload in trailers:
         if kind == "attr":
+            if isinstance(base, Var):
+                base = Attribute(base, payload)
+                continue
             if not isinstance(base, Name):
-                raise ValueError(f"attribute .{payload} only follows a dotted name")
+                raise ValueError(f"attribute .{payload} only follows a dotted name or $variable")
             base = Name(f"{base.dotted}.{payload}")
         elif kind == "index":
             base = Index(base, payload)
@@ -201,10 +206,10 @@ class RuleParser:
             return []
         return self._steps(tree.children[0])
 
-    def _steps(self, step_list: Tree) -> list[Step]:
-        return [self._step(node) for node in step_list.children]
+    def _steps(self, step_list: Tree, *, literals: bool = False) -> list[Step]:
+        return [self._step(node, literals) for node in step_list.children]
 
-    def _step(self, node: Tree) -> Step:
+    def _step(self, node: Tree, literal: bool = False) -> Step:
         children = list(node.children)
         construct = bool(children) and isinstance(children[0], Token) and children[0].type == "AT"
         if construct:
@@ -230,11 +235,16 @@ class RuleParser:
             lookup = True
         else:
             lookup = False
-        if isinstance(expr, Var) or not isinstance(expr, Call):
-            raise self.error(node, f"a step must be a call such as `f($x) -> $y`, got `{expr}`")
         targets: tuple[Var, ...] = ()
         if target_node is not None:
             targets = tuple(Var(str(t)[1:]) for t in target_node.children if t.type == "VAR")
+        if literal and isinstance(expr, Literal) and not construct:
+            # ``None -> $logits`` in a replacement: the value a name takes on the kernel's path
+            if len(targets) != 1:
+                raise self.error(node, "a literal step names exactly one target: `None -> $x`")
+            return Step(expr, (), targets, line=node.meta.line, column=node.meta.column)
+        if isinstance(expr, Var) or not isinstance(expr, Call):
+            raise self.error(node, f"a step must be a call such as `f($x) -> $y`, got `{expr}`")
         return Step(
             callee=expr.base,
             args=expr.args,
@@ -290,6 +300,11 @@ class RuleParser:
         site = meta.get("site", "forward" if "forward" in sections else "init")
         if site not in sections:
             raise self.error(node, f"rule {rule_id}: site {site!r} names no section of the rule")
+        scope = meta.get("scope", "calls")
+        if scope not in SCOPES:
+            raise self.error(node, f"rule {rule_id}: scope is one of {', '.join(SCOPES)}")
+        if scope == "block" and (forward is None or not isinstance(forward.replacement, tuple)):
+            raise self.error(node, f"rule {rule_id}: scope 'block' needs a forward replacement")
         rule = Rule(
             id=rule_id,
             name=meta.get("name", rule_id),
@@ -299,6 +314,7 @@ class RuleParser:
             site=site,
             init=init,
             forward=forward,
+            scope=scope,
             source=self.path,
             line=node.meta.line,
         )
@@ -310,6 +326,7 @@ class RuleParser:
         steps: list[Step] = []
         where: list[Step] = []
         replacement: tuple[Step, ...] | str | None = None
+        guard: Step | None = None
         for child in node.children[1:]:
             if child.data == "step_list":
                 steps = self._steps(child)
@@ -319,10 +336,14 @@ class RuleParser:
                 inner = child.children[0] if child.children else None
                 if isinstance(inner, Token) and inner.type == "WILDCARD":
                     replacement = DETECT_ONLY
+                elif isinstance(inner, Tree) and inner.data == "guarded":
+                    guard, replacement = self._guarded(inner, rule_id)
                 else:
                     replacement = tuple(self._steps(inner)) if inner is not None else ()
         if not steps:
             raise self.error(node, f"rule {rule_id}: section {kind!r} has no steps")
+        if kind == "init" and guard is not None:
+            raise self.error(node, f"rule {rule_id}: an 'init' replacement cannot be guarded")
         for step in steps + where:
             if (kind == "init") != step.construct:
                 expect = "must" if kind == "init" else "must not"
@@ -332,7 +353,23 @@ class RuleParser:
                     step.column,
                     f"rule {rule_id}: a step in {kind!r} {expect} be marked with '@'",
                 )
-        return Section(kind, tuple(steps), tuple(where), replacement)
+        return Section(kind, tuple(steps), tuple(where), replacement, guard)
+
+    def _guarded(self, node: Tree, rule_id: str) -> tuple[Step, tuple[Step, ...]]:
+        """``=> if kernel.applies($x, ...) { kernel($x) -> $y; None -> $z }``: the run-time
+        test (a call) and the steps that run where it holds."""
+        try:
+            expr = _ToSyntax().transform(node.children[0])
+        except Exception as exc:  # Lark wraps transformer errors
+            raise self.error(node, str(getattr(exc, "orig_exc", exc))) from None
+        if not isinstance(expr, Call) or _nesting(expr) > MAX_NESTING:
+            raise self.error(node, f"rule {rule_id}: a guard is a call such as `k.applies($x)`")
+        guard = Step(expr.base, expr.args, line=node.meta.line, column=node.meta.column)
+        body = node.children[1] if len(node.children) > 1 else None
+        steps = tuple(self._steps(body, literals=True)) if body is not None else ()
+        if not any(isinstance(step.callee, Name) for step in steps):
+            raise self.error(node, f"rule {rule_id}: a guarded replacement calls no kernel")
+        return guard, steps
 
     def _check_variables(self, rule: Rule, node: Tree) -> None:
         bound: set[str] = set()
@@ -344,7 +381,8 @@ class RuleParser:
         for section in (rule.init, rule.forward):
             if section is None or not isinstance(section.replacement, tuple):
                 continue
-            for step in section.replacement:
+            guard = (section.guard,) if section.guard is not None else ()
+            for step in (*guard, *section.replacement):
                 used = _vars_in_step(step, include_targets=False)
                 unknown = sorted(used - bound)
                 if unknown:
@@ -360,6 +398,8 @@ class RuleParser:
 def _vars_in_expr(expr: Expr) -> set[str]:
     if isinstance(expr, Var):
         return {expr.name}
+    if isinstance(expr, Attribute):
+        return {expr.base.name}
     if isinstance(expr, Index):
         return _vars_in_expr(expr.base) | _vars_in_expr(expr.item)
     if isinstance(expr, Call):

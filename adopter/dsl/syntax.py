@@ -65,7 +65,19 @@ class Call:
         return f"{self.base}({', '.join(map(str, self.args))})"
 
 
-Expr = Var | Name | Literal | Wildcard | Index | Call
+@dataclass(frozen=True)
+class Attribute:
+    """``$var.name``: an attribute of an object the pattern binds to ``$var`` (``repeat_kv(k,
+    $module.num_key_value_groups)`` binds ``$module`` to the text before ``.num_...``)."""
+
+    base: Var
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.base}.{self.name}"
+
+
+Expr = Var | Name | Literal | Wildcard | Index | Call | Attribute
 
 
 @dataclass(frozen=True)
@@ -113,6 +125,8 @@ class Step:
     column: int = 0
 
     def __str__(self) -> str:
+        if isinstance(self.callee, Literal):  # ``None -> $logits`` in a replacement
+            return f"{self.callee} -> {self.targets[0]}" if self.targets else str(self.callee)
         call = "" if self.lookup else f"({', '.join(map(str, self.args))})"
         text = f"{'@' if self.construct else ''}{self.callee}{call}"
         if len(self.targets) == 1:
@@ -123,6 +137,11 @@ class Step:
 
 
 DETECT_ONLY = "detect-only"
+# What a forward replacement stands for: the matched calls (the default), or - ``scope:
+# "block"`` - every statement from the one holding the first matched call to the one holding
+# the last, on every path through them (the kernel handles the paths the pattern did not take,
+# e.g. an attention mask of ``None``), as a guarded replacement does.
+SCOPES = ("calls", "block")
 
 
 @dataclass(frozen=True)
@@ -130,13 +149,15 @@ class Section:
     """``init { ... }`` or ``forward { ... }``, with optional ``where`` context and replacement.
 
     ``replacement`` is ``None`` when the section is left as it is, ``DETECT_ONLY`` for ``=> _``,
-    or the replacement steps.
+    or the replacement steps. ``guard`` (``=> if kernel(...) { ... }``): the replacement runs
+    only where this call returns true at run time; elsewhere the original statements do.
     """
 
     kind: str
     steps: tuple[Step, ...]
     where: tuple[Step, ...] = ()
     replacement: tuple[Step, ...] | str | None = None
+    guard: Step | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +172,7 @@ class Rule:
     site: str = "forward"
     init: Section | None = None
     forward: Section | None = None
+    scope: str = "calls"
     source: str = "<string>"
     line: int = 0
     doc: str = field(default="", compare=False)

@@ -711,7 +711,14 @@ class FlowBuilder:
             return self.inline(function, None, None, positional, keywords, node)
         if isinstance(func, ast.Name) and func.id in self.analysis.functions:
             function = self.analysis.functions[func.id]
+            helper = self.analysis.canonical_helper(function)
+            if helper is not None:  # ``rotate_half(q)``: one step, whatever the helper's name
+                return self.emit(helper, node, positional, keywords)
             return self.inline(function, None, None, positional, keywords, node)
+        if isinstance(func, ast.Name) and func.id in self.analysis.imports.origins:
+            helper = self.analysis.imported_helper(func.id)
+            if helper is not None:
+                return self.emit(helper, node, positional, keywords)
         canonical = canonical_function(kind)
         arguments = normalise_arguments(kind, positional, keywords)
         activation = self.activation_function(canonical, node)

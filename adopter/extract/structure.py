@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 from .constructions import InitAnalyzer, InitContext
 from .flow import FlowBuilder
+from .helpers import canonical_helper
 from .model import BranchPoint, ClassInfo, Construction, FileStructure, FunctionFlow
 from .names import ImportTable
 from .project import project_for
@@ -43,8 +44,30 @@ class FileAnalysis:
         self.class_nodes: dict[str, ast.ClassDef] = {}
         self.classes: dict[str, ClassInfo] = {}
         self._branch = 0
+        self._helpers: dict[int, str | None] = {}
+        self._imported_helpers: dict[str, str | None] = {}
         self.branch_labels: dict[int, BranchPoint] = {}
         self._collect(tree.body)
+
+    def canonical_helper(self, function: ast.FunctionDef) -> str | None:
+        """The canonical operation a module-level function of this file computes, if any."""
+        key = id(function)
+        if key not in self._helpers:
+            self._helpers[key] = canonical_helper(function, self.imports)
+        return self._helpers[key]
+
+    def imported_helper(self, name: str) -> str | None:
+        """The canonical operation of a function imported from another file of the package
+        (``from ..llama.modeling_llama import rotate_half``), read from that file."""
+        if name not in self._imported_helpers:
+            found = None
+            if self.project.enabled and self.project.file is not None:
+                found = self.project.lookup(self.imports, self.project.file, name)
+            helper = None
+            if found is not None and isinstance(found.node, ast.FunctionDef):
+                helper = canonical_helper(found.node, found.module.imports)
+            self._imported_helpers[name] = helper
+        return self._imported_helpers[name]
 
     def next_branch(self) -> int:
         self._branch += 1

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..dsl.syntax import Call, Expr, Index, Literal, Name, Step, Var
+from ..dsl.syntax import Expr, Literal, Step, Var
 from ..extract.model import Construction, Operand
 from ..extract.model import Step as FlowStep
 
@@ -68,9 +68,8 @@ def describe_value(pattern: Expr, operand: Operand, bindings: dict[str, object])
     text = f"`{operand.text}`"
     if isinstance(pattern, Literal):
         return f"{text} is not the literal {pattern}"
-    if isinstance(pattern, (Name, Index, Call)):
+    if not isinstance(pattern, Var):  # a name, call, subscript or attribute of the pattern
         return f"{text} is not `{pattern}`"
-    assert isinstance(pattern, Var), pattern  # a wildcard always unifies
     bound = bindings.get(pattern.name)
     # the matcher's BoundOutput (a value a matched call produced) and BoundModule (a submodule),
     # known by their fields: the matcher imports this module, not the other way round

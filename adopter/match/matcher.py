@@ -13,11 +13,13 @@ the code.
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 from ..dsl.syntax import (
     DETECT_ONLY,
+    Attribute,
     Call,
     Expr,
     Index,
@@ -67,6 +69,7 @@ class Site:
     flow: FunctionFlow | None = None
     notes: list[str] = field(default_factory=list)
     instances: list[Site] = field(default_factory=list)  # the same site through other calls
+    swapped: tuple[int, ...] = ()  # ids of matched add/mul steps read with operands swapped
 
     @property
     def key(self) -> tuple[str, str, int, int]:
@@ -116,6 +119,7 @@ class _State:
     context: Context
     constructions: dict[str, Construction]
     notes: tuple[str, ...] = ()
+    swapped: tuple[int, ...] = ()  # steps whose two operands matched in the other order
     # while matching ``where`` steps: a matched value and the values derived from it by
     # elementwise scaling or casts (``q_proj(h) * self.scaling``), which count as it
     through: dict[int, frozenset[int]] = field(default_factory=dict)
@@ -127,6 +131,7 @@ class _State:
             self.context,
             dict(self.constructions),
             self.notes,
+            self.swapped,
             self.through,
         )
 
@@ -247,11 +252,13 @@ class Matcher:
     ) -> Iterator[Site]:
         first = compiled.first
         assert first is not None
-        for step in self._candidates(compiled, first, index, flow, None):
+        for step, swap in self._pairings(
+            first, self._candidates(compiled, first, index, flow, None)
+        ):
             state = _State({}, [], EMPTY_CONTEXT, {})
-            new_state = self._unify(compiled, first, step, state, flow)
+            new_state = self._unify(compiled, first, step, state, flow, swap)
             if new_state is None:
-                if self.explain:
+                if self.explain and not swap:  # the other order's failure adds nothing
                     self._miss(compiled, step, numbered(first, 0, False), self._reason)
                 continue
             self._deepest = None
@@ -291,7 +298,7 @@ class Matcher:
         candidates = self._candidates(compiled, pattern_step, index, flow, state)
         if self.explain and not candidates:
             self._note(compiled, pattern, position, 0, _no_candidate(compiled, pattern_step, state))
-        for step in candidates:
+        for step, swap in self._pairings(pattern_step, candidates):
             if any(step is seen for seen in state.steps):
                 if self.explain:
                     self._note(
@@ -303,11 +310,22 @@ class Matcher:
                     reason = f"line {step.line} runs before the previous step's call"
                     self._note(compiled, pattern, position, 1, reason)
                 continue
-            new_state = self._unify(compiled, pattern_step, step, state, flow)
+            new_state = self._unify(compiled, pattern_step, step, state, flow, swap)
             if new_state is not None:
                 yield from self._search(compiled, pattern, position + 1, new_state, flow, index)
-            elif self.explain:
+            elif self.explain and not swap:  # the other order's failure adds nothing
                 self._note(compiled, pattern, position, 2, self._reason)
+
+    @staticmethod
+    def _pairings(pattern_step: Step, steps: list[FlowStep]) -> Iterator[tuple[FlowStep, bool]]:
+        """Each candidate step, and for ``add``/``mul`` of two operands also with its operands
+        swapped: ``cos * q`` binds ``mul($x, $cos)`` either way round, and only a later step
+        (``rotate_half($x)``) tells which, so both are searched."""
+        two = sum(isinstance(a, Positional) for a in pattern_step.args) == 2
+        for step in steps:
+            yield step, False
+            if two and step.kind in ("add", "mul") and len(step.positional) == 2:
+                yield step, True
 
     def _candidates(
         self,
@@ -362,6 +380,7 @@ class Matcher:
         step: FlowStep,
         state: _State,
         flow: FunctionFlow,
+        swap: bool = False,
     ) -> _State | None:
         new = state.copy()
         contexts = [new.context, step.context]
@@ -422,7 +441,7 @@ class Matcher:
                         f"not `{callee}`"
                     )
                 return None
-        edges = self._unify_arguments(pattern_step.args, step, new)
+        edges = self._unify_arguments(pattern_step.args, step, new, swap)
         if edges is None:
             return None
         contexts.extend(edges)
@@ -439,7 +458,11 @@ class Matcher:
         new.steps.append(step)
         return new
 
-    def _unify_arguments(self, args: tuple, step: FlowStep, state: _State) -> list[Context] | None:
+    def _unify_arguments(
+        self, args: tuple, step: FlowStep, state: _State, swap: bool = False
+    ) -> list[Context] | None:
+        """Unify a call's arguments; ``swap``: the operands of a commutative step only in the
+        other order (the natural order is then tried on its own, see :meth:`_pairings`)."""
         edges: list[Context] = []
         has_rest = any(isinstance(a, Rest) for a in args)
         positional_patterns = [a for a in args if isinstance(a, Positional)]
@@ -455,8 +478,11 @@ class Matcher:
         commutative = step.kind in ("add", "mul") and len(positional_patterns) == 2
         orders = [step.positional]
         if commutative and len(step.positional) == 2:
-            orders.append(list(reversed(step.positional)))
-        for order, operands in enumerate(orders):
+            orders = [list(reversed(step.positional))] if swap else [step.positional]
+        elif swap:
+            return None
+        for operands in orders:
+            order = int(swap)
             trial = state.copy()
             trial_edges: list[Context] = []
             ok = True
@@ -487,6 +513,7 @@ class Matcher:
             if ok:
                 state.bindings = trial.bindings
                 if order:
+                    state.swapped += (step.id,)
                     state.notes += (
                         f"operands of `{step.kind}` at line {step.line} matched in the other order",
                     )
@@ -639,6 +666,7 @@ class Matcher:
             flow=flow,
         )
         site.notes = list(state.notes) + _shape_notes(state.steps)
+        site.swapped = state.swapped
         matched_ids = {step.id for step in matched}
         scripted = next((step for step in state.steps if step.scripted), None)
         if scripted is not None and rule.kernel:
@@ -874,6 +902,16 @@ def _unify_value(pattern: Expr, operand: Operand, state: _State, edges: list[Con
         return operand.text == pattern.dotted
     if isinstance(pattern, (Index, Call)):
         return operand.text == str(pattern)
+    if isinstance(pattern, Attribute):
+        # ``$module.training``: ``$module`` is the text of the object the attribute is read from
+        node = operand.node
+        if not (isinstance(node, ast.Attribute) and node.attr == pattern.name):
+            return False
+        owner = ast.unparse(node.value)
+        bound = state.bindings.setdefault(pattern.base.name, owner)
+        if isinstance(bound, Operand):  # ``$query.dtype`` of a ``$query`` bound as an argument
+            return bound.text == owner
+        return isinstance(bound, str) and bound == owner
     assert isinstance(pattern, Var)
     bound = state.bindings.get(pattern.name)
     if bound is None:

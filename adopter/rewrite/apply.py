@@ -20,6 +20,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ..extract.source import split_lines
 from ..match.matcher import Site
+from .guarded import AlreadyPatched
 from .outcome import SiteStatus, SkipReason
 from .plan import KERNEL_PACKAGE, Plan, Planner, Refusal, edit_location, sequential_expression
 from .source import SourceText, function_start
@@ -110,7 +111,12 @@ class _FunctionEditor(cst.CSTTransformer):
         self.hoisted: dict[tuple[int, int], cst.SimpleStatementLine] = {}
         self.inserted: dict[tuple[int, int], list[str]] = {}
         self.new_keywords: dict[tuple[int, int], list[str]] = {}
+        # first statement -> (statements wrapped, guard, kernel arm, indentation step)
+        self.wraps: dict[tuple[int, int], tuple[int, str | None, list[str], str]] = {}
         for plan in plans:
+            if plan.wrap is not None:
+                wrapped, guard, kernel_arm, indent = plan.wrap
+                self.wraps[locate(wrapped[0])] = (len(wrapped), guard, kernel_arm, indent)
             for statement, text in plan.insert_before:
                 self.inserted.setdefault(locate(statement), []).append(text)
             if plan.keyword_parameters:
@@ -229,6 +235,7 @@ class _FunctionEditor(cst.CSTTransformer):
     def leave_IndentedBlock(  # noqa: N802 - LibCST visitor name
         self, original: cst.IndentedBlock, updated: cst.IndentedBlock
     ):
+        updated = self._wrapped(original, updated)
         if not any(_is_removed(statement) for statement in updated.body):
             return updated
         # A removed statement's comment lines move to the statement that follows it.
@@ -248,6 +255,49 @@ class _FunctionEditor(cst.CSTTransformer):
         if not kept:
             kept = [cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=carried)]
         return updated.with_changes(body=kept)
+
+    def _wrapped(
+        self, original: cst.IndentedBlock, updated: cst.IndentedBlock
+    ) -> cst.IndentedBlock:
+        """Replacements of whole statements: the statements moved into the ``else`` arm of the
+        guard, or replaced where there is no guard."""
+        if not self.wraps or len(original.body) != len(updated.body):
+            return updated
+        keys = [self._start(statement) for statement in original.body]
+        body: list[cst.BaseStatement] = []
+        index = 0
+        while index < len(keys):
+            wrap = self.wraps.get(keys[index])
+            if wrap is None:
+                body.append(updated.body[index])
+                index += 1
+                continue
+            count, guard, kernel_arm, indent = wrap
+            moved = list(updated.body[index : index + count])
+            leading = moved[0].leading_lines
+            moved[0] = moved[0].with_changes(leading_lines=())
+            arm = [cst.parse_statement(text) for text in kernel_arm]
+            if guard is None:  # the statements replaced; their comment lines kept before them
+                comments = [
+                    line
+                    for statement in moved[1:]
+                    for line in getattr(statement, "leading_lines", ())
+                    if line.comment
+                ]
+                leading = [*leading, *comments]
+                body.extend([arm[0].with_changes(leading_lines=leading), *arm[1:]])
+                index += count
+                continue
+            body.append(
+                cst.If(
+                    test=cst.parse_expression(guard),
+                    body=cst.IndentedBlock(body=arm, indent=indent),
+                    orelse=cst.Else(body=cst.IndentedBlock(body=moved, indent=indent)),
+                    leading_lines=leading,
+                )
+            )
+            index += count
+        return updated.with_changes(body=body)
 
 
 _REMOVED = "__adopter_removed__"
@@ -687,6 +737,8 @@ def rewrite_source(
                 if _same_helper_edit(site_plans[0], extra):
                     extra.companions = []
                 site_plans.append(extra)
+        except AlreadyPatched:
+            continue
         except Refusal as refusal:
             results.append(SiteResult.skipped(site, SkipReason.UNSAFE, str(refusal)))
             continue

@@ -44,6 +44,7 @@ from ..extract.model import Construction, Operand
 from ..extract.model import Step as FlowStep
 from ..extract.names import DROPOUT_FUNCTION
 from ..match.matcher import BoundModule, BoundOutput, Site
+from .guarded import plan_guarded
 from .source import Blocks, SourceText, assigned_names, contains, has_call, read_names
 
 KERNEL_PACKAGE = "adopter.kernels"
@@ -142,6 +143,9 @@ class Plan:
     companions: list[Plan] = field(default_factory=list)
     insert_before: list[tuple[ast.stmt, str]] = field(default_factory=list)
     keyword_parameters: list[str] = field(default_factory=list)  # added to ``function``
+    # a replacement of whole statements: (the statements, the guard's text - ``None``: no
+    # guard, the statements are replaced - the kernel arm's statements, one indentation step)
+    wrap: tuple[list[ast.stmt], str | None, list[str], str] | None = None
     instance_of: Site | None = None  # another call of a site already reported
     imports: set[str] = field(default_factory=set)
     touched: list[ast.AST] = field(default_factory=list)
@@ -196,6 +200,9 @@ class Planner:
         if isinstance(init_replacement, tuple) and init_replacement:
             return self.plan_construction(site, init_replacement)
         if isinstance(forward_replacement, tuple) and forward_replacement:
+            guard = rule.forward.guard if rule.forward else None
+            if guard is not None or rule.scope == "block":
+                return plan_guarded(self, site, guard, forward_replacement)
             return self.plan_forward(site, forward_replacement)
         raise Refusal(
             "the rule only detects (no replacement)"
@@ -475,7 +482,10 @@ class Planner:
                     continue
                 if not isinstance(site.bindings.get(arg.value.name), Operand):
                     continue
-                operand = step.positional[position]
+                operands = step.positional
+                if step.id in site.swapped:
+                    operands = list(reversed(operands))
+                operand = operands[position]
                 spelled = texts.setdefault(arg.value.name, [])
                 if operand.node is not None and operand.text not in spelled:
                     spelled.append(operand.text)

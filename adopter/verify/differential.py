@@ -188,9 +188,20 @@ def _projection_loss(outputs: list[tuple[str, Any]], seed: int) -> torch.Tensor 
 
 
 def run_side(
-    model: nn.Module, state: dict[str, torch.Tensor], inputs: Any, *, training: bool, seed: int
+    model: nn.Module,
+    state: dict[str, torch.Tensor],
+    inputs: Any,
+    *,
+    training: bool,
+    seed: int,
+    objective: str | None = None,
 ) -> SideRun:
-    """Restore ``state``, run forward and backward once, and collect what to compare."""
+    """Restore ``state``, run forward and backward once, and collect what to compare.
+
+    ``objective``: compare only this output (``"loss"`` of a model given labels) and
+    back-propagate from it, as a training step does: a kernel that computes the loss without
+    returning the logits (:func:`adopter.kernels.causal_lm_loss`) is judged on the loss and
+    every parameter gradient."""
     model.load_state_dict(state, strict=True)
     model.train(training)
     model.zero_grad(set_to_none=True)
@@ -199,6 +210,10 @@ def run_side(
         result = _call(model, _fresh(inputs))
         outputs: list[tuple[str, Any]] = []
         _flatten(result, "", outputs)
+        if objective is not None:
+            outputs = [(name, value) for name, value in outputs if name == objective]
+            if not outputs or not isinstance(outputs[0][1], torch.Tensor):
+                raise ValueError(f"the model returned no {objective!r} tensor")
         loss = _projection_loss(outputs, seed)
         if loss is not None:
             loss.backward()
@@ -212,7 +227,7 @@ def run_side(
         for name, value in model.state_dict().items()
         if name not in param_names
     ]
-    if not training:
+    if not training and objective is None:
         # Inference takes other kernel paths (folded batch norms, cached fused weights): check
         # those outputs too, not only the ones computed for the backward pass.
         seed_everything(seed)
@@ -302,12 +317,15 @@ def check_mode(
     seed: int,
     tol: Tolerance,
     prepare: Callable[[nn.Module], None] | None = None,
+    objective: str | None = None,
 ) -> ModeOutcome:
     """Run fresh models of both sides in one mode and judge: verified, refuted or not checkable.
 
     ``original`` and ``patched`` hand out fresh models (:func:`pristine_copies`); ``prepare``
-    is applied to each before it runs (e.g. :func:`zero_dropout_modules`).
+    is applied to each before it runs (e.g. :func:`zero_dropout_modules`); ``objective`` is
+    :func:`run_side`'s.
     """
+    side = {"training": training, "seed": seed, "objective": objective}
 
     def fresh(source: ModelSource) -> nn.Module:
         model = source()
@@ -316,8 +334,8 @@ def check_mode(
         return model
 
     try:
-        first = run_side(fresh(original), state, inputs, training=training, seed=seed)
-        second = run_side(fresh(original), state, inputs, training=training, seed=seed)
+        first = run_side(fresh(original), state, inputs, **side)
+        second = run_side(fresh(original), state, inputs, **side)
     except Exception as exc:
         return ModeOutcome(NOT_CHECKABLE, f"the original model raised {_error_line(exc)}")
     unstable = [d for d in compare_runs(first, second, tol) if not d.ok]
@@ -328,7 +346,7 @@ def check_mode(
             f"({unstable[0].describe()})",
         )
     try:
-        other = run_side(fresh(patched), state, inputs, training=training, seed=seed)
+        other = run_side(fresh(patched), state, inputs, **side)
     except Exception as exc:
         return ModeOutcome(REFUTED, f"the patched model raised {_error_line(exc)}")
     diffs = compare_runs(first, other, tol)

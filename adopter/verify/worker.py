@@ -220,6 +220,23 @@ def _train_dropout_outcome(
     )
 
 
+def _with_labels(cls: type, inputs: Any) -> dict[str, Any] | None:
+    """The inputs of a training step with labels (a language model's own token ids), for a
+    model whose ``forward`` takes ``labels``: the loss a training loop reads is compared there,
+    with every gradient (kernels that take over the loss run only when labels are given)."""
+    import inspect
+
+    if not isinstance(inputs, dict) or "labels" in inputs or "input_ids" not in inputs:
+        return None
+    try:
+        parameters = inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    if "labels" not in parameters:
+        return None
+    return {**inputs, "labels": inputs["input_ids"].clone()}
+
+
 def _tol(job: dict[str, Any]) -> Any:
     from .compare import tolerance_for
 
@@ -446,6 +463,28 @@ def _check_transformers_class(
             "train-dropout",
             lambda: _train_dropout_outcome(original, patched, state, inputs, patched_text, job),
         )
+        labelled = _with_labels(original_cls, inputs)
+        if labelled is not None and "train" in outcomes and outcomes["train"].status != REFUTED:
+            outcome = _measured(
+                recorder,
+                runs,
+                "train-labels",
+                lambda: check_mode(
+                    quiet_original,
+                    quiet_patched,
+                    quiet_state,
+                    labelled,
+                    training=True,
+                    seed=seed,
+                    tol=tol,
+                    prepare=zero_dropout_modules,
+                    objective="loss",
+                ),
+            )
+            if outcome.status != NOT_CHECKABLE:  # a model that takes no such labels: no check
+                outcomes["train-labels"] = outcome
+            else:
+                runs.pop("train-labels", None)
     verdict = conclude(name, outcomes, prefix)
     verdict.runs = runs
     return verdict.to_json()

@@ -145,6 +145,20 @@ def test_sequences_round_trip(parts):
     assert [str(s) for s in again] == [str(s) for s in steps]
 
 
+GUARDED = """
+rule demo.2 {
+    init { @torch.nn.Linear(...) -> $head }
+    forward {
+        $head($h) -> $logits;
+        self.loss_function(logits=$logits, labels=$labels, ...) -> $loss
+    } => if pkg.applies(self, $labels, ...) {
+        None -> $logits;
+        pkg.loss($h, $head, $labels, ...) -> $loss
+    }
+}
+"""
+
+
 VARIANTS = """
 rule a {
     name: "norm-act"
@@ -167,3 +181,54 @@ def test_further_init_forward_pairs_are_variants_of_the_rule():
     ]
     assert {(s.id, s.name) for s in rule.spellings} == {("a", "norm-act")}
     assert rule.spellings[2].detect_only and not rule.detect_only
+
+
+def test_guarded_replacement_with_a_literal_step():
+    (rule,) = parse_rules(GUARDED)
+    assert str(rule.forward.guard) == "pkg.applies(self, $labels, ...)"
+    assert [str(step) for step in rule.forward.replacement] == [
+        "None -> $logits",
+        "pkg.loss($h, $head, $labels, ...) -> $loss",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("rule a { forward { f($x) -> $y } => if g($z) { k($x) -> $y } }", "unbound variable"),
+        ("rule a { forward { f($x) -> $y } => if g($x) { None -> $y } }", "calls no kernel"),
+        ("rule a { forward { f($x) -> $y } => if g($x) { None } }", "exactly one target"),
+        ("rule a { forward { f($x) -> $y } => { None -> $y } }", "must be a call"),
+        ("rule a { init { @f() -> $m } => if g() { @k() -> $m } }", "cannot be guarded"),
+    ],
+)
+def test_guarded_replacement_errors(text, fragment):
+    with pytest.raises(DslError) as caught:
+        parse_rules(text, "bad.adopt")
+    assert fragment in str(caught.value)
+
+
+def test_attribute_of_a_variable_and_block_scope():
+    (rule,) = parse_rules(
+        """
+        rule demo.3 {
+            scope: "block"
+            forward { repeat_kv($k, $module.groups) -> $r } => { pkg.k($module, $k) -> $r }
+        }
+        """
+    )
+    assert rule.scope == "block"
+    assert str(rule.forward.steps[0]) == "repeat_kv($k, $module.groups) -> $r"
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ('rule a { scope: "file" forward { f($x) -> $y } => { k($x) -> $y } }', "scope is one of"),
+        ('rule a { scope: "block" forward { f($x) -> $y } => _ }', "needs a forward replacement"),
+    ],
+)
+def test_scope_errors(text, fragment):
+    with pytest.raises(DslError) as caught:
+        parse_rules(text, "bad.adopt")
+    assert fragment in str(caught.value)

@@ -141,3 +141,43 @@ def test_conclude_folds_modes() -> None:
     assert verdict.reason.startswith("train:")
     blocked = ModeOutcome("not checkable", "the original model raised X")
     assert conclude("Net", {"eval": ok, "train": blocked}).status == "not checkable"
+
+
+class LossModel(nn.Module):
+    """A head and a loss, returning both unless told to return only the loss (as a model whose
+    loss kernel skips the logits does)."""
+
+    def __init__(self, skip_logits: bool = False, scale: float = 1.0) -> None:
+        super().__init__()
+        self.head = nn.Linear(4, 5)
+        self.skip_logits, self.scale = skip_logits, scale
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor | None]:
+        logits = self.head(x)
+        loss = nn.functional.cross_entropy(logits, labels) * self.scale
+        return {"loss": loss, "logits": None if self.skip_logits else logits}
+
+
+def test_objective_compares_the_loss_and_its_gradients_only() -> None:
+    def judged(patched: nn.Module) -> ModeOutcome:
+        original = LossModel()
+        state = snapshot_state(original)
+        assert load_strictly(patched, state) is None
+        inputs = {"x": torch.randn(3, 4), "labels": torch.tensor([0, 4, 2])}
+        return check_mode(
+            pristine_copies(original),
+            pristine_copies(patched),
+            state,
+            inputs,
+            training=True,
+            seed=0,
+            tol=F32,
+            objective="loss",
+        )
+
+    agreed = judged(LossModel(skip_logits=True))
+    assert agreed.status == "verified", agreed.detail
+    assert {d.name for d in agreed.differences} >= {"output loss", "grad head.weight"}
+    wrong = judged(LossModel(skip_logits=True, scale=1.5))
+    assert wrong.status == "refuted"
+    assert {d.name for d in wrong.differences if not d.ok} >= {"output loss", "grad head.bias"}

@@ -1,0 +1,83 @@
+"""Canonical helpers: a module-level function is one step when its body is a known operation,
+whatever its name, and is inlined as usual when its body is anything else."""
+
+import pytest
+
+from tests.helpers import extract
+
+HELPERS = """
+import torch
+from torch import nn
+
+def rotate_half(x):
+    '''Rotates half the hidden dims of the input.'''
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((-x2, x1), dim=-1)
+
+def swap(t: torch.Tensor) -> torch.Tensor:
+    a = t[..., 0 : t.shape[-1] // 2]
+    b = t[..., t.shape[-1] // 2 :]
+    return torch.cat((-b, a), dim=-1)
+
+def interleaved(x):
+    x1 = x[..., ::2]
+    x2 = x[..., 1::2]
+    x = torch.stack((-x2, x1), dim=-1)
+    return x.flatten(-2)
+
+def not_quite(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2 :]
+    return torch.cat((x2, x1), dim=-1)
+
+class Rotate(nn.Module):
+    def forward(self, q):
+        return {call}(q)
+"""
+
+
+@pytest.mark.parametrize(
+    ("call", "kind"),
+    [
+        ("rotate_half", "helper.rotate_half"),
+        ("swap", "helper.rotate_half"),  # another name, annotations, a slice start of 0
+        ("interleaved", "helper.rotate_pairs"),  # GPT-J's rotate_every_two, whatever it is called
+        ("not_quite", None),  # no negation: inlined, not a rotation
+    ],
+)
+def test_helpers_are_known_by_their_body(call, kind):
+    structure = extract(HELPERS.replace("{call}", call))
+    (flow,) = structure.classes["Rotate"].flows.values()
+    kinds = [step.kind for step in flow.steps if not step.transparent]
+    if kind is None:
+        assert "helper.rotate_half" not in kinds and "torch.cat" in kinds
+    else:
+        assert kinds == [kind]
+
+
+def test_imported_helpers_are_read_from_their_file(tmp_path):
+    """A ``rotate_half`` imported from another file is known by that file's body: the halves
+    swap of one file is the canonical step, the pair rotation of another file of the same name
+    is not (and no rule matches it by its name)."""
+    from adopter.extract import analyse_file
+
+    files = {
+        "pkg/__init__.py": "",
+        "pkg/llama.py": HELPERS.split("class Rotate")[0],
+        "pkg/gptj.py": "import torch\n\ndef rotate_half(x):\n"
+        "    x1 = x[..., ::2]\n    x2 = x[..., 1::2]\n"
+        "    return torch.stack((-x2, x1), dim=-1).flatten(-2)\n",
+        "pkg/model.py": "from torch import nn\nfrom .llama import rotate_half\n"
+        "from .gptj import rotate_half as rotate_pairs_named_half\n\n"
+        "class Rotate(nn.Module):\n    def forward(self, q, k):\n"
+        "        return rotate_half(q), rotate_pairs_named_half(k)\n",
+    }
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    structure = analyse_file(str(tmp_path / "pkg/model.py"))
+    (flow,) = structure.classes["Rotate"].flows.values()
+    kinds = [step.kind for step in flow.steps if not step.transparent]
+    assert kinds[:2] == ["helper.rotate_half", "helper.rotate_pairs"]
