@@ -24,7 +24,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MARK_VARIABLE", "contained_processes", "end_worker", "new_mark"]
+__all__ = ["MARK_VARIABLE", "contained_processes", "end_worker", "new_mark", "resident_bytes"]
 
 MARK_VARIABLE = "ADOPTER_VERIFY_WORKER"
 _PROC = Path("/proc")
@@ -99,6 +99,22 @@ def contained_processes(leader: int, mark: str) -> set[int]:
                 pending.append(child)
     own = {os.getpid(), os.getppid()}
     return {pid for pid in members if pid not in own and processes[pid].state != "Z"}
+
+
+def resident_bytes(leader: int, mark: str) -> int:
+    """Resident memory of the worker ``leader`` and everything it started, summed (pages that
+    processes share, such as those a fork has not yet copied, count once per process, so the
+    sum errs high). 0 where ``/proc`` is missing."""
+    total = 0
+    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+    for pid in contained_processes(leader, mark) | {leader}:
+        try:
+            fields = (_PROC / str(pid) / "statm").read_text(encoding="ascii").split()
+        except OSError:  # gone meanwhile
+            continue
+        if len(fields) > 1 and fields[1].isdigit():
+            total += int(fields[1]) * page
+    return total
 
 
 def _signal(pid: int, number: int) -> None:
