@@ -10,6 +10,10 @@ imported only when asked for.
 
 from __future__ import annotations
 
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from .base import Executor, ExecutorUnavailable, Task, TaskResult, WorkFunction, round_robin
@@ -25,6 +29,7 @@ __all__ = [
     "WorkFunction",
     "make_executor",
     "round_robin",
+    "terminate_as_interrupt",
 ]
 
 EXECUTOR_HELP = (
@@ -64,3 +69,22 @@ def make_executor(
             runtime_env=runtime_env,
         )
     raise ValueError(f"unknown executor {spec!r}: use local, ray or ray:ADDRESS")
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Within this block ``SIGTERM`` (``kill``, a job scheduler stopping us) acts as Ctrl-C:
+    it raises ``KeyboardInterrupt``, so executors cancel their tasks and end what they started
+    instead of leaving workers behind. Only in the main thread (elsewhere it does nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(_signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -21,6 +21,7 @@ __all__ = ["LocalExecutor"]
 
 _DONE = object()
 _POLL_SECONDS = 0.1
+_JOIN_SECONDS = 10.0
 
 
 class LocalExecutor(Executor):
@@ -71,8 +72,11 @@ class LocalExecutor(Executor):
         finally:
             if not finished:  # Ctrl-C, or the caller stopped reading: end every worker
                 stop.set()
+                # A work function ends what it started within moments of ``stop``; one that
+                # cannot (a benchmark mid-run) is left to end with this process (daemon).
+                deadline = time.monotonic() + _JOIN_SECONDS
                 for thread in threads:
-                    thread.join()
+                    thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _drive(

@@ -96,7 +96,10 @@ class RayExecutor(Executor):
     """Tasks as Ray tasks on the cluster at ``address`` (``None``: ``ray.init()`` here).
 
     ``cpus`` sizes a Ray instance started here (default: all CPUs); it cannot be given with an
-    address. ``runtime_env`` is merged with the ``py_modules`` entry that carries adopter.
+    address. ``runtime_env`` is merged with the ``py_modules`` entry that carries adopter and
+    becomes the job's runtime environment. Where this process is already connected to Ray
+    (``ray.init`` called by the caller), that connection and its runtime environment are used
+    as they are, and left open.
     """
 
     name = "ray"
@@ -135,7 +138,12 @@ class RayExecutor(Executor):
             return self._ray
         ray = import_ray()
         if not ray.is_initialized():
-            options: dict[str, Any] = {"include_dashboard": False, "logging_level": "warning"}
+            # Ray uploads local folders (py_modules) only for a whole job, at ray.init.
+            options: dict[str, Any] = {
+                "include_dashboard": False,
+                "logging_level": "warning",
+                "runtime_env": self.runtime_env,
+            }
             if self.cpus is not None:
                 options["num_cpus"] = self.cpus
             try:
@@ -180,7 +188,7 @@ class RayExecutor(Executor):
 
     def _submit(self, function: WorkFunction, task: Task[Any], node: tuple[str, int] | None) -> Any:
         ray = self._ray
-        options: dict[str, Any] = {"max_retries": 0, "runtime_env": self.runtime_env}
+        options: dict[str, Any] = {"max_retries": 0}
         if node is None:
             options["num_cpus"] = 1
             if task.memory:

@@ -17,6 +17,7 @@ processes, not effects: there is no network, file-system or memory isolation (se
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import signal
@@ -24,9 +25,19 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MARK_VARIABLE", "contained_processes", "end_worker", "new_mark", "resident_bytes"]
+__all__ = [
+    "MARK_VARIABLE",
+    "PARENT_VARIABLE",
+    "contained_processes",
+    "die_with_parent",
+    "end_worker",
+    "new_mark",
+    "resident_bytes",
+]
 
 MARK_VARIABLE = "ADOPTER_VERIFY_WORKER"
+PARENT_VARIABLE = "ADOPTER_VERIFY_PARENT"
+_PR_SET_PDEATHSIG = 1
 _PROC = Path("/proc")
 _ROUNDS = 50  # a process that forks faster than we stop its children still ends in a few rounds
 
@@ -115,6 +126,23 @@ def resident_bytes(leader: int, mark: str) -> int:
         if len(fields) > 1 and fields[1].isdigit():
             total += int(fields[1]) * page
     return total
+
+
+def die_with_parent() -> None:
+    """Called by the worker first thing: on Linux, be killed when the process that started it
+    dies without ending it (killed by force: ``kill -9`` of ``adopter``, a Ray worker that Ray
+    kills), so the worker is never left running on its own. ``$ADOPTER_VERIFY_PARENT`` names
+    the parent, to catch one that died before this call. What the worker itself started is not
+    covered (see the module's limits); a parent that ends normally kills all of it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):  # not Linux
+        return
+    parent = os.environ.get(PARENT_VARIABLE, "")
+    if parent.isdigit() and os.getppid() != int(parent):
+        os._exit(1)
 
 
 def _signal(pid: int, number: int) -> None:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..executor import Executor, LocalExecutor, Task, TaskResult
-from .contain import MARK_VARIABLE, end_worker, new_mark, resident_bytes
+from .contain import MARK_VARIABLE, PARENT_VARIABLE, end_worker, new_mark, resident_bytes
 from .results import (
     NOT_CHECKABLE,
     NOT_EXERCISED,
@@ -115,6 +115,7 @@ def _worker_env(mark: str) -> dict[str, str]:
     and the mark that finds every process the worker starts."""
     env = dict(os.environ)
     env[MARK_VARIABLE] = mark
+    env[PARENT_VARIABLE] = str(os.getpid())
     adopter_root = str(Path(__file__).resolve().parents[2])
     existing = env.get("PYTHONPATH")
     env["PYTHONPATH"] = adopter_root + (os.pathsep + existing if existing else "")
