@@ -291,53 +291,57 @@ class RayExecutor(Executor):
             return kind, data
         except StopIteration:
             return "failed", "the Ray task ended without a result"
-        except errors.TaskCancelledError:
-            if attempt.timed_out:
-                limit = attempt.cancelled_at - (attempt.started or attempt.submitted)
-                return "failed", f"timed out: the Ray task still ran after {limit:.0f} s"
-            return "failed", "cancelled"
-        except errors.RuntimeEnvSetupError as error:
+        except errors.RayError as error:
+            if attempt.timed_out:  # killed by _enforce_timeouts (Ray may call it either way)
+                limit = (attempt.cancelled_at or 0.0) - (attempt.started or attempt.submitted)
+                return "failed", f"timed out: the Ray task still ran {limit:.0f} s after it started"
+            if isinstance(error, errors.TaskCancelledError):
+                return "failed", "cancelled"
+            return self._classify(error)
+
+    def _classify(self, error: Exception) -> tuple[str, str]:
+        """``failed`` for what another start would not change (the work function raised, the
+        runtime environment cannot be set up); ``died`` for a crashed worker, a dead node, an
+        out-of-memory kill or a lost object, which another start may get past."""
+        errors = self._ray.exceptions
+        if isinstance(error, errors.RuntimeEnvSetupError):
             return "failed", f"the Ray runtime environment could not be set up: {error}"
-        except errors.RayTaskError as error:
-            cause = error.cause if getattr(error, "cause", None) is not None else error
+        if isinstance(error, errors.RayTaskError):
+            cause = getattr(error, "cause", None) or error
             return "failed", f"the task raised {type(cause).__name__}: {cause}"
-        except errors.RayError as error:  # worker crashed, node died, OOM kill, lost object
-            first = str(error).strip().splitlines()[0] if str(error).strip() else ""
-            return "died", f"{type(error).__name__}: {first}"
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return "died", f"{type(error).__name__}: {first}"
 
     def _enforce_timeouts(self, tasks: Sequence[Task[Any]], flying: dict[Any, _Attempt]) -> None:
-        """Cancel tasks running ``grace`` seconds past their timeout; kill them if that fails."""
+        """Kill tasks still running ``grace`` seconds past their timeout.
+
+        The work function holds its own timeout (verify's loop checks it every 50 ms), so a task
+        still running here is stuck where ``KeyboardInterrupt`` cannot reach it (in a long call
+        into C); Ray honours one cancel request per task, so this one forces: the Ray worker is
+        killed, and verify's worker process dies with it (it asked the kernel to).
+        """
         now = time.monotonic()
         for generator, attempt in flying.items():
             timeout = tasks[attempt.index].timeout
-            if attempt.cancelled_at is not None:
-                if now - attempt.cancelled_at > _CANCEL_WAIT_SECONDS:
-                    self._ray.cancel(generator, force=True)
-            elif timeout is not None and attempt.started is not None:
-                if now - attempt.started > timeout + self.grace:
-                    attempt.timed_out, attempt.cancelled_at = True, now
-                    self._ray.cancel(generator)
+            if timeout is None or attempt.started is None or attempt.cancelled_at is not None:
+                continue
+            if now - attempt.started > timeout + self.grace:
+                attempt.timed_out, attempt.cancelled_at = True, now
+                self._ray.cancel(generator, force=True)
 
     def _cancel_all(self, flying: dict[Any, _Attempt]) -> None:
-        """Cancel every task; running ones get ``KeyboardInterrupt`` and a few seconds to end
-        what they started, then whatever is left is killed."""
+        """Cancel every task: queued ones are dropped, running ones get ``KeyboardInterrupt``
+        and end what they started (verify's loop kills its worker tree). Waits a few seconds
+        for them; a task that does not end by then goes with the Ray instance this executor
+        started (``close``), or with this job when it disconnects from a cluster."""
         ray = self._ray
         if ray is None or not flying:
             return
         for generator in flying:
             ray.cancel(generator)
-        deadline = time.monotonic() + _CANCEL_WAIT_SECONDS
-        left = list(flying)
-        while left and time.monotonic() < deadline:
-            done, left = ray.wait(left, num_returns=1, timeout=_WAIT_SECONDS)
-            for generator in done:  # an item is there: reading it never blocks
-                try:
-                    ray.get(next(generator))
-                    left.append(generator)  # it went on; wait for its end
-                except (StopIteration, ray.exceptions.RayError):
-                    pass
-        for generator in left:
-            ray.cancel(generator, force=True)
+        # A cancelled stream reads as ready at once; its task's completion is what tells.
+        ends = [generator.completed() for generator in flying]
+        ray.wait(ends, num_returns=len(ends), timeout=_CANCEL_WAIT_SECONDS)
 
 
 def _with_adopter(runtime_env: dict[str, Any]) -> dict[str, Any]:

@@ -519,6 +519,7 @@ def verify_patched_file(
     seed: int = 0,
     max_heads: int = 2,
     python: str | None = None,
+    memory_limit: float | None = None,
 ) -> FileVerification:
     """Differentially test a patched transformers modeling file against the original.
 
@@ -537,6 +538,8 @@ def verify_patched_file(
         dtype: the floating-point type the models run in (tolerances follow it).
         seed: seeds weights, inputs and dropout.
         python: the interpreter for the worker (default: this one).
+        memory_limit: bytes the worker and everything it started may hold resident (checked
+            twice a second); above it the worker is killed and the file is not checkable.
     """
     item = PatchedFile(original_path, patched_source, module_name, classes)
     return verify_patched_files(
@@ -547,6 +550,7 @@ def verify_patched_file(
         seed=seed,
         max_heads=max_heads,
         python=python,
+        memory_limit=memory_limit,
     )[0]
 
 
@@ -624,6 +628,7 @@ def verify_factory(
     seed: int = 0,
     sys_path: Sequence[str | Path] = (),
     python: str | None = None,
+    memory_limit: float | None = None,
 ) -> ClassVerification:
     """Differentially test a plain ``nn.Module`` built by two factories.
 
@@ -632,7 +637,8 @@ def verify_factory(
     Both are called under the same seed; the original's inputs feed both models and its
     ``state_dict`` is loaded strictly into the patched model. ``sys_path`` entries are added to
     the worker's import path (the current directory already is). Modes as for
-    :func:`verify_patched_file`; dropout modules are set to ``p = 0`` for the ``train`` mode.
+    :func:`verify_patched_file`; dropout modules are set to ``p = 0`` for the ``train`` mode,
+    and ``memory_limit`` is as there.
     """
     return verify_factories(
         [(original_factory, patched_factory)],
@@ -642,4 +648,5 @@ def verify_factory(
         seed=seed,
         sys_path=sys_path,
         python=python,
+        memory_limit=memory_limit,
     )[0]
