@@ -3,22 +3,24 @@ that `adopter apply` would change is checked by `adopter verify` in an environme
 release is installed; writes docs/verification-<version>.md.
 
     python3 -m venv /tmp/v446
-    /tmp/v446/bin/pip install torch==2.13.0 transformers==4.46.3 -e '.[torch]'
-    python benchmarks/verify_zoo.py --version 4.46.3 --adopter /tmp/v446/bin/adopter
+    /tmp/v446/bin/pip install torch==2.13.0 transformers==4.46.3
+    python benchmarks/verify_zoo.py --version 4.46.3 --python /tmp/v446/bin/python
+    python benchmarks/verify_zoo.py --version 4.46.3 --python /tmp/v446/bin/python --executor ray
 
-The corpus is fetched from PyPI into the git-ignored cache like the scan benchmark's; the
-model code is imported only by `adopter verify`, in its own subprocesses.
+The corpus is fetched from PyPI into the git-ignored cache like the scan benchmark's and patched
+here, statically; the model code is imported only by verify's contained workers, run by
+``--python`` (an interpreter with that release and torch installed; adopter itself comes from
+this checkout). ``--executor local`` (default) runs ``--jobs`` workers here; ``--executor
+ray[:ADDRESS]`` runs each file as a Ray task (see adopter.executor).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,51 +30,96 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe_machine  # noqa: E402
 
 from adopter.corpus import fetch_wheel  # noqa: E402
+from adopter.executor import EXECUTOR_HELP, Executor, make_executor  # noqa: E402
+from adopter.rewrite import rewrite_paths  # noqa: E402
+from adopter.rules import load_rule_set  # noqa: E402
+from adopter.verify import FileVerification, PatchedFile, verify_patched_files  # noqa: E402
+from adopter.verify.report import verification_rows  # noqa: E402
 
 
-def changed_files(models: Path) -> list[Path]:
-    """Modeling files in which `adopter apply` patches at least one site."""
-    out = subprocess.run(
-        [sys.executable, "-m", "adopter", "apply", str(models), "--format", "json"],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout
-    records = json.loads(out)
-    return sorted({Path(r["path"]) for r in records if r.get("status") == "patched"})
+def changed_files(models: Path, rule_set: str = "paper") -> list[PatchedFile]:
+    """Modeling files in which `adopter apply` patches at least one site, with their patched
+    text (patched here, statically: nothing is imported)."""
+    result = rewrite_paths([models], load_rule_set(rule_set))
+    return sorted(
+        (PatchedFile(Path(r.path), r.patched) for r in result.changed),
+        key=lambda item: str(item.original_path),
+    )
 
 
-def verify(adopter: str, path: Path, timeout: float) -> list[dict]:
-    command = [adopter, "verify", str(path), "--timeout", str(timeout), "--format", "json"]
-    try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout + 60, check=False
-        )
-        return json.loads(done.stdout)
-    except (subprocess.TimeoutExpired, json.JSONDecodeError) as error:
-        return [{"path": str(path), "status": "not checkable", "reason": repr(error)[:200]}]
+def verify_zoo(
+    items: Sequence[PatchedFile],
+    executor: Executor,
+    *,
+    timeout: float,
+    python: str | None,
+    memory_limit: float | None = None,
+    progress: Callable[[str], None] = print,
+) -> tuple[list[FileVerification], float]:
+    """Every file's verdict (in ``items``' order) and the wall time in seconds; each verdict is
+    announced through ``progress`` as it comes."""
+    done = 0
+
+    def heard(index: int, verdict: FileVerification) -> None:
+        nonlocal done
+        done += 1
+        name = Path(items[index].original_path).name
+        progress(f"[{done}/{len(items)}] {verdict.status}: {name} ({verdict.seconds:.1f} s)")
+
+    started = time.perf_counter()
+    verdicts = verify_patched_files(
+        items,
+        timeout=timeout,
+        python=python,
+        memory_limit=memory_limit,
+        executor=executor,
+        on_result=heard,
+    )
+    return verdicts, time.perf_counter() - started
+
+
+def interpreter(python: str | None, adopter: str | None) -> str | None:
+    """The worker interpreter: ``--python``, else the ``python`` beside ``--adopter``."""
+    if python:
+        return python
+    if adopter:
+        return str(Path(adopter).with_name("python"))
+    return None
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--version", required=True, help="transformers release, e.g. 4.46.3")
-    parser.add_argument("--adopter", required=True, help="`adopter` of that environment")
-    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--python", help="interpreter of an environment with that release")
+    parser.add_argument("--adopter", help="or the `adopter` of that environment (its python)")
+    parser.add_argument("--rule-set", default="paper", help="paper, extended or all")
+    parser.add_argument("--executor", default="local", help=EXECUTOR_HELP)
+    parser.add_argument("--jobs", type=int, default=2, help="local workers / local Ray CPUs")
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds per file")
+    parser.add_argument("--memory-limit", type=float, default=None, help="GiB per file")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args()
     output = args.output or ROOT / "docs" / f"verification-{args.version}.md"
 
     models = fetch_wheel(f"transformers=={args.version}") / "transformers" / "models"
-    files = changed_files(models)
-    started = time.perf_counter()
-    with ThreadPoolExecutor(args.jobs) as pool:
-        results = [
-            r
-            for rows in pool.map(lambda p: verify(args.adopter, p, args.timeout), files)
-            for r in rows
-        ]
-    minutes = (time.perf_counter() - started) / 60
+    items = changed_files(models, args.rule_set)
+    files = [Path(item.original_path) for item in items]
+    limit = args.memory_limit * 1024**3 if args.memory_limit else None
+    with make_executor(args.executor, workers=args.jobs) as executor:
+        where = executor.describe()
+        verdicts, seconds = verify_zoo(
+            items,
+            executor,
+            timeout=args.timeout,
+            python=interpreter(args.python, args.adopter),
+            memory_limit=limit,
+        )
+    minutes = seconds / 60
+    results = [
+        row
+        for item, verdict in zip(items, verdicts, strict=True)
+        for row in verification_rows(item.original_path, verdict)
+    ]
 
     # `adopter verify --format json` gives one "file" row per file (the verdict that counts:
     # verified only when every patched site ran and matched), "class" rows per check and
@@ -93,10 +140,12 @@ def main() -> int:
     verdicts = Counter(file_status.values())
     lines = [
         f"# Verification on transformers {args.version}\n",
-        f"Produced by `python benchmarks/verify_zoo.py --version {args.version} --adopter "
-        f"ADOPTER` (ADOPTER: the `adopter` of an environment with `transformers=={args.version}` "
-        f"and `torch==2.13.0` installed) on {describe_machine()}; {minutes:.1f} min with "
-        f"{args.jobs} jobs. Every modeling file the nine paper rules change ({len(files)} files) "
+        f"Produced by `python benchmarks/verify_zoo.py --version {args.version} --python "
+        f"PYTHON --executor {args.executor} --jobs {args.jobs}"
+        + (f" --rule-set {args.rule_set}" if args.rule_set != "paper" else "")
+        + f"` (PYTHON: the interpreter of an environment with `transformers=={args.version}` "
+        f"and `torch==2.13.0` installed) on {describe_machine()}; {minutes:.1f} min on "
+        f"{where}. Every modeling file the `{args.rule_set}` rules change ({len(files)} files) "
         "is checked by `adopter verify`: the original and the patched model are built from the "
         "same small configuration, the original's weights load strictly into the patch, and "
         "outputs and gradients are compared in eval, train and (where the kernels draw random "
