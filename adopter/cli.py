@@ -394,6 +394,14 @@ def apply(
             "name sees the patch (not atomic); without it such a file is skipped.",
         ),
     ] = False,
+    modular: Annotated[
+        bool,
+        typer.Option(
+            "--modular",
+            help="transformers 5.x: patch the modular_*.py sources (what a contributor edits) "
+            "instead of the modeling_*.py files generated from them (what runs; the default).",
+        ),
+    ] = False,
 ) -> None:
     """Rewrite every site to call its kernel. Prints a unified diff unless --write is given.
 
@@ -416,7 +424,7 @@ def apply(
         raise _fail(f"--format must be diff or json, not {output_format!r}")
     rules = load_rules(rule_files, rule_set, select)
     console = _stderr()
-    result = rewrite_paths(paths, rules, jobs=jobs)
+    result = rewrite_paths(paths, rules, jobs=jobs, modular=modular)
     for error in result.errors:
         _print_error(console, error)
     if only_faster:

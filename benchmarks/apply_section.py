@@ -209,6 +209,7 @@ def register_original_dirs(paths: dict[str, Path]) -> None:
 
 
 def _reason_class(reason: str) -> str:
+    reason = re.sub(r"lines \d+(?:(?:, |-)\d+)*", "lines N", reason)
     return re.sub(r"line \d+", "line N", re.sub(r"`[^`]*`", "`...`", reason))
 
 

@@ -57,7 +57,7 @@ from adopter.dsl.errors import LocatedError  # noqa: E402
 from adopter.extract.source import read_source  # noqa: E402
 from adopter.match.matcher import Matcher  # noqa: E402
 from adopter.match.scan import collect_python_files, map_files, scan_source  # noqa: E402
-from adopter.rewrite import rewrite_file, write_atomically  # noqa: E402
+from adopter.rewrite import rewrite_file  # noqa: E402
 from adopter.rules import load_rule_set  # noqa: E402
 
 LABELS = Path(__file__).with_name("coverage")
@@ -200,7 +200,8 @@ def package_pass(package: str, version: str, root: Path, rules, jobs: int) -> Pa
             if result.crash:
                 report.apply_crashes.append(f"{relative}: {result.crash}")
             if result.patched is not None:
-                write_atomically(result.path, result.patched)
+                # a scratch copy nothing else touches: a plain write (newline="" keeps endings)
+                Path(result.path).write_text(result.patched, encoding="utf-8", newline="")
                 changed.append(result.path)
         report.apply_seconds = time.perf_counter() - started
         report.changed_files = len(changed)

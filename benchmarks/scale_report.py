@@ -1,7 +1,7 @@
 """Verify a sample of the transformers 5.x zoo on the local pool and on Ray; write docs/scale.md.
 
     python3 -m venv .venv5 && .venv5/bin/pip install torch==2.13.0 transformers==5.24.0
-    python benchmarks/scale_report.py --python .venv5/bin/python [--sample 16]
+    python benchmarks/scale_report.py --python .venv5/bin/python [--sample 16] [--eager]
     python benchmarks/scale_report.py --render-only      # re-render from docs/scale.json
 
 The files `adopter apply --rule-set all` changes in transformers 5.24.0 are counted (statically,
@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from machine import describe_machine  # noqa: E402
-from verify_zoo import changed_files, verify_zoo  # noqa: E402
+from verify_zoo import changed_files, eager_attention, sample, verify_zoo  # noqa: E402
 
 from adopter.corpus import fetch_wheel  # noqa: E402
 from adopter.executor import make_executor  # noqa: E402
@@ -46,14 +46,6 @@ def git_revision() -> str:
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     )
     return done.stdout.strip() or "unknown"
-
-
-def spread(items: list[Any], count: int) -> list[Any]:
-    """``count`` items evenly spread over ``items`` (all of them when there are fewer)."""
-    if count >= len(items):
-        return list(items)
-    step = len(items) / count
-    return [items[int(index * step)] for index in range(count)]
 
 
 def outcome(verdict: FileVerification) -> dict[str, Any]:
@@ -92,19 +84,21 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     zoo, changed = count_zoo(corpus)
     models = corpus / "transformers" / "models"
     candidates = [item for item in changed if models in Path(item.original_path).parents]
-    sample = spread(candidates, args.sample)
-    names = [str(Path(item.original_path).relative_to(models)) for item in sample]
-    print(f"{zoo['changed']} changed files; verifying {len(sample)} of them", flush=True)
+    chosen = sample(candidates, args.sample)
+    names = [str(Path(item.original_path).relative_to(models)) for item in chosen]
+    print(f"{zoo['changed']} changed files; verifying {len(chosen)} of them", flush=True)
+    env_vars = eager_attention() if args.eager else None
     runs = []
     for name, workers in RUNS:
+        runtime_env = {"env_vars": env_vars} if env_vars and name == "ray" else None
         load = os.getloadavg()
         started = time.perf_counter()
-        with make_executor(name, workers=workers) as executor:
+        with make_executor(name, workers=workers, runtime_env=runtime_env) as executor:
             ready = time.perf_counter() - started
             where = executor.describe()
             print(f"== {where}", flush=True)
             verdicts, seconds = verify_zoo(
-                sample, executor, timeout=args.timeout, python=args.python
+                chosen, executor, timeout=args.timeout, python=args.python
             )
         runs.append(
             {
@@ -125,6 +119,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "rule_set": RULE_SET,
         "timeout": args.timeout,
         "sample": args.sample,
+        "eager": args.eager,
         "files": names,
         "zoo": zoo,
         "runs": runs,
@@ -157,10 +152,19 @@ def render(data: dict[str, Any]) -> str:
     w("# Scale: verifying a model zoo on the local pool and on Ray\n")
     w(
         f"Produced by `python benchmarks/scale_report.py --python .venv5/bin/python --sample "
-        f"{data['sample']}` at commit `{data['revision']}` on {data['machine']}; torch "
+        f"{data['sample']}{' --eager' if data.get('eager') else ''}` at commit "
+        f"`{data['revision']}` on {data['machine']}; torch "
         f"{data['torch']}, Ray {data['ray']}; the verify workers run transformers "
         f"{data['version']} (`.venv5`: `torch==2.13.0 transformers=={data['version']}`). "
-        f"Timeout {data['timeout']:g} s per file.\n"
+        f"Timeout {data['timeout']:g} s per file"
+        + (
+            "; eager attention forced (`--eager`: every configuration is built with "
+            '`attn_implementation="eager"`, so the patched `eager_attention_forward` runs; the '
+            "5.x default, SDPA, never calls it)"
+            if data.get("eager")
+            else ""
+        )
+        + ".\n"
     )
     w(
         f"The sample: {len(files)} of the {zoo['changed']} files that `adopter apply --rule-set "
@@ -281,6 +285,7 @@ def main() -> int:
     parser.add_argument("--python", help="interpreter with transformers 5.24.0 and torch")
     parser.add_argument("--sample", type=int, default=16, help="files to verify")
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds per file")
+    parser.add_argument("--eager", action="store_true", help="force eager attention")
     parser.add_argument("--json", type=Path, default=ROOT / "docs" / "scale.json")
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "scale.md")
     parser.add_argument("--render-only", action="store_true")

@@ -186,37 +186,35 @@ def main() -> int:
     annotations = load_annotations()
     per_rule = {rule: Counter() for rule in range(1, 10)}
     disagreements: list[Group] = []
-    for model in models:
-        for rule in range(1, 10):
-            want, got = expected[(model, rule)], found[(model, rule)]
-            stats = per_rule[rule]
-            stats["expected"] += want
-            stats["found"] += len(got)
-            stats["matched"] += min(want, len(got))
-            stats["missed"] += max(0, want - len(got))
-            stats["extra"] += max(0, len(got) - want)
-            if want != len(got):
-                disagreements.append(Group(model, rule, want, sorted(got, key=lambda s: s.line)))
-
-    # Classify each disagreement with the annotations; anything unexplained is counted against us.
+    # The hand count gives numbers, not places. An annotation names a place: a found site judged
+    # "real" is an extra even when the counts happen to agree, and a counted place judged "not an
+    # instance" is a miss; so a real extra never stands in for a counted site it is not.
     explained_extra = Counter()
     explained_missed = Counter()
     unexplained: list[str] = []
-    for group in disagreements:
-        notes = annotations.get((group.model, group.rule), [])
-        gap = len(group.found) - group.expected
-        if gap > 0:
-            real = [n for n in notes if n.verdict == "real"]
-            if len(real) >= gap:
-                explained_extra[group.rule] += gap
-            else:
-                unexplained.append(f"{group.model} rule {group.rule}: {gap} extra")
-        else:
-            absent = [n for n in notes if n.verdict == "not-an-instance"]
-            if len(absent) >= -gap:
-                explained_missed[group.rule] += -gap
-            else:
-                unexplained.append(f"{group.model} rule {group.rule}: {-gap} missed")
+    for model in models:
+        for rule in range(1, 10):
+            want, got = expected[(model, rule)], found[(model, rule)]
+            notes = annotations.get((model, rule), [])
+            lines = {site.line for site in got}
+            real = sum(1 for n in notes if n.verdict == "real" and n.line in lines)
+            absent = sum(1 for n in notes if n.verdict == "not-an-instance")
+            matched = max(0, min(want - absent, len(got) - real))
+            stats = per_rule[rule]
+            stats["expected"] += want
+            stats["found"] += len(got)
+            stats["matched"] += matched
+            stats["missed"] += want - matched
+            stats["extra"] += len(got) - matched
+            if want != matched or len(got) != matched:
+                disagreements.append(Group(model, rule, want, sorted(got, key=lambda s: s.line)))
+            extra, missed = len(got) - matched, want - matched
+            explained_extra[rule] += min(extra, real)
+            explained_missed[rule] += min(missed, absent)
+            if extra > real:
+                unexplained.append(f"{model} rule {rule}: {extra - real} extra")
+            if missed > absent:
+                unexplained.append(f"{model} rule {rule}: {missed - absent} missed")
 
     totals = Counter()
     for stats in per_rule.values():

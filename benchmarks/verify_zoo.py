@@ -12,12 +12,22 @@ here, statically; the model code is imported only by verify's contained workers,
 ``--python`` (an interpreter with that release and torch installed; adopter itself comes from
 this checkout). ``--executor local`` (default) runs ``--jobs`` workers here; ``--executor
 ray[:ADDRESS]`` runs each file as a Ray task (see adopter.executor).
+
+transformers 5.x (``--version 5.24.0``): ``--rule-set all`` checks every rule; ``--eager``
+builds every configuration with ``attn_implementation="eager"`` (through a ``sitecustomize``
+on the verify workers' path), so the attention code that the rewrite patches in
+``eager_attention_forward`` runs - the 5.x default, SDPA, never calls it; ``--sample N``
+checks N of the changed files, spread evenly over the sorted list; ``--files`` names them.
+Generated ``modeling_*.py`` files are what ``apply`` patches (their ``modular_*.py`` sources
+are skipped), so those are the ones verified.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -35,6 +45,48 @@ from adopter.rewrite import rewrite_paths  # noqa: E402
 from adopter.rules import load_rule_set  # noqa: E402
 from adopter.verify import FileVerification, PatchedFile, verify_patched_files  # noqa: E402
 from adopter.verify.report import verification_rows  # noqa: E402
+
+EAGER = """\
+# Written by benchmarks/verify_zoo.py --eager: every transformers configuration asks for eager
+# attention, so the attention functions a rewrite patches are the ones that run.
+try:
+    from transformers import configuration_utils as _configuration_utils
+
+    _config_class = getattr(_configuration_utils, "PreTrainedConfig", None) or getattr(
+        _configuration_utils, "PretrainedConfig"
+    )
+    # 5.x configurations are dataclasses whose keyword arguments reach ``__post_init__``
+    _hook = "__post_init__" if hasattr(_config_class, "__post_init__") else "__init__"
+    _original = getattr(_config_class, _hook)
+
+    def _eager(self, *args, **kwargs):
+        kwargs.setdefault("attn_implementation", "eager")
+        _original(self, *args, **kwargs)
+
+    setattr(_config_class, _hook, _eager)
+except Exception:  # no transformers here: nothing to force
+    pass
+"""
+
+
+def eager_attention() -> dict[str, str]:
+    """Environment variables that make every verify worker force eager attention: a folder
+    holding the ``sitecustomize`` above, first on ``PYTHONPATH``. They are set in this process
+    (the local pool's workers and a Ray instance started here inherit them) and returned for a
+    Ray runtime environment's ``env_vars``; the folder must exist where the workers run."""
+    site = Path(tempfile.mkdtemp(prefix="adopter-eager-"))
+    (site / "sitecustomize.py").write_text(EAGER, encoding="utf-8")
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    os.environ["PYTHONPATH"] = path
+    return {"PYTHONPATH": path}
+
+
+def sample(items: list, count: int | None) -> list:
+    """``count`` items spread evenly over the sorted list (all when ``None`` or more)."""
+    if count is None or count >= len(items):
+        return list(items)
+    step = len(items) / count
+    return [items[int(index * step)] for index in range(count)]
 
 
 def changed_files(models: Path, rule_set: str = "paper") -> list[PatchedFile]:
@@ -98,14 +150,25 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds per file")
     parser.add_argument("--memory-limit", type=float, default=None, help="GiB per file")
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--eager", action="store_true", help="force eager attention")
+    parser.add_argument("--sample", type=int, default=None, help="check N changed files")
+    parser.add_argument("--files", nargs="*", default=None, help="model names to check")
     args = parser.parse_args()
     output = args.output or ROOT / "docs" / f"verification-{args.version}.md"
 
     models = fetch_wheel(f"transformers=={args.version}") / "transformers" / "models"
-    items = changed_files(models, args.rule_set)
+    changed = changed_files(models, args.rule_set)
+    if args.files:
+        changed = [c for c in changed if Path(c.original_path).parent.name in args.files]
+    items = sample(changed, args.sample)
     files = [Path(item.original_path) for item in items]
     limit = args.memory_limit * 1024**3 if args.memory_limit else None
-    with make_executor(args.executor, workers=args.jobs) as executor:
+    runtime_env = None
+    if args.eager:
+        env_vars = eager_attention()
+        if args.executor.startswith("ray"):
+            runtime_env = {"env_vars": env_vars}
+    with make_executor(args.executor, workers=args.jobs, runtime_env=runtime_env) as executor:
         where = executor.describe()
         verdicts, seconds = verify_zoo(
             items,
@@ -143,10 +206,15 @@ def main() -> int:
         f"Produced by `python benchmarks/verify_zoo.py --version {args.version} --python "
         f"PYTHON --executor {args.executor} --jobs {args.jobs}"
         + (f" --rule-set {args.rule_set}" if args.rule_set != "paper" else "")
+        + (" --eager" if args.eager else "")
+        + (f" --sample {args.sample}" if args.sample else "")
         + f"` (PYTHON: the interpreter of an environment with `transformers=={args.version}` "
         f"and `torch==2.13.0` installed) on {describe_machine()}; {minutes:.1f} min on "
-        f"{where}. Every modeling file the `{args.rule_set}` rules change ({len(files)} files) "
-        "is checked by `adopter verify`: the original and the patched model are built from the "
+        f"{where}; rule set `{args.rule_set}`"
+        f"{', eager attention forced (`--eager`)' if args.eager else ''}. "
+        f"{len(files)} of the {len(changed)} modeling files the rules change "
+        f"{'(an even sample) ' if len(files) < len(changed) else ''}"
+        "are checked by `adopter verify`: the original and the patched model are built from the "
         "same small configuration, the original's weights load strictly into the patch, and "
         "outputs and gradients are compared in eval, train and (where the kernels draw random "
         "numbers like the original) train-with-dropout mode.\n",

@@ -14,6 +14,13 @@ never one per alternative. Where the number of elements before a position is not
 every path (a comprehension, an ``append`` in a loop or under an ``if``, a list from elsewhere),
 the container says why in ``elements_unknown`` and its elements carry no ``position``: the
 rewrite then refuses to index them instead of guessing.
+
+Layer classes passed around as values are followed too: a constructor parameter with a default
+(``act_layer=nn.GELU``, ``norm_layer: Type[nn.Module] = nn.BatchNorm2d``), a local name bound to
+a class (``layer = partial(nn.Conv2d, kernel_size=1) if use_conv else nn.Linear``,
+``act_layer = act_layer or nn.GELU``) and ``functools.partial`` of one; calling such a name
+builds that class, with the partial's arguments. The default is what the class builds when its
+caller passes nothing else; kernels check the module they get at run time.
 """
 
 from __future__ import annotations
@@ -22,9 +29,11 @@ import ast
 import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from .model import EMPTY_CONTEXT, NOT_CONSTANT, BranchPoint, Construction, Context, Operand
-from .names import ImportTable, parameter_names
+from .names import ImportTable, activation_family, construction_family, parameter_names
+from .project import Definition, Project
 
 MAX_FACTORY_DEPTH = 3
 LIST_CONTAINERS = {"torch.nn.ModuleList", "torch.nn.ModuleDict", "torch.nn.ParameterList"}
@@ -69,6 +78,19 @@ def call_kind(node: ast.expr, imports: ImportTable) -> str | None:
     return imports.resolve(node)
 
 
+@dataclass(frozen=True)
+class ClassRef:
+    """A layer class held in a variable, with the arguments a ``functools.partial`` bound."""
+
+    kind: str
+    positional: tuple[ast.expr, ...] = ()
+    keywords: tuple[tuple[str, ast.expr], ...] = ()
+    context: Context = EMPTY_CONTEXT
+
+
+PARTIAL = {"functools.partial", "partial"}
+
+
 @dataclass
 class InitContext:
     """What ``__init__`` analysis needs to know about the rest of the file."""
@@ -81,6 +103,8 @@ class InitContext:
     branch_labels: dict[int, BranchPoint] = field(default_factory=dict)
     # The file's classes by name: a local subclass of ``nn.Sequential`` is a container too.
     class_nodes: dict[str, ast.ClassDef] = field(default_factory=dict)
+    project: Project | None = None  # the package on disk, for helpers in other files
+    module_path: Path | None = None  # the file these imports belong to
 
 
 @dataclass
@@ -97,6 +121,22 @@ class _Elements:
             self.unknown = why
 
 
+@dataclass(frozen=True)
+class _Built:
+    """What an external factory returns, independent of where it is called."""
+
+    kind: str
+    family: str | None
+    arguments: tuple[tuple[str, Operand], ...]
+    positional: tuple[Operand, ...]
+    elements: tuple[Construction, ...]
+    container: str | None
+    elements_unknown: str = ""
+
+
+_SUMMARIES: dict[tuple, tuple[tuple[_Built, ...], tuple[ClassRef, ...]]] = {}
+
+
 class InitAnalyzer:
     """Walks one ``__init__`` (and the helpers it calls) and records attribute bindings."""
 
@@ -104,6 +144,7 @@ class InitAnalyzer:
         self.ctx = ctx
         self.bindings: dict[str, list[Construction]] = {k: list(v) for k, v in inherited.items()}
         self.locals: dict[str, list[Construction]] = {}
+        self.classes: dict[str, list[ClassRef]] = {}  # names bound to layer classes
         self.context: Context = EMPTY_CONTEXT
         self.method_stack: list[str] = []
         self.function_stack: list[ast.FunctionDef] = []
@@ -115,10 +156,65 @@ class InitAnalyzer:
     def run(self, function: ast.FunctionDef) -> dict[str, list[Construction]]:
         self.method_stack.append(function.name)
         self.function_stack.append(function)
+        self.parameter_defaults(function)
         self.block(function.body)
         self.function_stack.pop()
         self.method_stack.pop()
         return self.bindings
+
+    def parameter_defaults(self, function: ast.FunctionDef) -> None:
+        """Parameters whose default is a layer class (``act_layer=nn.GELU``)."""
+        arguments = function.args
+        positional = [*arguments.posonlyargs, *arguments.args]
+        first_default = len(positional) - len(arguments.defaults)
+        pairs = list(zip(positional[first_default:], arguments.defaults))
+        pairs += [(a, d) for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d]
+        for parameter, default in pairs:
+            refs = self.class_refs(default)
+            if refs:
+                self.classes[parameter.arg] = refs
+
+    def class_refs(self, value: ast.expr, depth: int = 0) -> list[ClassRef]:
+        """The layer classes an expression may evaluate to (empty when it names none)."""
+        if depth > MAX_FACTORY_DEPTH:
+            return []
+        if isinstance(value, ast.Name) and value.id in self.classes:
+            return list(self.classes[value.id])
+        if isinstance(value, (ast.Name, ast.Attribute)):
+            if isinstance(value, ast.Name) and value.id in self.locals:
+                return []
+            kind = self.ctx.imports.resolve(value)
+            if kind is not None and kind.rsplit(".", 1)[-1][:1].isupper():
+                return [ClassRef(kind, context=self.context)]
+            return []
+        if isinstance(value, ast.IfExp):
+            point = self.ctx.next_branch()
+            self.ctx.branch_labels[point] = BranchPoint("if", value.test)
+            found = []
+            for arm, sub in enumerate((value.body, value.orelse)):
+                found += [
+                    ClassRef(r.kind, r.positional, r.keywords, r.context | {(point, arm)})
+                    for r in self.class_refs(sub, depth + 1)
+                ]
+            return found
+        if isinstance(value, ast.BoolOp) and isinstance(value.op, ast.Or):
+            # ``act_layer or nn.GELU``: whichever is set
+            return [r for sub in value.values for r in self.class_refs(sub, depth + 1)]
+        if isinstance(value, ast.Call) and (external := self.external_factory(value)):
+            _, refs = self.summary(external, value, depth)
+            return self.fresh_alternatives(refs, f"{external.name}()")
+        if (
+            isinstance(value, ast.Call)
+            and value.args
+            and self.ctx.imports.resolve(value.func) in PARTIAL
+            and not any(isinstance(a, ast.Starred) for a in value.args)
+        ):
+            bound = tuple((k.arg, k.value) for k in value.keywords if k.arg is not None)
+            return [
+                ClassRef(r.kind, (*r.positional, *value.args[1:]), (*r.keywords, *bound), r.context)
+                for r in self.class_refs(value.args[0], depth + 1)
+            ]
+        return []
 
     def block(self, statements: list[ast.stmt]) -> None:
         for statement in statements:
@@ -225,6 +321,13 @@ class InitAnalyzer:
                     self.assign(sub_target, sub_value)
             return
         if isinstance(target, ast.Name):
+            refs = self.class_refs(value)
+            if refs:
+                self.classes[target.id] = refs
+                self.locals.pop(target.id, None)
+                return
+            if not self.context:  # in a branch the class it held may still be there after
+                self.classes.pop(target.id, None)
             if isinstance(value, (ast.List, ast.Tuple, ast.ListComp, ast.BinOp)):
                 started = _Elements([], self.context)
                 self.add_iterable(started, value)
@@ -278,6 +381,8 @@ class InitAnalyzer:
             return [self.make(kind, value, [], {})]
         if not isinstance(value, ast.Call):
             return []
+        if isinstance(value.func, ast.Name) and value.func.id in self.classes:
+            return [self.from_class(ref, value) for ref in self.classes[value.func.id]]
         kind = call_kind(value.func, self.ctx.imports)
         if kind is None:
             return []
@@ -306,6 +411,11 @@ class InitAnalyzer:
             container.container = "sequential"
             _fill(container, self.subclass_elements(kind, subclass_init))
             return [container]
+        external = self.external_factory(value) if depth < MAX_FACTORY_DEPTH else None
+        if external is not None and activation_family(kind) is None:
+            built, _ = self.summary(external, value, depth)
+            if built:
+                return self.from_factory(built, value, external.name)
         factory = self.factory(value, kind)
         if factory is not None and depth < MAX_FACTORY_DEPTH:
             self.function_stack.append(factory)
@@ -493,6 +603,123 @@ class InitAnalyzer:
         analyzer.run(init)
         return analyzer.own_elements
 
+    def from_class(self, ref: ClassRef, call: ast.Call) -> Construction:
+        """``act_layer(inplace=True)`` where ``act_layer`` holds ``ref``."""
+        arguments = [*ref.positional, *call.args]
+        positional = [Operand(node=a, constant=constant_value(a)) for a in arguments]
+        keywords = {
+            key: Operand(node=node, constant=constant_value(node))
+            for key, node in [*ref.keywords, *((k.arg, k.value) for k in call.keywords)]
+            if key is not None
+        }
+        outer = self.context
+        self.context = outer | ref.context
+        try:
+            return self.make(ref.kind, call, positional, keywords)
+        finally:
+            self.context = outer
+
+    # -- helpers in other files --------------------------------------------------------------
+    def external_factory(self, call: ast.Call) -> Definition | None:
+        """A function of another file of the package that ``call`` calls by its imported name."""
+        project = self.ctx.project
+        if project is None or not isinstance(call.func, ast.Name):
+            return None
+        name = call.func.id
+        if name in self.locals or name in self.classes or name in self.ctx.functions:
+            return None
+        if self.ctx.module_path is None or name not in self.ctx.imports.origins:
+            return None
+        found = project.lookup(self.ctx.imports, self.ctx.module_path, name)
+        if found is None or not isinstance(found.node, ast.FunctionDef):
+            return None
+        return found
+
+    def summary(
+        self, external: Definition, call: ast.Call, depth: int
+    ) -> tuple[tuple[_Built, ...], tuple[ClassRef, ...]]:
+        """What the factory builds and which layer classes it returns, for the layer classes
+        this call passes it (analysed in the factory's own file, once per argument pattern)."""
+        function = external.node
+        assert isinstance(function, ast.FunctionDef)
+        arguments = function.args
+        params = [*arguments.posonlyargs, *arguments.args]
+        passed: dict[str, list[ClassRef]] = {}
+        for param, arg in zip(params, call.args):
+            if refs := self.class_refs(arg, depth + 1):
+                passed[param.arg] = refs
+        for keyword in call.keywords:
+            if keyword.arg is not None and (refs := self.class_refs(keyword.value, depth + 1)):
+                passed[keyword.arg] = refs
+        key = (
+            str(external.module.path),
+            function.name,
+            tuple(sorted((name, tuple(r.kind for r in refs)) for name, refs in passed.items())),
+        )
+        if key in _SUMMARIES:
+            return _SUMMARIES[key]
+        _SUMMARIES[key] = ((), ())  # a factory that reaches itself builds nothing more
+        context = InitContext(
+            imports=external.module.imports,
+            path=str(external.module.path),
+            functions=external.module.functions,
+            methods=lambda name: None,
+            next_branch=self.ctx.next_branch,
+            branch_labels=self.ctx.branch_labels,
+            project=self.ctx.project,
+            module_path=external.module.path,
+        )
+        inner = InitAnalyzer(context, {})
+        inner.method_stack.append(function.name)
+        inner.function_stack.append(function)
+        inner.parameter_defaults(function)
+        for name, refs in passed.items():
+            inner.classes[name] = [ClassRef(r.kind, r.positional, r.keywords) for r in refs]
+        inner.block(function.body)
+        built: list[_Built] = []
+        refs: list[ClassRef] = []
+        for node in _returned_values(function):
+            for construction in inner.construct(node, depth + 1):
+                if construction.kind != "?":
+                    built.append(_built(construction))
+            refs += [ClassRef(r.kind, r.positional, r.keywords) for r in inner.class_refs(node)]
+        result = (tuple(built), tuple(dict.fromkeys(refs)))
+        _SUMMARIES[key] = result
+        return result
+
+    def fresh_alternatives(self, refs: tuple[ClassRef, ...], label: str) -> list[ClassRef]:
+        """The factory's results as alternatives of one new branch point of this file."""
+        if len(refs) <= 1:
+            return [ClassRef(r.kind, r.positional, r.keywords, self.context) for r in refs]
+        point = self.ctx.next_branch()
+        self.ctx.branch_labels[point] = BranchPoint(f"result of {label}", None, len(refs))
+        return [
+            ClassRef(r.kind, r.positional, r.keywords, self.context | {(point, arm)})
+            for arm, r in enumerate(refs)
+        ]
+
+    def from_factory(
+        self, built: tuple[_Built, ...], call: ast.Call, name: str
+    ) -> list[Construction]:
+        """Constructions an external factory returns, located at the call in this file."""
+        point = None
+        if len(built) > 1:
+            point = self.ctx.next_branch()
+            self.ctx.branch_labels[point] = BranchPoint(f"result of {name}()", None, len(built))
+        found = []
+        for arm, item in enumerate(built):
+            construction = self.make(item.kind, call, list(item.positional), {})
+            construction.arguments = dict(item.arguments)
+            construction.family = item.family
+            construction.via = name
+            construction.container = item.container
+            construction.elements = [_relocated(e, construction) for e in item.elements]
+            construction.elements_unknown = item.elements_unknown
+            if point is not None:
+                construction.context = construction.context | {(point, arm)}
+            found.append(construction)
+        return found
+
     def factory(self, call: ast.Call, kind: str) -> ast.FunctionDef | None:
         """A module-level function or own method that builds and returns a module."""
         if (name := self_attribute(call.func)) is not None:
@@ -519,7 +746,47 @@ class InitAnalyzer:
             node=node,
             method=self.method_stack[-1] if self.method_stack else "__init__",
             function=self.function_stack[-1] if self.function_stack else None,
+            family=construction_family(kind),
         )
+
+
+def _built(construction: Construction) -> _Built:
+    return _Built(
+        kind=construction.kind,
+        family=construction.family,
+        arguments=tuple(construction.arguments.items()),
+        positional=tuple(construction.positional),
+        elements=tuple(construction.elements),
+        container=construction.container,
+        elements_unknown=construction.elements_unknown,
+    )
+
+
+def _relocated(element: Construction, owner: Construction) -> Construction:
+    """An element of a container built in another file, located at the call in this one (its
+    index in the container kept, the container now the one built here)."""
+    relocated = Construction(
+        kind=element.kind,
+        arguments=element.arguments,
+        positional=element.positional,
+        path=owner.path,
+        line=owner.line,
+        column=owner.column,
+        context=owner.context,
+        node=owner.node,
+        elements=[_relocated(e, owner) for e in element.elements],
+        container=element.container,
+        method=owner.method,
+        function=owner.function,
+        family=element.family,
+        via=owner.via,
+        position=element.position,
+        elements_unknown=element.elements_unknown,
+    )
+    relocated.elements = [replace(e, owner=relocated) for e in relocated.elements]
+    if element.owner is not None:
+        relocated.owner = owner
+    return relocated
 
 
 def _opaque(node: ast.expr, analyzer: InitAnalyzer) -> Construction:

@@ -11,6 +11,7 @@ stay opaque steps so the rule can see them.
 from __future__ import annotations
 
 import ast
+import copy
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -30,10 +31,21 @@ from .model import (
     Step,
     Use,
 )
-from .names import canonical_function
+from .names import (
+    ACTIVATION,
+    ACTIVATION_FUNCTIONS,
+    DROPOUT_FUNCTION,
+    activation_family,
+    canonical_function,
+    construction_family,
+    parameter_names,
+)
 from .ranks import RankTracker
 
-LAST_DIMENSION_OPS = {"torch.nn.functional.softmax", "torch.softmax", "Tensor.softmax"}
+LAST_DIMENSION_OPS = {"torch.nn.functional.softmax"}
+# Modules whose call is recorded as the function they compute, with the module's arguments
+# (``self.softmax = nn.Softmax(dim=-1)``; ``self.softmax(x)`` is ``softmax(x, dim=-1)``).
+MODULE_FUNCTIONS = {"torch.nn.Softmax": "torch.nn.functional.softmax"}
 
 if TYPE_CHECKING:
     from .structure import FileAnalysis
@@ -80,6 +92,8 @@ class Frame:
     scripted: bool = False
     chain: tuple[str, ...] = ()  # methods inlined to reach this frame
     function: ast.FunctionDef | None = None
+    # local names that may hold a module-level function of this file (``attention_interface``)
+    functions: dict[str, ast.FunctionDef] = field(default_factory=dict)
 
 
 class FlowBuilder:
@@ -100,7 +114,14 @@ class FlowBuilder:
         self.replay_end = 0
 
     # -- entry -------------------------------------------------------------------------------
-    def build_root(self, cls: ClassInfo | None, function: ast.FunctionDef) -> FunctionFlow:
+    def build_root(
+        self,
+        cls: ClassInfo | None,
+        function: ast.FunctionDef,
+        modules: dict[str, ClassInfo] | None = None,
+    ) -> FunctionFlow:
+        """Analyse ``function``; ``modules`` binds parameters to instances of module classes
+        of this file (an attention processor's ``attn``)."""
         frame = Frame(
             cls=cls,
             self_path="self" if cls else None,
@@ -111,6 +132,14 @@ class FlowBuilder:
         arguments = function.args
         for arg in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]:
             if cls is not None and arg is (arguments.posonlyargs + arguments.args)[:1][0]:
+                continue
+            owner = (modules or {}).get(arg.arg)
+            if owner is not None:
+                instance = Construction(
+                    kind=owner.name, arguments={}, positional=[], path=self.flow.path,
+                    line=arg.lineno, column=arg.col_offset + 1,
+                )  # fmt: skip
+                frame.modules[arg.arg] = ModuleRef(arg.arg, [instance])
                 continue
             frame.env[arg.arg] = (Flow(self.new_value(arg.arg)),)
         for arg in (arguments.vararg, arguments.kwarg):
@@ -147,9 +176,11 @@ class FlowBuilder:
             value = self.expr(node.value)
             for target in node.targets:
                 self.assign(target, value, node.value)
+                self.bind_function(target, node.value)
         elif isinstance(node, ast.AnnAssign):
             if node.value is not None:
                 self.assign(node.target, self.expr(node.value), node.value)
+                self.bind_function(node.target, node.value)
         elif isinstance(node, ast.AugAssign):
             current = self.expr(node.target)
             value = self.expr(node.value)
@@ -212,15 +243,22 @@ class FlowBuilder:
         frame = self.frame
         outer_context = self.context
         entry_env, entry_modules = dict(frame.env), dict(frame.modules)
+        entry_functions = dict(frame.functions)
         survivors: list[tuple[int, dict[str, tuple[Flow, ...]], dict[str, ModuleRef]]] = []
+        functions: dict[str, ast.FunctionDef] = {}
         for arm, statements in enumerate(arms):
             frame.env, frame.modules = dict(entry_env), dict(entry_modules)
+            frame.functions = dict(entry_functions)
             self.context = outer_context | {(point, arm)}
             try:
                 self.block(statements)
             except _Terminated:
                 continue
             survivors.append((arm, frame.env, frame.modules))
+            # a function that one arm may leave in a name may be called after the branch
+            for name, function in frame.functions.items():
+                functions.setdefault(name, function)
+        frame.functions = functions
         if not survivors:
             self.context = outer_context
             raise _Terminated
@@ -294,6 +332,37 @@ class FlowBuilder:
         element = self.emit("iter", iterable, [value], {})
         self.assign(target, element, iterable)
 
+    def bind_function(self, target: ast.expr, value: ast.expr) -> None:
+        """``attention_interface = eager_attention_forward`` or
+        ``= ALL_ATTENTION_FUNCTIONS.get_interface(impl, eager_attention_forward)`` (a registry
+        lookup with this file's function as its default): calling the name may run it."""
+        if not isinstance(target, ast.Name):
+            return
+        frame = self.frame
+        function = self.function_named(value)
+        if (
+            function is None
+            and isinstance(value, ast.Call)
+            and isinstance(value.func, ast.Attribute)
+            and value.func.attr in ("get_interface", "get")
+            and value.args
+        ):
+            function = self.function_named(value.args[-1])
+        if function is not None:
+            frame.functions[target.id] = function
+        else:
+            frame.functions.pop(target.id, None)
+
+    def function_named(self, node: ast.expr) -> ast.FunctionDef | None:
+        if not isinstance(node, ast.Name):
+            return None
+        frame = self.frame
+        if node.id in frame.functions:
+            return frame.functions[node.id]
+        if node.id in frame.env or node.id in frame.modules:
+            return None
+        return self.analysis.functions.get(node.id)
+
     def assign(self, target: ast.expr, value: Operand, value_node: ast.AST) -> None:
         frame = self.frame
         if isinstance(target, ast.Name):
@@ -341,6 +410,8 @@ class FlowBuilder:
             frame.returns.extend(Flow(f.value, f.context | self.context) for f in value.flows)
             if len(value.flows) == 1 and value.flows[0].value in self.tuples:
                 frame.returned_tuples.append(self.tuples[value.flows[0].value])
+            else:
+                frame.returned_tuples.append([])  # not a tuple we know: no elementwise merge
         else:
             self.escape(value, "return")
 
@@ -418,7 +489,10 @@ class FlowBuilder:
         """``softmax(x, dim=3)`` on a 4-D ``x`` is a softmax over the last dimension."""
         dim = step.arguments.get("dim")
         if dim is not None and isinstance(dim.constant, int) and dim.constant == rank - 1 >= 0:
-            step.arguments["dim"] = Operand(node=dim.node, constant=-1, label=dim.text)
+            # In place: the operand is also the call's positional argument, and rewriting
+            # keeps its source text.
+            dim.label = dim.text
+            dim.constant = -1
 
     def replayed(self, kind: str, operands: list[Operand]) -> Operand:
         """During a loop replay: the step this call produced the first time round, now also
@@ -593,6 +667,17 @@ class FlowBuilder:
         if ref is not None:
             positional, keywords = self.arguments(node)
             return self.call_module(ref, node, positional, keywords)
+        if isinstance(func, ast.Attribute) and not isinstance(func.value, ast.Call):
+            owner_ref = self.module_ref(func.value)
+            if owner_ref is not None and len(owner_ref.constructions) == 1:
+                # ``attn.get_attention_scores(q, k)``: a method of a submodule of ours
+                owner = self.analysis.local_class(owner_ref.constructions[0].kind)
+                method = self.analysis.method(owner, func.attr) if owner else None
+                if method is not None and frame.class_depth < MAX_CLASS_DEPTH:
+                    positional, keywords = self.arguments(node)
+                    return self.inline(
+                        method, owner, owner_ref.path, positional, keywords, node, class_call=True
+                    )
         method_name = self_attribute(func)
         if method_name is not None and frame.cls is not None:
             positional, keywords = self.arguments(node)
@@ -602,6 +687,11 @@ class FlowBuilder:
             if method is not None:
                 return self.inline(method, frame.cls, frame.self_path, positional, keywords, node)
             return self.emit(f"self.{method_name}", node, positional, keywords)
+        if isinstance(func, ast.Call):
+            inline = self.inline_construction(func)
+            if inline is not None:
+                positional, keywords = self.arguments(node)
+                return self.call_module(inline, node, positional, keywords)
         if isinstance(func, ast.Attribute):
             receiver = self.expr(func.value)
             if receiver.flows:
@@ -616,12 +706,73 @@ class FlowBuilder:
         if kind is None:
             callee = self.expr(func)
             return self.emit("call", node, [callee, *positional], keywords)
+        if isinstance(func, ast.Name) and func.id in self.frame.functions:
+            function = self.frame.functions[func.id]
+            return self.inline(function, None, None, positional, keywords, node)
         if isinstance(func, ast.Name) and func.id in self.analysis.functions:
             function = self.analysis.functions[func.id]
             return self.inline(function, None, None, positional, keywords, node)
         canonical = canonical_function(kind)
-        return self.emit(
-            canonical, node, positional, normalise_arguments(kind, positional, keywords)
+        arguments = normalise_arguments(kind, positional, keywords)
+        activation = self.activation_function(canonical, node)
+        if activation is not None:
+            # called like a module on its input; its other arguments stay (by name) as uses
+            return self.emit(canonical, node, positional[:1], arguments, module=activation)
+        return self.emit(canonical, node, positional, arguments)
+
+    def activation_function(self, kind: str, node: ast.Call) -> ModuleRef | None:
+        """An activation applied as a function to a tensor (``F.gelu(h)``,
+        ``ACT2FN["gelu"](h)``, ``F.gelu(h, approximate="tanh")``) is recorded like a call of an
+        activation module: the callee itself is what a kernel is handed (a rewrite that would
+        drop further arguments is refused)."""
+        dropout = kind == DROPOUT_FUNCTION
+        if not dropout and kind not in ACTIVATION_FUNCTIONS and activation_family(kind) is None:
+            return None
+        if not node.args or isinstance(node.args[0], ast.Starred):
+            return None
+        if dropout:
+            # ``F.dropout(x, p, training)``: its settings are what a kernel is handed
+            positional = [Operand(node=a, constant=constant_value(a)) for a in node.args]
+            keywords = {
+                k.arg: Operand(node=k.value, constant=constant_value(k.value))
+                for k in node.keywords
+                if k.arg is not None
+            }
+            construction = self.pseudo_construction(kind, node.func, positional, keywords)
+            return ModuleRef(ast.unparse(node.func), [construction])
+        construction = self.pseudo_construction(kind, node.func, [], {})
+        construction.family = ACTIVATION
+        return ModuleRef(ast.unparse(node.func), [construction])
+
+    def inline_construction(self, func: ast.Call) -> ModuleRef | None:
+        """``nn.Softmax(dim=-1)(x)``, ``nn.GELU()(x)``: a torch module built where it is called."""
+        kind = call_kind(func.func, self.analysis.imports)
+        if kind is None:
+            return None
+        last = kind.rsplit(".", 1)[-1]
+        torch_module = kind.startswith("torch.nn.") and last[:1].isupper()
+        if not torch_module and activation_family(kind) is None:
+            return None
+        positional, keywords = self.arguments(func)
+        construction = self.pseudo_construction(kind, func, positional, keywords)
+        return ModuleRef(ast.unparse(func), [construction])
+
+    def pseudo_construction(
+        self, kind: str, node: ast.expr, positional: list[Operand], keywords: dict[str, Operand]
+    ) -> Construction:
+        """A module (or function) that is built, or named, where ``forward`` calls it."""
+        return Construction(
+            kind=kind,
+            arguments=normalise_arguments(kind, positional, keywords),
+            positional=positional,
+            path=self.flow.path,
+            line=node.lineno,
+            column=node.col_offset + 1,
+            context=self.context,
+            node=node,
+            method=self.frame.method,
+            function=self.frame.function,
+            family=construction_family(kind),
         )
 
     def call_module(
@@ -634,6 +785,15 @@ class FlowBuilder:
         frame = self.frame
         if len(ref.constructions) == 1:
             construction = ref.constructions[0]
+            function = MODULE_FUNCTIONS.get(construction.kind)
+            if function is not None and len(positional) == 1 and not keywords:
+                names = set(parameter_names(function)[0])
+                # copies: the rank of this call's input may settle ``dim`` for this call only
+                settings = {
+                    k: copy.copy(v) for k, v in construction.arguments.items() if k in names
+                }
+                arguments = normalise_arguments(function, positional, settings)
+                return self.emit(function, node, positional, arguments)
             if construction.container == "sequential" and construction.elements:
                 value = positional[0] if positional else Operand(node=node)
                 for index, element in enumerate(construction.elements):
@@ -695,7 +855,25 @@ class FlowBuilder:
             self.context, self.statement = saved_context, saved_statement
         result = Operand(node=node, flows=tuple(dict.fromkeys(frame.returns)))
         if len(frame.returned_tuples) == 1 and len(frame.returns) == 1:
-            self.tuples[frame.returns[0].value] = frame.returned_tuples[0]
+            if frame.returned_tuples[0]:
+                self.tuples[frame.returns[0].value] = frame.returned_tuples[0]
+        elif len(frame.returned_tuples) > 1 and self.replay is None:
+            # several ``return a, b`` of the same length: element i may be any of theirs
+            sizes = {len(elements) for elements in frame.returned_tuples}
+            if len(sizes) == 1 and 0 not in sizes:
+                merged = [
+                    Operand(
+                        node=node,
+                        flows=tuple(
+                            dict.fromkeys(
+                                f for elements in frame.returned_tuples for f in elements[i].flows
+                            )
+                        ),
+                    )
+                    for i in range(sizes.pop())
+                ]
+                result = self.emit("tuple", node, merged, {}, transparent=True)
+                self.tuples[result.flows[0].value] = merged
         return result
 
     def bind_parameters(

@@ -119,6 +119,9 @@ class Construction:
     owner: Construction | None = field(default=None, compare=False, repr=False)
     # A ``sequential`` container whose element indexes are not statically known: why not.
     elements_unknown: str = ""
+    # a canonical family rules can name instead of the kind (``activation``: any activation)
+    family: str | None = None
+    via: str | None = None  # built by this factory of another file (the call is in this one)
 
     def describe(self) -> str:
         """The construction as a DSL step callee, with the arguments the source spelled out."""

@@ -10,12 +10,13 @@ Equivalent spellings folded together (the rule files match the canonical name):
 * Positional and keyword arguments of the callees in ``SIGNATURES`` are mapped onto parameter
   names (``F.softmax(x, -1)`` has ``dim=-1``), with defaults filled in.
 
-``torch.softmax(x, -1)`` and ``x.softmax(-1)`` compute the same thing but stay distinct callees
-(``torch.softmax``, ``Tensor.softmax``): the reference rule ``paper.4`` was counted by hand on
-the ``nn.functional`` spelling only (settled against the benchmark's expected counts: e.g. in
-``wav2vec2`` the four ``nn.functional.softmax`` calls are counted and the ``torch.softmax`` in
-the quantizer is not; in ``levit`` and ``swiftformer`` no ``x.softmax(dim=-1)`` is counted).
-A rule that wants every spelling names each of them.
+* every softmax spelling: ``torch.softmax``, ``torch.special.softmax`` and the tensor method
+  ``x.softmax(...)`` are ``torch.nn.functional.softmax``; extraction also records a call of an
+  ``nn.Softmax`` module (an attribute, or built inline: ``nn.Softmax(dim=-1)(x)``) as that
+  function with the module's ``dim`` (see :mod:`adopter.extract.flow`).
+
+The 2023 benchmark's hand count covers the ``nn.functional`` spelling only; the other spellings
+compute the same thing, so their sites are extra real instances there (docs/benchmark.md).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ from functools import cache
 
 # Callee -> canonical callee.
 FUNCTION_ALIASES: dict[str, str] = {
-    "torch.special.softmax": "torch.softmax",
+    "torch.special.softmax": "torch.nn.functional.softmax",
+    "torch.softmax": "torch.nn.functional.softmax",
+    "Tensor.softmax": "torch.nn.functional.softmax",
     "Tensor.add": "add",
     "torch.add": "add",
     "Tensor.matmul": "matmul",
@@ -64,8 +67,82 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
     ),  # fmt: skip
     "torch.nn.Dropout": ("p=0.5", "inplace=False"),
     "torch.nn.Softmax": ("dim=None",),
+    "torch.special.softmax": ("input", "dim", "dtype=None"),
     "add": ("input", "other"),
 }
+
+
+# -- activations ------------------------------------------------------------------------------
+# A rule names any activation with the family name ``activation`` (``@activation(...)``): an
+# ``ACT2FN[<any expression>]`` lookup, ``get_activation(...)``, an activation module
+# (``nn.GELU()``, transformers' ``GELUActivation()``...), a constructor parameter whose default is
+# one (``act_layer=nn.GELU``), or an activation function applied in ``forward`` (``F.gelu(h)``).
+ACTIVATION = "activation"
+_ELEMENTWISE = (
+    "GELU", "ReLU", "ReLU6", "SiLU", "Tanh", "Sigmoid", "Mish", "LeakyReLU", "Hardswish",
+    "Hardsigmoid", "ELU", "SELU", "CELU", "Softplus", "PReLU", "Hardtanh", "Tanhshrink",
+)  # fmt: skip
+ACTIVATION_MODULES = frozenset(f"torch.nn.{name}" for name in _ELEMENTWISE)
+ACTIVATION_FUNCTIONS = frozenset(
+    [
+        *(f"torch.nn.functional.{name}" for name in (
+            "gelu", "relu", "relu6", "silu", "tanh", "sigmoid", "mish", "leaky_relu",
+            "hardswish", "hardsigmoid", "elu", "selu", "celu", "softplus", "hardtanh",
+        )),
+        "torch.tanh", "torch.sigmoid", "torch.relu", "torch.nn.functional.gelu_new",
+    ]
+)  # fmt: skip
+# Factories that return an activation module, recognised by their last name component:
+# ``ACT2FN[...]`` / ``ACT2CLS[...]()`` (transformers, diffusers), ``get_activation(...)``
+# (transformers, diffusers), ``create_act_layer(...)`` (timm).
+ACTIVATION_FACTORIES = frozenset(["ACT2FN", "ACT2CLS", "get_activation", "create_act_layer"])
+# Activation classes that are classes of an ``activations`` module (transformers, diffusers:
+# ``GELUActivation``, ``NewGELUActivation``, ``QuickGELUActivation``...).
+_ACTIVATION_CLASS_SUFFIX = "Activation"
+
+
+# -- head splits ------------------------------------------------------------------------------
+# A rule names any reshaping of a projection into attention heads with the family name
+# ``split_heads``: ``x.view(...)``, ``x.reshape(...)``, ``x.unflatten(...)``,
+# ``x.transpose(...)``, ``rearrange``/``einops`` patterns, and helpers that do one
+# (``self._split_heads(x)``, inlined, is its ``view``). Each works on a slice of a fused
+# projection's output (``.view`` that splits the last dimension, reshapes that copy when needed).
+SPLIT_HEADS = "split_heads"
+_HEAD_SPLITS = frozenset(
+    [
+        "Tensor.view", "Tensor.reshape", "torch.reshape", "Tensor.unflatten", "torch.unflatten",
+        "Tensor.transpose", "torch.transpose", "einops.rearrange", "rearrange",
+    ]
+)  # fmt: skip
+
+
+def step_family(kind: str) -> str | None:
+    """The family a rule may name instead of a forward step's kind."""
+    return SPLIT_HEADS if kind in _HEAD_SPLITS else None
+
+
+# A rule names element-wise dropout with the family name ``dropout``: an ``nn.Dropout`` module or
+# ``F.dropout(x, p, training)`` in ``forward`` (whose ``p`` and ``training`` a kernel takes).
+DROPOUT = "dropout"
+DROPOUT_FUNCTION = "torch.nn.functional.dropout"
+
+
+def construction_family(kind: str) -> str | None:
+    """The family a rule may name instead of a construction's kind."""
+    if kind in ("torch.nn.Dropout", DROPOUT_FUNCTION):
+        return DROPOUT
+    return activation_family(kind)
+
+
+def activation_family(kind: str) -> str | None:
+    """``ACTIVATION`` when a construction of ``kind`` builds an elementwise activation."""
+    base = kind.split("[", 1)[0]
+    last = base.rsplit(".", 1)[-1]
+    if kind in ACTIVATION_MODULES or last in ACTIVATION_FACTORIES:
+        return ACTIVATION
+    if last.endswith(_ACTIVATION_CLASS_SUFFIX) and ".activations." in f".{base}":
+        return ACTIVATION
+    return None
 
 
 @cache
@@ -96,6 +173,8 @@ class ImportTable:
 
     def __init__(self) -> None:
         self.aliases: dict[str, str] = {}
+        # ``from <level dots><module> import <name> as <local>``: local -> (level, module, name)
+        self.origins: dict[str, tuple[int, str, str]] = {}
 
     def add(self, node: ast.Import | ast.ImportFrom) -> None:
         if isinstance(node, ast.Import):
@@ -112,6 +191,7 @@ class ImportTable:
                 continue
             full = f"{module}.{alias.name}" if module else alias.name
             self.aliases[alias.asname or alias.name] = full
+            self.origins[alias.asname or alias.name] = (node.level or 0, module, alias.name)
 
     def resolve(self, node: ast.expr) -> str | None:
         """Dotted name of ``a.b.c`` with its head resolved through the imports."""

@@ -20,8 +20,6 @@ RANK_PRESERVING = {
     "neg",
     "pos",
     "torch.nn.functional.softmax",
-    "torch.softmax",
-    "Tensor.softmax",
     "torch.nn.functional.dropout",
     "torch.nn.Dropout",
     "torch.exp",
@@ -40,6 +38,8 @@ RANK_OF_FIRST = {
     "Tensor.clone",
     "torch.index_select",
 }
+# Batched matrix products: always 3-D.
+THREE_D = {"torch.bmm", "Tensor.bmm", "torch.baddbmm", "Tensor.baddbmm"}
 SHAPE_FROM_ARGUMENTS = {"Tensor.view", "Tensor.reshape", "Tensor.permute", "torch.reshape"}
 
 
@@ -73,6 +73,14 @@ class RankTracker:
                     return len(single.elts)
                 return None if kind != "Tensor.permute" else None
             return len(shape) or None
+        if kind in THREE_D:
+            return 3
+        if kind == "matmul" and len(positional) == 2:
+            # Batched matmul of two operands of rank >= 2 has the larger (broadcast) rank.
+            ranks = [self.rank_of(op) for op in positional]
+            if all(rank is not None and rank >= 2 for rank in ranks):
+                return max(rank for rank in ranks if rank is not None)
+            return None
         if kind == "getitem" and len(positional) == 1:
             return None
         if kind in RANK_OF_FIRST and positional:

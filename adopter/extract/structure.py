@@ -11,6 +11,7 @@ from .constructions import InitAnalyzer, InitContext
 from .flow import FlowBuilder
 from .model import BranchPoint, ClassInfo, Construction, FileStructure, FunctionFlow
 from .names import ImportTable
+from .project import project_for
 from .source import parse_source, read_source, split_lines
 
 # Bases that make a class a module without seeing their source.
@@ -37,6 +38,7 @@ class FileAnalysis:
         self.path = path
         self.opaque_methods = frozenset(name.removeprefix("self.") for name in opaque_methods)
         self.imports = ImportTable()
+        self.project = project_for(path)
         self.functions: dict[str, ast.FunctionDef] = {}
         self.class_nodes: dict[str, ast.ClassDef] = {}
         self.classes: dict[str, ClassInfo] = {}
@@ -88,6 +90,35 @@ class FileAnalysis:
                 MODULE_BASE_SUFFIXES
             ) and "." in self.imports.aliases.get(base.split(".")[0], base):
                 return True
+        for base_node in node.bases:
+            if isinstance(base_node, ast.Name) and self._imported_module_class(base_node.id):
+                return True
+        return False
+
+    def _imported_module_class(self, name: str) -> bool:
+        """A base class imported from another file of the package that is an ``nn.Module``
+        (diffusers' ``ModelMixin``), read from that file."""
+        if not self.project.enabled or self.project.file is None:
+            return False
+        found = self.project.lookup(self.imports, self.project.file, name)
+        seen: set[tuple[str, str]] = set()
+        pending = [found] if found is not None else []
+        while pending:
+            definition = pending.pop()
+            key = (str(definition.module.path), definition.name)
+            if key in seen or len(seen) > 8 or not isinstance(definition.node, ast.ClassDef):
+                continue
+            seen.add(key)
+            for base in definition.node.bases:
+                resolved = definition.module.imports.resolve(base)
+                if resolved is not None and (
+                    resolved.startswith("torch.nn.") or resolved in MODULE_BASES
+                ):
+                    return True
+                if isinstance(base, ast.Name):
+                    parent = self.project.lookup_in(definition.module, base.id)
+                    if parent is not None:
+                        pending.append(parent)
         return False
 
     def local_parents(self, info: ClassInfo) -> list[ClassInfo]:
@@ -141,13 +172,56 @@ class FileAnalysis:
             branch_labels=self.branch_labels,
         )
         for info in self.classes.values():
+            self._processor_flows(info)
             if not info.is_module:
                 continue
-            for name in ["forward", *self._method_references(info)]:
+            for name in [*self._entry_points(info), *self._method_references(info)]:
                 function = self.method(info, name)
                 if isinstance(function, ast.FunctionDef) and name not in info.flows:
                     info.flows[name] = self._flow(info, function)
+        # Module-level functions run too (transformers 5.x computes attention in
+        # ``eager_attention_forward``, reached through ``ALL_ATTENTION_FUNCTIONS``); their sites
+        # are reported in the function, whoever calls it.
+        for name, function in self.functions.items():
+            structure.functions[name] = self._flow(None, function)
         return structure
+
+    def _entry_points(self, info: ClassInfo) -> list[str]:
+        """``forward`` and the other methods that run a module's computation from outside:
+        ``forward_features``, ``forward_head``, ``forward_intermediates`` (timm),
+        ``forward_pre``/``forward_post``... (every ``forward_*`` of the class or its local
+        parents)."""
+        names = ["forward"]
+        for owner in [info, *self.local_parents(info)]:
+            names += [n for n in owner.methods if n.startswith("forward_") and n not in names]
+        return names
+
+    def _processor_flows(self, info: ClassInfo) -> None:
+        """A class whose ``__call__`` receives a module of this file as a parameter (diffusers'
+        attention processors, plain classes or ``nn.Module``s: ``__call__(self, attn:
+        Attention, hidden_states)``) runs that module's computation: analyse it with the
+        parameter bound to the module."""
+        function = info.methods.get("__call__")
+        if not isinstance(function, ast.FunctionDef):
+            return
+        bound = {}
+        for arg in [*function.args.posonlyargs, *function.args.args][1:]:
+            annotation = arg.annotation
+            if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+                annotation = ast.Name(annotation.value)  # a quoted forward reference
+            kind = self.imports.resolve(annotation) if annotation is not None else None
+            owner = self.classes.get(kind or "")
+            if owner is not None and owner.is_module:
+                bound[arg.arg] = owner
+        if bound:
+            flow = FunctionFlow(
+                cls=info.name,
+                method=function.name,
+                path=self.path,
+                line=function.lineno,
+                branch_labels=self.branch_labels,
+            )
+            info.flows["__call__"] = FlowBuilder(self, flow).build_root(info, function, bound)
 
     def _method_references(self, info: ClassInfo) -> list[str]:
         """Methods the class passes around rather than calls: stored by ``__init__``
@@ -182,6 +256,8 @@ class FileAnalysis:
             next_branch=self.next_branch,
             branch_labels=self.branch_labels,
             class_nodes=self.class_nodes,
+            project=self.project if self.project.enabled else None,
+            module_path=self.project.file,
         )
         info.bindings = InitAnalyzer(context, inherited).run(init)
 

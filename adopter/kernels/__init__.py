@@ -4,6 +4,18 @@ Every kernel takes the model's *existing* modules (so parameter names and ``stat
 never change), returns what the original code computed, and falls back to the original
 computation whenever a fast path cannot reproduce it. Only ``torch`` is required; Triton is used
 lazily on CUDA when installed. See :func:`describe_backends` for what runs on this machine.
+
+Tracing convention (every kernel follows it, new ones too): a kernel's first check is
+``adopter.kernels._util.tracing()``, true while ``torch.jit.trace`` or ``torch.fx`` symbolic
+tracing (``torch.fx.symbolic_trace``, transformers' ``HFTracer``) records the model; when it
+holds, the kernel runs the original computation it replaces - the same module calls and
+functional ops, in the same order, taking no path from grad mode, parameter values, devices or
+data - so the recorded graph is the original model's graph and is the same in every trace
+(``torch.jit.trace``'s check re-traces under ``no_grad``; an fx ``Proxy`` cannot drive a Python
+branch or be iterated). An attention subclass calls its ``original()`` forward. ``torch.compile``
+and ``torch.export`` are not "tracing": Dynamo captures the fused paths, which is the point of
+compiling them. ``tests/kernels/test_kernels_tracing.py`` checks every public kernel (the list
+is ``__all__``) under both tracers.
 """
 
 from ._backend import describe_backends

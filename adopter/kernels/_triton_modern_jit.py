@@ -61,7 +61,12 @@ def rms_bwd(
                 dw += g * normed
                 grad_n = g * w
             else:
-                dw += g * normed.to(x_raw.dtype).to(tl.float32)
+                # the original multiplies in the gradient's dtype, rounding each product
+                dw += (
+                    (g * normed.to(x_raw.dtype).to(tl.float32))
+                    .to(g_ptr.dtype.element_ty)
+                    .to(tl.float32)
+                )
                 grad_n = (g * w).to(x_raw.dtype).to(tl.float32)
         else:
             grad_n = g

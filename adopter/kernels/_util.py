@@ -6,6 +6,13 @@ override it), no forward or backward hooks are registered (hooks would be skippe
 path) and the parameters are plain dense tensors (not tensor subclasses). Everything else goes
 through the original modules.
 
+Tracing (:func:`tracing`): while ``torch.jit.trace`` or ``torch.fx`` symbolic tracing (plain
+``torch.fx.symbolic_trace``, transformers' ``HFTracer``) records a model, every kernel runs the
+original, unfused computation it replaces. A tracer records one path through Python, so a kernel
+that chose its path from grad mode, parameter values or a data-dependent check would record a
+graph that differs between traces (``torch.jit.trace``'s check re-traces under ``no_grad``) or
+fail on a symbolic value; the original code is what the model's exporters expect to see.
+
 Derived tensors (folded BatchNorm weights, concatenated QKV weights) are cached per owner module
 in a :class:`weakref.WeakKeyDictionary`. An entry is keyed on, for every source tensor, its
 identity, ``data_ptr``, ``_version`` counter, dtype, device and shape, plus the inference-mode
@@ -24,6 +31,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
 __all__ = [
     "cached",
@@ -32,7 +40,24 @@ __all__ = [
     "has_hooks",
     "is_plain",
     "plain_tensors",
+    "tracing",
 ]
+
+
+def tracing(*values: object) -> bool:
+    """True while ``torch.jit.trace`` or ``torch.fx`` symbolic tracing records the caller.
+
+    Every kernel checks this first and, when it holds, runs the original computation (see the
+    module docstring). ``torch.compile`` / ``torch.export`` (Dynamo) are not tracing here:
+    Dynamo captures the kernels' fused paths, which the kernels keep compile-friendly.
+    ``values`` (the kernel's tensor arguments) are also checked for ``torch.fx.Proxy``, which
+    catches a custom tracer that hands over proxies without setting the global flag.
+    """
+    # Both reads are a flag lookup: cheap enough for every kernel call.
+    if torch.jit.is_tracing() or is_fx_symbolic_tracing():
+        return True
+    return any(isinstance(value, torch.fx.Proxy) for value in values)
+
 
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 _GLOBAL_HOOK_DICTS = (
@@ -104,9 +129,7 @@ def _tensor_key(t: torch.Tensor | None) -> Hashable | None:
 
 
 def _cache_allowed() -> bool:
-    if torch.jit.is_tracing() or torch.jit.is_scripting():
-        return False
-    return not torch.compiler.is_compiling()
+    return not (tracing() or torch.compiler.is_compiling())
 
 
 def cached(

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._util import cached, is_plain
+from ._util import cached, is_plain, tracing
 from .linear import fused_linears, qkv_projection
 
 __all__ = ["fused_bert_self_attention", "fused_gpt2_attention", "fused_t5_attention"]
@@ -277,7 +277,8 @@ def _bert_like_needs_original(
     original code: returned probabilities, head masks, an opaque or CPU-unfused dropout,
     relative position embeddings, other than 3-D inputs, a mask that is not a float tensor."""
     return bool(
-        output_attentions
+        tracing()
+        or output_attentions
         or head_mask is not None
         or p is None
         or _unfused_on_cpu(p, hidden_states)
@@ -434,7 +435,8 @@ def _make_t5(base: type) -> type:
 
             drop = getattr(self, "dropout", None)
             if (
-                output_attentions
+                tracing()
+                or output_attentions
                 or layer_head_mask is not None
                 or not isinstance(drop, (int, float))
                 or isinstance(drop, bool)
@@ -644,7 +646,8 @@ def _make_gpt2(base: type) -> type:
             is_cross = encoder_hidden_states is not None
             mask = encoder_attention_mask if is_cross else attention_mask
             if (
-                output_attentions
+                tracing()
+                or output_attentions
                 or head_mask is not None
                 or p is None
                 or _unfused_on_cpu(p, hidden_states)

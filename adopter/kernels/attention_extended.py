@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from ._util import tracing
 from .attention import (
     _FACTORIES,
     _bert_like_needs_original,
@@ -96,7 +97,8 @@ def _make_distilbert(base: type) -> type:
 
             p = _dropout_p(getattr(self, "dropout", None))
             if (
-                output_attentions
+                tracing()
+                or output_attentions
                 or head_mask is not None
                 or p is None
                 or _unfused_on_cpu(p, query)
@@ -256,7 +258,8 @@ def _make_gpt_neo(base: type) -> type:
 
             p = _dropout_p(getattr(self, "attn_dropout", None))
             if (
-                output_attentions
+                tracing()
+                or output_attentions
                 or head_mask is not None
                 or p is None
                 or _unfused_on_cpu(p, hidden_states)

@@ -51,8 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import attention as _attention
-from ._trace import tracing
-from ._util import has_hooks, plain_tensors
+from ._util import has_hooks, plain_tensors, tracing
 
 __all__ = [
     "attention_function",

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ._fold import bn_foldable, folded_weight_bias
-from ._util import grad_needed, is_plain, plain_tensors
+from ._util import grad_needed, is_plain, plain_tensors, tracing
 
 __all__ = ["conv_batch_norm"]
 
@@ -47,7 +47,7 @@ def conv_batch_norm(x: torch.Tensor, conv: nn.Module, batch_norm: nn.Module) -> 
     Under autograd (eval-mode fine-tuning with frozen statistics) the two modules run as they
     are: the fold pays off in inference only.
     """
-    if not is_plain(conv, *_CONVS) or torch.compiler.is_compiling():
+    if tracing() or not is_plain(conv, *_CONVS) or torch.compiler.is_compiling():
         return batch_norm(conv(x))
     weight, bias = conv.weight, conv.bias
     spatial = _SPATIAL[type(conv).forward]

@@ -44,8 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._trace import tracing
-from ._util import grad_needed, is_plain, plain_tensors
+from ._util import grad_needed, is_plain, plain_tensors, tracing
 
 __all__ = [
     "causal_lm_loss",
@@ -168,6 +167,26 @@ def _logit_grad(
     return grad
 
 
+_HALF_GEMM_INTO_FLOAT = {"cuda": True}  # set to False the first time the device refuses
+
+
+def _accumulate(total: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """``total += a @ b`` in place. A half-precision head's gradient is summed in float32 (one
+    rounding to 8 or 11 bits per chunk would lose the small chunks); on CUDA the product runs
+    on the half-precision tensor cores with a float32 result, as the original's single GEMM does,
+    where a float32 GEMM of up-cast copies would be several times slower."""
+    if total.dtype == a.dtype:
+        total.addmm_(a, b)
+        return
+    if a.is_cuda and _HALF_GEMM_INTO_FLOAT["cuda"]:
+        try:
+            torch.addmm(total, a, b, out_dtype=total.dtype, out=total)
+            return
+        except (RuntimeError, TypeError):  # a torch or device without the mixed-dtype GEMM
+            _HALF_GEMM_INTO_FLOAT["cuda"] = False
+    total.addmm_(a.to(total.dtype), b.to(total.dtype))
+
+
 def _forward_chunks(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -200,10 +219,7 @@ def _forward_chunks(
         if grad_h is not None:
             torch.mm(grad, weight, out=grad_h[start : start + chunk])
         if grad_w is not None:
-            if grad_w.dtype != grad.dtype:  # float32 accumulation of a half-precision head
-                grad_w.addmm_(grad.t().to(grad_w.dtype), h.to(grad_w.dtype))
-            else:
-                grad_w.addmm_(grad.t(), h)
+            _accumulate(grad_w, grad.t(), h)
         if grad_b is not None:
             grad_b.add_(grad.sum(0, dtype=grad_b.dtype))
         del grad  # before the next chunk's logits are allocated

@@ -38,8 +38,7 @@ from torch import nn
 
 from . import _triton_modern
 from ._activations import resolve_activation
-from ._trace import tracing
-from ._util import grad_needed, has_hooks, is_plain, plain_tensors
+from ._util import grad_needed, has_hooks, is_plain, plain_tensors, tracing
 
 __all__ = ["gated_activation", "gated_activation_chunked", "gated_mlp", "pure_activation"]
 
@@ -263,7 +262,7 @@ class _GatedProduct(torch.autograd.Function):
 
 
 def _chunks(x: torch.Tensor, gate: str, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    first, second = x.chunk(2, dim)
+    first, second = x.chunk(2, dim=dim)  # the keyword, as the model files spell it
     return (first, second) if gate == "first" else (second, first)
 
 

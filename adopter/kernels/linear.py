@@ -49,7 +49,7 @@ from torch import nn
 
 from ._activations import resolve_activation
 from ._fold import bn_foldable, folded_weight_bias
-from ._util import cached, grad_needed, is_plain, plain_tensors
+from ._util import cached, grad_needed, is_plain, plain_tensors, tracing
 
 __all__ = ["linear_batch_norm", "linear_bias_activation", "qkv_projection", "fused_linears"]
 
@@ -58,7 +58,7 @@ def linear_bias_activation(
     x: torch.Tensor, linear: nn.Module, activation: Callable[[torch.Tensor], torch.Tensor]
 ) -> torch.Tensor:
     """Return ``activation(linear(x))`` with the bias in the GEMM and a one-kernel activation."""
-    if not is_plain(linear, nn.Linear):
+    if tracing() or not is_plain(linear, nn.Linear):
         return activation(linear(x))
     weight, bias = linear.weight, linear.bias
     spec = resolve_activation(activation)
@@ -117,7 +117,7 @@ SEPARATE_UNDER_AUTOGRAD = {"cpu"}
 
 def fused_linears(x: torch.Tensor, linears: Sequence[nn.Module]) -> tuple[torch.Tensor, ...]:
     """``tuple(lin(x) for lin in linears)`` computed with one GEMM (see :func:`qkv_projection`)."""
-    if len(linears) < 2 or not _fusable(x, linears):
+    if tracing() or len(linears) < 2 or not _fusable(x, linears):
         return tuple(lin(x) for lin in linears)
     weights = [lin.weight for lin in linears]
     biases = [lin.bias for lin in linears]
@@ -161,7 +161,8 @@ def linear_batch_norm(x: torch.Tensor, linear: nn.Module, batch_norm: nn.Module)
     :func:`adopter.kernels.conv_batch_norm` gives.
     """
     if (
-        not is_plain(linear, nn.Linear)
+        tracing()
+        or not is_plain(linear, nn.Linear)
         or not isinstance(batch_norm, nn.BatchNorm1d)
         or torch.compiler.is_compiling()
     ):

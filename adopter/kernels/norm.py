@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import _backend
-from ._util import grad_needed, is_plain
+from ._util import grad_needed, is_plain, tracing
 
 __all__ = ["dropout_add_layer_norm"]
 
@@ -60,6 +60,19 @@ def _dropout_prob(dropout: Any, training: bool | None, fallback_training: bool) 
     if is_plain(dropout, nn.Dropout):
         return float(dropout.p) if dropout.training else 0.0
     return None
+
+
+def _dropout_unfused(
+    hidden: torch.Tensor, dropout: Any, training: bool | None, fallback_training: bool
+) -> torch.Tensor:
+    """``dropout(hidden)`` as the original code wrote it: the module called, or ``F.dropout``."""
+    if dropout is None:
+        return hidden
+    if isinstance(dropout, Real) and not isinstance(dropout, bool):
+        _dropout_prob(dropout, training, fallback_training)  # the same range check
+        active = fallback_training if training is None else training
+        return F.dropout(hidden, float(dropout), training=active)
+    return dropout(hidden)
 
 
 def _norm_spec(norm: Any) -> _NormSpec | None:
@@ -144,6 +157,10 @@ def dropout_add_layer_norm(
             ``layer_norm.training`` (which follows the enclosing model's ``train()/eval()``).
     """
     fallback_training = bool(getattr(layer_norm, "training", False))
+    if tracing():
+        return layer_norm(
+            _dropout_unfused(hidden_states, dropout, training, fallback_training) + residual
+        )
     p = _dropout_prob(dropout, training, fallback_training)
     if p is None:
         summed = dropout(hidden_states) + residual

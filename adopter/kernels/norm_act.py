@@ -34,8 +34,7 @@ from torch import nn
 
 from ._activations import ActSpec, resolve_activation
 from ._fold import folded_weight_bias
-from ._trace import tracing
-from ._util import grad_needed, has_hooks, is_plain, plain_tensors
+from ._util import grad_needed, has_hooks, is_plain, plain_tensors, tracing
 from .conv import conv_batch_norm
 
 __all__ = ["conv_bn_act", "group_norm_activation"]

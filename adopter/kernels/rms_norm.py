@@ -45,8 +45,7 @@ from typing import Any
 import torch
 
 from . import _triton_modern
-from ._trace import tracing
-from ._util import grad_needed, plain_tensors
+from ._util import grad_needed, plain_tensors, tracing
 
 __all__ = ["RMS_NORM_CASTS", "rms_norm", "rms_norm_reference"]
 

@@ -49,8 +49,7 @@ from typing import Any
 import torch
 
 from . import _triton_modern
-from ._trace import tracing
-from ._util import grad_needed, plain_tensors
+from ._util import grad_needed, plain_tensors, tracing
 
 __all__ = [
     "apply_rotary",

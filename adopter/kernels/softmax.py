@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _backend
+from ._util import tracing
 
 __all__ = ["softmax"]
 
@@ -43,7 +44,7 @@ def softmax(
     implicit dimension, named dimensions) and for tensor subclasses (``__torch_function__``
     overrides must see the public op).
     """
-    if not isinstance(dim, int) or isinstance(dim, bool) or type(input) not in _PLAIN:
+    if tracing() or not isinstance(dim, int) or isinstance(dim, bool) or type(input) not in _PLAIN:
         return F.softmax(input, dim=dim, dtype=dtype)
     out_dtype = input.dtype if dtype is None else dtype
     if input.is_cuda:

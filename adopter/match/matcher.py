@@ -42,7 +42,7 @@ from ..extract.model import (
     consistent,
 )
 from ..extract.model import Step as FlowStep
-from ..extract.names import dotted_suffix_match, parameter_names
+from ..extract.names import dotted_suffix_match, parameter_names, step_family
 
 MAX_CANDIDATES = 2000  # per pattern step, a guard against pathological files
 
@@ -115,6 +115,9 @@ class _State:
     context: Context
     constructions: dict[str, Construction]
     notes: tuple[str, ...] = ()
+    # while matching ``where`` steps: a matched value and the values derived from it by
+    # elementwise scaling or casts (``q_proj(h) * self.scaling``), which count as it
+    through: dict[int, frozenset[int]] = field(default_factory=dict)
 
     def copy(self) -> _State:
         return _State(
@@ -123,6 +126,7 @@ class _State:
             self.context,
             dict(self.constructions),
             self.notes,
+            self.through,
         )
 
 
@@ -198,12 +202,17 @@ class Matcher:
             if compiled.first is None:
                 for site in self._match_init_only(compiled, structure):
                     found.setdefault(site.key, site)
-        return sorted(found.values(), key=lambda s: (s.path, s.line, s.column, s.rule.id))
+        return _without_overlaps(
+            sorted(found.values(), key=lambda s: (s.path, s.line, s.column, s.rule.id))
+        )
 
     def _index(self, flow: FunctionFlow) -> dict[str, list[FlowStep]]:
         index: dict[str, list[FlowStep]] = {}
         for step in flow.steps:
-            kinds = {step.kind} | {c.kind for c in step.alternatives}
+            kinds = {step.kind} | {k for c in step.alternatives for k in _construction_kinds(c)}
+            family = step_family(step.kind)
+            if family is not None:
+                kinds.add(family)
             for kind in kinds:
                 index.setdefault(kind, []).append(step)
         return index
@@ -229,9 +238,13 @@ class Matcher:
             if new_state is None:
                 continue
             for final in self._search(compiled, compiled.forward, 1, new_state, flow, index):
-                where_state = next(
-                    self._search(compiled, compiled.where, 0, final, flow, index), None
-                )
+                where_state = None
+                if compiled.where:
+                    checking = final.copy()
+                    checking.through = _derived_values(final, flow)
+                    where_state = next(
+                        self._search(compiled, compiled.where, 0, checking, flow, index), None
+                    )
                 if compiled.where and where_state is None:
                     continue
                 yield self._site(compiled, flow, final, where_state)
@@ -276,9 +289,11 @@ class Matcher:
                 ):
                     produced = state.bindings[value.name]
                     assert isinstance(produced, BoundOutput)
+                    values = state.through.get(produced.value, (produced.value,))
                     steps = [
                         flow.steps[use.step]
-                        for use in flow.consumers(produced.value)
+                        for derived in values
+                        for use in flow.consumers(derived)
                         if use.step is not None
                     ]
                     return list({id(s): s for s in steps}.values())[:MAX_CANDIDATES]
@@ -407,7 +422,9 @@ class Matcher:
 
     def _unify_construction(self, pattern: Step, construction: Construction, state: _State) -> bool:
         name = _callee_name(pattern.callee)
-        if name is None or not _kind_matches(name, construction.kind):
+        if name is None or not (
+            _kind_matches(name, construction.kind) or name == construction.family
+        ):
             if not (
                 isinstance(pattern.callee, Index)
                 and _callee_matches(pattern.callee, construction.kind, state.bindings)
@@ -518,6 +535,61 @@ class Matcher:
                         )
 
 
+# Steps through which a ``where`` step may consume a matched value: elementwise scaling by
+# something that is not a tensor of the computation, contiguity and dtype casts, a
+# normalisation module over the last dimension (QK-norm before the heads are split), and a
+# concatenation that holds it (``torch.cat([query, encoder_query], dim=1)``).
+PASS_THROUGH = frozenset(
+    ["mul", "truediv", "Tensor.contiguous", "Tensor.to", "Tensor.type_as", "Tensor.float"]
+)
+PASS_THROUGH_JOINS = frozenset(["list", "tuple", "torch.cat"])
+
+
+def _passes_through(step: FlowStep) -> bool:
+    if step.kind in PASS_THROUGH_JOINS:
+        return True
+    tensors = [op for op in step.positional if op.flows]
+    if len(tensors) != 1:
+        return False
+    if step.kind in PASS_THROUGH:
+        return True
+    return step.module is not None and step.kind.rsplit(".", 1)[-1].endswith("Norm")
+
+
+def _derived_values(state: _State, flow: FunctionFlow) -> dict[int, frozenset[int]]:
+    """Each matched output and the values a chain of PASS_THROUGH steps makes of it."""
+    derived: dict[int, frozenset[int]] = {}
+    for bound in state.bindings.values():
+        if not isinstance(bound, BoundOutput):
+            continue
+        values = [bound.value]
+        for value in values:
+            for use in flow.consumers(value):
+                if use.step is None:
+                    continue
+                step = flow.steps[use.step]
+                if _passes_through(step) and step.output not in values:
+                    values.append(step.output)
+        derived[bound.value] = frozenset(values)
+    return derived
+
+
+def _without_overlaps(sites: list[Site]) -> list[Site]:
+    """One site per computation and rule: a match that reuses a call an earlier site of the
+    same rule already took (six projections of one tensor make several triples) is dropped."""
+    claimed: dict[str, set[tuple[int, str | None]]] = {}
+    kept: list[Site] = []
+    for site in sites:
+        # the elements of one nn.Sequential call share its node: the module tells them apart
+        nodes = {(id(step.node), step.module) for step in site.steps if step.node is not None}
+        taken = claimed.setdefault(site.rule.id, set())
+        if len(site.steps) > 1 and nodes & taken:
+            continue
+        taken |= nodes
+        kept.append(site)
+    return kept
+
+
 def _same_instance(first: Site, second: Site) -> bool:
     """The same matched code (seen from two analysed methods), not another call of it."""
     return [id(step.node) for step in first.steps] == [id(step.node) for step in second.steps]
@@ -553,9 +625,20 @@ def _signature_names(step: FlowStep) -> list[str]:
 def _step_kinds(step: FlowStep) -> Iterator[tuple[str, Context]]:
     if step.alternatives:
         for construction in step.alternatives:
-            yield construction.kind, construction.context
+            for kind in _construction_kinds(construction):
+                yield kind, construction.context
     else:
         yield step.kind, EMPTY_CONTEXT
+        family = step_family(step.kind)
+        if family is not None:
+            yield family, EMPTY_CONTEXT
+
+
+def _construction_kinds(construction: Construction) -> tuple[str, ...]:
+    """The kind of a construction and the canonical family a rule may name instead."""
+    if construction.family:
+        return (construction.kind, construction.family)
+    return (construction.kind,)
 
 
 def _callee_name(callee: Expr) -> str | None:
@@ -595,6 +678,10 @@ def _unify_value(pattern: Expr, operand: Operand, state: _State, edges: list[Con
     if isinstance(pattern, Wildcard):
         return True
     if isinstance(pattern, Literal):
+        if isinstance(pattern.value, bool) and not operand.is_constant and operand.node is not None:
+            # A flag only known at run time (``bias=config.mlp_bias``) may take the literal's
+            # value; the kernel handles both (the rule says which flag it needs).
+            return True
         return (
             operand.is_constant
             and operand.constant == pattern.value
@@ -610,8 +697,9 @@ def _unify_value(pattern: Expr, operand: Operand, state: _State, edges: list[Con
         state.bindings[pattern.name] = operand
         return True
     if isinstance(bound, BoundOutput):
+        accepted = state.through.get(bound.value, (bound.value,))
         for flow in operand.flows:
-            if flow.value == bound.value:
+            if flow.value in accepted:
                 edges.append(flow.context)
                 return True
         return False
@@ -619,7 +707,14 @@ def _unify_value(pattern: Expr, operand: Operand, state: _State, edges: list[Con
         return operand.module is not None and operand.module.path == bound.path
     if isinstance(bound, Operand):
         if bound.flows or operand.flows:
-            return _values(bound.flows) == _values(operand.flows)
+            # the same value on one path: ``current_states = kv if cross else hidden_states``
+            # is ``hidden_states`` where there is no cross-attention
+            for flow in operand.flows:
+                for other in bound.flows:
+                    if flow.value == other.value and consistent(flow.context, other.context):
+                        edges.append(flow.context | other.context)
+                        return True
+            return False
         if bound.is_constant or operand.is_constant:
             return bound.constant == operand.constant
         return bound.text == operand.text

@@ -10,8 +10,10 @@ module, merged into an existing ``from adopter.kernels import ...`` when there i
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
@@ -71,10 +73,10 @@ class _FunctionEditor(cst.CSTTransformer):
 
     METADATA_DEPENDENCIES = (PositionProvider,)
 
-    def __init__(self, plans: list[Plan], locate, indentation) -> None:
+    def __init__(self, plans: list[Plan], locate, indentation, locate_end) -> None:
         super().__init__()
         self.arm_indents: dict[tuple[int, int], str] = {}
-        self.expressions: dict[tuple[int, int, str], str] = {}
+        self.expressions: dict[tuple[int, int, int, int, str], str] = {}
         self.statements: dict[tuple[int, int], str | None] = {}
         self.hoists: dict[tuple[int, int], tuple[list[tuple[int, int]], int]] = {}
         self.sinks: dict[tuple[int, int], list[str]] = {}
@@ -89,7 +91,8 @@ class _FunctionEditor(cst.CSTTransformer):
                     plan.keyword_parameters
                 )
             for node, text in plan.replace_expressions:
-                self.expressions[(*locate(node), type(node).__name__)] = text
+                # start *and* end: ``f(x).to(t)`` starts where ``f(x)`` does
+                self.expressions[(*locate(node), *locate_end(node), type(node).__name__)] = text
             for statement, text in plan.replace_statements:
                 self.statements[locate(statement)] = text
             for statement in plan.delete_statements:
@@ -119,7 +122,8 @@ class _FunctionEditor(cst.CSTTransformer):
     def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode):  # type: ignore[override]
         kind = self._CST_TO_AST.get(type(original).__name__)
         if kind is not None and isinstance(original, cst.BaseExpression):
-            key = (*self._start(original), kind)
+            span = self.get_metadata(PositionProvider, original)
+            key = (span.start.line, span.start.column, span.end.line, span.end.column, kind)
             text = self.expressions.get(key)
             if text is not None:
                 replacement = cst.parse_expression(text)
@@ -259,11 +263,16 @@ def _edit_span(source: SourceText, start: int, end: int, plans: list[Plan]) -> l
         line = node.lineno  # type: ignore[attr-defined]
         return line - offset, source.char_column(line, node.col_offset)  # type: ignore[attr-defined]
 
+    def locate_end(node: ast.AST) -> tuple[int, int]:
+        line = node.end_lineno  # type: ignore[attr-defined]
+        return line - offset, source.char_column(line, node.end_col_offset)  # type: ignore[attr-defined]
+
     parsed = cst.parse_module(text)
     if parsed.code != text:  # LibCST promises this; never edit through a lossy parse
         raise Refusal(f"lines {start}-{end}: LibCST does not reproduce them exactly; not rewritten")
     module = MetadataWrapper(parsed)
-    new_code = module.visit(_FunctionEditor(plans, locate, source.indentation)).code
+    editor = _FunctionEditor(plans, locate, source.indentation, locate_end)
+    new_code = module.visit(editor).code
     new_code = new_code[len(header) :]
     new_lines = split_lines(new_code)
     if unterminated and new_lines:
@@ -454,11 +463,17 @@ def _already_fused_classes(tree: ast.Module) -> set[str]:
 
 
 def _merge_sequential(plans: list[Plan], source: SourceText) -> list[Plan]:
-    """Fusions inside the same ``nn.Sequential`` call become one expression."""
+    """Fusions inside the same ``nn.Sequential`` call become one expression; fusions before a
+    match that starts in the call and ends outside it go into that match's input."""
     merged: list[Plan] = []
     by_call: dict[int, Plan] = {}
+    tails = {id(p.sequential_prefix[0]): p for p in plans if p.sequential_prefix is not None}
+    before_tail: dict[int, list[Plan]] = {}
     for plan in plans:
         piece = plan.sequential
+        if piece is not None and id(piece.call) in tails:
+            before_tail.setdefault(id(piece.call), []).append(plan)
+            continue
         if piece is None:
             merged.append(plan)
             continue
@@ -476,6 +491,19 @@ def _merge_sequential(plans: list[Plan], source: SourceText) -> list[Plan]:
         text = sequential_expression(source, pieces)
         plan.replace_expressions.append((pieces[0].call, text))
         plan.summary = f"{source.segment(pieces[0].call)} -> {text}"
+    for key, piece_plans in before_tail.items():
+        tail = tails[key]
+        assert tail.sequential_prefix is not None
+        _, first, plain = tail.sequential_prefix
+        pieces = sorted((p.sequential for p in piece_plans if p.sequential), key=lambda p: p.first)
+        prefix = sequential_expression(source, pieces, upto=first)
+        tail.replace_expressions = [
+            (node, text.replace(plain, prefix, 1)) for node, text in tail.replace_expressions
+        ]
+        tail.summary = tail.summary.replace(plain, prefix, 1)
+        for piece_plan in piece_plans:
+            tail.imports |= piece_plan.imports
+            tail.also_patched.append(piece_plan)
     return merged
 
 
@@ -525,6 +553,10 @@ def _overlaps(first: Plan, second: Plan) -> bool:
     if first.sequential and second.sequential and first.sequential.call is second.sequential.call:
         a, b = first.sequential, second.sequential
         return a.first <= b.last and b.first <= a.last
+    for piece_plan, tail in ((first, second), (second, first)):
+        piece, prefix = piece_plan.sequential, tail.sequential_prefix
+        if piece is not None and prefix is not None and piece.call is prefix[0]:
+            return piece.last >= prefix[1]  # elements before the tail's match merge into it
 
     def spans(plan: Plan) -> list[tuple[tuple[int, int], tuple[int, int]]]:
         return [
@@ -542,8 +574,52 @@ def _overlaps(first: Plan, second: Plan) -> bool:
     return False
 
 
-def rewrite_source(text: str, path: str, sites: Sequence[Site], tree: ast.Module) -> FileRewrite:
-    """Patch ``text`` for the applicable ``sites`` (found on ``tree``, the same text parsed)."""
+_GENERATED = re.compile(r"This file was automatically generated from \S*?(modular_\w+\.py)")
+
+
+def generated_pair(text: str, path: str) -> str | None:
+    """Why a file is not the one ``apply`` edits by default, or ``None``.
+
+    transformers 5.x writes each model twice: ``modular_<model>.py``, the source its
+    contributors edit (it imports from other models' files), and ``modeling_<model>.py``,
+    generated from it, which is what runs. ``apply`` patches what runs; with ``modular=True``
+    it patches the modular source instead (for a contributor, who regenerates the modeling
+    file) and leaves the generated file alone. ``scan`` reports both."""
+    name = Path(path).name
+    if name.startswith("modular_") and name.endswith(".py"):
+        return f"modular:{name.removeprefix('modular_')}"
+    match = _GENERATED.search(text[:2000])
+    if match is not None:
+        return f"generated:{match.group(1)}"
+    return None
+
+
+def modular_refusal(text: str, path: str, modular: bool) -> str | None:
+    """The reason every site of this file is skipped under the chosen policy, or ``None``."""
+    pair = generated_pair(text, path)
+    if pair is None:
+        return None
+    kind, _, other = pair.partition(":")
+    if kind == "modular" and not modular:
+        return (
+            f"transformers generates modeling_{other} from this modular file; apply patches the "
+            "generated file, which is what runs (--modular patches this one instead)"
+        )
+    if kind == "generated" and modular:
+        return f"generated from {other}; --modular patches that file instead"
+    return None
+
+
+def rewrite_source(
+    text: str, path: str, sites: Sequence[Site], tree: ast.Module, *, modular: bool = False
+) -> FileRewrite:
+    """Patch ``text`` for the applicable ``sites`` (found on ``tree``, the same text parsed).
+    ``modular``: patch transformers' modular sources rather than the files generated from them
+    (see :func:`generated_pair`)."""
+    refusal = modular_refusal(text, path, modular)
+    if refusal is not None:
+        skipped = [SiteResult(site, "skipped", refusal) for site in sites if site.applicable]
+        return FileRewrite(path, text, text, _ordered(skipped))
     source = SourceText(text)
     planner = Planner(source, module_names(tree), existing_kernel_imports(tree))
     results: list[SiteResult] = []
@@ -582,7 +658,9 @@ def rewrite_source(text: str, path: str, sites: Sequence[Site], tree: ast.Module
                     for p in group
                     if p.instance_of is None or p.instance_of is p.site
                 }
-                retry = rewrite_source(text, path, [s for s in sites if id(s) not in failed], tree)
+                retry = rewrite_source(
+                    text, path, [s for s in sites if id(s) not in failed], tree, modular=modular
+                )
                 skipped = [
                     SiteResult(site, "skipped", f"synthesis failed: {error}")
                     for site in failed.values()

@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 from ..dsl.errors import LocatedError
@@ -37,31 +38,34 @@ from .plan import edit_location
 MAX_ROUNDS = 8
 
 
-def rewrite_once(text: str, path: str, matcher: Matcher) -> FileRewrite:
+def rewrite_once(text: str, path: str, matcher: Matcher, modular: bool = False) -> FileRewrite:
     """One round: the sites of ``text`` rewritten (parsed once; never imported)."""
     tree = parse_source(text, path)
     structure = FileAnalysis(tree, path, matcher.opaque_methods, text).analyse()
-    return rewrite_source(text, path, matcher.match_file(structure), tree)
+    return rewrite_source(text, path, matcher.match_file(structure), tree, modular=modular)
 
 
-def rewrite_text(text: str, path: str, matcher: Matcher) -> FileRewrite:
+def rewrite_text(text: str, path: str, matcher: Matcher, *, modular: bool = False) -> FileRewrite:
     """The patched text of one file, at the fixpoint: rewritten again while a round changes
     something and skipped a site, so that one ``apply`` does what repeated ones would and a
     second one changes nothing. Site results give lines of ``text``.
 
     A file that ends every line with CRLF, or every line with CR, is rewritten as LF text and
     turned back (exactly: each of its line breaks is one LF in between), so that new lines get
-    the file's line ending and LibCST, which drops a final lone CR, never sees one."""
+    the file's line ending and LibCST, which drops a final lone CR, never sees one.
+
+    ``modular``: patch transformers' ``modular_*.py`` sources rather than the ``modeling_*.py``
+    files generated from them (the default patches what runs)."""
     newline = _uniform_line_ending(text)
     if newline != "\n":
-        inner = rewrite_text(text.replace(newline, "\n"), path, matcher)
+        inner = rewrite_text(text.replace(newline, "\n"), path, matcher, modular=modular)
         return replace(inner, original=text, patched=inner.patched.replace("\n", newline))
-    rounds = [rewrite_once(text, path, matcher)]
+    rounds = [rewrite_once(text, path, matcher, modular)]
     to_original: list[Callable[[int], int]] = [lambda line: line]
     while rounds[-1].changed and any(r.status == "skipped" for r in rounds[-1].results):
         current = rounds[-1].patched
         try:
-            following = rewrite_once(current, path, matcher)
+            following = rewrite_once(current, path, matcher, modular)
         except (LocatedError, RecursionError):  # cannot happen to compiled code; keep the last
             break
         back = _line_map(split_lines(rounds[-1].original), split_lines(current))
@@ -171,7 +175,7 @@ def _in_original(result: SiteResult, to_original: Callable[[int], int]) -> SiteR
     )
 
 
-def rewrite_file(path: str, matcher: Matcher) -> FileRewrite:
+def rewrite_file(path: str, matcher: Matcher, modular: bool = False) -> FileRewrite:
     """Read, decode (coding cookie, BOM) and rewrite one file. A patch that cannot be written
     in the file's own encoding, byte for byte outside the edits, leaves the file unchanged and
     its sites skipped with the reason. Never raises: a failure becomes the file's located
@@ -179,7 +183,7 @@ def rewrite_file(path: str, matcher: Matcher) -> FileRewrite:
     try:
         data = read_source_bytes(path)
         source = decode_source_file(data, path)
-        rewrite = rewrite_text(source.text, path, matcher)
+        rewrite = rewrite_text(source.text, path, matcher, modular=modular)
     except Exception as error:  # noqa: BLE001 - a worker must always return a record
         return FileRewrite(path, "", "", error=str(failure_as_error(path, error)))
     if rewrite.changed:
@@ -194,8 +198,8 @@ def rewrite_file(path: str, matcher: Matcher) -> FileRewrite:
     return rewrite
 
 
-def _rewrite_light(path: str, matcher: Matcher) -> FileRewrite:
-    rewrite = rewrite_file(path, matcher)
+def _rewrite_light(path: str, matcher: Matcher, modular: bool = False) -> FileRewrite:
+    rewrite = rewrite_file(path, matcher, modular)
     for result in rewrite.results:
         strip_details(result.site)
     return rewrite
@@ -222,13 +226,19 @@ def rewrite_paths(
     *,
     jobs: int | None = None,
     progress: Callable[[FileRewrite], None] | None = None,
+    modular: bool = False,
 ) -> ApplyResult:
     started = time.perf_counter()
     files, missing = collect_python_files(paths)
     errors = [str(error) for error in missing]
     names = [str(p) for p in files]
     rewrites = map_files(
-        names, rules, rewrite_file, jobs=jobs, progress=progress, parallel_work=_rewrite_light
+        names,
+        rules,
+        partial(rewrite_file, modular=modular),
+        jobs=jobs,
+        progress=progress,
+        parallel_work=partial(_rewrite_light, modular=modular),
     )
     errors += [rewrite.error for rewrite in rewrites if rewrite.error]
     return ApplyResult(rewrites, time.perf_counter() - started, errors)

@@ -42,7 +42,7 @@ from ..dsl.syntax import (
 from ..dsl.syntax import Step as PatternStep
 from ..extract.model import Construction, Operand
 from ..extract.model import Step as FlowStep
-from ..extract.names import parameter_names
+from ..extract.names import DROPOUT_FUNCTION
 from ..match.matcher import BoundModule, BoundOutput, Site
 from .source import Blocks, SourceText, assigned_names, contains, has_call, read_names
 
@@ -64,12 +64,15 @@ class SequentialPiece:
     element_calls: list[str]
 
 
-def sequential_expression(source: SourceText, pieces: list[SequentialPiece]) -> str:
-    """``self.seq(x)`` written out element by element, fused pieces replaced by kernels."""
+def sequential_expression(
+    source: SourceText, pieces: list[SequentialPiece], upto: int | None = None
+) -> str:
+    """``self.seq(x)`` written out element by element, fused pieces replaced by kernels
+    (its first ``upto`` elements only, when given)."""
     call = pieces[0].call
     expression = source.segment(call.args[0])
     starts = {piece.first: piece for piece in pieces}
-    index, count = 0, len(pieces[0].element_calls)
+    index, count = 0, len(pieces[0].element_calls) if upto is None else upto
     while index < count:
         piece = starts.get(index)
         if piece is not None:
@@ -130,6 +133,9 @@ class Plan:
     # source text of statements copied to the end of the arms that do not fuse
     sunk: list[str] = field(default_factory=list)
     sequential: SequentialPiece | None = None
+    # a match that starts inside an nn.Sequential call: (call, first matched element, the
+    # text of the elements before it called one by one), so pieces before it can merge in
+    sequential_prefix: tuple[ast.Call, int, str] | None = None
     merged_pieces: list[SequentialPiece] = field(default_factory=list)
     also_patched: list[Plan] = field(default_factory=list)
     # edits in other functions that only make sense together with this one (a helper's forward)
@@ -159,6 +165,7 @@ class Planner:
         self._blocks: dict[int, Blocks] = {}
         self._moved_calls: list[ast.stmt] = []
         self._var_text: dict[str, str] = {}
+        self._extra_keywords: list[str] = []  # keywords a rendered argument adds to the call
 
     def blocks(self, function: ast.FunctionDef) -> Blocks:
         found = self._blocks.get(id(function))
@@ -209,6 +216,11 @@ class Planner:
         call = construction.node
         if not isinstance(call, ast.Call):
             raise Refusal("the matched construction is not a call")
+        if construction.via is not None:
+            raise Refusal(
+                f"line {call.lineno}: the module is built inside {construction.via}() in another "
+                "file; not rewritten"
+            )
         pattern = next(
             step for step in site.rule.init.steps if variable in {t.name for t in step.targets}
         )
@@ -267,6 +279,7 @@ class Planner:
             return self.plan_across_call(site, replacement)
         if steps[0].function is None:
             raise Refusal("a matched computation is not inside a function")
+        self.check_one_spelling(site)
         plan = Plan(site=site, function=steps[0].function)
         if any(step.synthetic for step in steps):
             return self.plan_sequential(site, replacement, plan)
@@ -448,6 +461,30 @@ class Planner:
             + ", ".join(handed.values())
         )
         return caller_plan
+
+    def check_one_spelling(self, site: Site) -> None:
+        """A value the kernel reads once must be one expression in the code: projections of
+        ``hidden_states`` and of ``current_states`` (``kv if cross else hidden_states``), or of
+        three parameters a caller fills with one tensor, are one input on some paths only."""
+        pattern = site.rule.forward.steps  # type: ignore[union-attr]
+        texts: dict[str, list[str]] = {}
+        for pattern_step, step in zip(pattern, site.steps, strict=True):
+            positional = [a for a in pattern_step.args if isinstance(a, Positional)]
+            for position, arg in enumerate(positional):
+                if not isinstance(arg.value, Var) or position >= len(step.positional):
+                    continue
+                if not isinstance(site.bindings.get(arg.value.name), Operand):
+                    continue
+                operand = step.positional[position]
+                spelled = texts.setdefault(arg.value.name, [])
+                if operand.node is not None and operand.text not in spelled:
+                    spelled.append(operand.text)
+        for name, spellings in texts.items():
+            if len(spellings) > 1:
+                shown = ", ".join(f"`{text}`" for text in spellings)
+                raise Refusal(
+                    f"${name} is read as {shown}: one tensor on some paths only; not rewritten"
+                )
 
     def check_final_output_only(self, site: Site, new_step: PatternStep) -> None:
         """A kernel that takes over computations other code runs must produce exactly what the
@@ -747,12 +784,13 @@ class Planner:
             node = _step_expression(step)
             assert statement is not None
             if not _is_plain_assignment(statement, node):
-                raise Refusal(f"line {step.line}: each fused output must be its own assignment")
+                return self.plan_tuple_nested(site, plan, call_text, targets, producer_of, blocks)
             names.append(self.source.segment(statement.targets[0]))  # type: ignore[attr-defined]
             statements.append(statement)
         blocks_of = {id(blocks.block_of(s)[0]) for s in statements}
         if len(blocks_of) != 1:
-            raise Refusal("the fused assignments sit in different blocks")
+            lines = ", ".join(str(s.lineno) for s in statements)
+            raise Refusal(f"the fused assignments (lines {lines}) sit in different blocks")
         ordered = sorted(statements, key=lambda s: blocks.block_of(s)[1])
         first, last = ordered[0], ordered[-1]
         watched = set(names) | self.input_names(site)
@@ -767,6 +805,54 @@ class Planner:
         plan.touched.extend(ordered)
         plan.statements.extend(ordered)
         plan.summary = f"{len(ordered)} assignments -> {text}"
+        return plan
+
+    def plan_tuple_nested(
+        self,
+        site: Site,
+        plan: Plan,
+        call_text: str,
+        targets: list[str],
+        producer_of: dict[str, int],
+        blocks: Blocks,
+    ) -> Plan:
+        """Outputs used inside larger statements
+        (``q = self.q_proj(h).view(shape).transpose(1, 2)``): the kernel's results get new names
+        in a statement just before the first of them, and each computation reads its name."""
+        steps = [site.steps[producer_of[target]] for target in targets]
+        statements: list[ast.stmt] = []
+        for step in steps:
+            statement = step.statement
+            assert statement is not None
+            if not isinstance(statement, (ast.Assign, ast.AnnAssign, ast.Expr, ast.Return)):
+                raise Refusal(f"line {step.line}: the projection sits in a compound statement")
+            if not any(statement is s for s in statements):
+                statements.append(statement)
+        if len({id(blocks.block_of(s)[0]) for s in statements}) != 1:
+            lines = ", ".join(str(s.lineno) for s in statements)
+            raise Refusal(f"the fused computations (lines {lines}) sit in different blocks")
+        ordered = sorted(statements, key=lambda s: blocks.block_of(s)[1])
+        first, last = ordered[0], ordered[-1]
+        inputs = self.input_names(site)
+        for statement in [first, *blocks.between(first, last)]:
+            if assigned_names(statement) & inputs:
+                raise Refusal(f"line {statement.lineno} changes an input of the fused call")
+        taken = read_names(plan.function) | assigned_names(plan.function)
+        taken |= {a.arg for a in ast.walk(plan.function.args) if isinstance(a, ast.arg)}
+        names: list[str] = []
+        for target in targets:
+            name = target if target not in taken else f"fused_{target}"
+            if name in taken or name in names:
+                raise Refusal(f"the function already uses the name `{name}`")
+            names.append(name)
+        plan.insert_before.append((first, f"{', '.join(names)} = {call_text}\n"))
+        for step, name in zip(steps, names, strict=True):
+            node = _step_expression(step)
+            plan.replace_expressions.append((node, name))
+            plan.touched.append(node)
+        plan.touched.append(first)
+        plan.statements.extend(ordered)
+        plan.summary = f"{', '.join(names)} = {call_text}, read by {len(steps)} computations"
         return plan
 
     def plan_sequential(self, site: Site, replacement: tuple[PatternStep, ...], plan: Plan) -> Plan:
@@ -849,6 +935,7 @@ class Planner:
             first_input=prefix,
         )
         statement = self.statement_containing(plan.function, call)
+        plan.sequential_prefix = (call, len(before), prefix)  # elements before the match
         return self.fuse_through_call(plan, site, inside[-1], call, statement, outside, call_text)
 
     def fuse_through_call(
@@ -886,9 +973,11 @@ class Planner:
     ) -> str:
         callee = self.render_callee(new_step.callee, plan, {}, site)
         rest = self.forward_rest(final_pattern, final_step)
+        self._extra_keywords = []
         arguments = self.render_arguments(
             new_step.args, site, plan, rest=rest, module_text=module_text, first_input=first_input
         )
+        arguments += self._extra_keywords
         return f"{callee}({', '.join(arguments)})"
 
     def render_callee(self, callee: Expr, plan: Plan, renames: dict[str, str], site: Site) -> str:
@@ -955,6 +1044,8 @@ class Planner:
             step = next((s for s in site.steps if s.module == bound.path), None)
             if step is None or not isinstance(step.node, ast.Call):
                 raise Refusal(f"${value.name}: the module call is not in the source")
+            if bound.construction.kind == DROPOUT_FUNCTION:
+                return self.functional_dropout(step.node)
             return self.source.segment(step.node.func)
         if isinstance(bound, Operand):
             if bound.node is None:
@@ -974,6 +1065,27 @@ class Planner:
             raise Refusal(f"${value.name} is an intermediate value; the kernel must recompute it")
         raise Refusal(f"${value.name} is not bound by the match")
 
+    def functional_dropout(self, call: ast.Call) -> str:
+        """``F.dropout(x, p=0.1, training=self.training)`` handed to a kernel that takes a drop
+        probability: its ``p``, and its ``training`` flag as a keyword of the kernel call
+        (``F.dropout`` drops by default; a kernel given a float would follow the module)."""
+        names = ["input", "p", "training", "inplace"]
+        given = dict(zip(names, call.args))
+        given.update({k.arg: k.value for k in call.keywords if k.arg is not None})
+        if any(k.arg is None for k in call.keywords) or set(given) - set(names):
+            raise Refusal(f"line {call.lineno}: dropout arguments that cannot be handed over")
+        inplace = given.get("inplace")
+        if inplace is not None and not (
+            isinstance(inplace, ast.Constant) and inplace.value is False
+        ):
+            raise Refusal(f"line {call.lineno}: an in-place dropout changes its input")
+        training = given.get("training")
+        self._extra_keywords.append(
+            "training=" + (self.source.segment(training) if training is not None else "True")
+        )
+        p = given.get("p")
+        return self.source.segment(p) if p is not None else "0.5"
+
     def forward_rest(self, pattern: PatternStep, step: FlowStep) -> list[str]:
         """Arguments of the final matched call that its pattern did not name, as keywords."""
         consumed: list[Operand] = []
@@ -985,14 +1097,17 @@ class Planner:
             if isinstance(a, Keyword)
             if a.key in step.arguments
         ]
-        names = parameter_names(step.kind)[0]
+        # Names come from the call's own signature (``torch.softmax``'s third parameter is
+        # ``dtype``, ``F.softmax``'s is ``_stacklevel``), as extraction mapped them.
+        name_of = {id(operand): key for key, operand in step.arguments.items()}
         rest: list[str] = []
         for index, operand in enumerate(step.positional):
             if any(operand is c for c in consumed) or operand.node is None:
                 continue
-            if index >= len(names):
+            name = name_of.get(id(operand))
+            if name is None or name.startswith("_"):
                 raise Refusal(f"line {step.line}: positional argument {index + 1} has no name")
-            rest.append(f"{names[index]}={self.source.segment(operand.node)}")
+            rest.append(f"{name}={self.source.segment(operand.node)}")
         call = step.node
         if isinstance(call, ast.Call):
             for keyword in call.keywords:
@@ -1018,6 +1133,8 @@ class Planner:
             call = step.node
             if not isinstance(call, ast.Call):
                 continue
+            if step.construction is not None and step.construction.kind == DROPOUT_FUNCTION:
+                continue  # its settings are handed over (functional_dropout)
             wanted = sum(isinstance(a, Positional) for a in pattern_step.args) + sum(
                 isinstance(a, Keyword) for a in pattern_step.args
             )

@@ -3,7 +3,9 @@ the rule does, why, and shows the code before and after.
 
 The set ``paper`` holds the nine rules of the original evaluation (ids ``paper.1`` to ``paper.9``);
 ``extended`` holds our rules beyond it (ids ``ext.N``: fused attention for model families the
-paper's rules do not name); ``all`` is both.
+paper's rules do not name); ``modern`` the fusions of the models of today (ids ``modern.N``:
+RMSNorm, gated MLP, rotary embeddings, attention functions, GroupNorm + SiLU, conv + BatchNorm +
+activation, LM head + cross-entropy); ``all`` is every set.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ RULES_DIR = Path(__file__).parent
 RULE_SETS: dict[str, tuple[str, ...]] = {
     "paper": ("paper_*.adopt",),
     "extended": ("ext_*.adopt",),
-    "all": ("paper_*.adopt", "ext_*.adopt"),
+    "modern": ("modern_*.adopt",),
+    "all": ("paper_*.adopt", "ext_*.adopt", "modern_*.adopt"),
 }
 
 

@@ -76,7 +76,8 @@ def test_run_bench_bert_original_patched_and_ablation(tmp_path: Path) -> None:
             assert res.speedup is not None
     target = result.settings["target"]
     # paper.4 is inside the attention paper.1 replaces: covered in the combined rewrite.
-    assert target["patched_sites"]["patched"] == {"paper.1": 1, "paper.5": 2, "paper.6": 2}
+    # paper.6: the intermediate dense + GELU twice and the pooler dense + tanh
+    assert target["patched_sites"]["patched"] == {"paper.1": 1, "paper.5": 2, "paper.6": 3}
     assert target["patched_sites"]["paper.4 only"] == {"paper.4": 1}
     assert set(target["no_site"]) == {"paper.2", "paper.3", "paper.7", "paper.8", "paper.9"}
     assert target["model"]["class"] == "BertModel"

@@ -129,3 +129,15 @@ def test_unwritable_file_is_an_error(tmp_path):
         tmp_path.chmod(0o755)
     assert result.exit_code == 2
     assert model.read_text() == MODEL
+
+
+def test_modular_option_chooses_which_transformers_file_is_patched(tmp_path):
+    header = "# This file was automatically generated from models/toy/modular_toy.py.\n"
+    (tmp_path / "modeling_toy.py").write_text(header + MODEL, encoding="utf-8")
+    (tmp_path / "modular_toy.py").write_text(MODEL, encoding="utf-8")
+    default = runner.invoke(app, ["apply", str(tmp_path), "--format", "json"])
+    statuses = {Path(r["path"]).name: r["status"] for r in json.loads(default.stdout)}
+    assert statuses == {"modeling_toy.py": "patched", "modular_toy.py": "skipped"}
+    modular = runner.invoke(app, ["apply", str(tmp_path), "--format", "json", "--modular"])
+    statuses = {Path(r["path"]).name: r["status"] for r in json.loads(modular.stdout)}
+    assert statuses == {"modeling_toy.py": "skipped", "modular_toy.py": "patched"}

@@ -67,7 +67,12 @@ def outputs_and_grads(
     if backward:
         generator = torch.Generator().manual_seed(grad_seed)
         pairs = [
-            (o, torch.randn(o.shape, generator=generator, dtype=torch.float64).to(o.dtype))
+            (
+                o,
+                torch.randn(o.shape, generator=generator, dtype=torch.float64).to(
+                    o.device, o.dtype
+                ),
+            )
             for o in outs
             if isinstance(o, torch.Tensor) and o.requires_grad
         ]

@@ -130,7 +130,7 @@ class Model(nn.Module):
         return h + self.unfused(h)
 """,
         lambda: (torch.randn(2, 3, 4),),
-        {"paper.5"},
+        {"paper.5", "paper.6"},
     ),
     "sequential_ends_with_dropout": (
         """
@@ -146,7 +146,7 @@ class Model(nn.Module):
         return output
 """,
         lambda: (torch.randn(2, 3, 4),),
-        {"paper.5"},
+        {"paper.5", "paper.6"},  # Linear + ReLU merge into the input of the dropout fusion
     ),
     "helper_adds_caller_norms_in_branch": (
         """
@@ -206,6 +206,129 @@ class Model(nn.Module):
 """,
         lambda: (torch.randn(2, 5, 8),),
         {"paper.4", "paper.9"},
+    ),
+    "softmax_spellings": (
+        """
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4, bias=False)
+        self.softmax = nn.Softmax(dim=-1)
+        self.across = nn.Softmax(dim=1)
+
+    def forward(self, q, k):
+        q = self.proj(q)
+        a = self.softmax(q @ k.transpose(-1, -2))
+        b = nn.Softmax(dim=-1)(a * 2)
+        c = torch.softmax(b - 1, -1, torch.float64)
+        d = torch.bmm(c.float(), q)
+        e = F.softmax(d, dim=2)
+        f = e.softmax(-1)
+        return self.across(f), torch.special.softmax(f, dim=-1)
+""",
+        lambda: (torch.randn(2, 5, 4), torch.randn(2, 5, 4)),
+        {"paper.4"},
+    ),
+    "activation_spellings": (
+        """
+from functools import partial
+
+
+class Model(nn.Module):
+    def __init__(self, act_layer=nn.GELU, bias=False, use_conv=False):
+        super().__init__()
+        layer = partial(nn.Conv2d, kernel_size=1) if use_conv else nn.Linear
+        self.fc1 = layer(4, 8, bias=bias)  # the bias follows the configuration
+        self.act = act_layer()
+        self.drop = nn.Dropout(0.0)
+        self.fc2 = layer(8, 4)
+        self.gate = nn.Linear(4, 4)
+        self.pool = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.fc2(self.drop(self.act(self.fc1(x))))
+        g = F.silu(self.gate(h)) * h
+        return nn.Tanh()(self.pool(g))
+""",
+        lambda: (torch.randn(2, 3, 4),),
+        {"paper.6"},
+    ),
+    "qkv_heads_split_inline": (
+        """
+class Model(nn.Module):
+    def __init__(self, bias=True):
+        super().__init__()
+        self.q_proj = nn.Linear(8, 8, bias=bias)
+        self.k_proj = nn.Linear(8, 4, bias=bias)  # grouped-query: narrower key and value
+        self.v_proj = nn.Linear(8, 4, bias=bias)
+
+    def forward(self, hidden_states):
+        hidden_shape = (*hidden_states.shape[:-1], -1, 2)
+        query = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        key = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        value = self.v_proj(hidden_states).unflatten(-1, (2, 2)).transpose(1, 2)
+        key = key.repeat_interleave(2, dim=1)
+        value = value.repeat_interleave(2, dim=1)
+        weights = (query @ key.transpose(-1, -2)).softmax(-1)
+        return (weights @ value).transpose(1, 2).reshape(*hidden_states.shape[:-1], -1)
+""",
+        lambda: (torch.randn(2, 5, 8),),
+        {"paper.4", "paper.9"},
+    ),
+    "functional_dropout": (
+        """
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dropout = 0.0
+        self.fc2 = nn.Linear(4, 4)
+        self.final_layer_norm = nn.LayerNorm(4)
+
+    def forward(self, hidden_states):
+        residual = hidden_states
+        hidden_states = self.fc2(hidden_states)
+        hidden_states = nn.functional.dropout(hidden_states, p=self.dropout, training=self.training)
+        hidden_states = residual + hidden_states
+        hidden_states = self.final_layer_norm(hidden_states)
+        return hidden_states
+""",
+        lambda: (torch.randn(2, 3, 4),),
+        {"paper.5"},
+    ),
+    "helpers_finished_by_the_caller": (
+        """
+class Proj(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.dense = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.dense(x)
+
+
+class Conv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 1)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = Proj()
+        self.act = nn.GELU()
+        self.c = Conv()
+        self.bn = nn.BatchNorm2d(3)
+        self.plain = Proj()  # also a Proj, used without the activation
+
+    def forward(self, x, image):
+        return self.act(self.proj(x)) + self.plain(x), self.bn(self.c(image))
+""",
+        lambda: (torch.randn(2, 3, 4), torch.randn(2, 3, 4, 4)),
+        {"paper.6", "paper.7"},
     ),
     "sequential": (
         """

@@ -111,8 +111,8 @@ def test_timm_selecsls_reaches_the_fixpoint_in_one_apply(timm_selecsls):
     result = rewrite_text(text, str(timm_selecsls), Matcher(load_rule_set("all")))
     assert [r.status for r in result.results if r.status != "patched"] == []
     # Every conv_bn call: conv1..conv6 (conv3 and conv5 around conv2 and conv4), both conv6
-    # calls and the stem.
-    assert result.patched.count("conv_batch_norm(") == 8
+    # calls and the stem, in forward_features and in forward_intermediates.
+    assert result.patched.count("conv_batch_norm(") == 9
     assert "self.conv3[2](conv_batch_norm(self.conv2[2](conv_batch_norm(d1, " in result.patched
     assert _kernel_imports(result.patched) == [("conv_batch_norm", None)]
     again = rewrite_text(result.patched, str(timm_selecsls), Matcher(load_rule_set("all")))

@@ -272,12 +272,19 @@ class PositionwiseFF(nn.Module):
         output = self.layer_norm(inp + core_out)
         return output
 """)
-    assert [r.status for r in result.results] == ["patched"]
+    # Linear + ReLU in the same nn.Sequential (paper.6) become the dropout fusion's input
+    assert [(r.site.rule.id, r.status) for r in result.results] == [
+        ("paper.6", "patched"),
+        ("paper.5", "patched"),
+    ]
     assert (
-        "        output = dropout_add_layer_norm(self.CoreNet[1](self.CoreNet[0](inp)), inp, "
-        "self.CoreNet[2], self.layer_norm)\n        return output\n"
+        "        output = dropout_add_layer_norm(linear_bias_activation(inp, self.CoreNet[0], "
+        "self.CoreNet[1]), inp, self.CoreNet[2], self.layer_norm)\n        return output\n"
     ) in result.patched
     assert "core_out" not in result.patched
+    assert "import dropout_add_layer_norm, linear_bias_activation\n" in result.patched
+    again = rewrite_text(result.patched, "model.py", Matcher(load_rule_set("paper")))
+    assert not again.changed
 
 
 def test_helper_call_moves_into_the_branch_that_norms():
@@ -535,3 +542,156 @@ class Layer(nn.Module):
     assert not result.changed
     (only,) = result.results
     assert "passes layer_idx=layer_idx, which the replacement would drop" in only.reason
+
+
+def test_every_softmax_spelling_becomes_the_kernel_call():
+    result = rewrite("""
+        class Attn(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.softmax = nn.Softmax(dim=-1)
+
+            def forward(self, q, k):
+                a = self.softmax(q @ k)
+                b = nn.Softmax(dim=-1)(a)
+                c = torch.softmax(b, -1, torch.float32)
+                return c.float().softmax(-1)
+        """)
+    assert [r.status for r in result.results] == ["patched"] * 4
+    body = body_of(result.patched.replace("from adopter.kernels import softmax\n", ""))
+    assert "a = softmax(q @ k, dim=-1)" in body
+    assert "b = softmax(a, dim=-1)" in body
+    # torch.softmax's third parameter is dtype (F.softmax's is _stacklevel)
+    assert "c = softmax(b, dim=-1, dtype=torch.float32)" in body
+    assert "return softmax(c.float(), dim=-1)" in body
+    assert "self.softmax = nn.Softmax(dim=-1)" in body  # the module stays: no state changes
+
+
+def test_a_kernel_imported_by_an_earlier_apply_keeps_its_name():
+    earlier = "from adopter.kernels import softmax\n"
+    result = rewrite_text(
+        HEAD
+        + earlier
+        + textwrap.dedent("""
+        class Attend(nn.Module):
+            def forward(self, scores):
+                return softmax(scores, dim=-1) + F.softmax(scores, dim=-1)
+        """),
+        "model.py",
+        Matcher(load_rule_set("paper")),
+    )
+    assert [r.status for r in result.results] == ["patched"]
+    assert "adopter_softmax" not in result.patched
+    assert result.patched.count("from adopter.kernels import") == 1
+    assert "return softmax(scores, dim=-1) + softmax(scores, dim=-1)" in result.patched
+
+
+def test_a_call_chained_on_the_matched_call_stays():
+    # `F.softmax(...)` and `F.softmax(...).to(dtype)` start at the same place: only the first
+    # is the site; the `.to` must survive (it sets the output dtype)
+    result = rewrite("""
+        class Attn(nn.Module):
+            def forward(self, scores, query):
+                weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+                return weights
+        """)
+    assert [r.status for r in result.results] == ["patched"]
+    assert (
+        "weights = softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)" in result.patched
+    )
+
+
+LLAMA_ATTENTION = """
+class LlamaAttention(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.q_proj = nn.Linear(8, 8, bias=config.attention_bias)
+        self.k_proj = nn.Linear(8, 4, bias=config.attention_bias)
+        self.v_proj = nn.Linear(8, 4, bias=config.attention_bias)
+
+    def forward(self, hidden_states):
+        hidden_shape = (*hidden_states.shape[:-1], -1, 2)
+        query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        return query_states, key_states, value_states
+"""
+
+
+def test_fused_qkv_read_inside_larger_statements_gets_new_names():
+    result = rewrite(LLAMA_ATTENTION)
+    assert [r.status for r in result.results] == ["patched"]
+    assert (
+        "        query, key, value = qkv_projection(hidden_states, self.q_proj, self.k_proj, "
+        "self.v_proj)\n"
+        "        query_states = query.view(hidden_shape).transpose(1, 2)\n"
+        "        key_states = key.view(hidden_shape).transpose(1, 2)\n"
+        "        value_states = value.view(hidden_shape).transpose(1, 2)\n"
+    ) in result.patched
+    again = rewrite_text(result.patched, "model.py", Matcher(load_rule_set("paper")))
+    assert not again.changed
+
+
+def test_fused_qkv_new_names_avoid_the_functions_own():
+    result = rewrite(LLAMA_ATTENTION.replace("hidden_shape = (", "query = 1; hidden_shape = ("))
+    assert "fused_query, key, value = qkv_projection(" in result.patched
+
+
+def test_fused_qkv_in_different_blocks_is_skipped_with_lines():
+    result = rewrite("""
+        class BertSelfAttention(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.query = nn.Linear(8, 8)
+                self.key = nn.Linear(8, 8)
+                self.value = nn.Linear(8, 8)
+
+            def forward(self, hidden_states, cross=None):
+                q = self.query(hidden_states).view(2, 3, 2, 4)
+                if cross is not None:
+                    k = self.key(cross).view(2, 3, 2, 4)
+                    v = self.value(cross).view(2, 3, 2, 4)
+                else:
+                    k = self.key(hidden_states).view(2, 3, 2, 4)
+                    v = self.value(hidden_states).view(2, 3, 2, 4)
+                return q, k, v
+        """)
+    assert [r.status for r in result.results] == ["skipped"]
+    assert "sit in different blocks" in result.results[0].reason
+    assert not result.changed
+
+
+GENERATED_HEADER = (
+    "#           This file was automatically generated from "
+    "src/transformers/models/toy/modular_toy.py.\n"
+    "#               Do NOT edit this file manually.\n"
+)
+TOY = """
+class Attn(nn.Module):
+    def forward(self, scores):
+        return F.softmax(scores, dim=-1)
+"""
+
+
+def test_apply_patches_the_generated_modeling_file_by_default():
+    matcher = Matcher(load_rule_set("paper"))
+    generated = rewrite_text(GENERATED_HEADER + HEAD + TOY, "modeling_toy.py", matcher)
+    assert [r.status for r in generated.results] == ["patched"]
+    modular = rewrite_text(HEAD + TOY, "modular_toy.py", matcher)
+    assert [r.status for r in modular.results] == ["skipped"]
+    assert "generates modeling_toy.py from this modular file" in modular.results[0].reason
+    assert not modular.changed
+
+
+def test_modular_option_patches_the_modular_source_instead():
+    matcher = Matcher(load_rule_set("paper"))
+    modular = rewrite_text(HEAD + TOY, "modular_toy.py", matcher, modular=True)
+    assert [r.status for r in modular.results] == ["patched"]
+    generated = rewrite_text(
+        GENERATED_HEADER + HEAD + TOY, "modeling_toy.py", matcher, modular=True
+    )
+    assert [r.status for r in generated.results] == ["skipped"]
+    assert "generated from modular_toy.py" in generated.results[0].reason
+    # a file that is neither is patched either way
+    plain = rewrite_text(HEAD + TOY, "modeling_plain.py", matcher, modular=True)
+    assert [r.status for r in plain.results] == ["patched"]

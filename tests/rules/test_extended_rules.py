@@ -23,9 +23,11 @@ def test_extended_rules_replace_attention_classes_at_their_constructor():
         assert rule.site == "init", rule.id
 
 
-def test_the_all_set_is_paper_then_extended():
+def test_the_all_set_is_paper_then_extended_then_modern():
     ids = [rule.id for rule in load_rule_set("all")]
-    assert ids == [rule.id for name in ("paper", "extended") for rule in load_rule_set(name)]
+    assert ids == [
+        rule.id for name in ("paper", "extended", "modern") for rule in load_rule_set(name)
+    ]
 
 
 ALBERT_LIKE = (

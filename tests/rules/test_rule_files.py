@@ -71,5 +71,5 @@ def test_rule_ids_are_unique_and_ordered_by_number_within_a_set():
 
 
 def test_an_unknown_rule_set_is_named_in_the_error():
-    with pytest.raises(KeyError, match="known: all, extended, paper"):
+    with pytest.raises(KeyError, match="known: all, extended, modern, paper"):
         rule_files("newest")
