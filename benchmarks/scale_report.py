@@ -48,6 +48,18 @@ def git_revision() -> str:
     return done.stdout.strip() or "unknown"
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """Busy and total CPU ticks of the whole machine since boot (``/proc/stat``): their
+    difference over a run says how much of the machine was busy, with our work or others'."""
+    try:
+        with open("/proc/stat", encoding="ascii") as stat:
+            fields = [int(x) for x in stat.readline().split()[1:]]
+    except OSError:
+        return 0, 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
 def outcome(verdict: FileVerification) -> dict[str, Any]:
     """What must be identical between executors: the verdict, its reason, every check and
     every site (the run's seconds and the worker's notes are not outcomes)."""
@@ -92,6 +104,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     for name, workers in RUNS:
         runtime_env = {"env_vars": env_vars} if env_vars and name == "ray" else None
         load = os.getloadavg()
+        busy_before, total_before = cpu_ticks()
         started = time.perf_counter()
         with make_executor(name, workers=workers, runtime_env=runtime_env) as executor:
             ready = time.perf_counter() - started
@@ -100,6 +113,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             verdicts, seconds = verify_zoo(
                 chosen, executor, timeout=args.timeout, python=args.python
             )
+            busy_after, total_after = cpu_ticks()
         runs.append(
             {
                 "executor": name,
@@ -109,6 +123,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "wall_seconds": round(seconds, 1),
                 "load_before": [round(x, 2) for x in load],
                 "load_after": [round(x, 2) for x in os.getloadavg()],
+                "machine_busy": round(
+                    (busy_after - busy_before) / max(1, total_after - total_before), 3
+                ),
                 "file_seconds": [v.seconds for v in verdicts],
                 "outcomes": [outcome(v) for v in verdicts],
             }
@@ -214,11 +231,13 @@ def render(data: dict[str, Any]) -> str:
     w("## Wall time on this machine\n")
     w(
         "Wall time of the verification alone; starting the executor (a Ray instance: a few "
-        "seconds) is given apart. The load average (1, 5, 15 min) before each run tells how busy "
-        "the two cores were with other work.\n"
+        "seconds) is given apart. This machine is shared: other work runs on the same cores, so "
+        "each run gives the load average (1, 5, 15 min) before it and the share of the whole "
+        "machine's CPU time that was busy during it (`/proc/stat`: this run's work and everyone "
+        "else's). A 2-worker run can only be twice as fast when both cores are free for it.\n"
     )
-    w("| run | wall | per file | speed-up over 1 | executor start | load before |")
-    w("|---|---|---|---|---|---|")
+    w("| run | wall | per file | speed-up over 1 | executor start | load before | machine busy |")
+    w("|---|---|---|---|---|---|---|")
     for run in runs:
         single = next(r for r in runs if r["executor"] == run["executor"] and r["workers"] == 1)
         speedup = single["wall_seconds"] / run["wall_seconds"] if run["wall_seconds"] else 0
@@ -226,7 +245,7 @@ def render(data: dict[str, Any]) -> str:
         w(
             f"| {_label(run)} | {run['wall_seconds']:.0f} s | "
             f"{run['wall_seconds'] / len(files):.1f} s | {speedup:.2f}x | "
-            f"{run['start_seconds']:.1f} s | {load} |"
+            f"{run['start_seconds']:.1f} s | {load} | {_share(run.get('machine_busy'))} |"
         )
     w("")
     ray_one = runs[2]
@@ -270,6 +289,10 @@ def render(data: dict[str, Any]) -> str:
         f"({data['timeout']:g} s) bounds it for any file.\n"
     )
     return "\n".join(out) + "\n"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def _duration(seconds: float) -> str:
