@@ -105,3 +105,30 @@ def test_cli_names_the_missing_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     assert result.exit_code == 2
     assert "pip install 'adopter[ray]'" in result.output
+
+
+def test_without_ray_the_local_pool_verifies_as_before(monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    from adopter.cli import app
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as on a machine without the extra
+    factory = "tests/verify/factories.py:make_original"
+    result = CliRunner().invoke(
+        app, ["verify", "--factory", factory, "--patched-factory", factory, "--format", "json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert '"verified"' in result.output
+
+
+def test_nothing_imports_ray_unless_asked() -> None:
+    import subprocess
+
+    modules = "adopter.cli, adopter.executor, adopter.verify.runner, adopter.bench.many"
+    probe = (
+        f"import sys, {modules}; print(sorted(m for m in sys.modules if m.split('.')[0] == 'ray'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.strip() == "[]"
