@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,71 @@ def cpu_ticks() -> tuple[int, int]:
         return 0, 0
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
     return sum(fields) - idle, sum(fields)
+
+
+class TreeCpu:
+    """CPU seconds used by this process and everything it starts (the local pool's workers,
+    a Ray instance started here with its workers, and the verify subprocesses of both), read
+    from ``/proc`` every ``interval`` seconds while a run lasts. This is the work's own cost,
+    apart from what other work on a shared machine takes; a process's last fraction of an
+    interval before it exits is missed, so it undercounts slightly."""
+
+    def __init__(self, interval: float = 0.25) -> None:
+        self.interval = interval
+        self._start: dict[tuple[int, int], int] = {}
+        self._last: dict[tuple[int, int], int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    @staticmethod
+    def _table() -> dict[tuple[int, int], tuple[int, int]]:
+        """(pid, start time) -> (parent pid, user + system ticks) for every process."""
+        table = {}
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", encoding="ascii", errors="replace") as f:
+                    text = f.read()
+            except OSError:
+                continue
+            fields = text[text.rindex(")") + 2 :].split()  # after "pid (name) "
+            parent, ticks, started = int(fields[1]), int(fields[11]) + int(fields[12]), fields[19]
+            table[(int(entry.name), int(started))] = (parent, ticks)
+        return table
+
+    def _sample(self) -> dict[tuple[int, int], int]:
+        table = self._table()
+        children: dict[int, list[tuple[int, int]]] = {}
+        for key, (parent, _) in table.items():
+            children.setdefault(parent, []).append(key)
+        mine = [key for key in table if key[0] == os.getpid()]
+        found, queue = {}, list(mine)
+        while queue:
+            key = queue.pop()
+            found[key] = table[key][1]
+            queue.extend(children.get(key[0], []))
+        return found
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._last.update(self._sample())
+
+    def __enter__(self) -> TreeCpu:
+        self._start = self._sample()
+        self._last = dict(self._start)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._last.update(self._sample())
+
+    @property
+    def seconds(self) -> float:
+        ticks = sum(last - self._start.get(key, 0) for key, last in self._last.items())
+        return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def outcome(verdict: FileVerification) -> dict[str, Any]:
@@ -110,9 +176,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             ready = time.perf_counter() - started
             where = executor.describe()
             print(f"== {where}", flush=True)
-            verdicts, seconds = verify_zoo(
-                chosen, executor, timeout=args.timeout, python=args.python
-            )
+            with TreeCpu() as cpu:
+                verdicts, seconds = verify_zoo(
+                    chosen, executor, timeout=args.timeout, python=args.python
+                )
             busy_after, total_after = cpu_ticks()
         runs.append(
             {
@@ -123,6 +190,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "wall_seconds": round(seconds, 1),
                 "load_before": [round(x, 2) for x in load],
                 "load_after": [round(x, 2) for x in os.getloadavg()],
+                "cpu_seconds": round(cpu.seconds, 1),
                 "machine_busy": round(
                     (busy_after - busy_before) / max(1, total_after - total_before), 3
                 ),
