@@ -300,30 +300,54 @@ def render(data: dict[str, Any]) -> str:
     w(
         "Wall time of the verification alone; starting the executor (a Ray instance: a few "
         "seconds) is given apart. This machine is shared: other work runs on the same cores, so "
-        "each run gives the load average (1, 5, 15 min) before it and the share of the whole "
+        "each run gives the load average (1, 5, 15 min) before it, the share of the whole "
         "machine's CPU time that was busy during it (`/proc/stat`: this run's work and everyone "
-        "else's). A 2-worker run can only be twice as fast when both cores are free for it.\n"
+        "else's), and the CPU time the run's own processes used (the executor, its workers and "
+        "their verify subprocesses, read from `/proc`; *cores* = that CPU time over the wall "
+        "time, the share of the machine the run actually got).\n"
     )
-    w("| run | wall | per file | speed-up over 1 | executor start | load before | machine busy |")
-    w("|---|---|---|---|---|---|---|")
+    w(
+        "| run | wall | per file | speed-up over 1 | CPU used | cores | executor start | "
+        "load before | machine busy |"
+    )
+    w("|---|---|---|---|---|---|---|---|---|")
     for run in runs:
-        single = next(r for r in runs if r["executor"] == run["executor"] and r["workers"] == 1)
+        single = _single(runs, run)
         speedup = single["wall_seconds"] / run["wall_seconds"] if run["wall_seconds"] else 0
         load = ", ".join(f"{x:.2f}" for x in run["load_before"])
+        cpu = run.get("cpu_seconds")
+        cores = f"{cpu / run['wall_seconds']:.2f}" if cpu and run["wall_seconds"] else "-"
         w(
             f"| {_label(run)} | {run['wall_seconds']:.0f} s | "
             f"{run['wall_seconds'] / len(files):.1f} s | {speedup:.2f}x | "
+            f"{'-' if cpu is None else f'{cpu:.0f} s'} | {cores} | "
             f"{run['start_seconds']:.1f} s | {load} | {_share(run.get('machine_busy'))} |"
         )
     w("")
-    ray_one = runs[2]
-    local_one = runs[0]
-    per_file = ray_one["wall_seconds"] / len(files)
-    start_cost = (ray_one["wall_seconds"] - local_one["wall_seconds"]) / len(files)
+    if all(r.get("cpu_seconds") for r in runs):
+        for pair in (runs[0:2], runs[2:4]):
+            one, two = pair
+            measured = one["wall_seconds"] / two["wall_seconds"]
+            extra = two["cpu_seconds"] / one["cpu_seconds"] - 1
+            free = 2 * one["cpu_seconds"] / two["cpu_seconds"]
+            w(
+                f"- {_label(one).split(',')[0]}: 2 workers took {measured:.2f}x less wall time "
+                f"than 1 while getting {two['cpu_seconds'] / two['wall_seconds']:.2f} cores "
+                f"against {one['cpu_seconds'] / one['wall_seconds']:.2f}; their work cost "
+                f"{extra:+.0%} CPU time over 1 worker's, so on two cores of their own the "
+                f"speed-up would be about {free:.2f}x (the CPU time split over two cores; an "
+                "estimate, not a measurement: an uneven split of the files lowers it)."
+            )
+        w("")
+    ray_one, local_one = runs[2], runs[0]
+    basis = "cpu_seconds" if ray_one.get("cpu_seconds") and local_one.get("cpu_seconds") else None
+    cost_key = basis or "wall_seconds"
+    start_cost = (ray_one[cost_key] - local_one[cost_key]) / len(files)
     w(
-        f"A Ray task costs {start_cost:+.1f} s per file against the local pool's batches: the "
-        "verify worker it starts imports torch and transformers for one file instead of once for "
-        "many. It buys per-file isolation (one file's global side effects cannot reach another), "
+        f"A Ray task costs {start_cost:+.1f} s of {'CPU' if basis else 'wall'} time per file "
+        "against the local pool's batches: the verify worker it starts imports torch and "
+        "transformers for one file instead of once for many, and Ray's own processes run beside "
+        "it. It buys per-file isolation (one file's global side effects cannot reach another), "
         "retries of a dead worker, and any number of machines.\n"
     )
     w(f"## Projection: every changed file of transformers {data['version']}\n")
@@ -334,13 +358,19 @@ def render(data: dict[str, Any]) -> str:
         f"`models/`; the static rewrite of the whole package took {zoo['apply_seconds']:.0f} s "
         "here). Those are the files verify has to check.\n"
     )
+    per_file = ray_one[cost_key] / len(files)
+    wall_per_file = ray_one["wall_seconds"] / len(files)
+    what = "CPU time (the run's own processes, Ray's included)" if basis else "wall time"
     w(
-        f"Measured cost per file on Ray with one CPU: {per_file:.1f} s (worker start included). "
+        f"Cost per file on Ray with one CPU: {per_file:.1f} s of {what}; {wall_per_file:.1f} s "
+        "of wall time here, where other work shared the cores. "
         "Verification is one independent task per file, so N nodes of c CPUs take about "
-        f"`files x {per_file:.1f} s / (N x c)` plus the longest single file (the tail) and Ray's "
-        "start-up; that is what the table gives for nodes like this one (2 CPUs) and for "
-        "16-CPU nodes, assuming a node's CPUs are as fast as these and each task keeps to one "
-        "CPU (verify's worker runs torch on one thread).\n"
+        f"`files x {per_file:.1f} s / (N x c)` plus the longest single file (the tail); that is "
+        "what the table gives for nodes like this one (2 CPUs) and for 16-CPU nodes, assuming "
+        "dedicated nodes whose CPUs are as fast as these and tasks that keep to one CPU each "
+        "(verify's worker runs torch on one thread). Ray's start-up (seconds, above) comes on "
+        "top; on a machine as busy as this one, multiply by the wall-to-CPU ratio "
+        f"({wall_per_file / per_file:.1f}x in this run).\n"
     )
     tail = max(max(r["file_seconds"]) for r in runs)
     w("| nodes | 2-CPU nodes | 16-CPU nodes |")
@@ -353,10 +383,14 @@ def render(data: dict[str, Any]) -> str:
         w(f"| {nodes} | {cells[0]} | {cells[1]} |")
     w("")
     w(
-        f"The tail is the slowest file measured here ({tail:.0f} s); the timeout "
-        f"({data['timeout']:g} s) bounds it for any file.\n"
+        f"The tail is the slowest file measured here ({tail:.0f} s of wall time on the shared "
+        f"cores); the timeout ({data['timeout']:g} s) bounds it for any file.\n"
     )
     return "\n".join(out) + "\n"
+
+
+def _single(runs: list[dict[str, Any]], run: dict[str, Any]) -> dict[str, Any]:
+    return next(r for r in runs if r["executor"] == run["executor"] and r["workers"] == 1)
 
 
 def _share(value: float | None) -> str:
