@@ -330,11 +330,12 @@ def render(data: dict[str, Any]) -> str:
             measured = one["wall_seconds"] / two["wall_seconds"]
             extra = two["cpu_seconds"] / one["cpu_seconds"] - 1
             free = 2 * one["cpu_seconds"] / two["cpu_seconds"]
+            unit = "workers" if one["executor"] == "local" else "CPUs"
             w(
-                f"- {_label(one).split(',')[0]}: 2 workers took {measured:.2f}x less wall time "
-                f"than 1 while getting {two['cpu_seconds'] / two['wall_seconds']:.2f} cores "
-                f"against {one['cpu_seconds'] / one['wall_seconds']:.2f}; their work cost "
-                f"{extra:+.0%} CPU time over 1 worker's, so on two cores of their own the "
+                f"- {_label(one).split(',')[0]}: 2 {unit} were {measured:.2f}x as fast as 1 "
+                f"while getting {two['cpu_seconds'] / two['wall_seconds']:.2f} cores "
+                f"against {one['cpu_seconds'] / one['wall_seconds']:.2f}; the work cost "
+                f"{extra:+.0%} CPU time over the 1-{unit[:-1]} run's, so on two free cores the "
                 f"speed-up would be about {free:.2f}x (the CPU time split over two cores; an "
                 "estimate, not a measurement: an uneven split of the files lowers it)."
             )
