@@ -185,4 +185,5 @@ def leading_comment(text: str) -> str:
 def _with_doc(rule: Rule, doc: str) -> Rule:
     from dataclasses import replace
 
-    return replace(rule, doc=doc)
+    variants = tuple(replace(variant, doc=doc) for variant in rule.variants)
+    return replace(rule, doc=doc, variants=variants)

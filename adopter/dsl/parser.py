@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from dataclasses import replace
 from functools import cache
 
 from lark import Lark, Token, Transformer, Tree, v_args
@@ -247,20 +248,45 @@ class RuleParser:
     def _rule(self, node: Tree) -> Rule:
         rule_id = str(node.children[0])
         meta: dict[str, str] = {}
-        sections: dict[str, Section] = {}
+        pairs: list[tuple[Section | None, Section | None]] = []
+        waiting: Section | None = None  # an init section not yet paired with its forward
         for child in node.children[1:]:
             if child.data == "meta":
                 key, value = str(child.children[0]), ast.literal_eval(str(child.children[1]))
                 if key in meta:
                     raise self.error(child, f"{key!r} given twice in rule {rule_id}")
                 meta[key] = value
+                continue
+            section = self._section(child, rule_id)
+            if section.kind == "init":
+                if waiting is not None:
+                    raise self.error(child, f"section 'init' given twice in {rule_id}")
+                waiting = section
             else:
-                section = self._section(child, rule_id)
-                if section.kind in sections:
-                    raise self.error(child, f"section {section.kind!r} given twice in {rule_id}")
-                sections[section.kind] = section
-        if "forward" not in sections and "init" not in sections:
+                pairs.append((waiting, section))
+                waiting = None
+        if waiting is not None:
+            if pairs:
+                raise self.error(
+                    node, f"rule {rule_id}: the last 'init' section has no 'forward' section"
+                )
+            pairs.append((waiting, None))
+        if not pairs:
             raise self.error(node, f"rule {rule_id} has neither an init nor a forward section")
+        # Each init/forward pair after the first is a variant: another spelling of the same
+        # computation, with its own patterns and replacement.
+        spellings = [self._spelling(node, rule_id, meta, init, forward) for init, forward in pairs]
+        return replace(spellings[0], variants=tuple(spellings[1:]))
+
+    def _spelling(
+        self,
+        node: Tree,
+        rule_id: str,
+        meta: dict[str, str],
+        init: Section | None,
+        forward: Section | None,
+    ) -> Rule:
+        sections = {s.kind: s for s in (init, forward) if s is not None}
         site = meta.get("site", "forward" if "forward" in sections else "init")
         if site not in sections:
             raise self.error(node, f"rule {rule_id}: site {site!r} names no section of the rule")
@@ -271,8 +297,8 @@ class RuleParser:
             kernel=meta.get("kernel", ""),
             message=meta.get("message", meta.get("description", "")),
             site=site,
-            init=sections.get("init"),
-            forward=sections.get("forward"),
+            init=init,
+            forward=forward,
             source=self.path,
             line=node.meta.line,
         )

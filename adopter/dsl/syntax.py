@@ -154,6 +154,14 @@ class Rule:
     source: str = "<string>"
     line: int = 0
     doc: str = field(default="", compare=False)
+    # Other spellings of the same computation: rules with this rule's metadata, each with its
+    # own ``init``/``forward`` pair (written as further pairs in the rule's block).
+    variants: tuple[Rule, ...] = ()
+
+    @property
+    def spellings(self) -> tuple[Rule, ...]:
+        """This rule and its variants: what a matcher compiles."""
+        return (self, *self.variants)
 
     @property
     def detect_only(self) -> bool:

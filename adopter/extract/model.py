@@ -229,6 +229,16 @@ class FileStructure:
     functions: dict[str, FunctionFlow] = field(default_factory=dict)
     imports: dict[str, str] = field(default_factory=dict)
     branch_labels: dict[int, BranchPoint] = field(default_factory=dict)
+    # Lines holding non-ASCII text, by number: ``ast`` columns count UTF-8 bytes, reports count
+    # characters, and only these lines tell the two apart.
+    wide_lines: dict[int, str] = field(default_factory=dict)
+
+    def character_column(self, line: int, column: int) -> int:
+        """The 1-based character column of ``ast``'s 1-based UTF-8 byte column on ``line``."""
+        text = self.wide_lines.get(line)
+        if text is None:
+            return column
+        return len(text.encode("utf-8")[: column - 1].decode("utf-8", errors="ignore")) + 1
 
     def all_flows(self) -> list[FunctionFlow]:
         flows = [flow for info in self.classes.values() for flow in info.flows.values()]

@@ -170,6 +170,9 @@ class FileAnalysis:
             classes=self.classes,
             imports=self.imports.aliases,
             branch_labels=self.branch_labels,
+            wide_lines={
+                number: line for number, line in enumerate(self.lines, 1) if not line.isascii()
+            },
         )
         for info in self.classes.values():
             self._processor_flows(info)

@@ -164,7 +164,7 @@ class Matcher:
     """Matches a rule set against extracted files."""
 
     def __init__(self, rules: list[Rule]) -> None:
-        self.rules = [CompiledRule(rule) for rule in rules]
+        self.rules = [CompiledRule(spelling) for rule in rules for spelling in rule.spellings]
         self._kind_cache: dict[tuple[str, str], bool] = {}
 
     @property
@@ -202,6 +202,9 @@ class Matcher:
             if compiled.first is None:
                 for site in self._match_init_only(compiled, structure):
                     found.setdefault(site.key, site)
+        for site in found.values():
+            if site.path == structure.path:  # a helper's site in another file keeps its column
+                site.column = structure.character_column(site.line, site.column)
         return _without_overlaps(
             sorted(found.values(), key=lambda s: (s.path, s.line, s.column, s.rule.id))
         )

@@ -73,6 +73,9 @@ def sarif_log(sites: list[Site], rules: list[Rule]) -> dict[str, object]:
                     }
                 },
                 "results": results,
+                # Columns count characters (a line of Chinese comments before a site is no
+                # longer three times as wide); SARIF's default would be UTF-16 code units.
+                "columnKind": "unicodeCodePoints",
             }
         ],
     }

@@ -534,7 +534,19 @@ def resolve_overlaps(
                 )
             )
             continue
-        clash = next((k for k in kept if _overlaps(k, plan)), None)
+        clashes = [k for k in kept if _overlaps(k, plan)]
+        larger = next((k for k in clashes if _contains(k.site, site)), None)
+        if larger is not None:
+            results.append(
+                SiteResult(
+                    site,
+                    "covered",
+                    f"inside the {larger.site.rule.id} fusion at line "
+                    f"{edit_location(larger.site)[0]}, which does this computation too",
+                )
+            )
+            continue
+        clash = clashes[0] if clashes else None
         if clash is not None:
             results.append(
                 SiteResult(
@@ -547,6 +559,18 @@ def resolve_overlaps(
             continue
         kept.append(plan)
     return kept
+
+
+def _calls(site: Site) -> set[tuple[int, str | None]]:
+    # the elements of one nn.Sequential call share its node: the module tells them apart
+    return {(id(step.node), step.module) for step in site.steps if step.node is not None}
+
+
+def _contains(larger: Site, smaller: Site) -> bool:
+    """Every call ``smaller`` fuses is one that ``larger`` fuses too (conv + batch norm inside
+    conv + batch norm + activation): the larger rewrite does the smaller one's work."""
+    inner = _calls(smaller)
+    return bool(inner) and inner <= _calls(larger)
 
 
 def _overlaps(first: Plan, second: Plan) -> bool:

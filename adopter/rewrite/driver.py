@@ -140,7 +140,9 @@ def _merge_rounds(
     for index in range(last, -1, -1):
         to_line = to_original[index]
         mapped = [_in_original(result, to_line) for result in rounds[index]]
-        for result in mapped:
+        # A site a later round saw again is dropped from this one: its skip first (two sites
+        # of one line, one covered here and one skipped for overlapping, seen once more later)
+        for result in sorted(mapped, key=lambda r: r.status != "skipped"):
             key = (result.site.rule.id, result.line)
             if result.status == "patched" or index == last:
                 merged.append(result)

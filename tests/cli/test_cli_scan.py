@@ -78,6 +78,22 @@ def test_scan_sarif(tmp_path):
     }
 
 
+def test_columns_count_characters_not_bytes(tmp_path):
+    # ``ast`` counts UTF-8 bytes: "ü" and "→" before the site would push it right by 1 and 2
+    wide = GOOD.replace(
+        "return F.softmax(scores, dim=-1)", 'label = "ü→"; return F.softmax(scores, dim=-1)'
+    )
+    (tmp_path / "model.py").write_text(wide, encoding="utf-8")
+    expected = len('        label = "ü→"; return ') + 1
+    result = runner.invoke(app, ["scan", str(tmp_path / "model.py"), "--format", "sarif"])
+    run = json.loads(result.stdout)["runs"][0]
+    assert run["columnKind"] == "unicodeCodePoints"
+    region = run["results"][0]["locations"][0]["physicalLocation"]["region"]
+    assert region == {"startLine": 7, "startColumn": expected}
+    result = runner.invoke(app, ["scan", str(tmp_path / "model.py"), "--format", "json"])
+    assert json.loads(result.stdout)[0]["col"] == expected
+
+
 def test_scan_table_and_select(tmp_path):
     (tmp_path / "model.py").write_text(GOOD)
     result = runner.invoke(app, ["scan", str(tmp_path), "--select", "paper.5"])

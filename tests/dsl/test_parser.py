@@ -91,6 +91,9 @@ def test_tuple_targets():
         ("rule a { }", "1:1", "neither an init nor a forward"),
         ("rule a { forward { f($x) } }\nrule a { forward { f($x) } }", "2:1", "defined twice"),
         ('rule a { site: "init" forward { f($x) } }', "1:1", "site 'init'"),
+        ("rule a { init { @f() -> $m } init { @g() -> $m } forward { $m($x) } }", "1:30", "twice"),
+        ("rule a { forward { f($x) } init { @g() -> $m } }", "1:1", "no 'forward' section"),
+        ("rule a { forward { f($x) } forward { g($x) -> $y } => { h($z) } }", "1:57", "$z"),
     ],
 )
 def test_errors_are_located(text, where, fragment):
@@ -140,3 +143,27 @@ def test_sequences_round_trip(parts):
     assert format_sequence(steps).replace(";\n", "; ") == text
     again = parse_sequence(format_sequence(steps))
     assert [str(s) for s in again] == [str(s) for s in steps]
+
+
+VARIANTS = """
+rule a {
+    name: "norm-act"
+    init { @Norm(...) -> $norm; @activation(...) -> $act }
+    forward { $norm($x) -> $n; $act($n) -> $out } => { k($x, $norm, $act) -> $out }
+    init { @NormAct(...) -> $norm }
+    forward { $norm($x) -> $out } => { k($x, $norm) -> $out }
+    forward { f($x) -> $out } => _
+}
+"""
+
+
+def test_further_init_forward_pairs_are_variants_of_the_rule():
+    (rule,) = parse_rules(VARIANTS)
+    assert [len(s.forward.steps) for s in rule.spellings] == [2, 1, 1]
+    assert [str(s.init.steps[0]) if s.init else None for s in rule.spellings] == [
+        "@Norm(...) -> $norm",
+        "@NormAct(...) -> $norm",
+        None,  # a forward without an init section right before it has none
+    ]
+    assert {(s.id, s.name) for s in rule.spellings} == {("a", "norm-act")}
+    assert rule.spellings[2].detect_only and not rule.detect_only

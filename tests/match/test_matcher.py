@@ -174,3 +174,20 @@ def test_json_record_shape():
         "method": "forward",
         "message": "linear-relu",
     }
+
+
+LINEAR_ACT_VARIANTS = """
+rule user.2 {
+    name: "linear-act"
+    init { @torch.nn.Linear(...) -> $linear; @torch.nn.ReLU(...) -> $act }
+    forward { $linear($x) -> $h; $act($h) -> $y } => _
+    init { @torch.nn.Linear(...) -> $linear }
+    forward { $linear($x) -> $h; torch.relu($h) -> $y } => _
+}
+"""
+
+
+def test_each_variant_of_a_rule_is_matched_as_that_rule():
+    module = body("a = self.fc(x)\nb = self.relu(a)\nc = self.fc(b)\nreturn torch.relu(c)")
+    sites = sites_of("import torch\n" + module, rules=LINEAR_ACT_VARIANTS)
+    assert [(s.rule.id, s.line) for s in sites] == [("user.2", 10), ("user.2", 12)]

@@ -108,13 +108,20 @@ def timm_selecsls() -> Path:
 
 def test_timm_selecsls_reaches_the_fixpoint_in_one_apply(timm_selecsls):
     text = timm_selecsls.read_text(encoding="utf-8")
-    result = rewrite_text(text, str(timm_selecsls), Matcher(load_rule_set("all")))
+    result = rewrite_text(text, str(timm_selecsls), Matcher(load_rule_set("paper")))
     assert [r.status for r in result.results if r.status != "patched"] == []
     # Every conv_bn call: conv1..conv6 (conv3 and conv5 around conv2 and conv4), both conv6
     # calls and the stem, in forward_features and in forward_intermediates.
     assert result.patched.count("conv_batch_norm(") == 9
-    assert "self.conv3[2](conv_batch_norm(self.conv2[2](conv_batch_norm(d1, " in result.patched
-    assert _kernel_imports(result.patched) == [("conv_batch_norm", None)]
+    # With every rule, each conv_bn (conv, batch norm, ReLU) is modern.6's, in the same single
+    # apply, and each paper.7 site inside one is covered by it.
+    result = rewrite_text(text, str(timm_selecsls), Matcher(load_rule_set("all")))
+    assert {r.status for r in result.results if r.site.rule.id == "paper.7"} == {"covered"}
+    assert result.patched.count("conv_bn_act(") == 9
+    assert "conv_bn_act(conv_bn_act(d1, self.conv2[0], self.conv2[1], self.conv2[2]), " in (
+        result.patched
+    )
+    assert _kernel_imports(result.patched) == [("conv_bn_act", None)]
     again = rewrite_text(result.patched, str(timm_selecsls), Matcher(load_rule_set("all")))
     assert not again.changed
     compile(result.patched, str(timm_selecsls), "exec")
