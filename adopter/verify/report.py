@@ -9,15 +9,12 @@ patched site ran and matched.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..rewrite.driver import ApplyResult
 from .results import ClassVerification, FileVerification
-from .runner import PatchedFile, verify_patched_files
 
-__all__ = ["class_row", "rewrite_rows", "unchanged_row", "verification_rows"]
+__all__ = ["class_row", "unchanged_row", "verification_rows"]
 
 
 def class_row(path: str | Path, verdict: ClassVerification) -> dict[str, Any]:
@@ -46,23 +43,6 @@ def unchanged_row(path: str | Path) -> dict[str, Any]:
         "max_abs_diff": None,
         "where": None,
     }
-
-
-def rewrite_rows(
-    result: ApplyResult,
-    classes: list[str] | None,
-    *,
-    timeout: float,
-    modes: Sequence[str],
-) -> list[dict[str, Any]]:
-    """``adopter verify PATH...``: a row for each unchanged file, then the rows of each patched
-    file's verification (of ``classes`` only, when given), in a worker subprocess."""
-    items = [PatchedFile(r.path, r.patched, classes=classes) for r in result.changed]
-    rows = [unchanged_row(r.path) for r in result.files if r.error is None and not r.changed]
-    verifications = verify_patched_files(items, timeout=timeout, modes=modes)
-    for item, verification in zip(items, verifications, strict=True):
-        rows += verification_rows(item.original_path, verification)
-    return rows
 
 
 def verification_rows(path: str | Path, verification: FileVerification) -> list[dict[str, Any]]:
