@@ -350,6 +350,23 @@ def render(args, files, labels, rules, comparison: Comparison, roots, scans, sca
         )
     if extra:
         w("")
+    w("## Parts of a labelled site\n")
+    w(
+        "Records in the scope of a label that another record of the same family matched: the "
+        "label counts them as one site with it (rotary: q and k are one label, two rewritten "
+        "statements). Counted neither as found nor as extra.\n"
+    )
+    parts = sorted(comparison.parts, key=lambda x: (x[1].package, x[1].path, x[1].line))
+    if not parts:
+        w("None.\n")
+    for label, record in parts:
+        w(
+            f"- **{record.family}** (`{record.rule}`) `{record.path}:{record.line}` "
+            f"`{record.scope}`, part of the site labelled at line {label.line}: "
+            f"`{code_line(roots[record.package], record.path, record.line)}`"
+        )
+    if parts:
+        w("")
     failed = [scan for scan in scans if scan.rejected or scan.crash]
     w(
         f"Scanning the {len(files)} labelled files took {scan_seconds:.2f} s "
@@ -453,7 +470,8 @@ def main() -> int:
     matched = len(comparison.matched)
     print(
         f"wrote {args.output}: {len(labels)} labelled sites, {len(records)} found, "
-        f"{matched} matched, {len(comparison.missed)} missed, {len(comparison.extra)} extra"
+        f"{matched} matched, {len(comparison.missed)} missed, {len(comparison.extra)} extra, "
+        f"{len(comparison.parts)} parts of a matched site"
     )
     return 0
 
@@ -474,6 +492,7 @@ def comparison_json(comparison: Comparison) -> dict:
         ],
         "missed": [label(item) for item in comparison.missed],
         "extra": [record(item) for item in comparison.extra],
+        "parts": [{"label": label(a), "record": record(b)} for a, b in comparison.parts],
     }
 
 
