@@ -6,7 +6,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -44,13 +44,13 @@ def _check_environment() -> None:
         raise _fail(str(error)) from None
 
 
-class OutputFormat(str, Enum):
+class OutputFormat(StrEnum):
     table = "table"
     json = "json"
     sarif = "sarif"
 
 
-class MemoryMethod(str, Enum):
+class MemoryMethod(StrEnum):
     auto = "auto"
     rss = "rss"
     profiler = "profiler"

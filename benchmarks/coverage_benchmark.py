@@ -23,7 +23,7 @@ import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -263,7 +263,7 @@ def render(args, files, labels, rules, comparison: Comparison, roots, scans, sca
     w(
         f"Produced by `python benchmarks/coverage_benchmark.py --jobs {args.jobs}"
         f"{' --no-package-pass' if args.no_package_pass else ''}` at commit `{git_revision()}` "
-        f"on {describe_machine()}, {datetime.now(timezone.utc):%Y-%m-%d}. "
+        f"on {describe_machine()}, {datetime.now(UTC):%Y-%m-%d}. "
         f"Rule set `{args.rule_set}` ({len(rules)} rules: {', '.join(r.id for r in rules)}); "
         f"families with a rule: {', '.join(family_order(implemented)) or 'none'}.\n"
     )
