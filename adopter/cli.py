@@ -6,7 +6,7 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.text import Text
 
 from .dsl import DslError, Rule, load_rule_file
+from .executor import EXECUTOR_HELP, Executor
 from .extract import analyse_file, failure_as_error
 from .extract.printer import format_class
 from .files import FileRefused, max_file_bytes
@@ -43,13 +44,13 @@ def _check_environment() -> None:
         raise _fail(str(error)) from None
 
 
-class OutputFormat(str, Enum):
+class OutputFormat(StrEnum):
     table = "table"
     json = "json"
     sarif = "sarif"
 
 
-class MemoryMethod(str, Enum):
+class MemoryMethod(StrEnum):
     auto = "auto"
     rss = "rss"
     profiler = "profiler"
@@ -114,6 +115,45 @@ def _comma_list(text: str, option: str, known: tuple[str, ...] | None = None) ->
     if unknown:
         raise _fail(f"{option}: unknown {', '.join(map(repr, unknown))}{choices}")
     return items
+
+
+ExecutorOption = Annotated[
+    str,
+    typer.Option("--executor", help="Where the jobs run: " + EXECUTOR_HELP),
+]
+RuntimeEnvOption = Annotated[
+    str | None,
+    typer.Option(
+        "--runtime-env",
+        help="With --executor ray: a JSON Ray runtime environment merged with the one that "
+        'carries adopter, e.g. \'{"pip": ["transformers==5.24.0"]}\'.',
+    ),
+]
+
+
+@contextmanager
+def _open_executor(
+    spec: str, jobs: int | None, runtime_env: str | None, placement: str = "task"
+) -> Iterator[Executor]:
+    """The executor named on the command line, connected (a clear error when it cannot be)
+    and closed afterwards; SIGTERM meanwhile acts as Ctrl-C: tasks cancelled, workers ended."""
+    from .executor import ExecutorUnavailable, make_executor, terminate_as_interrupt
+
+    environment = None
+    if runtime_env is not None:
+        try:
+            environment = json.loads(runtime_env)
+        except json.JSONDecodeError as error:
+            raise _fail(f"--runtime-env is not JSON: {error}") from None
+        if not isinstance(environment, dict):
+            raise _fail("--runtime-env must be a JSON object")
+    try:
+        executor = make_executor(spec, workers=jobs, placement=placement, runtime_env=environment)
+        executor.__enter__()
+    except (ExecutorUnavailable, ValueError) as error:
+        raise _fail(f"--executor {spec}: {error}") from None
+    with terminate_as_interrupt(), executor:
+        yield executor
 
 
 def _check_factory(option: str, spec: str | None) -> None:
@@ -208,6 +248,15 @@ def scan(
     jobs: Annotated[
         int | None, typer.Option("--jobs", "-j", min=1, help="Worker processes.")
     ] = None,
+    explain: Annotated[
+        bool,
+        typer.Option(
+            "--explain",
+            envvar="ADOPTER_EXPLAIN",
+            help="Also say, on stderr, where each rule could have started and why it did not "
+            "fire: the pattern step that failed, at which line, and why.",
+        ),
+    ] = False,
 ) -> None:
     """List every site where a rule applies. Never imports or runs the scanned code.
 
@@ -218,11 +267,15 @@ def scan(
     console = _stderr()
     if len(files) >= PROGRESS_MIN_FILES and console.is_terminal:
         with _progress_bar(console, "scanning", len(files)) as advance:
-            result = scan_paths(paths, rules, jobs=jobs, progress=lambda _: advance())
+            result = scan_paths(
+                paths, rules, jobs=jobs, progress=lambda _: advance(), explain=explain
+            )
     else:  # a few files finish before a bar would be drawn
-        result = scan_paths(paths, rules, jobs=jobs)
+        result = scan_paths(paths, rules, jobs=jobs, explain=explain)
     for error in result.errors:
         _print_error(console, error)
+    for miss in result.misses:  # plain lines, as a rule author greps them
+        typer.echo(str(miss), err=True)
     sites = result.sites + (result.not_applicable if show_not_applicable else [])
     sites.sort(key=lambda s: (s.path, s.line, s.column, s.rule.id))
     if output_format is OutputFormat.json:
@@ -371,35 +424,27 @@ def apply(
     owner and mode (a symlink's target is written); a file it skips is named with the reason
     and the exit code is 2.
     """
-    from .rewrite import (
-        WriteOptions,
-        WriteStatus,
-        remove_stale_temporaries,
-        rewrite_paths,
-        unified_diff,
-        write_rewrites,
-    )
+    from .rewrite import WriteOptions, rewrite_paths, unified_diff, write_changed
 
     if output_format not in ("diff", "json"):
         raise _fail(f"--format must be diff or json, not {output_format!r}")
     rules = load_rules(rule_files, rule_set, select)
     console = _stderr()
+
+    def say(message: str) -> None:  # file names and reasons are never Rich markup
+        console.print(message, soft_wrap=True, markup=False, highlight=False)
+
     result = rewrite_paths(paths, rules, jobs=jobs, modular=modular)
     for error in result.errors:
         _print_error(console, error)
     if only_faster:
-        result = _keep_faster_rules(result, rules, console)
-    if verify:
-        from .verify.gate import describe, gate_rewrites
+        from .bench.command import keep_faster_rules
 
-        gated = gate_rewrites(result.changed, rules, timeout=verify_timeout)
-        for item in gated:
-            console.print(describe(item.rewrite.path, item), soft_wrap=True, markup=False)
-        # Only what was proven goes on: the (possibly narrowed) rewrite of each verified file.
-        verified_files = [item.rewrite for item in gated if item.text is not None]
-        result.files = [
-            r for r in result.files if not r.changed or r.error is not None
-        ] + verified_files
+        result = keep_faster_rules(result, rules, say)
+    if verify:
+        from .verify.gate import keep_verified
+
+        keep_verified(result, rules, timeout=verify_timeout, say=say)
     out = Console(highlight=False)
     if output_format == "json":
         records = [r.as_record() for r in result.results]
@@ -413,88 +458,28 @@ def apply(
                 out.print(Syntax(diff, "diff", theme="ansi_dark", background_color="default"))
             else:
                 typer.echo(diff, nl=False)
-    done = result.changed
-    not_written = 0
+    done, not_written = result.changed, 0
     if write:
-        for removed in remove_stale_temporaries(r.path for r in result.files):
-            console.print(
-                f"removed {removed}: a temporary file left by an interrupted apply",
-                soft_wrap=True,
-                markup=False,
-                highlight=False,
-            )
-        outcomes = write_rewrites(done, WriteOptions(force_read_only, in_place_hard_links))
-        for outcome in outcomes:
-            failed = outcome.status in (WriteStatus.SKIPPED, WriteStatus.FAILED)
-            not_written += failed
-            if failed or outcome.reason:
-                prefix = "error: " if outcome.status is WriteStatus.FAILED else ""
-                console.print(f"{prefix}{outcome}", soft_wrap=True, markup=False, highlight=False)
-        written = {o.path for o in outcomes if o.status is WriteStatus.WRITTEN}
-        done = [r for r in done if r.path in written]
-    patched = sum(r.status == "patched" for rewrite in done for r in rewrite.results)
-    covered = sum(r.status == "covered" for r in result.results)
-    skipped = [r for r in result.results if r.status == "skipped"]
-    for skip in skipped:
-        console.print(
-            f"skipped {skip.site.rule.id} at {skip.site.path}:{skip.line}:{skip.column}: "
-            f"{skip.reason}",
-            soft_wrap=True,
-            highlight=False,
-            markup=False,
-        )
-    verb = "patched" if write else "to patch"
-    console.print(
-        f"{patched} site(s) {verb} in {len(done)} file(s), {covered} covered by an "
-        f"enclosing rewrite, {len(skipped)} skipped, "
-        + (f"{not_written} file(s) not written, " if not_written else "")
-        + f"{len(result.errors)} error(s), {result.seconds:.2f} s",
-        highlight=False,
-        soft_wrap=True,
-    )
+        options = WriteOptions(force_read_only, in_place_hard_links)
+        done, not_written = write_changed(result, options, say)
+    for line in result.skip_lines():
+        say(line)
+    say(result.summary(done, written=write, not_written=not_written))
     if result.errors or not_written:
         raise typer.Exit(EXIT_ERROR)
     if check and result.changed:
         raise typer.Exit(1)
 
 
-def _keep_faster_rules(result, rules: list[Rule], console: Console):
-    """Re-patch each changed file with only the rules that ``bench`` shows help here."""
-    from .bench.command import BenchTargetError, only_faster_rules
-    from .match import Matcher
-    from .rewrite import rewrite_text
-
-    files = []
-    for rewrite in result.files:
-        if rewrite.error is not None or not rewrite.changed:
-            files.append(rewrite)
-            continue
-        try:
-            kept, reasons = only_faster_rules(rewrite.path, rules)
-        except (BenchTargetError, ValueError, RuntimeError) as error:
-            console.print(
-                f"{rewrite.path}: not benchmarked ({error}); left unpatched",
-                soft_wrap=True,
-                markup=False,
-            )
-            files.append(type(rewrite)(rewrite.path, rewrite.original, rewrite.original))
-            continue
-        for rule_id, reason in sorted(reasons.items()):
-            console.print(f"{rewrite.path}: {rule_id}: {reason}", soft_wrap=True, markup=False)
-        files.append(
-            rewrite_text(rewrite.original, rewrite.path, Matcher(kept))
-            if kept
-            else type(rewrite)(rewrite.path, rewrite.original, rewrite.original)
-        )
-    result.files = files
-    return result
-
-
 @app.command()
 def bench(
-    target: Annotated[
-        str | None,
-        typer.Argument(help="A transformers model name (bert), module or modeling file."),
+    targets: Annotated[
+        list[str] | None,
+        typer.Argument(
+            help="Transformers model names (bert), modules or modeling files; several are "
+            "benchmarked one after another here, or one per node with --executor ray.",
+            show_default=False,
+        ),
     ] = None,
     rule_files: RulesOption = None,
     rule_set: RuleSetOption = None,
@@ -540,55 +525,117 @@ def bench(
     threads: Annotated[int | None, typer.Option("--threads", min=1)] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write results as JSON.")] = None,
     plot_out: Annotated[Path | None, typer.Option("--plot", help="Write a PNG bar chart.")] = None,
+    executor_spec: ExecutorOption = "local",
+    runtime_env: RuntimeEnvOption = None,
 ) -> None:
     """Measure the payoff: training step time, inference latency and peak memory of the
     original and the patched model (same weights and inputs, interleaved runs, bootstrap
     confidence intervals). Imports the model code (as training it would). A speed-up whose
-    interval is too wide to decide is flagged as noisy."""
-    if target is None and factory is None:
+    interval is too wide to decide is flagged as noisy.
+
+    Several models: each is one job, and no two are ever timed at once on one machine - here
+    they run one after another; with --executor ray each runs on a node of its own, holding all
+    of that node's CPUs. Each model's table is printed as it finishes; --json then holds
+    {model: result}."""
+    if not targets and factory is None:
         raise _fail("give a model (e.g. bert) or --factory module:function")
+    if targets and factory is not None:
+        raise _fail("give models or --factory, not both")
+    target = targets[0] if targets else None
     _check_factory("--factory", factory)
     _check_factory("--patched-factory", patched_factory)
     rules = load_rules(rule_files, rule_set, select)
 
     from .bench.command import BenchTargetError, run_bench
     from .bench.measure import MODES, VariantBuildError
-    from .bench.report import noise_warnings, render_table
 
     mode_list = _comma_list(modes, "--modes", MODES)
+    options = {
+        "rules": rules,
+        "factory": factory,
+        "patched_factory": patched_factory,
+        "model_class": model_class,
+        "batch_size": batch_size,
+        "seq_len": seq_len,
+        "image_size": image_size,
+        "layers": layers or None,
+        "dropout": dropout,
+        "device": device,
+        "dtype": dtype,
+        "compile": compile_both,
+        "ablation": ablation,
+        "modes": mode_list,
+        "warmup": warmup,
+        "repeats": repeats,
+        "memory": None if memory is MemoryMethod.none else memory.value,
+        "threads": threads,
+    }
+    if len(targets or []) > 1 or executor_spec != "local":
+        _bench_many(targets or [None], options, executor_spec, runtime_env, json_out, plot_out)
+        return
     try:
         result = run_bench(
             target,
-            rules=rules,
-            factory=factory,
-            patched_factory=patched_factory,
-            model_class=model_class,
-            batch_size=batch_size,
-            seq_len=seq_len,
-            image_size=image_size,
-            layers=layers or None,
-            dropout=dropout,
-            device=device,
-            dtype=dtype,
-            compile=compile_both,
-            ablation=ablation,
-            modes=mode_list,
-            warmup=warmup,
-            repeats=repeats,
-            memory=None if memory is MemoryMethod.none else memory.value,
-            threads=threads,
+            **options,
             plot_path=plot_out,
             json_out=json_out,
             progress=lambda message: _stderr().print(message, markup=False, highlight=False),
         )
     except (BenchTargetError, ValueError, VariantBuildError) as error:
         raise _fail(str(error)) from None
+    _print_bench(result)
+
+
+def _print_bench(result) -> None:
+    from .bench.report import noise_warnings, render_table
+
     console = Console(highlight=False)
     if not console.is_terminal:
         console.width = 160
     console.print(render_table(result))
     for warning in noise_warnings(result):
         console.print(Text.assemble(("warning:", "yellow"), " ", warning), soft_wrap=True)
+
+
+def _bench_many(
+    targets: list[str | None],
+    options: dict[str, object],
+    executor_spec: str,
+    runtime_env: str | None,
+    json_out: Path | None,
+    plot_out: Path | None,
+) -> None:
+    """Benchmark several models through an executor, one per machine at a time; print each
+    model's table as it is done."""
+    from .bench.many import BenchJob, bench_many
+    from .bench.report import plot
+
+    jobs = [BenchJob(target, options) for target in targets]
+    console = _stderr()
+
+    def heard(index: int, outcome) -> None:
+        if outcome.error is not None:
+            _print_error(console, f"{outcome.label}: {outcome.error}")
+            return
+        console.print(
+            f"{outcome.label}: measured on {outcome.where} in {outcome.seconds:.0f} s",
+            markup=False,
+            soft_wrap=True,
+        )
+        _print_bench(outcome.bench_result())
+
+    with _open_executor(executor_spec, None, runtime_env, placement="node") as executor:
+        console.print(f"benchmarking {len(jobs)} model(s) on {executor.describe()}", markup=False)
+        outcomes = bench_many(jobs, executor, on_result=heard)
+    measured = {o.label: o for o in outcomes if o.result is not None}
+    if json_out is not None:
+        data = {o.label: o.result if o.result is not None else {"error": o.error} for o in outcomes}
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(data, indent=1, default=str), encoding="utf-8")
+    if plot_out is not None and measured:
+        plot({label: o.bench_result() for label, o in measured.items()}, plot_out)
+    if len(measured) < len(outcomes):
+        raise typer.Exit(EXIT_ERROR)
 
 
 @app.command(name="verify")
@@ -615,7 +662,29 @@ def verify_command(
     timeout: Annotated[
         float, typer.Option("--timeout", callback=_positive, help="Seconds per file.")
     ] = 300,
-    output_format: Annotated[str, typer.Option("--format", "-f", help="table or json")] = "table",
+    memory_limit: Annotated[
+        float | None,
+        typer.Option(
+            "--memory-limit",
+            min=0.01,
+            help="GiB a file's worker (with all it started) may hold resident; more is not "
+            "checkable. With Ray also reserved per task. Default: no limit.",
+        ),
+    ] = None,
+    executor_spec: ExecutorOption = "local",
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            "--jobs",
+            "-j",
+            min=1,
+            help="Local worker processes (default 1), or the CPUs of a Ray instance started here.",
+        ),
+    ] = None,
+    runtime_env: RuntimeEnvOption = None,
+    output_format: Annotated[
+        str, typer.Option("--format", "-f", help="table, json or jsonl (rows as files finish)")
+    ] = "table",
 ) -> None:
     """Prove patches: build the original and the patched model from the same small config,
     load the original weights strictly into the patch, and compare outputs and gradients in
@@ -633,15 +702,24 @@ def verify_command(
     that called setsid() - are killed. There is no sandbox: the model code runs as you, with
     your files and network (hub downloads are switched off via HF_HUB_OFFLINE only).
 
+    Where it runs: --executor local (default) runs the files in --jobs worker processes here;
+    --executor ray[:ADDRESS] runs each file as a Ray task (same worker, same containment, on
+    whichever node Ray picks; a task whose Ray worker dies is retried once). Each verdict is
+    reported on stderr as it comes; --format jsonl prints each file's rows as soon as it is done.
+
     Exit code 0 when nothing was refuted, 1 when a patch was refuted, 2 on bad input.
     """
     from .rewrite import rewrite_paths
-    from .verify import PatchedFile, verify_factory, verify_patched_files
-    from .verify.report import class_row, verification_rows
+    from .verify import PatchedFile, verify_factories, verify_patched_files
+    from .verify.report import class_row, unchanged_row, verification_rows
+    from .verify.results import REFUTED
 
+    if output_format not in ("table", "json", "jsonl"):
+        raise _fail(f"--format {output_format!r}: use table, json or jsonl")
     mode_list = _comma_list(modes, "--modes")
+    limit = memory_limit * 1024**3 if memory_limit else None
     try:  # checks the options (modes, timeout) before any work; verifies nothing
-        verify_patched_files([], timeout=timeout, modes=mode_list)
+        verify_patched_files([], timeout=timeout, modes=mode_list, memory_limit=limit)
     except ValueError as error:
         raise _fail(str(error)) from None
     wanted = [c.strip() for c in classes.split(",")] if classes else None
@@ -651,8 +729,17 @@ def verify_command(
             raise _fail("--factory and --patched-factory go together")
         _check_factory("--factory", factory)
         _check_factory("--patched-factory", patched_factory)
-        verdict = verify_factory(factory, patched_factory, timeout=timeout, modes=mode_list)
+        with _open_executor(executor_spec, jobs, runtime_env) as executor:
+            (verdict,) = verify_factories(
+                [(factory, patched_factory)],
+                timeout=timeout,
+                modes=mode_list,
+                memory_limit=limit,
+                executor=executor,
+            )
         rows.append({**class_row(factory, verdict), "kind": "file"})
+        if output_format == "jsonl":
+            _print_rows(rows)
     else:
         if not paths:
             raise _fail("give model files or directories, or --factory/--patched-factory")
@@ -661,32 +748,65 @@ def verify_command(
         for error in result.errors:
             _print_error(_stderr(), error)
         items = [PatchedFile(r.path, r.patched, classes=wanted) for r in result.changed]
-        for rewrite in result.files:
-            if rewrite.error is None and not rewrite.changed:
-                rows.append(
-                    {
-                        "kind": "file",
-                        "path": rewrite.path,
-                        "class": "-",
-                        "status": "unchanged",
-                        "reason": "no site to patch",
-                        "max_abs_diff": None,
-                        "where": None,
-                    }
-                )
-        for item, verification in zip(
-            items, verify_patched_files(items, timeout=timeout, modes=mode_list), strict=True
-        ):
+        rows += [unchanged_row(r.path) for r in result.files if r.error is None and not r.changed]
+        if output_format == "jsonl":
+            _print_rows(rows)
+        # Progress on stderr where someone watches, or where the run is a long one of many
+        # workers; the default run keeps stderr for errors, as it always did.
+        watched = _stderr().is_terminal or executor_spec != "local" or (jobs or 1) > 1
+        heard = _verdict_stream(items, output_format, watched)
+        with _open_executor(executor_spec, jobs, runtime_env) as executor:
+            verdicts = verify_patched_files(
+                items,
+                timeout=timeout,
+                modes=mode_list,
+                memory_limit=limit,
+                executor=executor,
+                on_result=heard,
+            )
+        for item, verification in zip(items, verdicts, strict=True):
             rows += verification_rows(item.original_path, verification)
         if result.errors:
             _print_verdicts(rows, output_format)
             raise typer.Exit(EXIT_ERROR)
     _print_verdicts(rows, output_format)
-    if any(row["status"] == "refuted" for row in rows):
+    if any(row["status"] == REFUTED for row in rows):
         raise typer.Exit(1)
 
 
+def _verdict_stream(items, output_format: str, progress: bool) -> Callable[[int, object], None]:
+    """What happens as each file's verdict comes: a progress line on stderr (with
+    ``progress``), and with ``jsonl`` the file's rows on stdout at once."""
+    from .verify.report import verification_rows
+
+    console = _stderr()
+    done = 0
+
+    def heard(index: int, verification) -> None:
+        nonlocal done
+        done += 1
+        path = items[index].original_path
+        if progress:
+            console.print(
+                f"[{done}/{len(items)}] {verification.status}: {_display_path(str(path))} "
+                f"({verification.seconds:.1f} s)",
+                markup=False,
+                soft_wrap=True,
+            )
+        if output_format == "jsonl":
+            _print_rows(verification_rows(path, verification))
+
+    return heard
+
+
+def _print_rows(rows: list[dict[str, object]]) -> None:
+    for row in rows:
+        typer.echo(json.dumps(row, default=str))
+
+
 def _print_verdicts(rows: list[dict[str, object]], output_format: str) -> None:
+    if output_format == "jsonl":  # the rows went out as they came
+        return
     if output_format == "json":
         typer.echo(json.dumps(rows, indent=2, default=str))
         return

@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from adopter.rewrite import WriteStatus, rewrite_paths, write_rewrites
+from adopter.rewrite import SiteStatus, WriteStatus, rewrite_paths, write_rewrites
 
 IMPORT_TIMEOUT = 1200  # seconds for importing all patched modules in one subprocess
 
@@ -110,10 +110,10 @@ def run_apply(paths: dict[str, Path], rules, jobs: int, import_check: bool) -> A
                 item.site.rule.id,
                 item.reason,
             )
-            if item.status == "patched":
+            if item.status is SiteStatus.PATCHED:
                 report.patched_sites += 1
                 report.patched_by_rule[item.site.rule.id] += 1
-            elif item.status == "covered":
+            elif item.status is SiteStatus.COVERED:
                 report.covered.append(where)
             else:
                 report.skipped.append(

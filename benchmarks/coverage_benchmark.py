@@ -18,13 +18,12 @@ import json
 import os
 import py_compile
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,14 +49,14 @@ from coverage_compare import (  # noqa: E402
     tabulate,
     total,
 )
-from machine import describe_machine  # noqa: E402
+from machine import describe_machine, git_revision  # noqa: E402
 
 from adopter.corpus import fetch_wheel  # noqa: E402
 from adopter.dsl.errors import LocatedError  # noqa: E402
 from adopter.extract.source import read_source  # noqa: E402
 from adopter.match.matcher import Matcher  # noqa: E402
 from adopter.match.scan import collect_python_files, map_files, scan_source  # noqa: E402
-from adopter.rewrite import rewrite_file  # noqa: E402
+from adopter.rewrite import SiteStatus, rewrite_file  # noqa: E402
 from adopter.rules import load_rule_set  # noqa: E402
 
 LABELS = Path(__file__).with_name("coverage")
@@ -114,7 +113,7 @@ def apply_file(path: str, matcher: Matcher) -> FileApply:
         return result
     for item in rewrite.results:
         result.statuses[item.status] += 1
-        if item.status == "patched":
+        if item.status is SiteStatus.PATCHED:
             result.patched_rules[item.site.rule.id] += 1
     if rewrite.changed:
         result.patched = rewrite.patched
@@ -225,19 +224,6 @@ def package_pass(package: str, version: str, root: Path, rules, jobs: int) -> Pa
 # --- the report -------------------------------------------------------------------------------
 
 
-def git_revision() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def code_line(root: Path, path: str, line: int) -> str:
     try:
         text = (root / path).read_text(encoding="utf-8").splitlines()[line - 1].strip()
@@ -277,7 +263,7 @@ def render(args, files, labels, rules, comparison: Comparison, roots, scans, sca
     w(
         f"Produced by `python benchmarks/coverage_benchmark.py --jobs {args.jobs}"
         f"{' --no-package-pass' if args.no_package_pass else ''}` at commit `{git_revision()}` "
-        f"on {describe_machine()}, {datetime.now(timezone.utc):%Y-%m-%d}. "
+        f"on {describe_machine()}, {datetime.now(UTC):%Y-%m-%d}. "
         f"Rule set `{args.rule_set}` ({len(rules)} rules: {', '.join(r.id for r in rules)}); "
         f"families with a rule: {', '.join(family_order(implemented)) or 'none'}.\n"
     )
@@ -363,6 +349,23 @@ def render(args, files, labels, rules, comparison: Comparison, roots, scans, sca
             f"`{code_line(roots[record.package], record.path, record.line)}`"
         )
     if extra:
+        w("")
+    w("## Parts of a labelled site\n")
+    w(
+        "Records in the scope of a label that another record of the same family matched: the "
+        "label counts them as one site with it (rotary: q and k are one label, two rewritten "
+        "statements). Counted neither as found nor as extra.\n"
+    )
+    parts = sorted(comparison.parts, key=lambda x: (x[1].package, x[1].path, x[1].line))
+    if not parts:
+        w("None.\n")
+    for label, record in parts:
+        w(
+            f"- **{record.family}** (`{record.rule}`) `{record.path}:{record.line}` "
+            f"`{record.scope}`, part of the site labelled at line {label.line}: "
+            f"`{code_line(roots[record.package], record.path, record.line)}`"
+        )
+    if parts:
         w("")
     failed = [scan for scan in scans if scan.rejected or scan.crash]
     w(
@@ -467,7 +470,8 @@ def main() -> int:
     matched = len(comparison.matched)
     print(
         f"wrote {args.output}: {len(labels)} labelled sites, {len(records)} found, "
-        f"{matched} matched, {len(comparison.missed)} missed, {len(comparison.extra)} extra"
+        f"{matched} matched, {len(comparison.missed)} missed, {len(comparison.extra)} extra, "
+        f"{len(comparison.parts)} parts of a matched site"
     )
     return 0
 
@@ -488,6 +492,7 @@ def comparison_json(comparison: Comparison) -> dict:
         ],
         "missed": [label(item) for item in comparison.missed],
         "extra": [record(item) for item in comparison.extra],
+        "parts": [{"label": label(a), "record": record(b)} for a, b in comparison.parts],
     }
 
 

@@ -5,8 +5,11 @@ import, so that it can be tested on tiny synthetic tables.
 A record matches a label when both name the same file and family and, in this order of
 preference: the same line; a line at most ``tolerance`` lines away (a rule may anchor a site on a
 neighbouring statement of the same computation); the same scope (class and method, or function).
-Each label and each record is used at most once. Labels left over are misses, records left over
-are extras.
+Each label and each record is used at most once. Labels left over are misses. A record left over in
+the scope of a label it would have matched, had the label not been taken, is a *part* of that
+labelled site (a label may count several statements as one site: rotary's "q ..., same for k"
+line is one label, while the rule reports the q and the k statement); parts are listed, and
+counted neither as found nor as extra. Records left over after that are extras.
 """
 
 from __future__ import annotations
@@ -76,6 +79,7 @@ class Comparison:
     matched: list[tuple[Label, Record, str]] = field(default_factory=list)  # (label, record, kind)
     missed: list[Label] = field(default_factory=list)
     extra: list[Record] = field(default_factory=list)
+    parts: list[tuple[Label, Record]] = field(default_factory=list)  # (matched label, record)
 
 
 @dataclass
@@ -250,7 +254,19 @@ def compare(labels: Iterable[Label], records: Iterable[Record], tolerance: int =
             result.matched,
         )
         result.missed.extend(group_labels)
-        result.extra.extend(group_records)
+        taken = [
+            label
+            for label, record, _ in result.matched
+            if (label.package, label.path, label.family) == key
+        ]
+        for record in group_records:
+            owner = next(
+                (label for label in taken if scopes_agree(label.scope, record.scope)), None
+            )
+            if owner is None:
+                result.extra.append(record)
+            else:
+                result.parts.append((owner, record))
     return result
 
 

@@ -1,10 +1,28 @@
-"""One line describing the machine a benchmark ran on, for the reports in docs/."""
+"""Where a benchmark ran, for the reports in docs/: one line describing the machine, and the
+revision of the code."""
 
 from __future__ import annotations
 
 import os
 import platform
+import subprocess
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def git_revision() -> str:
+    """The short commit of this checkout, or ``unknown`` outside git."""
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 def describe_machine() -> str:

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import describe_machine  # noqa: E402
+from machine import describe_machine, git_revision  # noqa: E402
 
 from adopter.corpus import fetch_wheel  # noqa: E402
 from adopter.match.scan import scan_paths  # noqa: E402
@@ -109,19 +109,6 @@ def corpus_paths(models: list[str]) -> dict[str, Path]:
             base = fetch_wheel(f"transformers=={OWLV2_VERSION}") / "transformers" / "models"
         paths[model] = base / model / f"modeling_{model}.py"
     return paths
-
-
-def git_revision() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=ROOT,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def code_excerpt(path: Path, line: int, before: int = 2, after: int = 2) -> str:

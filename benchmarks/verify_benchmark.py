@@ -1,6 +1,7 @@
 """Verify every patched model of the paper's benchmark and write docs/verification.md.
 
     python benchmarks/verify_benchmark.py [--jobs 2] [--timeout 300] [--heads 1]
+    python benchmarks/verify_benchmark.py --executor ray[:ADDRESS]   # each file a Ray task
 
 Each of the 199 modeling files is patched with the nine rules (in memory); every file that
 changed is differentially tested by ``adopter.verify`` against the installed
@@ -17,16 +18,16 @@ import os
 import sys
 import time
 from collections import Counter, defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import describe_machine  # noqa: E402
-from scan_benchmark import corpus_paths, git_revision, load_expected  # noqa: E402
+from machine import describe_machine, git_revision  # noqa: E402
+from scan_benchmark import corpus_paths, load_expected  # noqa: E402
 
+from adopter.executor import EXECUTOR_HELP, make_executor  # noqa: E402
 from adopter.match import Matcher  # noqa: E402
 from adopter.rewrite import rewrite_text  # noqa: E402
 from adopter.rules import load_rule_set  # noqa: E402
@@ -44,6 +45,7 @@ def installed_models_dir() -> Path | None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--executor", default="local", help=EXECUTOR_HELP)
     parser.add_argument("--timeout", type=float, default=300)
     parser.add_argument(
         "--heads", type=int, default=1, help="head classes per file besides the base model"
@@ -69,7 +71,7 @@ def main() -> int:
     for model in models:
         path = paths[model]
         rewrite = rewrite_text(path.read_text(encoding="utf-8"), str(path), matcher)
-        used = sorted({r.site.rule.id for r in rewrite.results if r.status == "patched"})
+        used = rewrite.rules_patched
         rules_of[model] = used
         if not rewrite.changed:
             outcome[model] = ("unchanged", "no site patched", None, None)
@@ -89,36 +91,31 @@ def main() -> int:
         items.append((model, PatchedFile(target, rewrite.patched), used))
 
     started = time.perf_counter()
-    batches = [items[index :: args.jobs] for index in range(args.jobs)]
-
-    def run(batch):
-        files = [item for _, item, _ in batch]
-        return list(
-            zip(
-                batch,
-                verify_patched_files(files, timeout=args.timeout, max_heads=args.heads),
-                strict=True,
-            )
-        )
-
     sites_of: dict[str, list] = {}
-    with ThreadPoolExecutor(args.jobs) as pool:
-        for results in pool.map(run, [b for b in batches if b]):
-            for (model, _, _), verification in results:
-                sites_of[model] = verification.sites
-                status, reason = file_status(verification)
-                diffs = [c.max_abs_diff for c in verification.classes if c.max_abs_diff is not None]
-                where = None
-                worst = None
-                if diffs:
-                    worst = max(diffs)
-                    where = next(
-                        f"{c.cls}: {c.where}"
-                        for c in verification.classes
-                        if c.max_abs_diff == worst
-                    )
-                outcome[model] = (status, reason, worst, where)
-                print(f"{model}: {status}", flush=True)
+
+    def heard(index: int, verification) -> None:
+        model = items[index][0]
+        sites_of[model] = verification.sites
+        status, reason = file_status(verification)
+        diffs = [c.max_abs_diff for c in verification.classes if c.max_abs_diff is not None]
+        where = None
+        worst = None
+        if diffs:
+            worst = max(diffs)
+            where = next(
+                f"{c.cls}: {c.where}" for c in verification.classes if c.max_abs_diff == worst
+            )
+        outcome[model] = (status, reason, worst, where)
+        print(f"{model}: {status}", flush=True)
+
+    with make_executor(args.executor, workers=args.jobs) as executor:
+        verify_patched_files(
+            [item for _, item, _ in items],
+            timeout=args.timeout,
+            max_heads=args.heads,
+            executor=executor,
+            on_result=heard,
+        )
     seconds = time.perf_counter() - started
 
     kernel_rules = {rule.id: rule.kernel.rpartition(".")[2] for rule in rules}
@@ -144,7 +141,9 @@ def main() -> int:
     w = out.append
     w("# Verification: every patched benchmark model, original vs patched\n")
     w(
-        f"Produced by `python benchmarks/verify_benchmark.py --jobs {args.jobs} --timeout "
+        f"Produced by `python benchmarks/verify_benchmark.py --jobs {args.jobs}"
+        + (f" --executor {args.executor}" if args.executor != "local" else "")
+        + f" --timeout "
         f"{args.timeout:g} --heads {args.heads}"
         + (f" --rule-set {args.rule_set}" if args.rule_set != "paper" else "")
         + (f" --models {args.models}" if args.models else "")

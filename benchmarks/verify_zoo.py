@@ -3,15 +3,19 @@ that `adopter apply` would change is checked by `adopter verify` in an environme
 release is installed; writes docs/verification-<version>.md.
 
     python3 -m venv /tmp/v446
-    /tmp/v446/bin/pip install torch==2.13.0 transformers==4.46.3 -e '.[torch]'
-    python benchmarks/verify_zoo.py --version 4.46.3 --adopter /tmp/v446/bin/adopter
+    /tmp/v446/bin/pip install torch==2.13.0 transformers==4.46.3
+    python benchmarks/verify_zoo.py --version 4.46.3 --python /tmp/v446/bin/python
+    python benchmarks/verify_zoo.py --version 4.46.3 --python /tmp/v446/bin/python --executor ray
 
-The corpus is fetched from PyPI into the git-ignored cache like the scan benchmark's; the
-model code is imported only by `adopter verify`, in its own subprocesses.
+The corpus is fetched from PyPI into the git-ignored cache like the scan benchmark's and patched
+here, statically; the model code is imported only by verify's contained workers, run by
+``--python`` (an interpreter with that release and torch installed; adopter itself comes from
+this checkout). ``--executor local`` (default) runs ``--jobs`` workers here; ``--executor
+ray[:ADDRESS]`` runs each file as a Ray task (see adopter.executor).
 
 transformers 5.x (``--version 5.24.0``): ``--rule-set all`` checks every rule; ``--eager``
 builds every configuration with ``attn_implementation="eager"`` (through a ``sitecustomize``
-on the verify subprocesses' path), so the attention code that the rewrite patches in
+on the verify workers' path), so the attention code that the rewrite patches in
 ``eager_attention_forward`` runs - the 5.x default, SDPA, never calls it; ``--sample N``
 checks N of the changed files, spread evenly over the sorted list; ``--files`` names them.
 Generated ``modeling_*.py`` files are what ``apply`` patches (their ``modular_*.py`` sources
@@ -21,14 +25,12 @@ are skipped), so those are the ones verified.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +40,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import describe_machine  # noqa: E402
 
 from adopter.corpus import fetch_wheel  # noqa: E402
+from adopter.executor import EXECUTOR_HELP, Executor, make_executor  # noqa: E402
+from adopter.rewrite import rewrite_paths  # noqa: E402
+from adopter.rules import load_rule_set  # noqa: E402
+from adopter.verify import FileVerification, PatchedFile, verify_patched_files  # noqa: E402
+from adopter.verify.report import verification_rows  # noqa: E402
 
 EAGER = """\
 # Written by benchmarks/verify_zoo.py --eager: every transformers configuration asks for eager
@@ -62,53 +69,87 @@ except Exception:  # no transformers here: nothing to force
 """
 
 
-def changed_files(models: Path, rule_set: str) -> list[Path]:
-    """Modeling files in which `adopter apply` patches at least one site."""
-    out = subprocess.run(
-        [
-            sys.executable, "-m", "adopter", "apply", str(models), "--format", "json",
-            "--rule-set", rule_set,
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    ).stdout  # fmt: skip
-    records = json.loads(out)
-    return sorted({Path(r["path"]) for r in records if r.get("status") == "patched"})
+def eager_attention() -> dict[str, str]:
+    """Environment variables that make every verify worker force eager attention: a folder
+    holding the ``sitecustomize`` above, first on ``PYTHONPATH``. They are set in this process
+    (the local pool's workers and a Ray instance started here inherit them) and returned for a
+    Ray runtime environment's ``env_vars``; the folder must exist where the workers run."""
+    site = Path(tempfile.mkdtemp(prefix="adopter-eager-"))
+    (site / "sitecustomize.py").write_text(EAGER, encoding="utf-8")
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    os.environ["PYTHONPATH"] = path
+    return {"PYTHONPATH": path}
 
 
-def sample(files: list[Path], count: int | None) -> list[Path]:
-    """``count`` files spread evenly over the sorted list (all when ``None``)."""
-    if count is None or count >= len(files):
-        return files
-    step = len(files) / count
-    return [files[int(index * step)] for index in range(count)]
+def sample(items: list, count: int | None) -> list:
+    """``count`` items spread evenly over the sorted list (all when ``None`` or more)."""
+    if count is None or count >= len(items):
+        return list(items)
+    step = len(items) / count
+    return [items[int(index * step)] for index in range(count)]
 
 
-def verify(
-    adopter: str, path: Path, timeout: float, rule_set: str, env: dict[str, str] | None = None
-) -> list[dict]:
-    command = [
-        adopter, "verify", str(path), "--timeout", str(timeout), "--format", "json",
-        "--rule-set", rule_set,
-    ]  # fmt: skip
-    try:
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout + 60, check=False, env=env
-        )
-        return json.loads(done.stdout)
-    except (subprocess.TimeoutExpired, json.JSONDecodeError) as error:
-        return [{"path": str(path), "status": "not checkable", "reason": repr(error)[:200]}]
+def changed_files(models: Path, rule_set: str = "paper") -> list[PatchedFile]:
+    """Modeling files in which `adopter apply` patches at least one site, with their patched
+    text (patched here, statically: nothing is imported)."""
+    result = rewrite_paths([models], load_rule_set(rule_set))
+    return sorted(
+        (PatchedFile(Path(r.path), r.patched) for r in result.changed),
+        key=lambda item: str(item.original_path),
+    )
+
+
+def verify_zoo(
+    items: Sequence[PatchedFile],
+    executor: Executor,
+    *,
+    timeout: float,
+    python: str | None,
+    memory_limit: float | None = None,
+    progress: Callable[[str], None] = print,
+) -> tuple[list[FileVerification], float]:
+    """Every file's verdict (in ``items``' order) and the wall time in seconds; each verdict is
+    announced through ``progress`` as it comes."""
+    done = 0
+
+    def heard(index: int, verdict: FileVerification) -> None:
+        nonlocal done
+        done += 1
+        name = Path(items[index].original_path).name
+        progress(f"[{done}/{len(items)}] {verdict.status}: {name} ({verdict.seconds:.1f} s)")
+
+    started = time.perf_counter()
+    verdicts = verify_patched_files(
+        items,
+        timeout=timeout,
+        python=python,
+        memory_limit=memory_limit,
+        executor=executor,
+        on_result=heard,
+    )
+    return verdicts, time.perf_counter() - started
+
+
+def interpreter(python: str | None, adopter: str | None) -> str | None:
+    """The worker interpreter: ``--python``, else the ``python`` beside ``--adopter``."""
+    if python:
+        return python
+    if adopter:
+        return str(Path(adopter).with_name("python"))
+    return None
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--version", required=True, help="transformers release, e.g. 4.46.3")
-    parser.add_argument("--adopter", required=True, help="`adopter` of that environment")
-    parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--timeout", type=float, default=150.0, help="seconds per file")
-    parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--python", help="interpreter of an environment with that release")
+    parser.add_argument("--adopter", help="or the `adopter` of that environment (its python)")
     parser.add_argument("--rule-set", default="paper", help="paper, extended or all")
+    parser.add_argument("--executor", default="local", help=EXECUTOR_HELP)
+    parser.add_argument("--jobs", type=int, default=2, help="local workers / local Ray CPUs")
+    parser.add_argument("--timeout", type=float, default=150.0, help="seconds per file")
+    parser.add_argument("--memory-limit", type=float, default=None, help="GiB per file")
+    parser.add_argument("--output", type=Path, default=None)
     parser.add_argument("--eager", action="store_true", help="force eager attention")
     parser.add_argument("--sample", type=int, default=None, help="check N changed files")
     parser.add_argument("--files", nargs="*", default=None, help="model names to check")
@@ -118,24 +159,30 @@ def main() -> int:
     models = fetch_wheel(f"transformers=={args.version}") / "transformers" / "models"
     changed = changed_files(models, args.rule_set)
     if args.files:
-        changed = [p for p in changed if p.parent.name in args.files]
-    files = sample(changed, args.sample)
-    env = None
+        changed = [c for c in changed if Path(c.original_path).parent.name in args.files]
+    items = sample(changed, args.sample)
+    files = [Path(item.original_path) for item in items]
+    limit = args.memory_limit * 1024**3 if args.memory_limit else None
+    runtime_env = None
     if args.eager:
-        site = Path(tempfile.mkdtemp(prefix="adopter-eager-"))
-        (site / "sitecustomize.py").write_text(EAGER, encoding="utf-8")
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
-    started = time.perf_counter()
-    with ThreadPoolExecutor(args.jobs) as pool:
-        results = [
-            r
-            for rows in pool.map(
-                lambda p: verify(args.adopter, p, args.timeout, args.rule_set, env), files
-            )
-            for r in rows
-        ]
-    minutes = (time.perf_counter() - started) / 60
+        env_vars = eager_attention()
+        if args.executor.startswith("ray"):
+            runtime_env = {"env_vars": env_vars}
+    with make_executor(args.executor, workers=args.jobs, runtime_env=runtime_env) as executor:
+        where = executor.describe()
+        verdicts, seconds = verify_zoo(
+            items,
+            executor,
+            timeout=args.timeout,
+            python=interpreter(args.python, args.adopter),
+            memory_limit=limit,
+        )
+    minutes = seconds / 60
+    results = [
+        row
+        for item, verdict in zip(items, verdicts, strict=True)
+        for row in verification_rows(item.original_path, verdict)
+    ]
 
     # `adopter verify --format json` gives one "file" row per file (the verdict that counts:
     # verified only when every patched site ran and matched), "class" rows per check and
@@ -156,10 +203,14 @@ def main() -> int:
     verdicts = Counter(file_status.values())
     lines = [
         f"# Verification on transformers {args.version}\n",
-        f"Produced by `python benchmarks/verify_zoo.py --version {args.version} --adopter "
-        f"ADOPTER` (ADOPTER: the `adopter` of an environment with `transformers=={args.version}` "
-        f"and `torch==2.13.0` installed) on {describe_machine()}; {minutes:.1f} min with "
-        f"{args.jobs} jobs; rule set `{args.rule_set}`"
+        f"Produced by `python benchmarks/verify_zoo.py --version {args.version} --python "
+        f"PYTHON --executor {args.executor} --jobs {args.jobs}"
+        + (f" --rule-set {args.rule_set}" if args.rule_set != "paper" else "")
+        + (" --eager" if args.eager else "")
+        + (f" --sample {args.sample}" if args.sample else "")
+        + f"` (PYTHON: the interpreter of an environment with `transformers=={args.version}` "
+        f"and `torch==2.13.0` installed) on {describe_machine()}; {minutes:.1f} min on "
+        f"{where}; rule set `{args.rule_set}`"
         f"{', eager attention forced (`--eager`)' if args.eager else ''}. "
         f"{len(files)} of the {len(changed)} modeling files the rules change "
         f"{'(an even sample) ' if len(files) < len(changed) else ''}"

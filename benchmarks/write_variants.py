@@ -22,7 +22,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from adopter.corpus import fetch_wheel  # noqa: E402
-from adopter.rewrite import WriteStatus, rewrite_paths, write_rewrites  # noqa: E402
+from adopter.rewrite import (  # noqa: E402
+    SiteStatus,
+    WriteStatus,
+    rewrite_paths,
+    write_rewrites,
+)
 from adopter.rules import load_rule_set  # noqa: E402
 
 COOKIE = "# -*- coding: latin-1 -*-\n"
@@ -82,8 +87,8 @@ def main() -> None:
             )
             print(
                 f"| {name} | {len(copies)} | {len(result.changed)} | "
-                f"{sum(r.status == 'patched' for r in result.results)} | "
-                f"{sum(r.status == 'skipped' for r in result.results)} | "
+                f"{sum(r.status is SiteStatus.PATCHED for r in result.results)} | "
+                f"{sum(r.status is SiteStatus.SKIPPED for r in result.results)} | "
                 f"{sum(o.status is not WriteStatus.WRITTEN for o in outcomes)} | {differ} | "
                 f"{len(again.changed)} | {seconds:.0f} |",
                 flush=True,

@@ -49,7 +49,7 @@ from torch import nn
 
 from ..dsl.syntax import Rule
 from ..match.matcher import Matcher
-from ..rewrite import rewrite_text
+from ..rewrite import ApplyResult, FileRewrite, SiteStatus, rewrite_text
 from ..verify.config_names import (
     ATTENTION_DROPOUT_NAME,
     DROPOUT_NAME,
@@ -142,7 +142,7 @@ def patch_text(text: str, path: str, rules: Sequence[Rule]) -> tuple[str, Counte
     rewrite = rewrite_text(text, path, Matcher(list(rules)))
     if rewrite.error:
         raise BenchTargetError(f"rewriting {path} failed: {rewrite.error}")
-    patched = Counter(r.site.rule.id for r in rewrite.results if r.status == "patched")
+    patched = Counter(r.site.rule.id for r in rewrite.with_status(SiteStatus.PATCHED))
     return (rewrite.patched if patched else text), patched
 
 
@@ -1178,6 +1178,33 @@ def only_faster_rules(
         if judgement.keep:
             kept.append(rule)
     return kept, reasons
+
+
+def keep_faster_rules(
+    result: ApplyResult, rules: list[Rule], say: Callable[[str], None]
+) -> ApplyResult:
+    """``apply --only-faster``: re-patch each changed file with only the rules that a benchmark
+    of its model shows help on this machine (a file that cannot be benchmarked stays unpatched);
+    ``say`` each rule's verdict."""
+    files = []
+    for rewrite in result.files:
+        if rewrite.error is not None or not rewrite.changed:
+            files.append(rewrite)
+            continue
+        unpatched = FileRewrite(rewrite.path, rewrite.original, rewrite.original)
+        try:
+            kept, reasons = only_faster_rules(rewrite.path, rules)
+        except (BenchTargetError, ValueError, RuntimeError) as error:
+            say(f"{rewrite.path}: not benchmarked ({error}); left unpatched")
+            files.append(unpatched)
+            continue
+        for rule_id, reason in sorted(reasons.items()):
+            say(f"{rewrite.path}: {rule_id}: {reason}")
+        files.append(
+            rewrite_text(rewrite.original, rewrite.path, Matcher(kept)) if kept else unpatched
+        )
+    result.files = files
+    return result
 
 
 def _undecided(result: BenchResult, name: str, threshold: float) -> bool:

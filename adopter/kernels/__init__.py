@@ -15,55 +15,17 @@ data - so the recorded graph is the original model's graph and is the same in ev
 branch or be iterated). An attention subclass calls its ``original()`` forward. ``torch.compile``
 and ``torch.export`` are not "tracing": Dynamo captures the fused paths, which is the point of
 compiling them. ``tests/kernels/test_kernels_tracing.py`` checks every public kernel (the list
-is ``__all__``) under both tracers.
+is ``__all__``, derived from :mod:`adopter.kernels.registry`) under both tracers.
 """
 
-from ._backend import describe_backends
-from ._util import clear_caches
-from .attention import fused_bert_self_attention, fused_gpt2_attention, fused_t5_attention
-from .attention_extended import (
-    fused_albert_attention,
-    fused_distilbert_attention,
-    fused_gpt_neo_self_attention,
-)
-from .attention_function import attention_function, scaled_attention
-from .conv import conv_batch_norm
-from .cross_entropy import causal_lm_loss, fused_loss_applies, linear_cross_entropy
-from .gated import gated_activation, gated_activation_chunked, gated_mlp
-from .linear import linear_batch_norm, linear_bias_activation, qkv_projection
-from .norm import dropout_add_layer_norm
-from .norm_act import conv_bn_act, group_norm_activation
-from .rms_norm import rms_norm
-from .rotary import apply_rotary, apply_rotary_complex, rotary
-from .softmax import softmax
+from importlib import import_module
 
-__all__ = [
-    "attention_function",
-    "causal_lm_loss",
-    "apply_rotary",
-    "apply_rotary_complex",
-    "clear_caches",
-    "conv_batch_norm",
-    "conv_bn_act",
-    "describe_backends",
-    "dropout_add_layer_norm",
-    "fused_albert_attention",
-    "fused_bert_self_attention",
-    "fused_distilbert_attention",
-    "fused_gpt2_attention",
-    "fused_gpt_neo_self_attention",
-    "fused_loss_applies",
-    "fused_t5_attention",
-    "gated_activation",
-    "gated_activation_chunked",
-    "gated_mlp",
-    "group_norm_activation",
-    "linear_batch_norm",
-    "linear_bias_activation",
-    "linear_cross_entropy",
-    "qkv_projection",
-    "rms_norm",
-    "rotary",
-    "scaled_attention",
-    "softmax",
-]
+from .registry import ENTRIES
+
+# Each public name is imported from the module its registry entry names: the registry is the
+# one list of kernels (adding one is its module plus an entry there).
+for _entry in ENTRIES:
+    globals()[_entry.name] = getattr(import_module(f"{__name__}.{_entry.module}"), _entry.name)
+del _entry
+
+__all__ = sorted(entry.name for entry in ENTRIES)

@@ -31,6 +31,8 @@ from types import ModuleType
 
 import torch
 
+from .registry import ENTRIES, Backends
+
 __all__ = [
     "compile_backend",
     "describe_backends",
@@ -136,42 +138,29 @@ def describe_backends(device: str | torch.device | None = None) -> dict[str, str
     """Report which implementation each kernel uses for tensors on ``device``.
 
     ``device`` defaults to ``cuda`` when CUDA is available, else ``cpu``. The values are
-    human-readable one-liners; the keys are the public kernel names plus ``device`` and the
-    availability of the optional packages.
+    human-readable one-liners; the keys are ``device``, the availability of the optional
+    packages, and every kernel and attention factory of :mod:`adopter.kernels.registry`.
     """
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
     cuda = dev.type == "cuda"
-    triton_on = cuda and triton_available() and _switch("ADOPTER_KERNELS_TRITON") != "off"
     mode = _switch("ADOPTER_KERNELS_COMPILE")
-    compiled = mode == "on" or (mode == "auto" and cuda and triton_available())
-
-    if triton_on:
-        softmax = "triton row-softmax (last dim, contiguous, fp16/bf16/fp32, fused up-cast)"
-    elif cuda:
-        softmax = "aten _softmax (fp16->fp32 fused via half_to_float)"
-    else:
-        softmax = "aten _softmax (direct dispatch)"
-    if compiled:
-        dal = f"torch.compile[{compile_backend()}] fused dropout+add+norm"
-    else:
-        dal = "eager: bernoulli mask + one addcmul + native layer_norm (dropout skipped in eval)"
-    linear_act = (
-        "addmm with bias epilogue + single-kernel activation (in-place when autograd allows)"
-        + ("; cuBLASLt bias+ReLU epilogue without autograd" if cuda else "")
+    backends = Backends(
+        device=str(dev),
+        cuda=cuda,
+        triton=cuda and triton_available() and _switch("ADOPTER_KERNELS_TRITON") != "off",
+        compiled=mode == "on" or (mode == "auto" and cuda and triton_available()),
+        compile_backend=compile_backend(),
+        sdpa=_sdpa_backends(dev),
     )
-    fold = "eval: BatchNorm folded into weights (cached under no_grad); train: original modules"
-    return {
+    report = {
         "device": str(dev),
         "triton": "available" if triton_available() else "missing",
         "xformers": "available" if xformers_available() else "missing",
         "flash_attn": "available" if flash_attn_available() else "missing",
-        "softmax": softmax,
-        "dropout_add_layer_norm": dal,
-        "linear_bias_activation": linear_act,
-        "conv_batch_norm": fold,
-        "linear_batch_norm": fold,
-        "qkv_projection": "one GEMM over concatenated weights (cached under no_grad)",
-        "attention": _sdpa_backends(dev),
     }
+    for entry in ENTRIES:
+        if entry.backend is not None:
+            report[entry.name] = entry.backend(backends)
+    return report

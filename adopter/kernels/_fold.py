@@ -22,15 +22,23 @@ from torch import nn
 
 from ._util import cached, grad_needed, is_plain, plain_tensors
 
-__all__ = ["bn_foldable", "folded_weight_bias"]
+__all__ = ["bn_foldable", "folded_weight_bias", "stats_foldable"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
 
 def bn_foldable(bn: nn.Module, weight: torch.Tensor, out_channels: int) -> bool:
     """Whether ``bn`` (following a layer with ``weight``) can be folded right now."""
-    if not is_plain(bn, nn.modules.batchnorm._BatchNorm):
-        return False
+    return is_plain(bn, nn.modules.batchnorm._BatchNorm) and stats_foldable(
+        bn, weight, out_channels
+    )
+
+
+def stats_foldable(bn: nn.Module, weight: torch.Tensor, out_channels: int) -> bool:
+    """The checks of :func:`bn_foldable` after its stock-module test, for a batch norm that
+    overrides ``forward`` but keeps the statistics (timm's ``BatchNormAct2d``): in eval mode,
+    with running statistics for ``out_channels`` channels, as plain tensors on the layer's
+    device in a dtype ``F.batch_norm`` accepts with its weight."""
     if bn.training or bn.running_mean is None or bn.running_var is None:
         return False
     if bn.num_features != out_channels:

@@ -33,14 +33,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._activations import ActSpec, resolve_activation
-from ._fold import folded_weight_bias
+from ._fold import folded_weight_bias, stats_foldable
 from ._util import grad_needed, has_hooks, is_plain, plain_tensors, tracing
 from .conv import conv_batch_norm
 
 __all__ = ["conv_bn_act", "group_norm_activation"]
 
 Module = Callable[[torch.Tensor], torch.Tensor]
-_HALF = (torch.float16, torch.bfloat16)
 
 
 def _timm_norm_act(norm: object, name: str) -> bool:
@@ -110,26 +109,6 @@ def group_norm_activation(
 _CONVS: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
-def _stats_foldable(bn: Any, weight: torch.Tensor, out_channels: int) -> bool:
-    """The checks of :func:`adopter.kernels._fold.bn_foldable` after its stock-module test
-    (which a ``BatchNormAct2d``, overriding ``forward``, cannot pass)."""
-    if bn.training or bn.running_mean is None or bn.running_var is None:
-        return False
-    if bn.num_features != out_channels:
-        return False
-    tensors = (bn.weight, bn.bias, bn.running_mean, bn.running_var)
-    if not plain_tensors(*tensors):
-        return False
-    for t in tensors:
-        if t is None:
-            continue
-        if t.device != weight.device:
-            return False
-        if t.dtype != weight.dtype and not (weight.dtype in _HALF and t.dtype == torch.float32):
-            return False
-    return True
-
-
 def _fold_timm(x: torch.Tensor, conv: nn.Module, bn: Any) -> torch.Tensor | None:
     """The folded convolution + activation for timm's ``BatchNormAct2d``, or ``None``."""
     spec = resolve_activation(bn.act)
@@ -138,7 +117,7 @@ def _fold_timm(x: torch.Tensor, conv: nn.Module, bn: Any) -> torch.Tensor | None
         return None
     if not plain_tensors(x, weight, bias) or grad_needed(x, *conv.parameters()):
         return None
-    if not _stats_foldable(bn, weight, conv.out_channels):
+    if not stats_foldable(bn, weight, conv.out_channels):  # a BatchNormAct2d is not stock
         return None
     new_weight, new_bias = folded_weight_bias(conv, weight, bias, bn)
     return _inplace(conv._conv_forward(x, new_weight, new_bias), spec)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..dsl.syntax import (
     DETECT_ONLY,
@@ -45,6 +45,7 @@ from ..extract.model import (
 )
 from ..extract.model import Step as FlowStep
 from ..extract.names import dotted_suffix_match, parameter_names, step_family
+from .explain import Miss, callee_text, describe_construction, describe_value, numbered, owner
 
 MAX_CANDIDATES = 2000  # per pattern step, a guard against pathological files
 
@@ -168,9 +169,17 @@ class CompiledRule:
 class Matcher:
     """Matches a rule set against extracted files."""
 
-    def __init__(self, rules: list[Rule]) -> None:
+    def __init__(self, rules: list[Rule], *, explain: bool = False) -> None:
         self.rules = [CompiledRule(spelling) for rule in rules for spelling in rule.spellings]
         self._kind_cache: dict[tuple[str, str], bool] = {}
+        # The match trace (``scan --explain``): the candidates of the last ``match_file`` where
+        # a rule did not fire. ``_reason`` is why the last unification failed, ``_deepest`` the
+        # furthest pattern step one candidate's search reached: (depth, priority, step, reason).
+        self.explain = explain
+        self.misses: list[Miss] = []
+        self._reason = ""
+        self._deepest: tuple[int, int, str, str] | None = None
+        self._candidate_misses: list[tuple[tuple[int, str | None], Miss]] = []
 
     @property
     def opaque_methods(self) -> set[str]:
@@ -184,6 +193,7 @@ class Matcher:
 
     # -- driver ------------------------------------------------------------------------------
     def match_file(self, structure: FileStructure) -> list[Site]:
+        self.misses = []
         found: dict[tuple[str, str, int, int], Site] = {}
         for flow in structure.all_flows():
             index = self._index(flow)
@@ -210,9 +220,11 @@ class Matcher:
         for site in found.values():
             if site.path == structure.path:  # a helper's site in another file keeps its column
                 site.column = structure.character_column(site.line, site.column)
-        return _without_overlaps(
-            sorted(found.values(), key=lambda s: (s.path, s.line, s.column, s.rule.id))
-        )
+        sites = sorted(found.values(), key=lambda s: (s.path, s.line, s.column, s.rule.id))
+        kept = _without_overlaps(sites)
+        if self.explain:
+            self.misses = self._explained_misses(structure, sites, kept)
+        return kept
 
     def _index(self, flow: FunctionFlow) -> dict[str, list[FlowStep]]:
         index: dict[str, list[FlowStep]] = {}
@@ -246,7 +258,11 @@ class Matcher:
             state = _State({}, [], EMPTY_CONTEXT, {})
             new_state = self._unify(compiled, first, step, state, flow, swap)
             if new_state is None:
+                if self.explain and not swap:  # the other order's failure adds nothing
+                    self._miss(compiled, step, numbered(first, 0, False), self._reason)
                 continue
+            self._deepest = None
+            fired = False
             for final in self._search(compiled, compiled.forward, 1, new_state, flow, index):
                 where_state = None
                 if compiled.where:
@@ -257,8 +273,14 @@ class Matcher:
                     )
                 if compiled.where and where_state is None:
                     continue
-                yield self._site(compiled, flow, final, where_state)
+                site = self._site(compiled, flow, final, where_state)
+                if self.explain and not site.applicable:
+                    self._miss(compiled, step, "", f"matched, but not applicable: {site.reason}")
+                fired = True
+                yield site
                 break
+            if self.explain and not fired and self._deepest is not None:
+                self._miss(compiled, step, self._deepest[2], self._deepest[3])
 
     def _search(
         self,
@@ -274,14 +296,25 @@ class Matcher:
             return
         pattern_step = pattern[position]
         candidates = self._candidates(compiled, pattern_step, index, flow, state)
+        if self.explain and not candidates:
+            self._note(compiled, pattern, position, 0, _no_candidate(compiled, pattern_step, state))
         for step, swap in self._pairings(pattern_step, candidates):
             if any(step is seen for seen in state.steps):
+                if self.explain:
+                    self._note(
+                        compiled, pattern, position, 1, f"line {step.line} is matched already"
+                    )
                 continue
             if pattern is compiled.forward and state.steps and step.id <= state.steps[-1].id:
+                if self.explain:
+                    reason = f"line {step.line} runs before the previous step's call"
+                    self._note(compiled, pattern, position, 1, reason)
                 continue
             new_state = self._unify(compiled, pattern_step, step, state, flow, swap)
             if new_state is not None:
                 yield from self._search(compiled, pattern, position + 1, new_state, flow, index)
+            elif self.explain and not swap:  # the other order's failure adds nothing
+                self._note(compiled, pattern, position, 2, self._reason)
 
     @staticmethod
     def _pairings(pattern_step: Step, steps: list[FlowStep]) -> Iterator[tuple[FlowStep, bool]]:
@@ -354,16 +387,27 @@ class Matcher:
         callee = pattern_step.callee
         if isinstance(callee, Var):
             if step.module is None:
+                if self.explain:
+                    self._reason = (
+                        f"wrong callee: line {step.line} calls `{step.kind}`, not a submodule"
+                    )
                 return None
             bound = new.bindings.get(callee.name)
             if isinstance(bound, BoundModule):
                 if bound.path != step.module:
+                    if self.explain:
+                        self._reason = (
+                            f"line {step.line} calls {step.module}, but {callee} is {bound.path}"
+                        )
                     return None
             elif bound is not None:
+                if self.explain:
+                    self._reason = f"{callee} is bound to a value, not a submodule"
                 return None
             else:
                 init = compiled.init_by_var.get(callee.name)
                 chosen = None
+                first_miss = ""
                 for construction in step.alternatives:
                     if init is None:
                         chosen = construction
@@ -372,7 +416,13 @@ class Matcher:
                     if self._unify_construction(init, construction, trial):
                         chosen, new = construction, trial
                         break
+                    if self.explain and not first_miss:
+                        first_miss = describe_construction(init, construction, self._reason)
                 if chosen is None:
+                    if self.explain:
+                        self._reason = first_miss or (
+                            f"missing init construction: no construction of {step.module} was found"
+                        )
                     return None
                 contexts.append(chosen.context)
                 new.bindings[callee.name] = BoundModule(step.module, chosen)
@@ -385,12 +435,21 @@ class Matcher:
                     contexts.append(context)
                     break
             if not matched_kind:
+                if self.explain:
+                    self._reason = (
+                        f"wrong callee: line {step.line} calls `{callee_text(step)}`, "
+                        f"not `{callee}`"
+                    )
                 return None
         edges = self._unify_arguments(pattern_step.args, step, new, swap)
         if edges is None:
             return None
         contexts.extend(edges)
         if not consistent(*contexts):
+            if self.explain:
+                self._reason = (
+                    f"line {step.line} is on another branch than the steps matched before it"
+                )
             return None
         for context in contexts:
             new.context = new.context | context
@@ -410,6 +469,11 @@ class Matcher:
         if not has_rest and len(step.positional) > len(positional_patterns) + sum(
             isinstance(a, Keyword) for a in args
         ):
+            if self.explain:
+                self._reason = (
+                    f"line {step.line} `{step.kind}` has {len(step.positional)} positional "
+                    f"arguments, more than the pattern's {len(positional_patterns)}"
+                )
             return None
         commutative = step.kind in ("add", "mul") and len(positional_patterns) == 2
         orders = [step.positional]
@@ -429,6 +493,9 @@ class Matcher:
                     if position < len(names):
                         operand = step.arguments.get(names[position])
                 if operand is None or not _unify_value(arg.value, operand, trial, trial_edges):
+                    if self.explain and not order:
+                        which = f"argument {position + 1}"
+                        self._reason = _argument_miss(step, which, arg, operand, trial)
                     ok = False
                     break
             if ok:
@@ -438,6 +505,9 @@ class Matcher:
                         if operand is None or not _unify_value(
                             arg.value, operand, trial, trial_edges
                         ):
+                            if self.explain and not order:
+                                which = f"`{arg.key}=`"
+                                self._reason = _argument_miss(step, which, arg, operand, trial)
                             ok = False
                             break
             if ok:
@@ -460,29 +530,108 @@ class Matcher:
                 isinstance(pattern.callee, Index)
                 and _callee_matches(pattern.callee, construction.kind, state.bindings)
             ):
+                if self.explain:
+                    self._reason = f"it is `{construction.kind}`, not `{pattern.callee}`"
                 return False
         if isinstance(pattern.callee, Index) and not _callee_matches(
             pattern.callee, construction.kind, state.bindings
         ):
+            if self.explain:
+                self._reason = f"it is `{construction.kind}`, not `{pattern.callee}`"
             return False
         has_rest = any(isinstance(a, Rest) for a in pattern.args)
         positional = [a for a in pattern.args if isinstance(a, Positional)]
         if not has_rest and len(construction.positional) > len(positional) + sum(
             isinstance(a, Keyword) for a in pattern.args
         ):
+            if self.explain:
+                self._reason = (
+                    f"{len(construction.positional)} positional arguments, more than the "
+                    f"pattern's {len(positional)}"
+                )
             return False
         edges: list[Context] = []
         for position, arg in enumerate(positional):
-            if position >= len(construction.positional):
-                return False
-            if not _unify_value(arg.value, construction.positional[position], state, edges):
+            operand = (
+                construction.positional[position]
+                if position < len(construction.positional)
+                else None
+            )
+            if operand is None or not _unify_value(arg.value, operand, state, edges):
+                if self.explain:
+                    self._reason = _value_miss(f"argument {position + 1}", arg, operand, state)
                 return False
         for arg in pattern.args:
             if isinstance(arg, Keyword):
                 operand = construction.arguments.get(arg.key)
                 if operand is None or not _unify_value(arg.value, operand, state, edges):
+                    if self.explain:
+                        self._reason = _value_miss(f"`{arg.key}=`", arg, operand, state)
                     return False
         return True
+
+    # -- the match trace (``explain``) -------------------------------------------------------
+    def _note(
+        self,
+        compiled: CompiledRule,
+        pattern: tuple[Step, ...],
+        position: int,
+        priority: int,
+        reason: str,
+    ) -> None:
+        """Keep the furthest failure of one candidate's search (a ``where`` step is further
+        than every forward step); at one depth, the first real mismatch, not a skipped call."""
+        is_where = pattern is not compiled.forward
+        depth = position + (len(compiled.forward) if is_where else 0)
+        if self._deepest is None or (depth, priority) > self._deepest[:2]:
+            label = numbered(pattern[position], position, is_where)
+            self._deepest = (depth, priority, label, reason)
+
+    def _miss(self, compiled: CompiledRule, candidate: FlowStep, label: str, reason: str) -> None:
+        miss = Miss(
+            compiled.rule.id,
+            candidate.path,
+            candidate.line,
+            candidate.column,
+            owner(candidate),
+            label,
+            reason,
+        )
+        self._candidate_misses.append(((id(candidate.node), candidate.module), miss))
+
+    def _explained_misses(
+        self, structure: FileStructure, sites: list[Site], kept: list[Site]
+    ) -> list[Miss]:
+        """The misses of this file: one per place, rule and reason, none where the rule fired
+        (the same call seen through another method may have failed) nor at a call that is part of
+        a site of the rule (the key projection as the first of three)."""
+        fired = {
+            (site.rule.id, id(step.node), step.module)
+            for site in kept
+            if site.applicable
+            for step in site.steps
+        }
+        misses: dict[tuple[object, ...], Miss] = {}
+        for node, miss in self._candidate_misses:
+            if (miss.rule, *node) not in fired:
+                if miss.path == structure.path:  # columns count characters, as sites' do
+                    miss = replace(miss, column=structure.character_column(miss.line, miss.column))
+                misses.setdefault((*miss.key, miss.step, miss.reason), miss)
+        for site in sites:
+            if site not in kept and site.steps:
+                where = owner(site.steps[0])
+                reason = "dropped: its calls overlap an earlier site of the same rule"
+                miss = Miss(site.rule.id, site.path, site.line, site.column, where, "", reason)
+                misses.setdefault((*miss.key, "", reason), miss)
+        tried = {miss.rule for miss in misses.values()} | {site.rule.id for site in sites}
+        for compiled in self.rules:
+            if compiled.first is not None and compiled.rule.id not in tried:
+                label = numbered(compiled.first, 0, False)
+                reason = "no call in this file can start the match"
+                miss = Miss(compiled.rule.id, structure.path, 0, 0, "", label, reason)
+                misses.setdefault((*miss.key, label, reason), miss)
+        self._candidate_misses = []
+        return sorted(misses.values(), key=lambda m: (m.key, m.step, m.reason))
 
     # -- results -----------------------------------------------------------------------------
     def _site(
@@ -604,6 +753,36 @@ def _derived_values(state: _State, flow: FunctionFlow) -> dict[int, frozenset[in
                     values.append(step.output)
         derived[bound.value] = frozenset(values)
     return derived
+
+
+def _no_candidate(compiled: CompiledRule, pattern_step: Step, state: _State) -> str:
+    """Why no call of the flow can be tried for a pattern step."""
+    for arg in pattern_step.args:
+        value = arg.value if isinstance(arg, (Positional, Keyword)) else None
+        if isinstance(value, Var) and isinstance(state.bindings.get(value.name), BoundOutput):
+            produced = state.bindings[value.name]
+            assert isinstance(produced, BoundOutput)
+            return f"data flow broken: no call uses {value} (line {produced.step.line})"
+    callee = pattern_step.callee
+    if isinstance(callee, Var):
+        init = compiled.init_by_var.get(callee.name)
+        built = f"built by `{init.callee}`" if init is not None else "called"
+        return f"no submodule {built} is called here"
+    return f"no call of `{callee}` here"
+
+
+def _value_miss(
+    which: str, arg: Positional | Keyword, operand: Operand | None, state: _State
+) -> str:
+    if operand is None:
+        return f"{which} is missing"
+    return f"{which}: {describe_value(arg.value, operand, state.bindings)}"
+
+
+def _argument_miss(
+    step: FlowStep, which: str, arg: Positional | Keyword, operand: Operand | None, state: _State
+) -> str:
+    return f"line {step.line} `{callee_text(step)}`, {_value_miss(which, arg, operand, state)}"
 
 
 def _without_overlaps(sites: list[Site]) -> list[Site]:

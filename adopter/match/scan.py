@@ -13,6 +13,7 @@ from ..dsl.errors import LocatedError
 from ..dsl.syntax import Rule
 from ..extract.source import SourceError, failure_as_error, read_source
 from ..extract.structure import analyse_source
+from .explain import Miss
 from .matcher import Matcher, Site
 
 PARALLEL_THRESHOLD = 8  # files; below it, worker start-up costs more than it saves
@@ -24,6 +25,7 @@ class FileResult:
     path: str
     sites: list[Site] = field(default_factory=list)
     error: LocatedError | None = None
+    misses: list[Miss] = field(default_factory=list)  # only when the matcher explains
 
 
 @dataclass
@@ -42,6 +44,11 @@ class ScanResult:
     @property
     def errors(self) -> list[LocatedError]:
         return [result.error for result in self.files if result.error is not None]
+
+    @property
+    def misses(self) -> list[Miss]:
+        """Where rules did not fire and why (a scan with ``explain``), in file order."""
+        return [miss for result in self.files for miss in result.misses]
 
 
 def collect_python_files(paths: Iterable[str | Path]) -> tuple[list[Path], list[LocatedError]]:
@@ -97,7 +104,8 @@ def scan_one(path: str, matcher: Matcher) -> FileResult:
     """Scan one file. Never raises: whatever goes wrong becomes the file's located error, so a
     worker process always returns a record (and the other files are still scanned)."""
     try:
-        return FileResult(path, scan_source(read_source(path), path, matcher))
+        sites = scan_source(read_source(path), path, matcher)
+        return FileResult(path, sites, misses=list(matcher.misses))
     except Exception as error:  # noqa: BLE001 - see the docstring
         return FileResult(path, error=failure_as_error(path, error))
 
@@ -119,9 +127,9 @@ def _scan_light(path: str, matcher: Matcher) -> FileResult:
 _worker: tuple[Matcher, Callable[[str, Matcher], Any]] | None = None
 
 
-def _init_worker(rules: list[Rule], work: Callable[[str, Matcher], Any]) -> None:
+def _init_worker(rules: list[Rule], work: Callable[[str, Matcher], Any], explain: bool) -> None:
     global _worker
-    _worker = (Matcher(rules), work)
+    _worker = (Matcher(rules, explain=explain), work)
 
 
 def _work_in_worker(path: str) -> Any:
@@ -138,20 +146,22 @@ def map_files(
     jobs: int | None,
     progress: Callable[[T], None] | None = None,
     parallel_work: Callable[[str, Matcher], T] | None = None,
+    explain: bool = False,
 ) -> list[T]:
     """Run ``work(path, matcher)`` over files, in worker processes when there are many (each
     builds its matcher once). ``parallel_work``, a module-level function, is what workers run
-    (it may drop what need not cross the process boundary)."""
+    (it may drop what need not cross the process boundary). ``explain`` makes the matchers
+    keep their match trace."""
     workers = jobs if jobs is not None else min(os.cpu_count() or 1, 8)
     results: list[T] = []
     if workers <= 1 or len(names) < PARALLEL_THRESHOLD:
-        matcher = Matcher(rules)
+        matcher = Matcher(rules, explain=explain)
         for name in names:
             results.append(work(name, matcher))
             if progress:
                 progress(results[-1])
         return results
-    initargs = (rules, parallel_work or work)
+    initargs = (rules, parallel_work or work, explain)
     from concurrent.futures import ProcessPoolExecutor  # only multi-file runs pay for it
 
     with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=initargs) as pool:
@@ -169,9 +179,10 @@ def scan_paths(
     jobs: int | None = None,
     progress: Callable[[FileResult], None] | None = None,
     keep_details: bool = False,
+    explain: bool = False,
 ) -> ScanResult:
     """Scan files and directories. ``keep_details`` keeps the matched steps for rewriting
-    (forces a single process)."""
+    (forces a single process); ``explain`` records, per file, where rules did not fire and why."""
     started = time.perf_counter()
     files, errors = collect_python_files(paths)
     results = [FileResult(error.path, error=error) for error in errors]
@@ -183,5 +194,6 @@ def scan_paths(
         jobs=1 if keep_details else jobs,
         progress=progress,
         parallel_work=_scan_light,
+        explain=explain,
     )
     return ScanResult(results, time.perf_counter() - started)

@@ -3,11 +3,13 @@
 from .apply import FileRewrite, SiteResult, rewrite_source
 from .diff import unified_diff
 from .driver import ApplyResult, rewrite_file, rewrite_paths, rewrite_text
+from .outcome import SiteStatus, SkipReason
 from .write import (
     WriteOptions,
     WriteResult,
     WriteStatus,
     remove_stale_temporaries,
+    write_changed,
     write_rewrite,
     write_rewrites,
 )
@@ -16,6 +18,8 @@ __all__ = [
     "ApplyResult",
     "FileRewrite",
     "SiteResult",
+    "SiteStatus",
+    "SkipReason",
     "WriteOptions",
     "WriteResult",
     "WriteStatus",
@@ -25,6 +29,7 @@ __all__ = [
     "rewrite_source",
     "rewrite_text",
     "unified_diff",
+    "write_changed",
     "write_rewrite",
     "write_rewrites",
 ]

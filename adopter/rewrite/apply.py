@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import libcst as cst
@@ -21,6 +21,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from ..extract.source import split_lines
 from ..match.matcher import Site
 from .guarded import AlreadyPatched
+from .outcome import SiteStatus, SkipReason
 from .plan import KERNEL_PACKAGE, Plan, Planner, Refusal, edit_location, sequential_expression
 from .source import SourceText, function_start
 
@@ -29,11 +30,10 @@ WRAPPER = "if True:"  # + the file's line ending
 
 @dataclass
 class SiteResult:
-    """What happened to one site."""
+    """What happened to one site: made by :meth:`patched`, :meth:`covered` or :meth:`skipped`."""
 
     site: Site
-    # "patched"; "covered" (inside code that an enclosing rewrite replaces); or "skipped"
-    status: str
+    status: SiteStatus
     reason: str = ""
     summary: str = ""
     # Where the edit is (1-based line, byte column + 1): the site's own location, except for a
@@ -41,10 +41,29 @@ class SiteResult:
     # built it while the edit is its call in ``forward``.
     line: int = 0
     column: int = 0
+    skip: SkipReason | None = None  # the kind of reason, for a skipped site
 
     def __post_init__(self) -> None:
+        # a status given as its text (code that predates SiteStatus) still compares by identity
+        self.status = SiteStatus(self.status)
         if not self.line:
             self.line, self.column = edit_location(self.site)
+
+    @classmethod
+    def patched(cls, site: Site, summary: str) -> SiteResult:
+        return cls(site, SiteStatus.PATCHED, summary=summary)
+
+    @classmethod
+    def covered(cls, site: Site, reason: str) -> SiteResult:
+        return cls(site, SiteStatus.COVERED, reason)
+
+    @classmethod
+    def skipped(cls, site: Site, skip: SkipReason, reason: str) -> SiteResult:
+        return cls(site, SiteStatus.SKIPPED, reason, skip=skip)
+
+    def now_skipped(self, skip: SkipReason, reason: str) -> SiteResult:
+        """This result, skipped after all (a later stage undid its patch)."""
+        return replace(self, status=SiteStatus.SKIPPED, reason=reason, skip=skip)
 
     def as_record(self) -> dict[str, object]:
         record = self.site.as_record()
@@ -67,6 +86,14 @@ class FileRewrite:
     @property
     def changed(self) -> bool:
         return self.patched != self.original
+
+    def with_status(self, status: SiteStatus) -> list[SiteResult]:
+        return [result for result in self.results if result.status is status]
+
+    @property
+    def rules_patched(self) -> list[str]:
+        """The rules of the sites patched, each once, sorted."""
+        return sorted({result.site.rule.id for result in self.with_status(SiteStatus.PATCHED)})
 
 
 class _FunctionEditor(cst.CSTTransformer):
@@ -577,10 +604,8 @@ def resolve_overlaps(
         site = plan.site
         if site.rule.site != "init" and site.cls in replaced_classes:
             results.append(
-                SiteResult(
-                    site,
-                    "covered",
-                    f"inside {site.cls}, which a fused-attention rule replaces as a whole",
+                SiteResult.covered(
+                    site, f"inside {site.cls}, which a fused-attention rule replaces as a whole"
                 )
             )
             continue
@@ -588,9 +613,8 @@ def resolve_overlaps(
         larger = next((k for k in clashes if _contains(k.site, site)), None)
         if larger is not None:
             results.append(
-                SiteResult(
+                SiteResult.covered(
                     site,
-                    "covered",
                     f"inside the {larger.site.rule.id} fusion at line "
                     f"{edit_location(larger.site)[0]}, which does this computation too",
                 )
@@ -599,9 +623,9 @@ def resolve_overlaps(
         clash = clashes[0] if clashes else None
         if clash is not None:
             results.append(
-                SiteResult(
+                SiteResult.skipped(
                     site,
-                    "skipped",
+                    SkipReason.OVERLAP,
                     f"overlaps {clash.site.rule.id} at line "
                     f"{edit_location(clash.site)[0]}, which is applied instead",
                 )
@@ -692,7 +716,11 @@ def rewrite_source(
     (see :func:`generated_pair`)."""
     refusal = modular_refusal(text, path, modular)
     if refusal is not None:
-        skipped = [SiteResult(site, "skipped", refusal) for site in sites if site.applicable]
+        skipped = [
+            SiteResult.skipped(site, SkipReason.MODULAR_POLICY, refusal)
+            for site in sites
+            if site.applicable
+        ]
         return FileRewrite(path, text, text, _ordered(skipped))
     source = SourceText(text)
     planner = Planner(source, module_names(tree), existing_kernel_imports(tree))
@@ -712,7 +740,7 @@ def rewrite_source(
         except AlreadyPatched:
             continue
         except Refusal as refusal:
-            results.append(SiteResult(site, "skipped", str(refusal)))
+            results.append(SiteResult.skipped(site, SkipReason.UNSAFE, str(refusal)))
             continue
         for extra in site_plans[1:]:
             extra.instance_of = site
@@ -737,13 +765,18 @@ def rewrite_source(
                 retry = rewrite_source(
                     text, path, [s for s in sites if id(s) not in failed], tree, modular=modular
                 )
+                why = f"synthesis failed: {error}"
                 skipped = [
-                    SiteResult(site, "skipped", f"synthesis failed: {error}")
+                    SiteResult.skipped(site, SkipReason.SYNTHESIS_FAILED, why)
                     for site in failed.values()
                 ]
                 return FileRewrite(path, text, retry.patched, _ordered(retry.results + skipped))
             for plan in group:
-                results.append(SiteResult(plan.site, "skipped", f"synthesis failed: {error}"))
+                results.append(
+                    SiteResult.skipped(
+                        plan.site, SkipReason.SYNTHESIS_FAILED, f"synthesis failed: {error}"
+                    )
+                )
             plans = [p for p in plans if p not in group]
             continue
         lines[start - 1 : end] = new_lines
@@ -758,9 +791,9 @@ def rewrite_source(
     except SyntaxError as error:
         for plan in [p for group in plans for p in (group, *group.also_patched)]:
             results.append(
-                SiteResult(
+                SiteResult.skipped(
                     plan.site,
-                    "skipped",
+                    SkipReason.DOES_NOT_COMPILE,
                     f"patched code does not compile: "
                     f"{error.msg} (line {error.lineno}); file left unchanged",
                 )
@@ -769,7 +802,7 @@ def rewrite_source(
     for plan in plans:
         for done in (plan, *plan.also_patched):
             if done.instance_of is None:
-                results.append(SiteResult(done.site, "patched", summary=plan.summary))
+                results.append(SiteResult.patched(done.site, plan.summary))
     return FileRewrite(path, text, patched, _ordered(results))
 
 

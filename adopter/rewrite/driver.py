@@ -27,6 +27,7 @@ from ..match.matcher import Matcher
 from ..match.scan import collect_python_files, map_files, strip_details
 from .apply import FileRewrite, SiteResult, rewrite_source
 from .encoding import EncodingRefusal, encode_patched
+from .outcome import SiteStatus, SkipReason
 from .plan import edit_location
 
 # Rounds of rewriting one file: a round that skipped a site (it overlapped one applied instead,
@@ -62,7 +63,7 @@ def rewrite_text(text: str, path: str, matcher: Matcher, *, modular: bool = Fals
         return replace(inner, original=text, patched=inner.patched.replace("\n", newline))
     rounds = [rewrite_once(text, path, matcher, modular)]
     to_original: list[Callable[[int], int]] = [lambda line: line]
-    while rounds[-1].changed and any(r.status == "skipped" for r in rounds[-1].results):
+    while rounds[-1].changed and any(r.status is SiteStatus.SKIPPED for r in rounds[-1].results):
         current = rounds[-1].patched
         try:
             following = rewrite_once(current, path, matcher, modular)
@@ -77,13 +78,11 @@ def rewrite_text(text: str, path: str, matcher: Matcher, *, modular: bool = Fals
                 current,
                 current,
                 [
-                    replace(
-                        r,
-                        status="skipped",
-                        reason=f"still rewritable after {MAX_ROUNDS} "
-                        "rounds of apply; run apply again",
+                    r.now_skipped(
+                        SkipReason.TOO_MANY_ROUNDS,
+                        f"still rewritable after {MAX_ROUNDS} rounds of apply; run apply again",
                     )
-                    if r.status == "patched"
+                    if r.status is SiteStatus.PATCHED
                     else r
                     for r in following.results
                 ],
@@ -142,9 +141,9 @@ def _merge_rounds(
         mapped = [_in_original(result, to_line) for result in rounds[index]]
         # A site a later round saw again is dropped from this one: its skip first (two sites
         # of one line, one covered here and one skipped for overlapping, seen once more later)
-        for result in sorted(mapped, key=lambda r: r.status != "skipped"):
+        for result in sorted(mapped, key=lambda r: r.status is not SiteStatus.SKIPPED):
             key = (result.site.rule.id, result.line)
-            if result.status == "patched" or index == last:
+            if result.status is SiteStatus.PATCHED or index == last:
                 merged.append(result)
             elif seen_later[key]:
                 seen_later[key] -= 1
@@ -193,7 +192,9 @@ def rewrite_file(path: str, matcher: Matcher, modular: bool = False) -> FileRewr
             encode_patched(path, data, source, rewrite.patched)
         except EncodingRefusal as refusal:
             results = [
-                replace(r, status="skipped", reason=refusal.message) if r.status == "patched" else r
+                r.now_skipped(SkipReason.ENCODING, refusal.message)
+                if r.status is SiteStatus.PATCHED
+                else r
                 for r in rewrite.results
             ]
             return FileRewrite(path, rewrite.original, rewrite.original, results)
@@ -220,6 +221,33 @@ class ApplyResult:
     @property
     def changed(self) -> list[FileRewrite]:
         return [rewrite for rewrite in self.files if rewrite.error is None and rewrite.changed]
+
+    def keep(self, proven: list[FileRewrite]) -> None:
+        """Replace the changed files by ``proven`` (those a gate kept, possibly narrowed)."""
+        unchanged = [r for r in self.files if not r.changed or r.error is not None]
+        self.files = unchanged + proven
+
+    def skip_lines(self) -> list[str]:
+        """One line per skipped site: where, which rule, and why."""
+        return [
+            f"skipped {r.site.rule.id} at {r.site.path}:{r.line}:{r.column}: {r.reason}"
+            for r in self.results
+            if r.status is SiteStatus.SKIPPED
+        ]
+
+    def summary(self, done: list[FileRewrite], *, written: bool, not_written: int) -> str:
+        """``apply``'s last line: what ``done`` (the files patched or to patch) holds, and the
+        sites covered, skipped, files not written and errors of the whole run."""
+        patched = sum(len(rewrite.with_status(SiteStatus.PATCHED)) for rewrite in done)
+        covered = sum(r.status is SiteStatus.COVERED for r in self.results)
+        skipped = sum(r.status is SiteStatus.SKIPPED for r in self.results)
+        verb = "patched" if written else "to patch"
+        return (
+            f"{patched} site(s) {verb} in {len(done)} file(s), {covered} covered by an "
+            f"enclosing rewrite, {skipped} skipped, "
+            + (f"{not_written} file(s) not written, " if not_written else "")
+            + f"{len(self.errors)} error(s), {self.seconds:.2f} s"
+        )
 
 
 def rewrite_paths(

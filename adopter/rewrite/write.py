@@ -27,14 +27,15 @@ import re
 import stat
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 
 from ..extract.source import SourceError, decode_source_file
 from .apply import FileRewrite
+from .driver import ApplyResult
 from .encoding import EncodingRefusal, encode_patched
 
 TEMPORARY_SUFFIX = ".adopter"
@@ -44,7 +45,7 @@ STALE_AFTER_SECONDS = 10.0  # a live write renames its temporary file within mil
 LOCK_TIMEOUT_SECONDS = 60.0
 
 
-class WriteStatus(str, Enum):
+class WriteStatus(StrEnum):
     WRITTEN = "written"
     UNCHANGED = "unchanged"  # nothing to write
     SKIPPED = "skipped"  # not written on purpose; the reason says why and what to do
@@ -65,6 +66,27 @@ class WriteResult:
 class WriteOptions:
     force_read_only: bool = False
     in_place_hard_links: bool = False
+
+
+def write_changed(
+    result: ApplyResult, options: WriteOptions, say: Callable[[str], None]
+) -> tuple[list[FileRewrite], int]:
+    """``apply --write``: remove temporary files an interrupted run left next to the files, write
+    every changed file, and ``say`` what was removed, not written or written with a remark.
+    Returns the files written and how many were not."""
+    for removed in remove_stale_temporaries(r.path for r in result.files):
+        say(f"removed {removed}: a temporary file left by an interrupted apply")
+    changed = result.changed
+    outcomes = write_rewrites(changed, options)
+    not_written = 0
+    for outcome in outcomes:
+        failed = outcome.status in (WriteStatus.SKIPPED, WriteStatus.FAILED)
+        not_written += failed
+        if failed or outcome.reason:
+            prefix = "error: " if outcome.status is WriteStatus.FAILED else ""
+            say(f"{prefix}{outcome}")
+    written = {o.path for o in outcomes if o.status is WriteStatus.WRITTEN}
+    return [r for r in changed if r.path in written], not_written
 
 
 class _Changed(Exception):

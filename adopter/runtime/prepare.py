@@ -41,7 +41,7 @@ def _site_records(rewrite) -> list[dict[str, Any]]:
             "line": result.site.line,
             "class": result.site.cls,
             "method": result.site.method,
-            "status": result.status,
+            "status": result.status.value,
             "reason": result.reason,
         }
         for result in rewrite.results
@@ -73,11 +73,12 @@ def _wrapped_constructions(rewrite) -> list[dict[str, str]]:
     import ast
 
     from ..match.matcher import BoundModule
+    from ..rewrite import SiteStatus
 
     found = []
     for result in rewrite.results:
         site = result.site
-        if result.status != "patched" or not site.cls:
+        if result.status is not SiteStatus.PATCHED or not site.cls:
             continue
         for variable, kernel in _factory_targets(site.rule).items():
             bound = site.bindings.get(variable)

@@ -17,6 +17,7 @@ processes, not effects: there is no network, file-system or memory isolation (se
 
 from __future__ import annotations
 
+import ctypes
 import os
 import secrets
 import signal
@@ -24,9 +25,19 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["MARK_VARIABLE", "contained_processes", "end_worker", "new_mark"]
+__all__ = [
+    "MARK_VARIABLE",
+    "PARENT_VARIABLE",
+    "contained_processes",
+    "die_with_parent",
+    "end_worker",
+    "new_mark",
+    "resident_bytes",
+]
 
 MARK_VARIABLE = "ADOPTER_VERIFY_WORKER"
+PARENT_VARIABLE = "ADOPTER_VERIFY_PARENT"
+_PR_SET_PDEATHSIG = 1
 _PROC = Path("/proc")
 _ROUNDS = 50  # a process that forks faster than we stop its children still ends in a few rounds
 
@@ -99,6 +110,39 @@ def contained_processes(leader: int, mark: str) -> set[int]:
                 pending.append(child)
     own = {os.getpid(), os.getppid()}
     return {pid for pid in members if pid not in own and processes[pid].state != "Z"}
+
+
+def resident_bytes(leader: int, mark: str) -> int:
+    """Resident memory of the worker ``leader`` and everything it started, summed (pages that
+    processes share, such as those a fork has not yet copied, count once per process, so the
+    sum errs high). 0 where ``/proc`` is missing."""
+    total = 0
+    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+    for pid in contained_processes(leader, mark) | {leader}:
+        try:
+            fields = (_PROC / str(pid) / "statm").read_text(encoding="ascii").split()
+        except OSError:  # gone meanwhile
+            continue
+        if len(fields) > 1 and fields[1].isdigit():
+            total += int(fields[1]) * page
+    return total
+
+
+def die_with_parent() -> None:
+    """Called by the worker first thing: on Linux, be killed when the process that started it
+    dies without ending it (killed by force: ``kill -9`` of ``adopter``, a Ray worker that Ray
+    kills), so the worker is never left running on its own. ``$ADOPTER_VERIFY_PARENT`` names
+    the parent, to catch one that died before this call. What the worker itself started is not
+    covered (see the module's limits); a parent that ends normally kills all of it."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            return
+    except (OSError, AttributeError):  # not Linux
+        return
+    parent = os.environ.get(PARENT_VARIABLE, "")
+    if parent.isdigit() and os.getppid() != int(parent):
+        os._exit(1)
 
 
 def _signal(pid: int, number: int) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..dsl.syntax import Rule
 from ..match.matcher import Matcher
 from ..rewrite.apply import FileRewrite
-from ..rewrite.driver import rewrite_text
+from ..rewrite.driver import ApplyResult, rewrite_text
 from .results import NOT_EXERCISED, REFUTED, VERIFIED, FileVerification
 from .runner import PatchedFile, verify_patched_files
 
@@ -60,7 +60,7 @@ def gate_rewrites(
     gated: list[GatedFile] = []
     for rewrite, verification in zip(changed, verdicts, strict=True):
         status, reason = file_status(verification)
-        used = sorted({r.site.rule.id for r in rewrite.results if r.status == "patched"})
+        used = rewrite.rules_patched
         if progress:
             progress(f"{rewrite.path}: {status}")
         if status == VERIFIED:
@@ -146,6 +146,17 @@ def _without_unexercised(
         return GatedFile(rewrite, status, reason, None, [], dropped, again)
     note = f"verified with {', '.join(kept)}; dropped " + ", ".join(dropped)
     return GatedFile(combined, VERIFIED, note, combined.patched, kept, dropped, again)
+
+
+def keep_verified(
+    result: ApplyResult, rules: list[Rule], *, timeout: float, say: Callable[[str], None]
+) -> None:
+    """``apply --verify``: gate the changed files of ``result`` and keep only what was proven,
+    the (possibly narrowed) rewrite of each verified file; ``say`` each file's verdict."""
+    gated = gate_rewrites(result.changed, rules, timeout=timeout)
+    for item in gated:
+        say(describe(item.rewrite.path, item))
+    result.keep([item.rewrite for item in gated if item.text is not None])
 
 
 def describe(path: str | Path, gated: GatedFile) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 from .results import ClassVerification, FileVerification
 
-__all__ = ["class_row", "verification_rows"]
+__all__ = ["class_row", "unchanged_row", "verification_rows"]
 
 
 def class_row(path: str | Path, verdict: ClassVerification) -> dict[str, Any]:
@@ -29,6 +29,19 @@ def class_row(path: str | Path, verdict: ClassVerification) -> dict[str, Any]:
         "modes": dict(verdict.modes),
         "setting": verdict.setting,
         "runs": {mode: dict(counts) for mode, counts in verdict.runs.items()},
+    }
+
+
+def unchanged_row(path: str | Path) -> dict[str, Any]:
+    """The row of a file no rule changes: nothing to verify."""
+    return {
+        "kind": "file",
+        "path": str(path),
+        "class": "-",
+        "status": "unchanged",
+        "reason": "no site to patch",
+        "max_abs_diff": None,
+        "where": None,
     }
 
 

@@ -5,6 +5,11 @@ draws the same random numbers, in the same order, as the original. That is a pro
 kernel (and of the device and backend it runs on), documented in the kernels' docstrings; this
 table records it so that verify skips - with the reason - a comparison that would fail for a
 correct patch, instead of reporting it as a refutation.
+
+The kernels come later in the pipeline than verify, so this table is not derived from
+``adopter.kernels.registry``; ``tests/kernels/test_kernel_registry.py`` checks that both name
+the same kernels in the same categories (:data:`RNG_CATEGORIES`' keys are the registry's
+``RandomDraws`` values).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import ast
 import os
 from collections.abc import Iterable
 
-__all__ = ["KERNEL_NAMES", "kernels_used", "rng_mismatch_reason"]
+__all__ = ["KERNEL_NAMES", "RNG_CATEGORIES", "kernels_used", "rng_mismatch_reason"]
 
 # Kernels without any random draw: replacing code that draws nothing keeps the stream intact.
 _NO_RNG = frozenset(
@@ -57,7 +62,13 @@ _OWN_RNG = frozenset(
 # active on a CPU, and hand dropout to scaled_dot_product_attention on other devices.
 _ORIGINAL_DROPOUT_ON_CPU = frozenset({"attention_function", "scaled_attention"})
 
-KERNEL_NAMES = _NO_RNG | _SAME_RNG_EAGER_CPU | _OWN_RNG | _ORIGINAL_DROPOUT_ON_CPU
+RNG_CATEGORIES: dict[str, frozenset[str]] = {
+    "none": _NO_RNG,
+    "dropout-eager-cpu": _SAME_RNG_EAGER_CPU,
+    "sdpa": _OWN_RNG,
+    "original-on-cpu": _ORIGINAL_DROPOUT_ON_CPU,
+}
+KERNEL_NAMES = frozenset().union(*RNG_CATEGORIES.values())
 
 _KERNELS_MODULE = "adopter.kernels"
 

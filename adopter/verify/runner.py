@@ -8,6 +8,12 @@ crashed or timed out - everything it started is killed with it, including proces
 its session (see :mod:`adopter.verify.contain`).
 Several files go to one worker in a batch (importing torch and transformers takes seconds, the
 check of a shrunk model a fraction of that); each file still has its own timeout.
+
+Where the batches run is an :class:`~adopter.executor.Executor`'s business: the default runs them
+on this machine (one batch per worker), ``RayExecutor`` runs each file as a Ray task. Either way
+the same work function, :func:`run_verify_jobs`, runs the contained worker: each
+:class:`VerifyJob` carries everything a machine needs (the patched text, the original's text),
+so the logic never depends on where it runs.
 """
 
 from __future__ import annotations
@@ -17,13 +23,15 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .contain import MARK_VARIABLE, end_worker, new_mark
+from ..executor import Executor, LocalExecutor, Task, TaskResult
+from .contain import MARK_VARIABLE, PARENT_VARIABLE, end_worker, new_mark, resident_bytes
 from .results import (
     NOT_CHECKABLE,
     NOT_EXERCISED,
@@ -35,7 +43,9 @@ from .sites import PatchedSite, find_sites
 
 __all__ = [
     "PatchedFile",
+    "VerifyJob",
     "module_name_for",
+    "run_verify_jobs",
     "verify_factories",
     "verify_factory",
     "verify_patched_file",
@@ -46,6 +56,10 @@ _MODES = ("eval", "train")
 _DTYPES = ("float32", "float64", "float16", "bfloat16")
 _OUTPUT_TAIL = 2000
 _POLL_SECONDS = 0.05
+_MEMORY_POLL_SECONDS = 0.5
+_GIB = 1024**3
+
+OnResult = Callable[[int, Any], None]
 
 
 def module_name_for(path: Path) -> tuple[str, Path]:
@@ -80,7 +94,9 @@ def _root_for(path: Path, module_name: str) -> Path | None:
     return root
 
 
-def _check_options(modes: Sequence[str], dtype: str, timeout: float) -> list[str]:
+def _check_options(
+    modes: Sequence[str], dtype: str, timeout: float, memory_limit: float | None = None
+) -> list[str]:
     chosen = list(dict.fromkeys(modes))
     unknown = [m for m in chosen if m not in _MODES]
     if unknown or not chosen:
@@ -89,6 +105,8 @@ def _check_options(modes: Sequence[str], dtype: str, timeout: float) -> list[str
         raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
     if timeout <= 0:
         raise ValueError("timeout must be positive")
+    if memory_limit is not None and memory_limit <= 0:
+        raise ValueError("memory limit must be positive")
     return chosen
 
 
@@ -97,6 +115,7 @@ def _worker_env(mark: str) -> dict[str, str]:
     and the mark that finds every process the worker starts."""
     env = dict(os.environ)
     env[MARK_VARIABLE] = mark
+    env[PARENT_VARIABLE] = str(os.getpid())
     adopter_root = str(Path(__file__).resolve().parents[2])
     existing = env.get("PYTHONPATH")
     env["PYTHONPATH"] = adopter_root + (os.pathsep + existing if existing else "")
@@ -142,27 +161,36 @@ class _JobOutcome:
     seconds: float
 
 
-def _run_batch(
-    jobs: list[dict[str, Any]], workdir: Path, timeout: float, python: str | None
-) -> list[_JobOutcome]:
-    """Run ``jobs`` in as few worker processes as possible, each job under ``timeout``.
+def _iter_batch(
+    jobs: list[dict[str, Any]],
+    workdir: Path,
+    timeout: float,
+    python: str | None,
+    *,
+    memory_limit: int | None = None,
+    stop: threading.Event | None = None,
+) -> Iterator[_JobOutcome]:
+    """Run ``jobs`` in as few worker processes as possible, each job under ``timeout``; yield
+    each job's outcome, in order, as soon as it is known.
 
     One worker runs the jobs in order, so torch and the model library are imported once. The
     parent watches each job's result file: a job that is not done ``timeout`` seconds after the
     previous one finished (or the worker started) is timed out - the worker is killed and a new
-    one takes the remaining jobs; a worker that dies takes only its current job with it.
+    one takes the remaining jobs; a worker that dies takes only its current job with it, and
+    so does one whose process tree holds more than ``memory_limit`` bytes resident.
     A job's seconds count from that same point, so the first job's include the worker start.
+    Whatever ends this generator early - ``stop`` set, ``KeyboardInterrupt`` (also the one
+    ``ray.cancel`` raises), the caller closing it - kills the worker and all it started.
     """
-    outcomes: list[_JobOutcome] = []
     for index, job in enumerate(jobs):
         job["tag"] = index
         job["result_path"] = str(workdir / f"result-{index}.json")
+    done = 0
     launch = 0
-    while len(outcomes) < len(jobs):
-        first = len(outcomes)
+    while done < len(jobs):
         batch_path = workdir / f"batch-{launch}.json"
         log_path = workdir / f"worker-{launch}.log"
-        batch_path.write_text(json.dumps({"jobs": jobs[first:]}, indent=1), encoding="utf-8")
+        batch_path.write_text(json.dumps({"jobs": jobs[done:]}, indent=1), encoding="utf-8")
         command = [python or sys.executable, "-m", "adopter.verify.worker", str(batch_path)]
         mark = new_mark()
         with log_path.open("wb") as log:
@@ -174,34 +202,53 @@ def _run_batch(
                 env=_worker_env(mark),
                 start_new_session=True,
             )
-        clock, timed_out = time.monotonic(), False
-        while True:
-            returncode = process.poll()
-            while len(outcomes) < len(jobs):
-                result_path = Path(jobs[len(outcomes)]["result_path"])
-                if not _is_done(result_path):
+        clock, trouble = time.monotonic(), None
+        weighed = clock
+        try:
+            while True:
+                returncode = process.poll()
+                while done < len(jobs):
+                    result_path = Path(jobs[done]["result_path"])
+                    if not _is_done(result_path):
+                        break
+                    now = time.monotonic()
+                    yield _JobOutcome(_read_result(result_path), None, now - clock)
+                    done, clock = done + 1, now
+                if returncode is not None or done == len(jobs):
                     break
                 now = time.monotonic()
-                outcomes.append(_JobOutcome(_read_result(result_path), None, now - clock))
-                clock = now
-            if returncode is not None or len(outcomes) == len(jobs):
-                _end(process, mark)  # what the model code left running goes too
-                break
-            if time.monotonic() - clock > timeout:
-                _end(process, mark)
-                timed_out = True
-                break
-            time.sleep(_POLL_SECONDS)
-        if len(outcomes) < len(jobs):
-            if timed_out:
-                trouble = f"timed out after {timeout:g} s"
-            else:
+                if stop is not None and stop.is_set():
+                    return
+                if now - clock > timeout:
+                    trouble = f"timed out after {timeout:g} s"
+                    break
+                if memory_limit and now - weighed > _MEMORY_POLL_SECONDS:
+                    weighed = now
+                    resident = resident_bytes(process.pid, mark)
+                    if resident > memory_limit:
+                        trouble = (
+                            f"exceeded the memory limit of {memory_limit / _GIB:.2f} GiB "
+                            f"({resident / _GIB:.2f} GiB resident)"
+                        )
+                        break
+                time.sleep(_POLL_SECONDS)
+        finally:
+            _end(process, mark)  # what the model code left running goes too
+        if done < len(jobs):
+            if trouble is None:
                 output = log_path.read_text(encoding="utf-8", errors="replace")
                 trouble = f"the worker exited with code {process.returncode}: {_tail(output)}"
-            result = _read_result(Path(jobs[len(outcomes)]["result_path"]))
-            outcomes.append(_JobOutcome(result, trouble, time.monotonic() - clock))
+            result = _read_result(Path(jobs[done]["result_path"]))
+            yield _JobOutcome(result, trouble, time.monotonic() - clock)
+            done += 1
         launch += 1
-    return outcomes
+
+
+def _run_batch(
+    jobs: list[dict[str, Any]], workdir: Path, timeout: float, python: str | None
+) -> list[_JobOutcome]:
+    """Every outcome of :func:`_iter_batch`, in order."""
+    return list(_iter_batch(jobs, workdir, timeout, python))
 
 
 def _file_verification(
@@ -265,34 +312,143 @@ class PatchedFile:
     classes: list[str] | None = None
 
 
-def _transformers_job(item: PatchedFile, patched_dir: Path, options: dict[str, Any]) -> dict:
+@dataclass(frozen=True)
+class VerifyJob:
+    """One file (or factory pair) to verify, with everything a machine needs to do it.
+
+    ``worker_job`` is the worker's JSON job less what only the running machine knows (its tag,
+    result and patched paths). The patched text and the original's text travel here, so a
+    machine without the caller's files (a Ray node) writes its own copies; a machine that has
+    the original file with the same text uses it in place, exactly as without an executor.
+    ``label`` is the path (or factory) as the caller named it: the verdict carries it.
+    """
+
+    label: str
+    worker_job: dict[str, Any]
+    requested: list[str] | None
+    timeout: float
+    python: str | None = None
+    memory_limit: int | None = None
+    patched_source: str | None = None
+    original_text: str | None = None
+
+
+def _materialize(job: VerifyJob, scratch: Path, index: int) -> dict[str, Any]:
+    """The worker's job for ``job`` on this machine, its files written under ``scratch``."""
+    worker_job = dict(job.worker_job)
+    if job.patched_source is None:
+        return worker_job
+    folder = scratch / f"patched-{index}"
+    folder.mkdir(parents=True)
+    original = Path(worker_job["original_path"])
+    patched_path = folder / original.name
+    patched_path.write_text(job.patched_source, encoding="utf-8")
+    worker_job["patched_path"] = str(patched_path)
+    if job.original_text is not None and _text_of(original) != job.original_text:
+        copy = scratch / f"original-{index}" / original.name  # not here, or not the same text
+        copy.parent.mkdir(parents=True)
+        copy.write_text(job.original_text, encoding="utf-8")
+        worker_job["original_path"] = str(copy)
+    return worker_job
+
+
+def _text_of(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def run_verify_jobs(
+    jobs: Sequence[VerifyJob], stop: threading.Event | None = None
+) -> Iterator[FileVerification]:
+    """Verify ``jobs`` in one contained worker (a fresh one after a crash or timeout) and yield
+    each verdict, in order, as soon as it is known: the work function every executor runs.
+
+    The jobs share the first job's interpreter, timeout and memory limit.
+    """
+    if not jobs:
+        return
+    first = jobs[0]
+    with tempfile.TemporaryDirectory(prefix="adopter-verify-") as scratch:
+        workdir = Path(scratch)
+        worker_jobs = [_materialize(job, workdir, index) for index, job in enumerate(jobs)]
+        outcomes = _iter_batch(
+            worker_jobs,
+            workdir,
+            first.timeout,
+            first.python,
+            memory_limit=first.memory_limit,
+            stop=stop,
+        )
+        try:
+            for job, outcome in zip(jobs, outcomes):
+                yield _file_verification(Path(job.label), outcome, job.requested)
+        finally:
+            outcomes.close()  # ends the worker now, before its folder goes
+
+
+def _transformers_job(item: PatchedFile, options: dict[str, Any]) -> VerifyJob:
     path = Path(item.original_path)
     if item.module_name is None:
         module_name, root = module_name_for(path)
     else:
         module_name, root = item.module_name, _root_for(path, item.module_name)
-    patched_dir.mkdir(parents=True)
-    patched_path = patched_dir / path.name
-    patched_path.write_text(item.patched_source, encoding="utf-8")
-    try:
-        original = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        original = None
+    original = _text_of(path)
+    limits = _limits(options)
     try:
         sites = find_sites(item.patched_source, original)
     except (SyntaxError, ValueError):  # the worker reports the import failure
         sites = []
-    return {
+    worker_job = {
         "sites": [site.to_json() for site in sites],
         "kind": "transformers",
         "original_path": str(path.resolve()),
         "module_name": module_name,
-        "patched_path": str(patched_path),
         "classes": list(item.classes) if item.classes else None,
         # Appended, not prepended: an installed package of the same name wins.
         "sys_path_append": [str(root)] if root is not None else [],
         **options,
     }
+    return VerifyJob(
+        str(item.original_path),
+        worker_job,
+        list(item.classes) if item.classes else None,
+        patched_source=item.patched_source,
+        original_text=original,
+        **limits,
+    )
+
+
+def _limits(options: dict[str, Any]) -> dict[str, Any]:
+    """Take the settings of the worker process (not of its job) out of ``options``."""
+    return {key: options.pop(key) for key in ("timeout", "python", "memory_limit")}
+
+
+def _run_jobs(
+    jobs: Sequence[VerifyJob],
+    executor: Executor | None,
+    on_result: OnResult | None,
+) -> list[FileVerification]:
+    """Verdicts for ``jobs``, in their order, run by ``executor`` (default: one local worker);
+    ``on_result(index, verdict)`` hears of each as it is known."""
+    tasks = [Task(job, job.label, job.timeout, job.memory_limit) for job in jobs]
+    verdicts: list[FileVerification | None] = [None] * len(jobs)
+    for result in (executor or LocalExecutor()).run(run_verify_jobs, tasks):
+        verdict = _verdict_of(result, jobs[result.index])
+        verdicts[result.index] = verdict
+        if on_result is not None:
+            on_result(result.index, verdict)
+    return [v for v in verdicts if v is not None]
+
+
+def _verdict_of(result: TaskResult, job: VerifyJob) -> FileVerification:
+    """The task's verdict, or "not checkable" with the reason the executor gives for none."""
+    if result.ok and isinstance(result.value, FileVerification):
+        return result.value
+    reason = result.failure or "no result"
+    classes = [ClassVerification(name, NOT_CHECKABLE, reason) for name in job.requested or []]
+    return FileVerification(Path(job.label), classes, error=reason, seconds=result.seconds)
 
 
 def verify_patched_files(
@@ -304,32 +460,50 @@ def verify_patched_files(
     seed: int = 0,
     max_heads: int = 2,
     python: str | None = None,
+    memory_limit: float | None = None,
+    executor: Executor | None = None,
+    on_result: OnResult | None = None,
 ) -> list[FileVerification]:
-    """Verify several patched files in one worker process (torch is imported once).
+    """Verify several patched files; by default in one worker process (torch imported once).
 
     ``timeout`` applies to each file (the first file's includes the worker's start-up); a file
-    that exceeds it, or crashes the worker, is reported as not checkable and the remaining files
-    continue in a fresh worker. The files share one
-    interpreter, so a patch with global side effects could influence the files after it; use
-    :func:`verify_patched_file` per file where that matters. Other arguments as there.
+    that exceeds it, or crashes the worker, or whose worker holds more than ``memory_limit``
+    bytes resident, is reported as not checkable and the remaining files continue in a fresh
+    worker. The files of one worker share an interpreter, so a patch with global side effects
+    could influence the files after it; use :func:`verify_patched_file` per file where that
+    matters. ``executor`` runs the work elsewhere or in parallel (see
+    :mod:`adopter.executor`); ``on_result(index, verdict)`` hears of each file as it is done.
+    Other arguments as for :func:`verify_patched_file`. Verdicts come back in ``files``' order.
     """
-    chosen_modes = _check_options(modes, dtype, timeout)
-    options = {"modes": chosen_modes, "dtype": dtype, "seed": seed, "max_heads": max_heads}
+    chosen_modes = _check_options(modes, dtype, timeout, memory_limit)
+    limit = int(memory_limit) if memory_limit else None
     verdicts: list[FileVerification | None] = [None] * len(files)
-    with tempfile.TemporaryDirectory(prefix="adopter-verify-") as scratch:
-        workdir = Path(scratch)
-        jobs, positions = [], []
-        for index, item in enumerate(files):
-            path = Path(item.original_path)
-            if not path.is_file():
-                verdicts[index] = FileVerification(path, error=f"no such file: {path}")
-                continue
-            jobs.append(_transformers_job(item, workdir / f"patched-{index}", options))
-            positions.append(index)
-        for index, outcome in zip(positions, _run_batch(jobs, workdir, timeout, python)):
-            item = files[index]
-            requested = list(item.classes) if item.classes else None
-            verdicts[index] = _file_verification(Path(item.original_path), outcome, requested)
+    jobs, positions = [], []
+    for index, item in enumerate(files):
+        path = Path(item.original_path)
+        if not path.is_file():
+            verdicts[index] = FileVerification(path, error=f"no such file: {path}")
+            if on_result is not None:
+                on_result(index, verdicts[index])
+            continue
+        options = {
+            "modes": chosen_modes,
+            "dtype": dtype,
+            "seed": seed,
+            "max_heads": max_heads,
+            "timeout": timeout,
+            "python": python,
+            "memory_limit": limit,
+        }
+        jobs.append(_transformers_job(item, options))
+        positions.append(index)
+
+    def heard(position: int, verdict: FileVerification) -> None:
+        if on_result is not None:
+            on_result(positions[position], verdict)
+
+    for index, verdict in zip(positions, _run_jobs(jobs, executor, heard)):
+        verdicts[index] = verdict
     return [v for v in verdicts if v is not None]
 
 
@@ -345,6 +519,7 @@ def verify_patched_file(
     seed: int = 0,
     max_heads: int = 2,
     python: str | None = None,
+    memory_limit: float | None = None,
 ) -> FileVerification:
     """Differentially test a patched transformers modeling file against the original.
 
@@ -363,6 +538,8 @@ def verify_patched_file(
         dtype: the floating-point type the models run in (tolerances follow it).
         seed: seeds weights, inputs and dropout.
         python: the interpreter for the worker (default: this one).
+        memory_limit: bytes the worker and everything it started may hold resident (checked
+            twice a second); above it the worker is killed and the file is not checkable.
     """
     item = PatchedFile(original_path, patched_source, module_name, classes)
     return verify_patched_files(
@@ -373,6 +550,7 @@ def verify_patched_file(
         seed=seed,
         max_heads=max_heads,
         python=python,
+        memory_limit=memory_limit,
     )[0]
 
 
@@ -385,38 +563,59 @@ def verify_factories(
     seed: int = 0,
     sys_path: Sequence[str | Path] = (),
     python: str | None = None,
+    memory_limit: float | None = None,
+    executor: Executor | None = None,
+    on_result: OnResult | None = None,
 ) -> list[ClassVerification]:
-    """:func:`verify_factory` for several ``(original, patched)`` pairs in one worker."""
-    chosen_modes = _check_options(modes, dtype, timeout)
+    """:func:`verify_factory` for several ``(original, patched)`` pairs, by default in one
+    worker; ``executor``, ``memory_limit`` and ``on_result`` as for
+    :func:`verify_patched_files` (``on_result`` hears each pair's :class:`ClassVerification`).
+    A factory file given by a relative path is found from the working directory of the
+    machine that runs it."""
+    chosen_modes = _check_options(modes, dtype, timeout, memory_limit)
     search = [str(Path(p).resolve()) for p in sys_path] + [os.getcwd()]
     jobs = [
-        {
-            "kind": "factory",
-            "original_factory": original,
-            "patched_factory": patched,
-            "modes": chosen_modes,
-            "dtype": dtype,
-            "seed": seed,
-            "sys_path_append": search,
-        }
+        VerifyJob(
+            original,
+            {
+                "kind": "factory",
+                "original_factory": original,
+                "patched_factory": patched,
+                "modes": chosen_modes,
+                "dtype": dtype,
+                "seed": seed,
+                "sys_path_append": search,
+            },
+            [original],
+            timeout,
+            python,
+            int(memory_limit) if memory_limit else None,
+        )
         for original, patched in pairs
     ]
-    verdicts = []
-    with tempfile.TemporaryDirectory(prefix="adopter-verify-") as scratch:
-        outcomes = _run_batch(jobs, Path(scratch), timeout, python)
-    for (original, _), outcome in zip(pairs, outcomes):
-        file_verdict = _file_verification(Path(original), outcome, [original])
-        if file_verdict.classes:
-            chosen = file_verdict.classes[0]
-            if file_verdict.error and chosen.status == NOT_CHECKABLE:
-                chosen.reason = f"{chosen.reason} ({file_verdict.error})"
-            if file_verdict.status == NOT_EXERCISED:
-                chosen.reason = file_verdict.reason()
-                chosen.status = NOT_EXERCISED
-        else:
-            chosen = ClassVerification(original, NOT_CHECKABLE, file_verdict.error or "no result")
-        verdicts.append(chosen)
-    return verdicts
+
+    def heard(index: int, verdict: FileVerification) -> None:
+        if on_result is not None:
+            on_result(index, _factory_verdict(pairs[index][0], verdict))
+
+    file_verdicts = _run_jobs(jobs, executor, heard)
+    return [
+        _factory_verdict(original, verdict)
+        for (original, _), verdict in zip(pairs, file_verdicts, strict=True)
+    ]
+
+
+def _factory_verdict(original: str, file_verdict: FileVerification) -> ClassVerification:
+    """The one verdict of a factory pair: its check, with the file-level reasons folded in."""
+    if not file_verdict.classes:
+        return ClassVerification(original, NOT_CHECKABLE, file_verdict.error or "no result")
+    chosen = file_verdict.classes[0]
+    if file_verdict.error and chosen.status == NOT_CHECKABLE:
+        chosen.reason = f"{chosen.reason} ({file_verdict.error})"
+    if file_verdict.status == NOT_EXERCISED:
+        chosen.reason = file_verdict.reason()
+        chosen.status = NOT_EXERCISED
+    return chosen
 
 
 def verify_factory(
@@ -429,6 +628,7 @@ def verify_factory(
     seed: int = 0,
     sys_path: Sequence[str | Path] = (),
     python: str | None = None,
+    memory_limit: float | None = None,
 ) -> ClassVerification:
     """Differentially test a plain ``nn.Module`` built by two factories.
 
@@ -437,7 +637,8 @@ def verify_factory(
     Both are called under the same seed; the original's inputs feed both models and its
     ``state_dict`` is loaded strictly into the patched model. ``sys_path`` entries are added to
     the worker's import path (the current directory already is). Modes as for
-    :func:`verify_patched_file`; dropout modules are set to ``p = 0`` for the ``train`` mode.
+    :func:`verify_patched_file`; dropout modules are set to ``p = 0`` for the ``train`` mode,
+    and ``memory_limit`` is as there.
     """
     return verify_factories(
         [(original_factory, patched_factory)],
@@ -447,4 +648,5 @@ def verify_factory(
         seed=seed,
         sys_path=sys_path,
         python=python,
+        memory_limit=memory_limit,
     )[0]

@@ -30,6 +30,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from .contain import die_with_parent
 from .factory_spec import load_factory, parse_factory
 
 __all__ = ["main"]
@@ -900,4 +901,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    die_with_parent()
     sys.exit(main())

@@ -96,6 +96,20 @@ def test_matching_prefers_the_same_line_then_a_near_line_then_the_same_scope(tab
     assert sorted((e.family, e.line) for e in result.extra) == [("paper.6", 5), ("paper.9", 51)]
 
 
+def test_a_second_record_in_the_scope_of_a_matched_label_is_a_part_not_an_extra(tables):
+    _, labels = tables
+    records = [
+        record("pkg/b.py", 50, "paper.9", scope="B.forward"),
+        record("pkg/b.py", 58, "paper.9", scope="B.forward"),  # q and k: one label, two records
+        record("pkg/b.py", 70, "paper.9", scope="Other.forward"),  # another scope: extra
+        record("pkg/b.py", 6, "paper.4", scope="f"),  # its label is matched by nothing else
+    ]
+    result = compare(labels, records, tolerance=2)
+    assert [(label.line, part.line) for label, part in result.parts] == [(50, 58)]
+    assert [e.line for e in result.extra] == [70]
+    assert {label.line for label, _, _ in result.matched} == {50, 5}
+
+
 def test_a_record_too_far_away_in_another_scope_does_not_match(tables):
     _, labels = tables
     result = compare(labels, [record("pkg/a.py", 23, "paper.6", scope="Other.forward")], 2)

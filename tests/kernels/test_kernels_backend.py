@@ -8,47 +8,17 @@ from pathlib import Path
 
 import torch
 
-import adopter.kernels as kernels
-from adopter.kernels import _backend, describe_backends
-
-PUBLIC = {
-    "softmax",
-    "dropout_add_layer_norm",
-    "linear_bias_activation",
-    "conv_batch_norm",
-    "linear_batch_norm",
-    "qkv_projection",
-    "fused_bert_self_attention",
-    "fused_t5_attention",
-    "fused_gpt2_attention",
-    "describe_backends",
-    "clear_caches",
-}
-
-
-def test_public_api():
-    assert PUBLIC <= set(kernels.__all__)
-    for name in PUBLIC:
-        assert callable(getattr(kernels, name))
+from adopter.kernels import _backend, describe_backends, registry
+from adopter.kernels.registry import Role
 
 
 def test_describe_backends_cpu():
     info = describe_backends("cpu")
     assert info["device"] == "cpu"
-    for key in (
-        "softmax",
-        "dropout_add_layer_norm",
-        "linear_bias_activation",
-        "conv_batch_norm",
-        "linear_batch_norm",
-        "qkv_projection",
-        "attention",
-        "triton",
-        "xformers",
-        "flash_attn",
-    ):
+    for key in ("triton", "xformers", "flash_attn", *registry.names(Role.KERNEL)):
         assert isinstance(info[key], str) and info[key], key
-    assert "scaled_dot_product_attention" in info["attention"]
+    for name in registry.names(Role.ATTENTION_FACTORY):
+        assert "scaled_dot_product_attention" in info[name]
     assert describe_backends()["device"] in ("cpu", "cuda")
 
 

@@ -32,6 +32,7 @@ from adopter.kernels import (
     linear_batch_norm,
     linear_bias_activation,
     qkv_projection,
+    registry,
     softmax,
 )
 from adopter.kernels._util import tracing
@@ -46,17 +47,11 @@ from adopter.kernels.cross_entropy import (
 from adopter.kernels.rms_norm import rms_norm_reference
 from adopter.kernels.rotary import apply_rotary_complex_reference, rotary_reference
 
-# Public names of adopter.kernels that are not kernels a model calls (``fused_loss_applies`` is
-# the run-time test of the cross-entropy rewrite; it answers False under a tracer).
-NOT_KERNELS = {"clear_caches", "describe_backends", "fused_loss_applies"}
-ATTENTION_FACTORIES = {
-    "fused_albert_attention",
-    "fused_bert_self_attention",
-    "fused_distilbert_attention",
-    "fused_gpt2_attention",
-    "fused_gpt_neo_self_attention",
-    "fused_t5_attention",
-}
+# From the registry: the public names that are not kernels a model calls (``fused_loss_applies``
+# is the run-time test of the cross-entropy rewrite; it answers False under a tracer), and the
+# attention factories, traced on the real transformers classes below.
+NOT_KERNELS = set(registry.names(registry.Role.HELPER))
+ATTENTION_FACTORIES = set(registry.names(registry.Role.ATTENTION_FACTORY))
 
 
 class Calls(nn.Module):

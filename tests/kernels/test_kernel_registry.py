@@ -1,0 +1,62 @@
+"""The kernel registry is the one list of kernels, and everything that enumerates them agrees
+with it: the package's names, ``describe_backends``, verify's random-number table, and the
+modules that define the kernels."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import pytest
+
+import adopter.kernels as kernels
+from adopter.kernels import describe_backends, registry
+from adopter.kernels.registry import ENTRIES, RandomDraws, Role
+from adopter.verify import rng
+
+
+def test_names_are_unique():
+    names = [entry.name for entry in ENTRIES]
+    assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=lambda entry: entry.name)
+def test_each_entry_is_the_function_its_module_defines(entry):
+    module = importlib.import_module(f"adopter.kernels.{entry.module}")
+    defined = getattr(module, entry.name, None)
+    assert callable(defined), f"adopter/kernels/{entry.module}.py defines no {entry.name}"
+    assert getattr(kernels, entry.name) is defined
+    assert defined.__module__ == module.__name__, (
+        f"{entry.name} is defined in {defined.__module__}, not {module.__name__}"
+    )
+    assert inspect.getdoc(defined), f"{entry.name} has no docstring"
+
+
+def test_package_exports_exactly_the_registry():
+    assert kernels.__all__ == registry.names()
+
+
+def test_describe_backends_describes_every_kernel_and_nothing_else():
+    info = describe_backends("cpu")
+    described = set(info) - {"device", "triton", "xformers", "flash_attn"}
+    assert described == set(registry.names(Role.KERNEL, Role.ATTENTION_FACTORY))
+    assert all(entry.backend is None for entry in ENTRIES if entry.role is Role.HELPER)
+
+
+def test_verify_rng_table_agrees_with_the_registry():
+    assert set(rng.RNG_CATEGORIES) == {category.value for category in RandomDraws}
+    in_verify = {name: c for c, members in rng.RNG_CATEGORIES.items() for name in members}
+    in_registry = {entry.name: entry.rng.value for entry in ENTRIES}
+    assert sorted(set(in_registry) - set(in_verify)) == [], "not in adopter/verify/rng.py"
+    assert sorted(set(in_verify) - set(in_registry)) == [], "not in adopter/kernels/registry.py"
+    differ = {
+        n: (in_registry[n], in_verify[n]) for n in in_registry if in_verify[n] != in_registry[n]
+    }
+    assert differ == {}, "(registry, verify) categories differ"
+    assert rng.KERNEL_NAMES == set(registry.names())
+
+
+def test_an_unknown_name_is_a_clear_error():
+    with pytest.raises(KeyError, match="no 'softmx'; known: apply_rotary"):
+        registry.entry("softmx")
+    assert registry.entry("softmax").role is Role.KERNEL
