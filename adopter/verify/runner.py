@@ -35,6 +35,7 @@ from .contain import MARK_VARIABLE, PARENT_VARIABLE, end_worker, new_mark, resid
 from .results import (
     NOT_CHECKABLE,
     NOT_EXERCISED,
+    VERIFIED,
     ClassVerification,
     FileVerification,
     site_coverage,
@@ -615,6 +616,15 @@ def _factory_verdict(original: str, file_verdict: FileVerification) -> ClassVeri
     if file_verdict.status == NOT_EXERCISED:
         chosen.reason = file_verdict.reason()
         chosen.status = NOT_EXERCISED
+    elif chosen.status == VERIFIED and not file_verdict.sites:
+        # The models agree, but no adopter.kernels call was seen in the patched model's code:
+        # nothing patched is known to have run (a patched factory that builds the original
+        # classes agrees with the original and proves nothing).
+        chosen.status = NOT_EXERCISED
+        chosen.reason = (
+            f"{chosen.reason}; but the patched factory's code calls no adopter.kernels "
+            "function, so no patched site was seen running"
+        )
     return chosen
 
 

@@ -113,9 +113,17 @@ def test_without_ray_the_local_pool_verifies_as_before(monkeypatch: pytest.Monke
     from adopter.cli import app
 
     monkeypatch.setitem(sys.modules, "ray", None)  # as on a machine without the extra
-    factory = "tests/verify/factories.py:make_original"
     result = CliRunner().invoke(
-        app, ["verify", "--factory", factory, "--patched-factory", factory, "--format", "json"]
+        app,
+        [
+            "verify",
+            "--factory",
+            "tests/verify/factories.py:make_original",
+            "--patched-factory",
+            "tests/verify/factories.py:make_patched",
+            "--format",
+            "json",
+        ],
     )
     assert result.exit_code == 0, result.output
     assert '"verified"' in result.output

@@ -40,11 +40,17 @@ def verdicts() -> dict[str, ClassVerification]:
     return dict(zip(CASES, results))
 
 
-def test_identical_factory_verifies_bit_for_bit(verdicts: dict[str, ClassVerification]) -> None:
+def test_an_unpatched_factory_agrees_bit_for_bit_but_is_not_verified(
+    verdicts: dict[str, ClassVerification],
+) -> None:
+    # The original against itself agrees exactly, but no patched site ran: "verified" would be
+    # a check that cannot fail (a harness comparing the patched model with itself passed so).
     verdict = verdicts["identical"]
-    assert verdict.status == "verified", verdict
+    assert verdict.status == "not exercised", verdict
+    assert "calls no adopter.kernels function" in verdict.reason
     assert verdict.cls == "Block"
     assert set(verdict.modes) == {"eval", "train", "train-dropout"}
+    assert all(outcome.startswith("verified") for outcome in verdict.modes.values())
     assert verdict.max_abs_diff == 0.0
 
 
