@@ -685,6 +685,14 @@ def verify_command(
     output_format: Annotated[
         str, typer.Option("--format", "-f", help="table, json or jsonl (rows as files finish)")
     ] = "table",
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict",
+            help="Exit 1 unless every patched file is verified (not exercised or not "
+            "checkable fail too): a gate for CI.",
+        ),
+    ] = False,
 ) -> None:
     """Prove patches: build the original and the patched model from the same small config,
     load the original weights strictly into the patch, and compare outputs and gradients in
@@ -707,7 +715,8 @@ def verify_command(
     whichever node Ray picks; a task whose Ray worker dies is retried once). Each verdict is
     reported on stderr as it comes; --format jsonl prints each file's rows as soon as it is done.
 
-    Exit code 0 when nothing was refuted, 1 when a patch was refuted, 2 on bad input.
+    Exit code 0 when nothing was refuted, 1 when a patch was refuted (with --strict: when any
+    patched file is not verified), 2 on bad input.
     """
     from .rewrite import rewrite_paths
     from .verify import PatchedFile, verify_factories, verify_patched_files
@@ -772,6 +781,15 @@ def verify_command(
     _print_verdicts(rows, output_format)
     if any(row["status"] == REFUTED for row in rows):
         raise typer.Exit(1)
+    if strict and any(row["kind"] == "file" and _unproven(row["status"]) for row in rows):
+        raise typer.Exit(1)
+
+
+def _unproven(status: object) -> bool:
+    """A file verdict that ``--strict`` fails: anything but verified, or no site to patch."""
+    from .verify.results import VERIFIED
+
+    return status not in (VERIFIED, "unchanged")
 
 
 def _verdict_stream(items, output_format: str, progress: bool) -> Callable[[int, object], None]:

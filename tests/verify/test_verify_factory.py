@@ -173,3 +173,17 @@ def test_processes_that_leave_the_session_do_not_survive(
     else:
         assert verdict.status == "verified", verdict
     assert _survivors(pid_file) == []
+
+
+def test_strict_fails_a_file_that_is_not_verified() -> None:
+    from typer.testing import CliRunner
+
+    from adopter.cli import app
+
+    def exit_code(patched: str, *extra: str) -> int:
+        command = ["verify", "--factory", ORIGINAL, "--patched-factory", factory(patched)]
+        return CliRunner().invoke(app, [*command, "--modes", "eval", *extra]).exit_code
+
+    assert exit_code("make_original") == 0  # not exercised: reported, not a failure
+    assert exit_code("make_original", "--strict") == 1
+    assert exit_code("make_patched", "--strict") == 0
