@@ -70,6 +70,16 @@ class Site:
     notes: list[str] = field(default_factory=list)
     instances: list[Site] = field(default_factory=list)  # the same site through other calls
     swapped: tuple[int, ...] = ()  # ids of matched add/mul steps read with operands swapped
+    # The character column of ``container_call()``, set where the file's text is known.
+    call_column: int | None = None
+
+    def container_call(self) -> ast.Call | None:
+        """The ``nn.Sequential`` call in ``forward`` that a match through the container's
+        elements edits (the site itself is located at the element, often in a factory)."""
+        first = self.steps[0] if self.steps else None
+        if first is not None and first.synthetic and isinstance(first.node, ast.Call):
+            return first.node
+        return None
 
     @property
     def key(self) -> tuple[str, str, int, int]:
@@ -220,6 +230,9 @@ class Matcher:
         for site in found.values():
             if site.path == structure.path:  # a helper's site in another file keeps its column
                 site.column = structure.character_column(site.line, site.column)
+                call = site.container_call()
+                if call is not None:
+                    site.call_column = structure.character_column(call.lineno, call.col_offset + 1)
         sites = sorted(found.values(), key=lambda s: (s.path, s.line, s.column, s.rule.id))
         kept = _without_overlaps(sites)
         if self.explain:

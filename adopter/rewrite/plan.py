@@ -90,13 +90,14 @@ class Refusal(Exception):
 
 
 def edit_location(site: Site) -> tuple[int, int]:
-    """Where a site's edit goes (line, byte column + 1). A match through ``nn.Sequential``
-    elements is located, as a site, at the element (often in a factory function that builds the
-    container); its edit, and what a user must look at when it is skipped, is the container's
-    call in ``forward``."""
-    first = site.steps[0] if site.steps else None
-    if first is not None and first.synthetic and isinstance(first.node, ast.Call):
-        return first.node.lineno, first.node.col_offset + 1
+    """Where a site's edit goes (line, character column), as reports show it. A match through
+    ``nn.Sequential`` elements is located, as a site, at the element (often in a factory
+    function that builds the container); its edit, and what a user must look at when it is
+    skipped, is the container's call in ``forward``."""
+    call = site.container_call()
+    if call is not None:
+        # ``ast``'s byte column only for a site the matcher did not locate in its file's text
+        return call.lineno, site.call_column or call.col_offset + 1
     return site.line, site.column
 
 

@@ -227,6 +227,15 @@ def test_skip_messages_point_at_the_call_site_not_the_factory(tmp_path):
     result = runner.invoke(app, ["apply", str(source)])
     skips = [line for line in result.stderr.splitlines() if line.startswith("skipped")]
     assert len(skips) == 1 and f"{source}:15:13:" in skips[0], result.stderr
+    # the call's column counts characters, as every reported column does (not UTF-8 bytes)
+    text = source.read_text(encoding="utf-8")
+    source.write_text(
+        text.replace("        h = self.body(x)", '        s = "äöü"; h = self.body(x)')
+    )
+    result = runner.invoke(app, ["apply", str(source)])
+    skips = [line for line in result.stderr.splitlines() if line.startswith("skipped")]
+    column = len('        s = "äöü"; h = ') + 1
+    assert len(skips) == 1 and f"{source}:15:{column}:" in skips[0], result.stderr
 
 
 _KILLED_MID_WRITE = """
