@@ -230,7 +230,8 @@ def test_skip_messages_point_at_the_call_site_not_the_factory(tmp_path):
     # the call's column counts characters, as every reported column does (not UTF-8 bytes)
     text = source.read_text(encoding="utf-8")
     source.write_text(
-        text.replace("        h = self.body(x)", '        s = "äöü"; h = self.body(x)')
+        text.replace("        h = self.body(x)", '        s = "äöü"; h = self.body(x)'),
+        encoding="utf-8",
     )
     result = runner.invoke(app, ["apply", str(source)])
     skips = [line for line in result.stderr.splitlines() if line.startswith("skipped")]
