@@ -281,9 +281,11 @@ def fused_section(records: dict, models: list[str]) -> list[str]:
         "The default AdamW updates each parameter with temporaries of its size; at a "
         "128,256-token vocabulary the embedding and the head are 394 MB each, and those "
         "temporaries, on top of the gradients, set the step's peak once modern.7 has removed "
-        "the logits' (measured with a fresh-process RSS probe: optimizer step 752 MiB above "
-        "the gradients with the default AdamW, 0 MiB with the fused one). The fused AdamW "
-        "updates in place, so the peak is the loss again, as the issue's prototype measured.",
+        "the logits'. `benchmarks/step_phase_memory.py llama_128k` splits the step (peak "
+        "above the gradient-free resident set, fresh process each): patched forward + "
+        "backward 863 MiB, optimizer step 1,611 MiB with the default AdamW and 860 MiB with "
+        "the fused one (original: 1,760 MiB forward + backward). The fused AdamW updates in "
+        "place, so the peak is the loss again, as the issue's prototype measured.",
         "",
         *main_table(records, fused, study=FUSED),
         "",
@@ -496,10 +498,10 @@ NOTES = [
     "missed by that much. With the default AdamW the saving in MiB at vocabulary 128,256 is "
     "about the one at 32,000, although the logits it avoids are four times larger: the "
     "per-tensor AdamW update then sets the patched step's peak (temporaries the size of the "
-    "394 MB embedding and head, on top of the gradients; a fresh-process probe of the "
-    "patched Llama measured forward + backward at 3 MiB above the gradients and the "
-    "optimizer step at 752 MiB). With `AdamW(fused=True)`, which updates in place, the peak "
-    "is the loss again and both targets are reached (the fused-AdamW table).",
+    "394 MB embedding and head, on top of the gradients; `benchmarks/step_phase_memory.py` "
+    "measures the patched Llama's forward + backward at 863 MiB and its optimizer step at "
+    "1,611 MiB). With `AdamW(fused=True)`, which updates in place, the peak is the loss "
+    "again and both targets are reached (the fused-AdamW table).",
     "* **What a CPU shows.** The saving of an in-place activation or a folded norm is one pass "
     "over an activation tensor per site; at batch 2 on one thread that is a few percent of a "
     "step made of convolutions and matrix products, about the width of the intervals here. "
