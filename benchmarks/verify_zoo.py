@@ -25,6 +25,7 @@ are skipped), so those are the ones verified.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -153,6 +154,9 @@ def main() -> int:
     parser.add_argument("--eager", action="store_true", help="force eager attention")
     parser.add_argument("--sample", type=int, default=None, help="check N changed files")
     parser.add_argument("--files", nargs="*", default=None, help="model names to check")
+    parser.add_argument(
+        "--rows", type=Path, default=None, help="also write every row, reasons whole, as JSON"
+    )
     args = parser.parse_args()
     output = args.output or ROOT / "docs" / f"verification-{args.version}.md"
 
@@ -183,6 +187,9 @@ def main() -> int:
         for item, verdict in zip(items, verdicts, strict=True)
         for row in verification_rows(item.original_path, verdict)
     ]
+
+    if args.rows:
+        args.rows.write_text(json.dumps(results, indent=1, default=str), encoding="utf-8")
 
     # `adopter verify --format json` gives one "file" row per file (the verdict that counts:
     # verified only when every patched site ran and matched), "class" rows per check and
