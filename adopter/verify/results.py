@@ -158,6 +158,9 @@ class FileVerification:
     notes: list[str] = field(default_factory=list)
     seconds: float | None = None
     sites: list[SiteCoverage] = field(default_factory=list)
+    # Set for a patched text that differs from its original: then it must hold kernel calls
+    # that can be watched running, and a comparison that agrees without any proves nothing.
+    kernel_calls_expected: bool = False
 
     @property
     def not_exercised(self) -> list[SiteCoverage]:
@@ -170,11 +173,15 @@ class FileVerification:
         not be built, or were not reached before a timeout, do not count against it: they are
         listed), ``not exercised`` when comparisons agreed but some site never ran in one.
         Without sites: ``verified`` only if every class was checked and verified and the check
-        finished. Anything else is ``not checkable``."""
+        finished, and the text was not changed (``kernel_calls_expected``: a patch whose kernel
+        calls could not be located is ``not exercised``, nothing patched was seen running).
+        Anything else is ``not checkable``."""
         if any(c.status == REFUTED for c in self.classes):
             return REFUTED
         if self.sites and any(c.status == VERIFIED for c in self.classes):
             return NOT_EXERCISED if self.not_exercised else VERIFIED
+        if self.kernel_calls_expected and any(c.status == VERIFIED for c in self.classes):
+            return NOT_EXERCISED
         if self.error is not None or not self.classes or self.sites:
             return NOT_CHECKABLE
         if all(c.status == VERIFIED for c in self.classes):
@@ -195,6 +202,11 @@ class FileVerification:
             if self.error:
                 text += f"; the check did not finish: {self.error}"
             return text
+        if status == NOT_EXERCISED and not self.sites:
+            return (
+                "the patched text differs from the original but no adopter.kernels call was "
+                "located in it, so no patched code was seen running (the model checks agree)"
+            )
         if status == NOT_EXERCISED:
             missing = self.not_exercised
             return (

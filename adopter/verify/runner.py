@@ -384,7 +384,9 @@ def run_verify_jobs(
         )
         try:
             for job, outcome in zip(jobs, outcomes):
-                yield _file_verification(Path(job.label), outcome, job.requested)
+                verdict = _file_verification(Path(job.label), outcome, job.requested)
+                verdict.kernel_calls_expected = bool(job.worker_job.get("kernel_calls_expected"))
+                yield verdict
         finally:
             outcomes.close()  # ends the worker now, before its folder goes
 
@@ -403,6 +405,8 @@ def _transformers_job(item: PatchedFile, options: dict[str, Any]) -> VerifyJob:
         sites = []
     worker_job = {
         "sites": [site.to_json() for site in sites],
+        # A changed text is a patch: it must call kernels that verify can see running.
+        "kernel_calls_expected": item.patched_source != original,
         "kind": "transformers",
         "original_path": str(path.resolve()),
         "module_name": module_name,

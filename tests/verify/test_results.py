@@ -20,6 +20,34 @@ def test_file_status_never_reads_empty_as_verified() -> None:
     assert FileVerification(Path("m.py"), [blocked, refuted]).status == "refuted"
 
 
+def test_a_changed_text_without_located_kernel_calls_is_not_verified() -> None:
+    """Agreeing checks of a patch whose kernel calls verify could not locate prove nothing:
+    the patched code may never have run. Only an unchanged text is verified that way."""
+    ok = ClassVerification("A", "verified", "agrees", 0.0)
+    unlocated = FileVerification(Path("m.py"), [ok], kernel_calls_expected=True)
+    assert unlocated.status == "not exercised"
+    assert "no adopter.kernels call was located" in unlocated.reason()
+    assert unlocated.to_json()["status"] == "not exercised"
+    blocked = ClassVerification("B", "not checkable", "why")
+    assert FileVerification(Path("m.py"), [blocked], kernel_calls_expected=True).status == (
+        "not checkable"
+    )
+
+
+def test_verify_expects_kernel_calls_exactly_when_the_text_changed(tmp_path: Path) -> None:
+    from adopter.verify.runner import PatchedFile, _transformers_job
+
+    def _options() -> dict[str, object]:
+        return {"timeout": 60.0, "python": None, "memory_limit": None}
+
+    model = tmp_path / "modeling_x.py"
+    model.write_text("x = 1\n", encoding="utf-8")
+    same = _transformers_job(PatchedFile(model, "x = 1\n"), _options())
+    changed = _transformers_job(PatchedFile(model, "x = 2\n"), _options())
+    assert same.worker_job["kernel_calls_expected"] is False
+    assert changed.worker_job["kernel_calls_expected"] is True
+
+
 def test_class_verdict_json_round_trip() -> None:
     verdict = ClassVerification("A", "refuted", "r", float("inf"), "state_dict", {"eval": "x"})
     assert ClassVerification.from_json(verdict.to_json()) == verdict
