@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -129,6 +130,55 @@ def verify_zoo(
         on_result=heard,
     )
     return verdicts, time.perf_counter() - started
+
+
+def _error_kind(reason: str) -> str:
+    """The first error a "could not build and run" reason names, its numbers and quoted names
+    blanked out (else the reason's opening words): enough to group files by what stopped them."""
+    found = re.search(r"\b([A-Z]\w*(?:Error|Exception)): ?([^;()]*)", reason)
+    text = f"{found.group(1)}: {found.group(2)}" if found else reason
+    text = re.sub(r"`[^`]*`|'[^']*'", "…", re.sub(r"\d[\d,.]*", "N", text))
+    return " ".join(text.split()[:9]).replace("|", "/") or "no reason given"
+
+
+def site_summary(results: list[dict], file_status: dict[str, str]) -> list[str]:
+    """Lines saying where every patched site stands: how many ran and matched, and, for those
+    that did not, the verdict of their file; then what stopped the not-checkable files."""
+    sites: Counter = Counter()
+    for row in results:
+        if row.get("kind") == "site":
+            verdict = file_status.get(Path(row["path"]).name, "not checkable")
+            sites["ran and matched" if row["status"] == "exercised" else verdict] += 1
+    total = sum(sites.values())
+    lines = [
+        f"Patched sites: {total}; ran and matched: {sites['ran and matched']}; never ran in a "
+        f"matching check, in not-exercised files: {sites['not exercised']}, in not-checkable "
+        f"files: {sites['not checkable']}, in refuted files: {sites['refuted']}. "
+        "`adopter apply --verify` writes a file's patch only where verify proves it (dropping "
+        "the rules whose sites never ran and checking the rest again), so every other site is "
+        "skipped with the reason shown below.\n",
+    ]
+    stopped: Counter = Counter()
+    for row in results:
+        name = Path(row["path"]).name
+        if row.get("kind", "file") == "file" and file_status.get(name) == "not checkable":
+            stopped[_error_kind(str(row.get("reason", "")))] += 1
+    if stopped:
+        lines += [
+            "What stopped the not-checkable files (the first error named in the file's reason):\n",
+            "| first error | files |",
+            "|---|---|",
+            *(f"| {kind} | {count} |" for kind, count in stopped.most_common(20)),
+            *(
+                [
+                    f"| (other errors) | {sum(stopped.values()) - sum(dict(stopped.most_common(20)).values())} |"
+                ]
+                if len(stopped) > 20
+                else []
+            ),
+            "",
+        ]
+    return lines
 
 
 def interpreter(python: str | None, adopter: str | None) -> str | None:
@@ -235,6 +285,7 @@ def main() -> int:
         f"| {len(files)} | {verdicts['verified']} | {verdicts['refuted']} | "
         f"{verdicts['not exercised']} | {verdicts['not checkable']} |",
         "",
+        *site_summary(results, file_status),
         "| file | verdict | checks verified | refuted | not checkable | sites exercised | "
         "sites not exercised | first reason (not verified) |",
         "|---|---|---|---|---|---|---|---|",
