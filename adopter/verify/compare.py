@@ -43,7 +43,9 @@ passes only where it is smaller than the error of the original's own float32 run
 tensor: below what float32 can resolve in this model. A wrong patch that moves a value by more
 than that is still refuted, and a correct one whose largest error comes out larger than the
 original's by chance is refuted too (the rule errs towards refuting). A reference that draws
-random numbers is no reference (dropout masks depend on the dtype) and is not used.
+random numbers is no reference (dropout masks depend on the dtype) and is not used. What the
+original rounds on purpose (``softmax(..., dtype=torch.float32)``) stays rounded in the
+reference: it is the original's computation, without float32 anywhere else.
 """
 
 from __future__ import annotations
