@@ -258,6 +258,13 @@ def main() -> int:
             file_status[name] = row["status"]
             per_file.setdefault(name, Counter())
     verdicts = Counter(file_status.values())
+    refereed = [
+        row
+        for row in results
+        if row.get("kind") == "class"
+        and row["status"] == "verified"
+        and any(figures.get("settled") for figures in (row.get("referee") or {}).values())
+    ]
     lines = [
         f"# Verification on transformers {args.version}\n",
         f"Produced by `python benchmarks/verify_zoo.py --version {args.version} --python "
@@ -285,6 +292,11 @@ def main() -> int:
         f"| {len(files)} | {verdicts['verified']} | {verdicts['refuted']} | "
         f"{verdicts['not exercised']} | {verdicts['not checkable']} |",
         "",
+        f"{len(refereed)} verified check(s) in "
+        f"{len({Path(row['path']).name for row in refereed})} file(s) agree only after the "
+        "float64 referee (float32 differences beyond the tolerance, no patched value farther "
+        "from a float64 run of the original than the original's own float32 run; see "
+        "docs/reliability.md).\n",
         *site_summary(results, file_status),
         "| file | verdict | checks verified | refuted | not checkable | sites exercised | "
         "sites not exercised | first reason (not verified) |",

@@ -22,6 +22,30 @@ moves values by 1e-3 or more and exceeds it hundredfold. Float64 runs use 1e-9 /
 (eps = 2.2e-16). Half precisions are only approximate (eps 1e-3 / 8e-3) and get 1e-2 / 1e-3.
 
 Integer and boolean tensors (indices, masks) and non-tensor outputs must be exactly equal.
+
+The float64 referee. Some models amplify rounding far beyond these few units in the last place
+(activations in the tens, attention over wide heads, gradients summed over every position): two
+correct float32 runs that only order their sums differently then differ beyond the tolerance,
+and neither is the right one. Where a float32 (or half-precision) comparison fails only on such
+finite differences - never on a shape, dtype, presence, NaN/inf pattern, integer value or
+exception, which stay refuted - :mod:`adopter.verify.differential` runs the *original* once more
+in float64 (its state and floating inputs cast) as the reference, and :func:`referee_value`
+asks of each differing value whether the patched run is any farther from it than the original's
+own float32 run:
+
+    max |patched - reference| <= max |original - reference| + atol * max(1, max |reference|)
+
+Per tensor, not per element: rounding errors land on different elements in two equally accurate
+runs, so an element-wise rule would refute a correct reordering wherever the original happened
+to come out closer at that element, while the largest error in a tensor is what its float32
+precision bounds (and the tolerance above is per-tensor scaled for the same reason). So a change
+passes only where it is smaller than the error of the original's own float32 run in that
+tensor: below what float32 can resolve in this model. A wrong patch that moves a value by more
+than that is still refuted, and a correct one whose largest error comes out larger than the
+original's by chance is refuted too (the rule errs towards refuting). A reference that draws
+random numbers is no reference (dropout masks depend on the dtype) and is not used. What the
+original rounds on purpose (``softmax(..., dtype=torch.float32)``) stays rounded in the
+reference: it is the original's computation, without float32 anywhere else.
 """
 
 from __future__ import annotations
@@ -32,7 +56,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["Difference", "Tolerance", "compare_values", "tolerance_for"]
+__all__ = [
+    "Difference",
+    "RefereeFigures",
+    "Tolerance",
+    "compare_values",
+    "referee_value",
+    "tolerance_for",
+]
 
 
 @dataclass(frozen=True)
@@ -72,6 +103,12 @@ class Difference:
     @property
     def ok(self) -> bool:
         return self.excess <= 1.0
+
+    @property
+    def numeric(self) -> bool:
+        """A finite difference of floating-point values (not a structural mismatch): the only
+        kind the float64 referee may look at."""
+        return not self.note and math.isfinite(self.excess)
 
     def describe(self) -> str:
         if self.note:
@@ -135,3 +172,75 @@ def _compare_tensors(name: str, ref: torch.Tensor, got: torch.Tensor, tol: Toler
     scale = max(1.0, float(magnitude.max()))
     allowed = tol.atol * scale + tol.rtol * magnitude
     return Difference(name, float(diff.max()), float((diff / allowed).max()))
+
+
+@dataclass(frozen=True)
+class RefereeFigures:
+    """How far one differing value of each float32 run lies from the float64 reference.
+
+    ``note`` says why the value could not be judged (it then fails)."""
+
+    name: str
+    original_error: float
+    patched_error: float
+    allowance: float
+    note: str = ""
+
+    @property
+    def passes(self) -> bool:
+        return not self.note and self.patched_error <= self.original_error + self.allowance
+
+    @property
+    def ratio(self) -> float:
+        """How much of what the rule allows the patched run uses (``<= 1`` passes)."""
+        if self.note:
+            return math.inf
+        return self.patched_error / (self.original_error + self.allowance)
+
+    def describe(self) -> str:
+        if self.note:
+            return f"{self.name}: {self.note}"
+        return (
+            f"{self.name}: the patched run is off by {self.patched_error:.3g}, the original's "
+            f"own run by {self.original_error:.3g}"
+        )
+
+
+def referee_value(
+    name: str,
+    original: torch.Tensor,
+    patched: torch.Tensor,
+    reference: Any,
+    tol: Tolerance,
+) -> RefereeFigures:
+    """Judge one value whose float32 runs differ against the original's float64 run (see the
+    module docstring); ``original`` and ``patched`` passed :func:`compare_values` structurally,
+    so they share shape, dtype and NaN/inf pattern."""
+    if not isinstance(reference, torch.Tensor) or not reference.is_floating_point():
+        return RefereeFigures(
+            name, math.inf, math.inf, 0.0, "no floating tensor in the float64 run"
+        )
+    if reference.shape != original.shape:
+        return RefereeFigures(
+            name, math.inf, math.inf, 0.0, f"shape {tuple(reference.shape)} in the float64 run"
+        )
+    ref, orig, got = (t.detach().to(torch.float64) for t in (reference, original, patched))
+    finite = torch.isfinite(orig)
+    if not torch.equal(finite, torch.isfinite(ref)):
+        return RefereeFigures(
+            name,
+            math.inf,
+            math.inf,
+            0.0,
+            "NaN or infinity in other elements than in the float64 run",
+        )
+    if not bool(finite.any()):
+        return RefereeFigures(name, 0.0, 0.0, tol.atol)
+    ref, orig, got = ref[finite], orig[finite], got[finite]
+    allowance = tol.atol * max(1.0, float(ref.abs().max()))
+    return RefereeFigures(
+        name,
+        original_error=float((orig - ref).abs().max()),
+        patched_error=float((got - ref).abs().max()),
+        allowance=allowance,
+    )

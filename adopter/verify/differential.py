@@ -15,6 +15,15 @@ Every run gets a model that has never run before (a copy of a pristine one), so 
 keeps between calls cannot make the sides differ. The original is run twice first: if it does
 not reproduce itself (random numbers drawn outside torch's seeded generator, non-deterministic
 kernels), a difference would prove nothing, and the mode is "not checkable" instead.
+
+Where a float32 or half-precision mode fails only on finite differences of floating-point
+values, a float64 run of the original referees it (:mod:`adopter.verify.compare` says when a
+value passes): if no differing value of the patched run is farther from that reference than the
+original's own run, the difference is rounding the model amplifies, and the mode is verified
+with a detail saying so and the referee's figures in :attr:`ModeOutcome.referee`; otherwise, or
+where the float64 run cannot be built, run or trusted, it stays refuted with the figures or the
+reason added. Structural mismatches (shape, dtype, presence, NaN/inf pattern, integer values)
+and exceptions never reach the referee.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .compare import Difference, Tolerance, compare_values
+from .compare import Difference, RefereeFigures, Tolerance, compare_values, referee_value
 from .results import NOT_CHECKABLE, REFUTED, VERIFIED, ClassVerification
 from .shrink import DROPOUT_NAME
 
@@ -60,20 +69,41 @@ _DROPOUT_TYPES = (
 
 @dataclass
 class SideRun:
-    """What one side produced: named outputs, gradients and buffers, in a stable order."""
+    """What one side produced: named outputs, gradients and buffers, in a stable order.
+
+    ``drew_random``: the run drew from torch's seeded generator (dropout, noise)."""
 
     outputs: list[tuple[str, Any]]
     grads: list[tuple[str, torch.Tensor | None]]
     buffers: list[tuple[str, torch.Tensor]]
+    drew_random: bool = False
+
+    def labelled(self) -> dict[str, Any]:
+        """Every value under the label :func:`compare_runs` gives its difference."""
+        return {
+            f"{kind} {name}": value
+            for kind, values in (
+                ("output", self.outputs),
+                ("grad", self.grads),
+                ("buffer", self.buffers),
+            )
+            for name, value in values
+        }
 
 
 @dataclass
 class ModeOutcome:
-    """The verdict of one mode, with the differences behind it."""
+    """The verdict of one mode, with the differences behind it.
+
+    ``referee``: where the float64 referee judged the mode, its figures (JSON-ready: ``settled``,
+    the number of ``values`` it judged, and at the value that came closest to failing,
+    ``where``, ``patched_error``, ``original_error`` and ``allowance``; or ``reason`` when it
+    could not judge)."""
 
     status: str
     detail: str
     differences: list[Difference] = field(default_factory=list)
+    referee: dict[str, Any] | None = None
 
     def line(self) -> str:
         return f"{self.status}: {self.detail}" if self.detail else self.status
@@ -206,6 +236,7 @@ def run_side(
     model.train(training)
     model.zero_grad(set_to_none=True)
     seed_everything(seed)
+    seeded = torch.get_rng_state()
     with torch.enable_grad():
         result = _call(model, _fresh(inputs))
         outputs: list[tuple[str, Any]] = []
@@ -217,6 +248,7 @@ def run_side(
         loss = _projection_loss(outputs, seed)
         if loss is not None:
             loss.backward()
+    drew_random = not torch.equal(torch.get_rng_state(), seeded)
     param_names = set()
     grads: list[tuple[str, torch.Tensor | None]] = []
     for name, param in model.named_parameters():
@@ -235,8 +267,9 @@ def run_side(
             inference: list[tuple[str, Any]] = []
             _flatten(_call(model, _fresh(inputs)), "", inference)
         outputs += [(f"no_grad {name}", value) for name, value in inference]
+        drew_random = drew_random or not torch.equal(torch.get_rng_state(), seeded)
     detached = [(n, v.detach() if isinstance(v, torch.Tensor) else v) for n, v in outputs]
-    return SideRun(detached, grads, buffers)
+    return SideRun(detached, grads, buffers, drew_random)
 
 
 def _compare_named(
@@ -307,6 +340,127 @@ def pristine_copies(pristine: nn.Module, rebuild: ModelSource | None = None) -> 
     return make
 
 
+# The precisions a float64 run can referee (complex and float64 values stay as judged).
+_REFEREED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _as_float64(value: Any) -> Any:
+    """``value`` with every floating tensor (nested in dicts, tuples, lists) cast to float64."""
+    if isinstance(value, torch.Tensor):
+        return value.to(torch.float64) if value.is_floating_point() else value
+    if isinstance(value, Mapping):
+        return {key: _as_float64(item) for key, item in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(_as_float64(item) for item in value)
+    return value
+
+
+@dataclass
+class _Referee:
+    """The float64 referee's judgement of one mode's failing values."""
+
+    settled: bool
+    figures: list[RefereeFigures] = field(default_factory=list)
+    reason: str = ""
+
+    def closest(self) -> RefereeFigures | None:
+        """The value that came closest to failing (or failed by most)."""
+        return max(self.figures, key=lambda f: f.ratio, default=None)
+
+    def to_json(self) -> dict[str, Any]:
+        if self.reason:
+            return {"settled": False, "reason": self.reason}
+        closest = self.closest()
+        assert closest is not None
+        return {
+            "settled": self.settled,
+            "values": len(self.figures),
+            "where": closest.name,
+            "patched_error": closest.patched_error,
+            "original_error": closest.original_error,
+            "allowance": closest.allowance,
+        }
+
+
+def _referee(
+    reference_model: Callable[[], nn.Module],
+    state: dict[str, torch.Tensor],
+    inputs: Any,
+    side: dict[str, Any],
+    original: SideRun,
+    patched: SideRun,
+    failing: list[Difference],
+    tol: Tolerance,
+) -> _Referee | None:
+    """Judge ``failing`` against a float64 run of the original, or ``None`` where the referee
+    does not apply: a structural mismatch, or a value that is not float32 or half precision."""
+    original_values, patched_values = original.labelled(), patched.labelled()
+    for difference in failing:
+        value = original_values.get(difference.name)
+        if not (
+            difference.numeric
+            and isinstance(value, torch.Tensor)
+            and value.dtype in _REFEREED_DTYPES
+        ):
+            return None
+    try:
+        model = reference_model().to(torch.float64)
+        reference = run_side(model, _as_float64(state), _as_float64(inputs), **side)
+    except Exception as exc:
+        return _Referee(False, reason=f"the original model in float64 raised {_error_line(exc)}")
+    if reference.drew_random:
+        # Random draws differ between dtypes (a float64 dropout mask is not the float32 one),
+        # so such a run is no reference for the float32 ones.
+        return _Referee(False, reason="the original model draws random numbers in this mode")
+    reference_values = reference.labelled()
+    figures = [
+        referee_value(
+            d.name,
+            original_values[d.name],
+            patched_values[d.name],
+            reference_values.get(d.name),
+            tol,
+        )
+        for d in failing
+    ]
+    return _Referee(all(f.passes for f in figures), figures)
+
+
+def _refereed(
+    referee: _Referee,
+    refuted: str,
+    diffs: list[Difference],
+    failing: list[Difference],
+    worst: Difference,
+    precision: str,
+) -> ModeOutcome:
+    """The outcome of a mode whose ``failing`` values went to the referee; ``refuted`` is the
+    detail the mode would have without it."""
+    if referee.reason:
+        return ModeOutcome(
+            REFUTED, f"{refuted}; no float64 referee: {referee.reason}", diffs, referee.to_json()
+        )
+    closest = referee.closest()
+    assert closest is not None
+    if not referee.settled:
+        detail = (
+            f"{refuted}; float64 referee: against a float64 run of the original, "
+            f"{closest.describe()} (allowed {closest.original_error + closest.allowance:.3g})"
+        )
+        return ModeOutcome(REFUTED, detail, diffs, referee.to_json())
+    at_worst = next(f for f in referee.figures if f.name == worst.name)
+    figures = at_worst.describe()
+    if closest is not at_worst:
+        figures += f"; closest: {closest.describe()}"
+    detail = (
+        f"{precision} results differ beyond the tolerance ({len(failing)} of {len(diffs)} "
+        f"values; largest: {worst.describe()}), but against a float64 run of the original no "
+        f"patched {precision} value is farther off than the original's own {precision} "
+        f"run ({figures}): rounding the model amplifies, not a change"
+    )
+    return ModeOutcome(VERIFIED, detail, diffs, referee.to_json())
+
+
 def check_mode(
     original: ModelSource,
     patched: ModelSource,
@@ -323,7 +477,8 @@ def check_mode(
 
     ``original`` and ``patched`` hand out fresh models (:func:`pristine_copies`); ``prepare``
     is applied to each before it runs (e.g. :func:`zero_dropout_modules`); ``objective`` is
-    :func:`run_side`'s.
+    :func:`run_side`'s. A failure on finite floating-point differences alone goes to the float64
+    referee (see the module docstring).
     """
     side = {"training": training, "seed": seed, "objective": objective}
 
@@ -359,7 +514,11 @@ def check_mode(
         )
         if failing[0] is not worst:
             detail += f"; first: {failing[0].describe()}"
-        return ModeOutcome(REFUTED, detail, diffs)
+        referee = _referee(lambda: fresh(original), state, inputs, side, first, other, failing, tol)
+        if referee is None:
+            return ModeOutcome(REFUTED, detail, diffs)
+        precision = str(first.labelled()[worst.name].dtype).removeprefix("torch.")
+        return _refereed(referee, detail, diffs, failing, worst, precision)
     largest = _largest(diffs)
     detail = f"{len(diffs)} values agree"
     if largest is not None and largest.max_abs_diff > 0:
@@ -378,8 +537,10 @@ def conclude(
 
     Refuted if any mode is; verified if every mode that ran is verified (skipped modes are
     named in the reason); otherwise not checkable, naming the mode that could not be checked.
+    The float64 referee's figures of every mode it judged are kept in ``referee``.
     """
     modes = {name: outcome.line() for name, outcome in outcomes.items()}
+    referee = {name: o.referee for name, o in outcomes.items() if o.referee is not None}
     refuted = {n: o for n, o in outcomes.items() if o.status == REFUTED}
     every_diff = [d for o in outcomes.values() for d in o.differences]
     if refuted:
@@ -393,6 +554,7 @@ def conclude(
             max_abs_diff=None if worst is None else worst.max_abs_diff,
             where=None if worst is None else worst.name,
             modes=modes,
+            referee=referee,
         )
     blocked = {n: o for n, o in outcomes.items() if o.status == NOT_CHECKABLE}
     if blocked or not outcomes:
@@ -404,6 +566,7 @@ def conclude(
             status=NOT_CHECKABLE,
             reason=f"{prefix}{name}: {outcome.detail}",
             modes=modes,
+            referee=referee,
         )
     largest = _largest(every_diff)
     if largest is not None and largest.max_abs_diff == 0.0:
@@ -411,6 +574,12 @@ def conclude(
     ran = [n for n, o in outcomes.items() if o.status == VERIFIED]
     skipped = [f"{n} ({o.detail})" for n, o in outcomes.items() if o.status == SKIPPED]
     reason = f"{prefix}agrees in {', '.join(ran)}"
+    settled = [name for name, figures in referee.items() if figures.get("settled")]
+    if settled:
+        reason += (
+            f"; in {', '.join(settled)} only after the float64 referee: the differences beyond "
+            "the tolerance are rounding the model amplifies"
+        )
     if skipped:
         reason += "; skipped " + "; ".join(skipped)
     return ClassVerification(
@@ -420,4 +589,5 @@ def conclude(
         max_abs_diff=0.0 if largest is None else largest.max_abs_diff,
         where=None if largest is None else largest.name,
         modes=modes,
+        referee=referee,
     )

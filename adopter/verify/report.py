@@ -1,10 +1,11 @@
 """Rows for ``adopter verify``'s table and JSON: one per file, per check and per patched site.
 
 Each row has ``kind`` (``file``, ``class`` or ``site``), ``path``, ``class``, ``status`` and
-``reason``; class rows add ``max_abs_diff``, ``where``, ``modes``, ``setting`` and ``runs``,
-site rows ``line`` (in the original file), ``kernel``, ``function`` and the checks it ran and
-matched in. The file row carries the verdict that counts: ``verified`` only when every
-patched site ran and matched.
+``reason``; class rows add ``max_abs_diff``, ``where``, ``modes``, ``setting``, ``runs`` and
+``referee`` (per mode, the float64 referee's figures where it judged one; ``settled`` where it
+verified the mode), site rows ``line`` (in the original file), ``kernel``, ``function`` and the
+checks it ran and matched in. The file row carries the verdict that counts: ``verified`` only
+when every patched site ran and matched.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ def class_row(path: str | Path, verdict: ClassVerification) -> dict[str, Any]:
         "modes": dict(verdict.modes),
         "setting": verdict.setting,
         "runs": {mode: dict(counts) for mode, counts in verdict.runs.items()},
+        "referee": {mode: dict(figures) for mode, figures in verdict.referee.items()},
     }
 
 

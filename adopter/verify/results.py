@@ -37,6 +37,10 @@ class ClassVerification:
     ``setting`` names configuration values verify changed from the defaults to reach a
     patched site (``use_weighted_layer_sum=True``; empty for the defaults). ``runs`` maps each
     mode to the patched sites (:attr:`PatchedSite.key`) that ran in it and how often.
+
+    ``referee`` maps each mode whose float32 differences went to the float64 referee
+    (:mod:`adopter.verify.differential`) to its figures; ``settled: true`` where it verified
+    the mode (:attr:`settled_by_referee`).
     """
 
     cls: str
@@ -47,6 +51,12 @@ class ClassVerification:
     modes: dict[str, str] = field(default_factory=dict)
     setting: str = ""
     runs: dict[str, dict[str, int]] = field(default_factory=dict)
+    referee: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def settled_by_referee(self) -> list[str]:
+        """The modes verified only after the float64 referee."""
+        return [mode for mode, figures in self.referee.items() if figures.get("settled")]
 
     @property
     def label(self) -> str:
@@ -73,6 +83,7 @@ class ClassVerification:
                 str(mode): {str(k): int(n) for k, n in counts.items()}
                 for mode, counts in (data.get("runs") or {}).items()
             },
+            referee={str(mode): dict(f) for mode, f in (data.get("referee") or {}).items()},
         )
 
 
@@ -199,6 +210,16 @@ class FileVerification:
             text = f"{len(agreed)} model check(s) agree: " + ", ".join(agreed)
             if self.sites:
                 text += f"; all {len(self.sites)} patched site(s) ran and matched"
+            refereed = [
+                f"{c.label} ({', '.join(c.settled_by_referee)})"
+                for c in self.classes
+                if c.status == VERIFIED and c.settled_by_referee
+            ]
+            if refereed:
+                text += (
+                    "; float32 differences beyond the tolerance settled by the float64 referee in "
+                    + ", ".join(refereed)
+                )
             if self.error:
                 text += f"; the check did not finish: {self.error}"
             return text

@@ -1,0 +1,224 @@
+"""The float64 referee of float32 refutations, on a tiny ill-conditioned module of our own.
+
+``OnePassNorm`` normalises activations that sit far from zero (an offset of 100) with the
+one-pass variance E[h^2] - E[h]^2: the subtraction cancels about four of float32's seven
+digits, so rounding that a correct rewrite reorders moves outputs and gradients by ~100x the
+float32 tolerance. The two-pass variance (centre first, then square) is the same mathematics
+and far more accurate; a changed or dropped epsilon is a real change of similar size.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from adopter.verify import ClassVerification, FileVerification, differential
+from adopter.verify.compare import compare_values, referee_value, tolerance_for
+from adopter.verify.differential import (
+    ModeOutcome,
+    check_mode,
+    conclude,
+    load_strictly,
+    pristine_copies,
+    snapshot_state,
+)
+from adopter.verify.report import class_row
+
+F32 = tolerance_for(torch.float32)
+
+
+class OnePassNorm(nn.Module):
+    offset = 100.0
+    eps = 1e-2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(32, 32)
+        self.weight = nn.Parameter(torch.ones(32))
+
+    def variance(self, h: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+        return (h * h).mean(-1, keepdim=True) - mean * mean
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x) + self.offset
+        mean = h.mean(-1, keepdim=True)
+        return (h - mean) / torch.sqrt(self.variance(h, mean) + self.eps) * self.weight
+
+
+class TwoPass(OnePassNorm):
+    """A correct rewrite: the same variance, summed in another order."""
+
+    def variance(self, h: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+        return (h - mean).pow(2).mean(-1, keepdim=True)
+
+
+class ChangedEps(TwoPass):
+    eps = 2e-2
+
+
+class DroppedEps(TwoPass):
+    eps = 0.0
+
+
+class DetachedWeight(TwoPass):
+    """Correct numbers, but the scale gets no gradient: a structural mismatch."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x) + self.offset
+        mean = h.mean(-1, keepdim=True)
+        return (h - mean) / torch.sqrt(self.variance(h, mean) + self.eps) * self.weight.detach()
+
+
+class Float32Only(OnePassNorm):
+    """Keeps a float32 tensor outside its parameters and buffers, so that in float64 its
+    matrix product fails: a model that cannot be run in float64."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mix = torch.eye(32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) @ self.mix
+
+
+class Float32OnlyTwoPass(Float32Only, TwoPass):
+    pass
+
+
+class Noisy(OnePassNorm):
+    """Draws noise in training, as dropout does: a float64 run draws other numbers."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        return out + 1e-3 * torch.randn_like(out) if self.training else out
+
+
+class NoisyTwoPass(Noisy, TwoPass):
+    pass
+
+
+def judge(
+    original: type[nn.Module], patched: type[nn.Module], seed: int = 0, training: bool = False
+) -> ModeOutcome:
+    torch.manual_seed(seed)
+    first, second = original(), patched()
+    state = snapshot_state(first)
+    assert load_strictly(second, state) is None
+    inputs = (torch.randn(16, 32, generator=torch.Generator().manual_seed(1)),)
+    return check_mode(
+        pristine_copies(first),
+        pristine_copies(second),
+        state,
+        inputs,
+        training=training,
+        seed=0,
+        tol=F32,
+    )
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_correct_rewrite_beyond_the_float32_tolerance_is_verified_by_the_referee(
+    seed: int,
+) -> None:
+    outcome = judge(OnePassNorm, TwoPass, seed)
+    assert outcome.status == "verified", outcome.detail
+    failing = [d for d in outcome.differences if not d.ok]
+    assert failing and max(d.excess for d in failing) > 10  # far beyond the tolerance
+    assert outcome.referee is not None and outcome.referee["settled"] is True
+    assert outcome.referee["values"] == len(failing)
+    assert outcome.referee["patched_error"] < outcome.referee["original_error"]
+    assert "float32 results differ beyond the tolerance" in outcome.detail
+    assert "rounding the model amplifies" in outcome.detail
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("wrong", [ChangedEps, DroppedEps])
+def test_a_wrong_rewrite_in_the_same_model_stays_refuted(wrong: type, seed: int) -> None:
+    outcome = judge(OnePassNorm, wrong, seed)
+    assert outcome.status == "refuted"
+    assert outcome.referee is not None and outcome.referee["settled"] is False
+    figures = outcome.referee
+    assert figures["patched_error"] > 5 * (figures["original_error"] + figures["allowance"])
+    assert "float64 referee: against a float64 run of the original" in outcome.detail
+
+
+def test_structural_mismatches_never_reach_the_referee(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_referee(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the referee must not run")
+
+    monkeypatch.setattr(differential, "referee_value", no_referee)
+    # numbers beyond the tolerance plus a gradient missing on one side
+    missing = judge(OnePassNorm, DetachedWeight)
+    assert missing.status == "refuted" and missing.referee is None
+    assert "present only in the original run" in missing.detail
+    assert "float64" not in missing.detail
+    # a NaN pattern, an integer value or a shape is a structural difference too
+    nan = torch.tensor([float("nan"), 1.0])
+    assert not compare_values("v", nan, torch.tensor([1.0, 1.0]), F32).numeric
+    assert not compare_values("v", torch.tensor([1, 2]), torch.tensor([1, 3]), F32).numeric
+    assert not compare_values("v", torch.zeros(2), torch.zeros(3), F32).numeric
+    assert compare_values("v", torch.zeros(2), torch.ones(2), F32).numeric
+
+
+def test_a_float64_mode_gets_no_referee() -> None:
+    torch.manual_seed(0)
+    first, second = OnePassNorm().double(), ChangedEps().double()
+    state = snapshot_state(first)
+    inputs = (torch.randn(16, 32, generator=torch.Generator().manual_seed(1)).double(),)
+    outcome = check_mode(
+        pristine_copies(first),
+        pristine_copies(second),
+        state,
+        inputs,
+        training=False,
+        seed=0,
+        tol=tolerance_for(torch.float64),
+    )
+    assert outcome.status == "refuted" and outcome.referee is None
+
+
+def test_an_original_that_refuses_float64_stays_refuted_with_the_reason() -> None:
+    outcome = judge(Float32Only, Float32OnlyTwoPass)
+    assert outcome.status == "refuted"
+    assert "no float64 referee: the original model in float64 raised RuntimeError" in outcome.detail
+    assert outcome.referee is not None and outcome.referee["settled"] is False
+
+
+def test_a_reference_that_draws_random_numbers_is_not_trusted() -> None:
+    outcome = judge(Noisy, NoisyTwoPass, training=True)
+    assert outcome.status == "refuted"
+    assert "draws random numbers" in outcome.detail
+    assert judge(Noisy, NoisyTwoPass, training=False).status == "verified"  # no draws in eval
+
+
+def test_referee_value_judges_the_largest_error_per_tensor() -> None:
+    reference = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    original = torch.tensor([1.01, 2.0, 3.0])  # off by 0.01 in one element
+    closer = torch.tensor([1.0, 2.005, 3.005])  # off by 0.005 in two others: passes
+    farther = torch.tensor([1.0, 2.0, 3.03])
+    assert referee_value("v", original, closer, reference, F32).passes
+    figures = referee_value("v", original, farther, reference, F32)
+    assert not figures.passes and figures.patched_error == pytest.approx(0.03, rel=1e-5)
+    assert figures.allowance == pytest.approx(3e-5)
+    nan_here = torch.tensor([float("nan"), 2.0, 3.0])
+    assert not referee_value("v", nan_here, nan_here, reference, F32).passes
+
+
+def test_verdicts_count_the_modes_the_referee_settled() -> None:
+    settled = judge(OnePassNorm, TwoPass)
+    plain = judge(TwoPass, TwoPass)
+    assert plain.status == "verified" and plain.referee is None
+    verdict = conclude("OnePassNorm", {"eval": plain, "train": settled})
+    assert verdict.status == "verified" and verdict.settled_by_referee == ["train"]
+    assert "in train only after the float64 referee" in verdict.reason
+    assert ClassVerification.from_json(verdict.to_json()) == verdict
+    assert class_row("m.py", verdict)["referee"]["train"]["settled"] is True
+    assert "settled by the float64 referee in OnePassNorm (train)" in (
+        FileVerification(Path("m.py"), [verdict]).reason()
+    )
+    refuted = conclude("OnePassNorm", {"eval": judge(OnePassNorm, ChangedEps)})
+    assert refuted.status == "refuted" and refuted.settled_by_referee == []
+    assert refuted.referee["eval"]["settled"] is False
