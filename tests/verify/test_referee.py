@@ -9,6 +9,7 @@ and far more accurate; a changed or dropped epsilon is a real change of similar 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -222,3 +223,59 @@ def test_verdicts_count_the_modes_the_referee_settled() -> None:
     refuted = conclude("OnePassNorm", {"eval": judge(OnePassNorm, ChangedEps)})
     assert refuted.status == "refuted" and refuted.settled_by_referee == []
     assert refuted.referee["eval"]["settled"] is False
+
+
+class Cancelled(nn.Module):
+    """Outputs whose true value is exactly zero (each row's deviations from its mean, summed):
+    in float32 they are all rounding, as the gradient of a bias feeding a train-mode batch norm
+    is all cancellation."""
+
+    extra = 0.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(32, 512)
+
+    def rows(self, h: torch.Tensor) -> torch.Tensor:
+        return (h - h.mean(-1, keepdim=True)).sum(-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rows(self.linear(x) * 1e4 + 1e4) + self.extra
+
+
+class CancelledOtherOrder(Cancelled):
+    """The same zeros, summed before subtracting: other (larger) float32 rounding."""
+
+    def rows(self, h: torch.Tensor) -> torch.Tensor:
+        return h.sum(-1) - h.shape[-1] * h.mean(-1)
+
+
+class CancelledWrong(CancelledOtherOrder):
+    extra = 0.5
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_value_that_is_all_rounding_is_judged_in_float64(seed: int) -> None:
+    outcome = judge(Cancelled, CancelledOtherOrder, seed)
+    assert outcome.status == "verified", outcome.detail
+    assert outcome.referee is not None and outcome.referee["settled"]
+    wrong = judge(Cancelled, CancelledWrong, seed)
+    assert wrong.status == "refuted"
+    assert "in float64 does not agree" in wrong.detail
+
+
+def test_a_noise_value_needs_the_patched_float64_run_to_agree() -> None:
+    reference = torch.tensor([1e-19, -1e-19], dtype=torch.float64)
+    original = torch.tensor([0.1, -0.05])
+    patched = torch.tensor([-0.3, 0.2])
+    figures = referee_value("grad bias", original, patched, reference, F32)
+    assert figures.is_noise and not figures.passes  # nothing known about float64 yet
+    closer = referee_value("grad bias", original, original * 0.5, reference, F32)
+    assert closer.is_noise and not closer.passes  # closer noise says nothing either
+    assert replace(figures, agrees_in_float64=True).passes
+    assert not replace(figures, agrees_in_float64=False).passes
+    signal = referee_value(
+        "v", torch.tensor([1.01]), torch.tensor([1.05]), torch.tensor([1.0]).double(), F32
+    )
+    assert not signal.is_noise  # a value with a true magnitude keeps the plain rule
+    assert not replace(signal, agrees_in_float64=True).passes
