@@ -192,6 +192,80 @@ def size_fixes(config: Any, error: str) -> dict[str, Any]:
     return {}
 
 
+_SPLIT = re.compile(r"split_sizes to sum exactly to (\d+) .*?split_sizes=\[([\d, ]+)\]")
+
+
+def _rescale(sizes: list[int], total: int) -> list[int] | None:
+    """``sizes`` scaled to sum to ``total``, each at least 1, in the same proportions as far as
+    whole numbers allow (largest remainders first); ``None`` where ``total`` is too small."""
+    if total < len(sizes) or sum(sizes) <= 0:
+        return None
+    exact = [s * total / sum(sizes) for s in sizes]
+    scaled = [max(1, int(e)) for e in exact]
+    order = sorted(range(len(sizes)), key=lambda i: scaled[i] - exact[i])
+    i = 0
+    while sum(scaled) != total:
+        j = order[i % len(order)]
+        step = 1 if sum(scaled) < total else -1
+        if scaled[j] + step >= 1:
+            scaled[j] += step
+        i += 1
+    return scaled
+
+
+def split_fixes(config: Any, error: str, source: str) -> dict[str, Any]:
+    """Configuration entries to rescale after ``split_with_sizes`` rejected their sizes.
+
+    A model splits a shrunk dimension (half a rotary head) into sections whose sizes the
+    configuration fixes for the full model (multimodal RoPE's temporal/height/width sections);
+    the error names both the sizes and the total they must reach. The entry holding them is a
+    list equal to those sizes in the configuration or in a dict attribute of it; where the
+    configuration leaves it out, the model's source names it as the default it falls back to
+    (``config.<dict>.get("<key>", [16, 24, 24])``). Either way the sizes are scaled in
+    proportion to the total, in every (sub-)configuration that has that entry or dict.
+    """
+    match = _SPLIT.search(error)
+    if match is None:
+        return {}
+    sizes = [int(v) for v in match.group(2).split(",")]
+    scaled = _rescale(sizes, int(match.group(1)))
+    if scaled is None:
+        return {}
+    defaulted = {
+        (found.group(1), found.group(2))
+        for found in re.finditer(
+            r"config\.(\w+)\.get\(\s*[\"'](\w+)[\"']\s*,\s*\[([\d,\s]+)\]\s*\)", source
+        )
+        if [int(v) for v in found.group(3).split(",") if v.strip()] == sizes
+    }
+
+    def fixed(entries: dict[str, Any]) -> dict[str, Any]:
+        changes: dict[str, Any] = {}
+        for key, value in entries.items():
+            if isinstance(value, list) and value == sizes:
+                changes[key] = scaled
+            elif isinstance(value, dict) and not _is_config_dict(value):
+                inner = {k: scaled for k, v in value.items() if isinstance(v, list) and v == sizes}
+                inner.update({k: scaled for attr, k in defaulted if attr == key and k not in value})
+                if inner:
+                    changes[key] = {**value, **inner}
+        return changes
+
+    entries = config.to_dict()
+    fixes = fixed(entries)
+    for key, value in entries.items():
+        if _is_config_dict(value):
+            nested = fixed(value)
+            if nested:
+                fixes[key] = {**value, **nested}
+    return fixes
+
+
+def _is_config_dict(value: Any) -> bool:
+    """A sub-configuration's dict (it names its ``model_type``), not a plain dict attribute."""
+    return isinstance(value, dict) and "model_type" in value
+
+
 def _sub_attr(config: Any, name: str, default: Any = None) -> Any:
     """``config.name``, else the same attribute of a text/vision/encoder sub-configuration."""
     value = getattr(config, name, None)

@@ -282,6 +282,15 @@ def _named_parameters(exc: BaseException, model: Any, inputs: dict[str, Any]) ->
     return tuple(dict.fromkeys(w for w in words if w in params and w not in inputs))
 
 
+def _module_text(module: ModuleType) -> str:
+    """The source text of ``module`` ('' where it has none on disk)."""
+    file = getattr(module, "__file__", None)
+    try:
+        return Path(file).read_text(encoding="utf-8") if file else ""
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
 def _error_line(exc: BaseException) -> str:
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {first}"[:300]
@@ -342,7 +351,7 @@ def _check_transformers_class(
         snapshot_state,
         zero_dropout_modules,
     )
-    from .hf import build_config, make_inputs, recipes, size_fixes
+    from .hf import build_config, make_inputs, recipes, size_fixes, split_fixes
     from .results import NOT_CHECKABLE, REFUTED, ClassVerification
 
     original_cls = getattr(original_module, name, None)
@@ -355,6 +364,7 @@ def _check_transformers_class(
     dtype = _torch_dtype(job["dtype"])
 
     failures: dict[str, list[str]] = {}  # error -> the recipes that hit it
+    source = _module_text(original_module)
     attempts = [(recipe, dict(overrides)) for recipe in recipes()]
     fixes: dict[str, Any] = dict(overrides)
     while attempts:
@@ -382,7 +392,9 @@ def _check_transformers_class(
                 break
         except Exception as exc:
             failures.setdefault(_error_line(exc), []).append(recipe.label)
-            more = size_fixes(config, str(exc)) if config is not None else {}
+            more = {}
+            if config is not None:
+                more = size_fixes(config, str(exc)) or split_fixes(config, str(exc), source)
             if more and len(fixes) < 4 and not set(more) <= set(fixes):
                 attempts.insert(0, (recipe, {**fixes, **more}))  # same recipe, sizes agreed
             continue

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from adopter.verify.hf import make_inputs, size_fixes  # noqa: E402
+from adopter.verify.hf import make_inputs, size_fixes, split_fixes  # noqa: E402
 
 
 class _Forward(torch.nn.Module):
@@ -83,3 +83,29 @@ def test_a_decoder_with_cross_attention_gets_encoder_states() -> None:
     crossed = _Config(vocab_size=50, hidden_size=8, add_cross_attention=True)
     states = make_inputs(_Decoder(), crossed, 0)["encoder_hidden_states"]
     assert states.shape[0] == 2 and states.shape[-1] == 8
+
+
+_SPLIT_ERROR = (
+    "split_with_sizes expects split_sizes to sum exactly to 4 (input tensor's size at dimension "
+    "-1), but got split_sizes=[16, 24, 24]"
+)
+
+
+def test_split_sizes_the_model_falls_back_to_are_scaled_to_the_shrunk_total() -> None:
+    """Multimodal RoPE sections left out of the configuration: the model's source names the
+    default it splits by; the sub-configuration holding that dict gets sections summing to 4."""
+    text = {"model_type": "t", "rope_parameters": {"rope_theta": 1.0}}
+    config = _Config(text_config=text, image_token_id=5)
+    source = 'self.sections = config.rope_parameters.get("mrope_section", [16, 24, 24])'
+    fixes = split_fixes(config, _SPLIT_ERROR, source)
+    sections = fixes["text_config"]["rope_parameters"]["mrope_section"]
+    assert sum(sections) == 4 and min(sections) >= 1 and sections[0] <= sections[1]
+    assert fixes["text_config"]["model_type"] == "t"
+    assert split_fixes(config, _SPLIT_ERROR, "no such default here") == {}
+
+
+def test_split_sizes_held_in_the_configuration_are_scaled_in_place() -> None:
+    config = _Config(sections=[16, 24, 24], other=[1, 2])
+    assert split_fixes(config, _SPLIT_ERROR, "") == {"sections": [1, 2, 1]}
+    too_small = _SPLIT_ERROR.replace("exactly to 4", "exactly to 2")
+    assert split_fixes(config, too_small, "") == {}
