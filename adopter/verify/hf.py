@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .patch_grid import grid_parameter, patch_grid
 from .shrink import SHRINK_SETTINGS, ShrinkSetting, shrink_config_dict, zero_dropout_dict
 
 __all__ = [
@@ -192,6 +193,36 @@ def size_fixes(config: Any, error: str) -> dict[str, Any]:
     return {}
 
 
+def token_id_fixes(config: Any) -> dict[str, Any]:
+    """Distinct in-vocabulary ids for a multimodal configuration's placeholder tokens.
+
+    A configuration that embeds text through a sub-configuration (``text_config``) has no
+    vocabulary of its own, so shrinking leaves its ``image_token_id`` (151655) far outside
+    the shrunk text vocabulary: the text embedding then cannot look the placeholder up. Each
+    such id gets its own id at the top of that vocabulary, below the ids already in use.
+    """
+    if getattr(config, "vocab_size", None) is not None:
+        return {}
+    vocab = _sub_attr(config, "vocab_size", None)
+    if not isinstance(vocab, int) or vocab < 8:
+        return {}
+    used = {v for v in _placeholder_token_ids(config) if v < vocab}
+    fixes: dict[str, Any] = {}
+    spare = vocab - 1
+    for key, value in config.to_dict().items():
+        if not (isinstance(key, str) and _PLACEHOLDER.match(key)):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < vocab:
+            continue
+        while spare in used:
+            spare -= 1
+        if spare < vocab // 2:  # too few spare ids: leave the rest alone
+            break
+        fixes[key] = spare
+        used.add(spare)
+    return fixes
+
+
 _SPLIT = re.compile(r"split_sizes to sum exactly to (\d+) .*?split_sizes=\[([\d, ]+)\]")
 
 
@@ -297,6 +328,51 @@ def _special_token_ids(config: Any) -> set[int]:
     return found
 
 
+_PLACEHOLDER = re.compile(r"^\w+_token_(id|index)$")
+
+
+def _placeholder_token_ids(config: Any) -> set[int]:
+    """Every ``..._token_id`` / ``..._token_index`` int of the configuration and of its text
+    sub-configuration (image, video, audio placeholders...): random text must avoid them, or
+    it claims to hold an image that the inputs do not have."""
+    found: set[int] = set()
+    for holder in (config, getattr(config, "text_config", None)):
+        to_dict = getattr(holder, "to_dict", None)
+        if not callable(to_dict):
+            continue
+        for key, value in to_dict().items():
+            if isinstance(key, str) and _PLACEHOLDER.match(key):
+                if isinstance(value, int) and not isinstance(value, bool):
+                    found.add(value)
+    return found
+
+
+def _first_token(config: Any, names: tuple[str, ...], vocab: int) -> int | None:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab:
+            return value
+    return None
+
+
+def _placeholder_layout(config: Any, vocab: int, grid: Any) -> tuple[list[int], list[int]] | None:
+    """The tokens standing for one image in the text (its placeholders, between the vision
+    start and end markers where the configuration has them) and their modality types (1 for
+    the placeholders); ``None`` without an image token inside the vocabulary."""
+    image = _first_token(config, ("image_token_id", "image_token_index"), vocab)
+    if image is None:
+        return None
+    start = _first_token(config, ("vision_start_token_id", "image_start_token_id"), vocab)
+    end = _first_token(config, ("vision_end_token_id", "image_end_token_id"), vocab)
+    layout = [image] * grid.tokens_per_image
+    kinds = [1] * grid.tokens_per_image
+    if start is not None:
+        layout, kinds = [start, *layout], [0, *kinds]
+    if end is not None:
+        layout, kinds = [*layout, end], [*kinds, 0]
+    return layout, kinds
+
+
 def _image_hw(config: Any) -> tuple[int, int]:
     size = _sub_attr(config, "image_size", 32)
     if isinstance(size, (list, tuple)):
@@ -350,7 +426,20 @@ def make_inputs(
     seq = SEQ_LEN if positions is None else max(2, min(SEQ_LEN, int(positions)))
     inputs: dict[str, Any] = {}
 
-    special = _special_token_ids(config)
+    # Flattened patches and their grid (see patch_grid): a tower takes them as its
+    # ``hidden_states``; a model as ``pixel_values``, with one placeholder per merged token.
+    grid_name = grid_parameter(params)
+    tower = grid_name is not None and "hidden_states" in params and "pixel_values" not in params
+    grid = None
+    if grid_name is not None and (tower or "pixel_values" in wanted):
+        grid = patch_grid(lambda name: _sub_attr(config, name), lead[0], gen)
+    if tower:
+        wanted.discard("pixel_values")
+    placeholders = _placeholder_layout(config, vocab, grid) if grid and not tower else None
+    if placeholders is not None:  # room for them, plus text on both sides and masked padding
+        seq = max(seq, len(placeholders[0]) + 4)
+
+    special = _special_token_ids(config) | _placeholder_token_ids(config)
     eos = getattr(config, "eos_token_id", None)
 
     def ids(length: int, high: int = vocab, text: bool = True) -> torch.Tensor:
@@ -377,12 +466,23 @@ def make_inputs(
 
     if "input_ids" in wanted:
         inputs["input_ids"] = ids(seq)
+        if placeholders is not None:
+            layout, kinds = placeholders
+            span = slice(1, 1 + len(layout))
+            inputs["input_ids"][..., span] = torch.tensor(layout)
+            if "mm_token_type_ids" in params:  # 0 text, 1 image, as processors mark them
+                types = torch.zeros_like(inputs["input_ids"])
+                types[..., span] = torch.tensor(kinds)
+                inputs["mm_token_type_ids"] = types
         if "attention_mask" in params:
             inputs["attention_mask"] = mask(seq)
         type_vocab = _sub_attr(config, "type_vocab_size", None)
         if "token_type_ids" in params and isinstance(type_vocab, int) and type_vocab > 0:
             inputs["token_type_ids"] = ids(seq, type_vocab, text=False)
-    if "pixel_values" in wanted:
+    if grid is not None:
+        inputs["hidden_states" if tower else "pixel_values"] = grid.patches
+        inputs[grid_name] = grid.grid
+    elif "pixel_values" in wanted:
         channels = int(_sub_attr(config, "num_channels", 3))
         height, width = _image_hw(config)
         frames = _sub_attr(config, "num_frames", None)  # video models: (batch, frames, c, h, w)

@@ -351,7 +351,14 @@ def _check_transformers_class(
         snapshot_state,
         zero_dropout_modules,
     )
-    from .hf import build_config, make_inputs, recipes, size_fixes, split_fixes
+    from .hf import (
+        build_config,
+        make_inputs,
+        recipes,
+        size_fixes,
+        split_fixes,
+        token_id_fixes,
+    )
     from .results import NOT_CHECKABLE, REFUTED, ClassVerification
 
     original_cls = getattr(original_module, name, None)
@@ -365,6 +372,7 @@ def _check_transformers_class(
 
     failures: dict[str, list[str]] = {}  # error -> the recipes that hit it
     source = _module_text(original_module)
+    token_keys: set[str] = set()  # placeholder-id fixes: they do not count as size retries
     attempts = [(recipe, dict(overrides)) for recipe in recipes()]
     fixes: dict[str, Any] = dict(overrides)
     while attempts:
@@ -372,6 +380,11 @@ def _check_transformers_class(
         config = None
         try:
             config = build_config(config_class, recipe.setting, cls_name=name, fixes=fixes)
+            placeholders = token_id_fixes(config)
+            if placeholders:  # image tokens inside the text vocabulary, kept for "train" too
+                fixes = {**fixes, **placeholders}
+                token_keys.update(placeholders)
+                config = build_config(config_class, recipe.setting, cls_name=name, fixes=fixes)
             _refuse_if_too_large(original_cls, config, must_size=recipe.setting is None)
             probe = _build(original_cls, config, job)  # only to try the recipe: then dropped
             probe.eval()
@@ -395,7 +408,7 @@ def _check_transformers_class(
             more = {}
             if config is not None:
                 more = size_fixes(config, str(exc)) or split_fixes(config, str(exc), source)
-            if more and len(fixes) < 4 and not set(more) <= set(fixes):
+            if more and len(set(fixes) - token_keys) < 4 and not set(more) <= set(fixes):
                 attempts.insert(0, (recipe, {**fixes, **more}))  # same recipe, sizes agreed
             continue
         break

@@ -109,3 +109,59 @@ def test_split_sizes_held_in_the_configuration_are_scaled_in_place() -> None:
     assert split_fixes(config, _SPLIT_ERROR, "") == {"sections": [1, 2, 1]}
     too_small = _SPLIT_ERROR.replace("exactly to 4", "exactly to 2")
     assert split_fixes(config, too_small, "") == {}
+
+
+class _GridModel(torch.nn.Module):
+    main_input_name = "input_ids"
+
+    def forward(
+        self,
+        input_ids: Any,
+        attention_mask: Any = None,
+        pixel_values: Any = None,
+        image_grid_thw: Any = None,
+        mm_token_type_ids: Any = None,
+    ) -> Any:
+        return input_ids
+
+
+class _GridTower(torch.nn.Module):
+    main_input_name = "pixel_values"
+
+    def forward(self, hidden_states: Any, grid_thw: Any, **kwargs: Any) -> Any:
+        return hidden_states
+
+
+def _grid_config(**extra: Any) -> _Config:
+    vision = _Config(patch_size=4, temporal_patch_size=2, in_channels=3, spatial_merge_size=2)
+    return _Config(
+        vocab_size=None, text_config=_Config(vocab_size=50), vision_config=vision, **extra
+    )
+
+
+def test_a_grid_model_gets_flattened_patches_and_one_placeholder_per_merged_token() -> None:
+    config = _grid_config(image_token_id=40, vision_start_token_id=41, video_token_id=42)
+    inputs = make_inputs(_GridModel(), config, seed=0)
+    grid = inputs["image_grid_thw"]
+    assert grid.tolist() == [[1, 4, 4], [1, 4, 4]]  # one image per row, 2 x 2 merged blocks
+    assert inputs["pixel_values"].shape == (2 * 16, 3 * 2 * 4 * 4)
+    ids = inputs["input_ids"]
+    assert ((ids == 40).sum(-1) == 4).all() and ((ids == 41).sum(-1) == 1).all()
+    assert not (ids == 42).any()  # other placeholders never appear in random text
+    assert inputs["mm_token_type_ids"].sum().item() == 8
+    assert inputs["attention_mask"].shape == ids.shape
+
+
+def test_a_grid_tower_takes_the_patches_as_hidden_states() -> None:
+    inputs = make_inputs(_GridTower(), _grid_config(), seed=0)
+    assert inputs["hidden_states"].shape == (32, 96) and inputs["grid_thw"].shape == (2, 3)
+    assert "pixel_values" not in inputs
+
+
+def test_placeholder_ids_outside_the_text_vocabulary_get_distinct_spare_ids() -> None:
+    from adopter.verify.hf import token_id_fixes
+
+    text = _Config(vocab_size=50, eos_token_id=49)
+    config = _Config(text_config=text, image_token_id=151655, video_token_id=151656, bos=1)
+    assert token_id_fixes(config) == {"image_token_id": 48, "video_token_id": 47}
+    assert token_id_fixes(_Config(vocab_size=50, image_token_id=151655)) == {}
