@@ -223,6 +223,43 @@ def token_id_fixes(config: Any) -> dict[str, Any]:
     return fixes
 
 
+# Shape errors a wrongly laid out input raises in the model's first layer.
+_SHAPE_ERROR = re.compile(r"mat1 and mat2 shapes cannot be multiplied|to have \d+ channels")
+_CONV_CHANNELS = re.compile(r"expected input\[1, (\d+), (\d+)\] to have (\d+) channels")
+
+
+def layout_fix(error: str, inputs: dict[str, Any]) -> tuple[str, str] | None:
+    """The other layout to try for an input after a shape error, as (input name, layout).
+
+    Two ambiguities that only running the model settles: spectrograms come mel-bins-first
+    (Whisper: ``(batch, bins, frames)``) or frames-first (conformer encoders: ``(batch,
+    frames, bins)``), so a 3-D feature input is transposed (``"swap"``); and a 1-D conv front
+    end that wants ``(batch, 1, samples)`` reads a ``(batch, samples)`` waveform as one
+    unbatched ``batch``-channel signal (``expected input[1, 2, 8000] to have 1 channels``),
+    so the waveform gets its channel dimension (``"channel"``).
+    """
+    conv = _CONV_CHANNELS.search(error)
+    if conv is not None and conv.group(3) == "1":
+        shape = [int(conv.group(1)), int(conv.group(2))]
+        for name, value in inputs.items():
+            if isinstance(value, torch.Tensor) and list(value.shape) == shape:
+                return name, "channel"
+    if _SHAPE_ERROR.search(error):
+        for name in ("input_features", "input_values"):
+            value = inputs.get(name)
+            if isinstance(value, torch.Tensor) and value.dim() == 3 and value.is_floating_point():
+                return name, "swap"
+    return None
+
+
+def _relayout(value: torch.Tensor, layout: str) -> torch.Tensor:
+    if layout == "swap":
+        return value.transpose(-1, -2).contiguous()
+    if layout == "channel":
+        return value.unsqueeze(1)
+    return value
+
+
 _SPLIT = re.compile(r"split_sizes to sum exactly to (\d+) .*?split_sizes=\[([\d, ]+)\]")
 
 
@@ -306,6 +343,11 @@ def _sub_attr(config: Any, name: str, default: Any = None) -> Any:
         inner = getattr(config, sub, None)
         if inner is not None and getattr(inner, name, None) is not None:
             return getattr(inner, name)
+    # Then any other sub-configuration (``encoder_config``, ``speech_config``...), in order.
+    for sub, inner in vars(config).items():
+        if sub.endswith("_config") and callable(getattr(inner, "to_dict", None)):
+            if getattr(inner, name, None) is not None:
+                return getattr(inner, name)
     return default
 
 
@@ -391,6 +433,7 @@ def make_inputs(
     seed: int,
     every_modality: bool = True,
     require: tuple[str, ...] = (),
+    layouts: tuple[tuple[str, str], ...] = (),
 ) -> dict[str, Any]:
     """Seeded inputs for ``model.forward``: every required parameter plus the usual masks.
 
@@ -547,6 +590,9 @@ def make_inputs(
         value = _named_input(name, config, lead, seq, gen)
         if value is not None:
             inputs[name] = value
+    for name, layout in layouts:  # the other layout an error asked for (see layout_fix)
+        if isinstance(inputs.get(name), torch.Tensor):
+            inputs[name] = _relayout(inputs[name], layout)
     missing = [name for name in required if name not in inputs]
     if missing:
         raise ValueError(f"cannot generate the required input(s) {', '.join(missing)}")

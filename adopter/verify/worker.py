@@ -353,6 +353,7 @@ def _check_transformers_class(
     )
     from .hf import (
         build_config,
+        layout_fix,
         make_inputs,
         recipes,
         size_fixes,
@@ -389,8 +390,11 @@ def _check_transformers_class(
             probe = _build(original_cls, config, job)  # only to try the recipe: then dropped
             probe.eval()
             require: tuple[str, ...] = ()
+            layouts: tuple[tuple[str, str], ...] = ()
             while True:
-                inputs = make_inputs(probe, config, job["seed"], recipe.every_modality, require)
+                inputs = make_inputs(
+                    probe, config, job["seed"], recipe.every_modality, require, layouts
+                )
                 inputs = _cast_inputs(inputs, dtype)
                 try:
                     with torch.no_grad():
@@ -398,10 +402,15 @@ def _check_transformers_class(
                 except Exception as exc:
                     # "You have to specify bbox": generate the optional inputs it names, once.
                     named = _named_parameters(exc, probe, inputs)
-                    if not named or len(require) > 8:
-                        raise
-                    require = (*require, *named)
-                    continue
+                    if named and len(require) <= 8:
+                        require = (*require, *named)
+                        continue
+                    # A shape error in the first layer: the input's other layout, once each.
+                    layout = layout_fix(str(exc), inputs)
+                    if layout is not None and layout[0] not in dict(layouts):
+                        layouts = (*layouts, layout)
+                        continue
+                    raise
                 break
         except Exception as exc:
             failures.setdefault(_error_line(exc), []).append(recipe.label)

@@ -165,3 +165,29 @@ def test_placeholder_ids_outside_the_text_vocabulary_get_distinct_spare_ids() ->
     config = _Config(text_config=text, image_token_id=151655, video_token_id=151656, bos=1)
     assert token_id_fixes(config) == {"image_token_id": 48, "video_token_id": 47}
     assert token_id_fixes(_Config(vocab_size=50, image_token_id=151655)) == {}
+
+
+def test_shape_errors_ask_for_the_other_layout_of_a_feature_or_waveform_input() -> None:
+    from adopter.verify.hf import layout_fix
+
+    features = {"input_features": torch.zeros(2, 80, 20)}
+    error = "mat1 and mat2 shapes cannot be multiplied (20x768 and 2560x16)"
+    assert layout_fix(error, features) == ("input_features", "swap")
+    waveform = {"input_values": torch.zeros(2, 8000), "attention_mask": torch.ones(2, 7)}
+    conv = "weight of size [16, 1, 7], expected input[1, 2, 8000] to have 1 channels, but got 2"
+    assert layout_fix(conv, waveform) == ("input_values", "channel")
+    assert layout_fix("index out of range in self", features) is None
+
+
+def test_the_requested_layouts_are_applied_to_the_generated_inputs() -> None:
+    class _Audio(torch.nn.Module):
+        main_input_name = "input_features"
+
+        def forward(self, input_features: Any) -> Any:
+            return input_features
+
+    config = _Config(encoder_config=_Config(num_mel_bins=12))  # found in any sub-configuration
+    plain = make_inputs(_Audio(), config, seed=0)["input_features"]
+    assert plain.shape[:2] == (2, 12)
+    swapped = make_inputs(_Audio(), config, 0, layouts=(("input_features", "swap"),))
+    assert torch.equal(swapped["input_features"], plain.transpose(-1, -2))
