@@ -225,6 +225,8 @@ def token_id_fixes(config: Any) -> dict[str, Any]:
 
 # Shape errors a wrongly laid out input raises in the model's first layer.
 _SHAPE_ERROR = re.compile(r"mat1 and mat2 shapes cannot be multiplied|to have \d+ channels")
+# "Input must be a 5D tensor of shape (batch_size, 2, num_channels, height, width)"
+_SPELLED_SHAPE = re.compile(r"(\d)D tensor of shape \(([\w, ]+)\)")
 _CONV_CHANNELS = re.compile(r"expected input\[1, (\d+), (\d+)\] to have (\d+) channels")
 
 
@@ -238,6 +240,17 @@ def layout_fix(error: str, inputs: dict[str, Any]) -> tuple[str, str] | None:
     unbatched ``batch``-channel signal (``expected input[1, 2, 8000] to have 1 channels``),
     so the waveform gets its channel dimension (``"channel"``).
     """
+    spelled = _SPELLED_SHAPE.search(error)
+    if spelled is not None:
+        # A shape the error spells out: the literal sizes in it (image *pairs*) are the
+        # dimensions a generated input of one rank less lacks.
+        dims = [d.strip() for d in spelled.group(2).split(",")]
+        literal = [(i, int(d)) for i, d in enumerate(dims) if d.isdigit()]
+        if len(literal) == 1 and len(dims) == int(spelled.group(1)):
+            for name in _MODALITIES:
+                value = inputs.get(name)
+                if isinstance(value, torch.Tensor) and value.dim() == len(dims) - 1:
+                    return name, f"stack:{literal[0][0]}:{literal[0][1]}"
     conv = _CONV_CHANNELS.search(error)
     if conv is not None and conv.group(3) == "1":
         shape = [int(conv.group(1)), int(conv.group(2))]
@@ -257,6 +270,10 @@ def _relayout(value: torch.Tensor, layout: str) -> torch.Tensor:
         return value.transpose(-1, -2).contiguous()
     if layout == "channel":
         return value.unsqueeze(1)
+    if layout.startswith("stack:"):  # k copies, each shifted by one more pixel/step
+        _, position, count = layout.split(":")
+        copies = [value.roll(shift, dims=-1) for shift in range(int(count))]
+        return torch.stack(copies, dim=int(position))
     return value
 
 
@@ -600,16 +617,20 @@ def make_inputs(
 
 
 _BOX = re.compile(r"(^|_)(bbox|boxes)$")
-_SERIES = re.compile(r"^(past|future)_(values|time_features|observed_mask)$")
+_SERIES = re.compile(r"^(past|future)_(values|time_features|observed_mask|values_padding)$")
 
 
 def _series_input(
     name: str, config: Any, lead: tuple[int, ...], gen: torch.Generator
 ) -> torch.Tensor | None:
     """Time-series inputs: ``past_*`` spans the context plus the largest lag, ``future_*`` the
-    prediction length; values are ``input_size`` wide, time features ``num_time_features``."""
+    prediction length (or ``horizon_length``); values are ``input_size`` wide (a channels
+    dimension where the configuration counts ``num_input_channels``, even of one), time
+    features ``num_time_features``; observed masks are all ones, paddings all zeros."""
     match = _SERIES.match(name)
     prediction = getattr(config, "prediction_length", None)
+    if not isinstance(prediction, int):
+        prediction = getattr(config, "horizon_length", None)
     if match is None or not isinstance(prediction, int):
         return None
     context = getattr(config, "context_length", None) or prediction
@@ -617,10 +638,15 @@ def _series_input(
     length = context + max(lags) if match.group(1) == "past" else prediction
     size = getattr(config, "input_size", 1)
     width: tuple[int, ...] = () if size == 1 else (size,)
+    channels = getattr(config, "num_input_channels", None)
+    if isinstance(channels, int) and not isinstance(channels, bool) and channels > 0:
+        width = (channels,)
     if match.group(2) == "time_features":
         width = (int(getattr(config, "num_time_features", 0) or 0),)
     if match.group(2) == "observed_mask":
         return torch.ones((*lead, length, *width))
+    if match.group(2) == "values_padding":  # nothing padded
+        return torch.zeros((*lead, length, *width), dtype=torch.long)
     return torch.randn((*lead, length, *width), generator=gen)
 
 
@@ -653,6 +679,11 @@ def _named_input(
         return box
     if dim is not None:
         return torch.randn((*lead, seq, dim), generator=gen)
+    # A categorical input the configuration sizes as ``<name>_size`` (``freq`` and
+    # ``freq_size``: which frequency each series is sampled at): one id per sequence.
+    categories = getattr(config, f"{name}_size", None)
+    if isinstance(categories, int) and not isinstance(categories, bool) and categories > 0:
+        return torch.randint(0, categories, (*lead, 1), generator=gen)
     return None
 
 

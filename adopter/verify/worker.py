@@ -378,7 +378,7 @@ def _check_transformers_class(
     fixes: dict[str, Any] = dict(overrides)
     while attempts:
         recipe, fixes = attempts.pop(0)
-        config = None
+        config = probe = None
         try:
             config = build_config(config_class, recipe.setting, cls_name=name, fixes=fixes)
             placeholders = token_id_fixes(config)
@@ -416,7 +416,11 @@ def _check_transformers_class(
             failures.setdefault(_error_line(exc), []).append(recipe.label)
             more = {}
             if config is not None:
-                more = size_fixes(config, str(exc)) or split_fixes(config, str(exc), source)
+                # The sections' default may sit in another family's file the model uses.
+                texts = [source] if probe is None else _module_sources(probe, [source])
+                more = size_fixes(config, str(exc)) or split_fixes(
+                    config, str(exc), "\n".join(texts)
+                )
             if more and len(set(fixes) - token_keys) < 4 and not set(more) <= set(fixes):
                 attempts.insert(0, (recipe, {**fixes, **more}))  # same recipe, sizes agreed
             continue

@@ -191,3 +191,39 @@ def test_the_requested_layouts_are_applied_to_the_generated_inputs() -> None:
     assert plain.shape[:2] == (2, 12)
     swapped = make_inputs(_Audio(), config, 0, layouts=(("input_features", "swap"),))
     assert torch.equal(swapped["input_features"], plain.transpose(-1, -2))
+
+
+def test_an_error_that_spells_out_a_shape_with_a_literal_size_gets_image_pairs() -> None:
+    from adopter.verify.hf import layout_fix
+
+    images = {"pixel_values": torch.randn(2, 3, 8, 8)}
+    error = "Input must be a 5D tensor of shape (batch_size, 2, num_channels, height, width)"
+    assert layout_fix(error, images) == ("pixel_values", "stack:1:2")
+
+    class _Matcher(torch.nn.Module):
+        main_input_name = "pixel_values"
+
+        def forward(self, pixel_values: Any) -> Any:
+            return pixel_values
+
+    pairs = make_inputs(
+        _Matcher(), _Config(image_size=8), 0, layouts=(("pixel_values", "stack:1:2"),)
+    )
+    value = pairs["pixel_values"]
+    assert value.shape == (2, 2, 3, 8, 8) and not torch.equal(value[:, 0], value[:, 1])
+
+
+class _Forecaster(torch.nn.Module):
+    main_input_name = "past_values"
+
+    def forward(self, past_values: Any, past_values_padding: Any, freq: Any) -> Any:
+        return past_values
+
+
+def test_forecasters_get_a_horizon_channels_paddings_and_categorical_frequencies() -> None:
+    config = _Config(context_length=16, horizon_length=4, freq_size=3, num_input_channels=2)
+    inputs = make_inputs(_Forecaster(), config, seed=0)
+    assert inputs["past_values"].shape == (2, 16, 2)  # channels kept, even where there is one
+    assert not inputs["past_values_padding"].any()
+    freq = inputs["freq"]
+    assert freq.shape == (2, 1) and freq.dtype == torch.long and int(freq.max()) < 3
