@@ -227,6 +227,8 @@ def token_id_fixes(config: Any) -> dict[str, Any]:
 _SHAPE_ERROR = re.compile(r"mat1 and mat2 shapes cannot be multiplied|to have \d+ channels")
 # "Input must be a 5D tensor of shape (batch_size, 2, num_channels, height, width)"
 _SPELLED_SHAPE = re.compile(r"(\d)D tensor of shape \(([\w, ]+)\)")
+# A downsampling stack that runs out of pixels before its last pooling or convolution.
+_TOO_SMALL = re.compile(r"Output size is too small|Kernel size can't be greater than actual input")
 _CONV_CHANNELS = re.compile(r"expected input\[1, (\d+), (\d+)\] to have (\d+) channels")
 
 
@@ -251,6 +253,11 @@ def layout_fix(error: str, inputs: dict[str, Any]) -> tuple[str, str] | None:
                 value = inputs.get(name)
                 if isinstance(value, torch.Tensor) and value.dim() == len(dims) - 1:
                     return name, f"stack:{literal[0][0]}:{literal[0][1]}"
+    if _TOO_SMALL.search(error):  # images twice as large (up to 512 pixels a side)
+        value = inputs.get("pixel_values")
+        if isinstance(value, torch.Tensor) and value.dim() == 4 and max(value.shape[-2:]) < 512:
+            height, width = value.shape[-2:]
+            return "pixel_values", f"size:{2 * height}x{2 * width}"
     conv = _CONV_CHANNELS.search(error)
     if conv is not None and conv.group(3) == "1":
         shape = [int(conv.group(1)), int(conv.group(2))]
@@ -270,6 +277,9 @@ def _relayout(value: torch.Tensor, layout: str) -> torch.Tensor:
         return value.transpose(-1, -2).contiguous()
     if layout == "channel":
         return value.unsqueeze(1)
+    if layout.startswith("size:"):  # resampled, so the content stays the same image
+        height, width = (int(v) for v in layout[len("size:") :].split("x"))
+        return torch.nn.functional.interpolate(value, size=(height, width), mode="bilinear")
     if layout.startswith("stack:"):  # k copies, each shifted by one more pixel/step
         _, position, count = layout.split(":")
         copies = [value.roll(shift, dims=-1) for shift in range(int(count))]

@@ -407,7 +407,7 @@ def _check_transformers_class(
                         continue
                     # A shape error in the first layer: the input's other layout, once each.
                     layout = layout_fix(str(exc), inputs)
-                    if layout is not None and layout[0] not in dict(layouts):
+                    if layout is not None and layout not in layouts and len(layouts) < 4:
                         layouts = (*layouts, layout)
                         continue
                     raise

@@ -227,3 +227,22 @@ def test_forecasters_get_a_horizon_channels_paddings_and_categorical_frequencies
     assert not inputs["past_values_padding"].any()
     freq = inputs["freq"]
     assert freq.shape == (2, 1) and freq.dtype == torch.long and int(freq.max()) < 3
+
+
+def test_an_image_too_small_for_the_downsampling_stack_is_resampled_twice_as_large() -> None:
+    from adopter.verify.hf import layout_fix
+
+    images = {"pixel_values": torch.randn(2, 3, 32, 32)}
+    error = (
+        "Given input size: (384x1x1). Calculated output size: (384x0x0). Output size is too small"
+    )
+    assert layout_fix(error, images) == ("pixel_values", "size:64x64")
+
+    class _Reader(torch.nn.Module):
+        main_input_name = "pixel_values"
+
+        def forward(self, pixel_values: Any) -> Any:
+            return pixel_values
+
+    grown = make_inputs(_Reader(), _Config(), 0, layouts=(("pixel_values", "size:64x64"),))
+    assert grown["pixel_values"].shape == (2, 3, 64, 64)
