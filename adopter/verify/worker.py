@@ -278,8 +278,28 @@ def _named_parameters(exc: BaseException, model: Any, inputs: dict[str, Any]) ->
     import re
 
     params = inspect.signature(model.forward).parameters
-    words = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", str(exc))
+    words = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", f"{exc} {_none_on_failing_line(exc)}")
     return tuple(dict.fromkeys(w for w in words if w in params and w not in inputs))
+
+
+def _none_on_failing_line(exc: BaseException) -> str:
+    """The names on the line that raised a ``'NoneType' object ...`` error whose local values
+    are ``None`` there: an optional input the model used without checking (``bbox[:, :, 0]``
+    in a helper that the caller handed ``bbox=None``)."""
+    import linecache
+    import re
+
+    if not isinstance(exc, (TypeError, AttributeError)) or "NoneType" not in str(exc):
+        return ""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return ""
+    frame = tb.tb_frame
+    line = linecache.getline(frame.f_code.co_filename, tb.tb_lineno)
+    names = dict.fromkeys(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", line))
+    return " ".join(n for n in names if n in frame.f_locals and frame.f_locals[n] is None)
 
 
 def _module_text(module: ModuleType) -> str:

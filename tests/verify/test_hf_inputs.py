@@ -246,3 +246,23 @@ def test_an_image_too_small_for_the_downsampling_stack_is_resampled_twice_as_lar
 
     grown = make_inputs(_Reader(), _Config(), 0, layouts=(("pixel_values", "size:64x64"),))
     assert grown["pixel_values"].shape == (2, 3, 64, 64)
+
+
+def test_an_optional_input_used_unchecked_is_named_from_the_failing_line() -> None:
+    from adopter.verify.worker import _named_parameters
+
+    def centres(bbox: Any, visual_bbox: Any) -> Any:
+        return bbox[:, :, 0] + 1
+
+    class _Layout(torch.nn.Module):
+        def forward(self, input_ids: Any, bbox: Any = None, visual_bbox: Any = None) -> Any:
+            return centres(bbox, visual_bbox)
+
+    model = _Layout()
+    try:
+        model(input_ids=torch.zeros(2, 3))
+    except TypeError as exc:
+        # visual_bbox is None as well, but the failing line does not use it
+        assert _named_parameters(exc, model, {"input_ids": None}) == ("bbox",)
+    else:
+        raise AssertionError("expected a TypeError")
