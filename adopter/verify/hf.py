@@ -566,11 +566,6 @@ def make_inputs(
         bins = _sub_attr(config, "num_mel_bins", None)
         if bins is not None:  # Whisper-style: (batch, mel bins, 2 x encoder positions)
             frames = 2 * int(_sub_attr(config, "max_source_positions", 10))
-            factor = _sub_attr(config, "subsampling_factor", None)
-            if isinstance(factor, int) and not isinstance(factor, bool) and factor > 1:
-                # A conv front end that subsamples time: keep 8 frames after it, or batch
-                # norms over time see so few values that gradients lose all precision.
-                frames = max(frames, 8 * factor)
             inputs["input_features"] = torch.randn((*lead, int(bins), frames), generator=gen)
         else:  # Speech2Text-style: (batch, frames, features per frame)
             features = int(_sub_attr(config, "input_feat_per_channel", 16)) * int(
