@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .patch_grid import grid_parameter, patch_grid
 from .shrink import SHRINK_SETTINGS, ShrinkSetting, shrink_config_dict, zero_dropout_dict
 
 __all__ = [
@@ -192,6 +193,174 @@ def size_fixes(config: Any, error: str) -> dict[str, Any]:
     return {}
 
 
+def token_id_fixes(config: Any) -> dict[str, Any]:
+    """Distinct in-vocabulary ids for a multimodal configuration's placeholder tokens.
+
+    A configuration that embeds text through a sub-configuration (``text_config``) has no
+    vocabulary of its own, so shrinking leaves its ``image_token_id`` (151655) far outside
+    the shrunk text vocabulary: the text embedding then cannot look the placeholder up. Each
+    such id gets its own id at the top of that vocabulary, below the ids already in use.
+    """
+    if getattr(config, "vocab_size", None) is not None:
+        return {}
+    vocab = _sub_attr(config, "vocab_size", None)
+    if not isinstance(vocab, int) or vocab < 8:
+        return {}
+    used = {v for v in _placeholder_token_ids(config) if v < vocab}
+    fixes: dict[str, Any] = {}
+    spare = vocab - 1
+    for key, value in config.to_dict().items():
+        if not (isinstance(key, str) and _PLACEHOLDER.match(key)):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < vocab:
+            continue
+        while spare in used:
+            spare -= 1
+        if spare < vocab // 2:  # too few spare ids: leave the rest alone
+            break
+        fixes[key] = spare
+        used.add(spare)
+    return fixes
+
+
+# Shape errors a wrongly laid out input raises in the model's first layer.
+_SHAPE_ERROR = re.compile(r"mat1 and mat2 shapes cannot be multiplied|to have \d+ channels")
+# "Input must be a 5D tensor of shape (batch_size, 2, num_channels, height, width)"
+_SPELLED_SHAPE = re.compile(r"(\d)D tensor of shape \(([\w, ]+)\)")
+# A downsampling stack that runs out of pixels before its last pooling or convolution.
+_TOO_SMALL = re.compile(r"Output size is too small|Kernel size can't be greater than actual input")
+_CONV_CHANNELS = re.compile(r"expected input\[1, (\d+), (\d+)\] to have (\d+) channels")
+
+
+def layout_fix(error: str, inputs: dict[str, Any]) -> tuple[str, str] | None:
+    """The other layout to try for an input after a shape error, as (input name, layout).
+
+    Two ambiguities that only running the model settles: spectrograms come mel-bins-first
+    (Whisper: ``(batch, bins, frames)``) or frames-first (conformer encoders: ``(batch,
+    frames, bins)``), so a 3-D feature input is transposed (``"swap"``); and a 1-D conv front
+    end that wants ``(batch, 1, samples)`` reads a ``(batch, samples)`` waveform as one
+    unbatched ``batch``-channel signal (``expected input[1, 2, 8000] to have 1 channels``),
+    so the waveform gets its channel dimension (``"channel"``).
+    """
+    spelled = _SPELLED_SHAPE.search(error)
+    if spelled is not None:
+        # A shape the error spells out: the literal sizes in it (image *pairs*) are the
+        # dimensions a generated input of one rank less lacks.
+        dims = [d.strip() for d in spelled.group(2).split(",")]
+        literal = [(i, int(d)) for i, d in enumerate(dims) if d.isdigit()]
+        if len(literal) == 1 and len(dims) == int(spelled.group(1)):
+            for name in _MODALITIES:
+                value = inputs.get(name)
+                if isinstance(value, torch.Tensor) and value.dim() == len(dims) - 1:
+                    return name, f"stack:{literal[0][0]}:{literal[0][1]}"
+    if _TOO_SMALL.search(error):  # images twice as large (up to 512 pixels a side)
+        value = inputs.get("pixel_values")
+        if isinstance(value, torch.Tensor) and value.dim() == 4 and max(value.shape[-2:]) < 512:
+            height, width = value.shape[-2:]
+            return "pixel_values", f"size:{2 * height}x{2 * width}"
+    conv = _CONV_CHANNELS.search(error)
+    if conv is not None and conv.group(3) == "1":
+        shape = [int(conv.group(1)), int(conv.group(2))]
+        for name, value in inputs.items():
+            if isinstance(value, torch.Tensor) and list(value.shape) == shape:
+                return name, "channel"
+    if _SHAPE_ERROR.search(error):
+        for name in ("input_features", "input_values"):
+            value = inputs.get(name)
+            if isinstance(value, torch.Tensor) and value.dim() == 3 and value.is_floating_point():
+                return name, "swap"
+    return None
+
+
+def _relayout(value: torch.Tensor, layout: str) -> torch.Tensor:
+    if layout == "swap":
+        return value.transpose(-1, -2).contiguous()
+    if layout == "channel":
+        return value.unsqueeze(1)
+    if layout.startswith("size:"):  # resampled, so the content stays the same image
+        height, width = (int(v) for v in layout[len("size:") :].split("x"))
+        return torch.nn.functional.interpolate(value, size=(height, width), mode="bilinear")
+    if layout.startswith("stack:"):  # k copies, each shifted by one more pixel/step
+        _, position, count = layout.split(":")
+        copies = [value.roll(shift, dims=-1) for shift in range(int(count))]
+        return torch.stack(copies, dim=int(position))
+    return value
+
+
+_SPLIT = re.compile(r"split_sizes to sum exactly to (\d+) .*?split_sizes=\[([\d, ]+)\]")
+
+
+def _rescale(sizes: list[int], total: int) -> list[int] | None:
+    """``sizes`` scaled to sum to ``total``, each at least 1, in the same proportions as far as
+    whole numbers allow (largest remainders first); ``None`` where ``total`` is too small."""
+    if total < len(sizes) or sum(sizes) <= 0:
+        return None
+    exact = [s * total / sum(sizes) for s in sizes]
+    scaled = [max(1, int(e)) for e in exact]
+    order = sorted(range(len(sizes)), key=lambda i: scaled[i] - exact[i])
+    i = 0
+    while sum(scaled) != total:
+        j = order[i % len(order)]
+        step = 1 if sum(scaled) < total else -1
+        if scaled[j] + step >= 1:
+            scaled[j] += step
+        i += 1
+    return scaled
+
+
+def split_fixes(config: Any, error: str, source: str) -> dict[str, Any]:
+    """Configuration entries to rescale after ``split_with_sizes`` rejected their sizes.
+
+    A model splits a shrunk dimension (half a rotary head) into sections whose sizes the
+    configuration fixes for the full model (multimodal RoPE's temporal/height/width sections);
+    the error names both the sizes and the total they must reach. The entry holding them is a
+    list equal to those sizes in the configuration or in a dict attribute of it; where the
+    configuration leaves it out, the model's source names it as the default it falls back to
+    (``config.<dict>.get("<key>", [16, 24, 24])``). Either way the sizes are scaled in
+    proportion to the total, in every (sub-)configuration that has that entry or dict.
+    """
+    match = _SPLIT.search(error)
+    if match is None:
+        return {}
+    sizes = [int(v) for v in match.group(2).split(",")]
+    scaled = _rescale(sizes, int(match.group(1)))
+    if scaled is None:
+        return {}
+    defaulted = {
+        (found.group(1), found.group(2))
+        for found in re.finditer(
+            r"config\.(\w+)\.get\(\s*[\"'](\w+)[\"']\s*,\s*\[([\d,\s]+)\]\s*\)", source
+        )
+        if [int(v) for v in found.group(3).split(",") if v.strip()] == sizes
+    }
+
+    def fixed(entries: dict[str, Any]) -> dict[str, Any]:
+        changes: dict[str, Any] = {}
+        for key, value in entries.items():
+            if isinstance(value, list) and value == sizes:
+                changes[key] = scaled
+            elif isinstance(value, dict) and not _is_config_dict(value):
+                inner = {k: scaled for k, v in value.items() if isinstance(v, list) and v == sizes}
+                inner.update({k: scaled for attr, k in defaulted if attr == key and k not in value})
+                if inner:
+                    changes[key] = {**value, **inner}
+        return changes
+
+    entries = config.to_dict()
+    fixes = fixed(entries)
+    for key, value in entries.items():
+        if _is_config_dict(value):
+            nested = fixed(value)
+            if nested:
+                fixes[key] = {**value, **nested}
+    return fixes
+
+
+def _is_config_dict(value: Any) -> bool:
+    """A sub-configuration's dict (it names its ``model_type``), not a plain dict attribute."""
+    return isinstance(value, dict) and "model_type" in value
+
+
 def _sub_attr(config: Any, name: str, default: Any = None) -> Any:
     """``config.name``, else the same attribute of a text/vision/encoder sub-configuration."""
     value = getattr(config, name, None)
@@ -201,6 +370,11 @@ def _sub_attr(config: Any, name: str, default: Any = None) -> Any:
         inner = getattr(config, sub, None)
         if inner is not None and getattr(inner, name, None) is not None:
             return getattr(inner, name)
+    # Then any other sub-configuration (``encoder_config``, ``speech_config``...), in order.
+    for sub, inner in vars(config).items():
+        if sub.endswith("_config") and callable(getattr(inner, "to_dict", None)):
+            if getattr(inner, name, None) is not None:
+                return getattr(inner, name)
     return default
 
 
@@ -223,6 +397,51 @@ def _special_token_ids(config: Any) -> set[int]:
     return found
 
 
+_PLACEHOLDER = re.compile(r"^\w+_token_(id|index)$")
+
+
+def _placeholder_token_ids(config: Any) -> set[int]:
+    """Every ``..._token_id`` / ``..._token_index`` int of the configuration and of its text
+    sub-configuration (image, video, audio placeholders...): random text must avoid them, or
+    it claims to hold an image that the inputs do not have."""
+    found: set[int] = set()
+    for holder in (config, getattr(config, "text_config", None)):
+        to_dict = getattr(holder, "to_dict", None)
+        if not callable(to_dict):
+            continue
+        for key, value in to_dict().items():
+            if isinstance(key, str) and _PLACEHOLDER.match(key):
+                if isinstance(value, int) and not isinstance(value, bool):
+                    found.add(value)
+    return found
+
+
+def _first_token(config: Any, names: tuple[str, ...], vocab: int) -> int | None:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab:
+            return value
+    return None
+
+
+def _placeholder_layout(config: Any, vocab: int, grid: Any) -> tuple[list[int], list[int]] | None:
+    """The tokens standing for one image in the text (its placeholders, between the vision
+    start and end markers where the configuration has them) and their modality types (1 for
+    the placeholders); ``None`` without an image token inside the vocabulary."""
+    image = _first_token(config, ("image_token_id", "image_token_index"), vocab)
+    if image is None:
+        return None
+    start = _first_token(config, ("vision_start_token_id", "image_start_token_id"), vocab)
+    end = _first_token(config, ("vision_end_token_id", "image_end_token_id"), vocab)
+    layout = [image] * grid.tokens_per_image
+    kinds = [1] * grid.tokens_per_image
+    if start is not None:
+        layout, kinds = [start, *layout], [0, *kinds]
+    if end is not None:
+        layout, kinds = [*layout, end], [*kinds, 0]
+    return layout, kinds
+
+
 def _image_hw(config: Any) -> tuple[int, int]:
     size = _sub_attr(config, "image_size", 32)
     if isinstance(size, (list, tuple)):
@@ -241,6 +460,7 @@ def make_inputs(
     seed: int,
     every_modality: bool = True,
     require: tuple[str, ...] = (),
+    layouts: tuple[tuple[str, str], ...] = (),
 ) -> dict[str, Any]:
     """Seeded inputs for ``model.forward``: every required parameter plus the usual masks.
 
@@ -276,7 +496,20 @@ def make_inputs(
     seq = SEQ_LEN if positions is None else max(2, min(SEQ_LEN, int(positions)))
     inputs: dict[str, Any] = {}
 
-    special = _special_token_ids(config)
+    # Flattened patches and their grid (see patch_grid): a tower takes them as its
+    # ``hidden_states``; a model as ``pixel_values``, with one placeholder per merged token.
+    grid_name = grid_parameter(params)
+    tower = grid_name is not None and "hidden_states" in params and "pixel_values" not in params
+    grid = None
+    if grid_name is not None and (tower or "pixel_values" in wanted):
+        grid = patch_grid(lambda name: _sub_attr(config, name), lead[0], gen)
+    if tower:
+        wanted.discard("pixel_values")
+    placeholders = _placeholder_layout(config, vocab, grid) if grid and not tower else None
+    if placeholders is not None:  # room for them, plus text on both sides and masked padding
+        seq = max(seq, len(placeholders[0]) + 4)
+
+    special = _special_token_ids(config) | _placeholder_token_ids(config)
     eos = getattr(config, "eos_token_id", None)
 
     def ids(length: int, high: int = vocab, text: bool = True) -> torch.Tensor:
@@ -303,12 +536,23 @@ def make_inputs(
 
     if "input_ids" in wanted:
         inputs["input_ids"] = ids(seq)
+        if placeholders is not None:
+            layout, kinds = placeholders
+            span = slice(1, 1 + len(layout))
+            inputs["input_ids"][..., span] = torch.tensor(layout)
+            if "mm_token_type_ids" in params:  # 0 text, 1 image, as processors mark them
+                types = torch.zeros_like(inputs["input_ids"])
+                types[..., span] = torch.tensor(kinds)
+                inputs["mm_token_type_ids"] = types
         if "attention_mask" in params:
             inputs["attention_mask"] = mask(seq)
         type_vocab = _sub_attr(config, "type_vocab_size", None)
         if "token_type_ids" in params and isinstance(type_vocab, int) and type_vocab > 0:
             inputs["token_type_ids"] = ids(seq, type_vocab, text=False)
-    if "pixel_values" in wanted:
+    if grid is not None:
+        inputs["hidden_states" if tower else "pixel_values"] = grid.patches
+        inputs[grid_name] = grid.grid
+    elif "pixel_values" in wanted:
         channels = int(_sub_attr(config, "num_channels", 3))
         height, width = _image_hw(config)
         frames = _sub_attr(config, "num_frames", None)  # video models: (batch, frames, c, h, w)
@@ -373,6 +617,9 @@ def make_inputs(
         value = _named_input(name, config, lead, seq, gen)
         if value is not None:
             inputs[name] = value
+    for name, layout in layouts:  # the other layout an error asked for (see layout_fix)
+        if isinstance(inputs.get(name), torch.Tensor):
+            inputs[name] = _relayout(inputs[name], layout)
     missing = [name for name in required if name not in inputs]
     if missing:
         raise ValueError(f"cannot generate the required input(s) {', '.join(missing)}")
@@ -380,16 +627,20 @@ def make_inputs(
 
 
 _BOX = re.compile(r"(^|_)(bbox|boxes)$")
-_SERIES = re.compile(r"^(past|future)_(values|time_features|observed_mask)$")
+_SERIES = re.compile(r"^(past|future)_(values|time_features|observed_mask|values_padding)$")
 
 
 def _series_input(
     name: str, config: Any, lead: tuple[int, ...], gen: torch.Generator
 ) -> torch.Tensor | None:
     """Time-series inputs: ``past_*`` spans the context plus the largest lag, ``future_*`` the
-    prediction length; values are ``input_size`` wide, time features ``num_time_features``."""
+    prediction length (or ``horizon_length``); values are ``input_size`` wide (a channels
+    dimension where the configuration counts ``num_input_channels``, even of one), time
+    features ``num_time_features``; observed masks are all ones, paddings all zeros."""
     match = _SERIES.match(name)
     prediction = getattr(config, "prediction_length", None)
+    if not isinstance(prediction, int):
+        prediction = getattr(config, "horizon_length", None)
     if match is None or not isinstance(prediction, int):
         return None
     context = getattr(config, "context_length", None) or prediction
@@ -397,10 +648,15 @@ def _series_input(
     length = context + max(lags) if match.group(1) == "past" else prediction
     size = getattr(config, "input_size", 1)
     width: tuple[int, ...] = () if size == 1 else (size,)
+    channels = getattr(config, "num_input_channels", None)
+    if isinstance(channels, int) and not isinstance(channels, bool) and channels > 0:
+        width = (channels,)
     if match.group(2) == "time_features":
         width = (int(getattr(config, "num_time_features", 0) or 0),)
     if match.group(2) == "observed_mask":
         return torch.ones((*lead, length, *width))
+    if match.group(2) == "values_padding":  # nothing padded
+        return torch.zeros((*lead, length, *width), dtype=torch.long)
     return torch.randn((*lead, length, *width), generator=gen)
 
 
@@ -433,6 +689,11 @@ def _named_input(
         return box
     if dim is not None:
         return torch.randn((*lead, seq, dim), generator=gen)
+    # A categorical input the configuration sizes as ``<name>_size`` (``freq`` and
+    # ``freq_size``: which frequency each series is sampled at): one id per sequence.
+    categories = getattr(config, f"{name}_size", None)
+    if isinstance(categories, int) and not isinstance(categories, bool) and categories > 0:
+        return torch.randint(0, categories, (*lead, 1), generator=gen)
     return None
 
 

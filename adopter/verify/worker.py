@@ -278,8 +278,37 @@ def _named_parameters(exc: BaseException, model: Any, inputs: dict[str, Any]) ->
     import re
 
     params = inspect.signature(model.forward).parameters
-    words = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", str(exc))
+    words = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", f"{exc} {_none_on_failing_line(exc)}")
     return tuple(dict.fromkeys(w for w in words if w in params and w not in inputs))
+
+
+def _none_on_failing_line(exc: BaseException) -> str:
+    """The names on the line that raised a ``'NoneType' object ...`` error whose local values
+    are ``None`` there: an optional input the model used without checking (``bbox[:, :, 0]``
+    in a helper that the caller handed ``bbox=None``)."""
+    import linecache
+    import re
+
+    if not isinstance(exc, (TypeError, AttributeError)) or "NoneType" not in str(exc):
+        return ""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return ""
+    frame = tb.tb_frame
+    line = linecache.getline(frame.f_code.co_filename, tb.tb_lineno)
+    names = dict.fromkeys(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", line))
+    return " ".join(n for n in names if n in frame.f_locals and frame.f_locals[n] is None)
+
+
+def _module_text(module: ModuleType) -> str:
+    """The source text of ``module`` ('' where it has none on disk)."""
+    file = getattr(module, "__file__", None)
+    try:
+        return Path(file).read_text(encoding="utf-8") if file else ""
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 def _error_line(exc: BaseException) -> str:
@@ -342,7 +371,15 @@ def _check_transformers_class(
         snapshot_state,
         zero_dropout_modules,
     )
-    from .hf import build_config, make_inputs, recipes, size_fixes
+    from .hf import (
+        build_config,
+        layout_fix,
+        make_inputs,
+        recipes,
+        size_fixes,
+        split_fixes,
+        token_id_fixes,
+    )
     from .results import NOT_CHECKABLE, REFUTED, ClassVerification
 
     original_cls = getattr(original_module, name, None)
@@ -355,19 +392,29 @@ def _check_transformers_class(
     dtype = _torch_dtype(job["dtype"])
 
     failures: dict[str, list[str]] = {}  # error -> the recipes that hit it
+    source = _module_text(original_module)
+    token_keys: set[str] = set()  # placeholder-id fixes: they do not count as size retries
     attempts = [(recipe, dict(overrides)) for recipe in recipes()]
     fixes: dict[str, Any] = dict(overrides)
     while attempts:
         recipe, fixes = attempts.pop(0)
-        config = None
+        config = probe = None
         try:
             config = build_config(config_class, recipe.setting, cls_name=name, fixes=fixes)
+            placeholders = token_id_fixes(config)
+            if placeholders:  # image tokens inside the text vocabulary, kept for "train" too
+                fixes = {**fixes, **placeholders}
+                token_keys.update(placeholders)
+                config = build_config(config_class, recipe.setting, cls_name=name, fixes=fixes)
             _refuse_if_too_large(original_cls, config, must_size=recipe.setting is None)
             probe = _build(original_cls, config, job)  # only to try the recipe: then dropped
             probe.eval()
             require: tuple[str, ...] = ()
+            layouts: tuple[tuple[str, str], ...] = ()
             while True:
-                inputs = make_inputs(probe, config, job["seed"], recipe.every_modality, require)
+                inputs = make_inputs(
+                    probe, config, job["seed"], recipe.every_modality, require, layouts
+                )
                 inputs = _cast_inputs(inputs, dtype)
                 try:
                     with torch.no_grad():
@@ -375,15 +422,26 @@ def _check_transformers_class(
                 except Exception as exc:
                     # "You have to specify bbox": generate the optional inputs it names, once.
                     named = _named_parameters(exc, probe, inputs)
-                    if not named or len(require) > 8:
-                        raise
-                    require = (*require, *named)
-                    continue
+                    if named and len(require) <= 8:
+                        require = (*require, *named)
+                        continue
+                    # A shape error in the first layer: the input's other layout, once each.
+                    layout = layout_fix(str(exc), inputs)
+                    if layout is not None and layout not in layouts and len(layouts) < 4:
+                        layouts = (*layouts, layout)
+                        continue
+                    raise
                 break
         except Exception as exc:
             failures.setdefault(_error_line(exc), []).append(recipe.label)
-            more = size_fixes(config, str(exc)) if config is not None else {}
-            if more and len(fixes) < 4 and not set(more) <= set(fixes):
+            more = {}
+            if config is not None:
+                # The sections' default may sit in another family's file the model uses.
+                texts = [source] if probe is None else _module_sources(probe, [source])
+                more = size_fixes(config, str(exc)) or split_fixes(
+                    config, str(exc), "\n".join(texts)
+                )
+            if more and len(set(fixes) - token_keys) < 4 and not set(more) <= set(fixes):
                 attempts.insert(0, (recipe, {**fixes, **more}))  # same recipe, sizes agreed
             continue
         break
