@@ -197,6 +197,10 @@ class RefereeFigures:
     # agrees with that run within the float32 tolerance.
     magnitude: float = math.inf
     agrees_in_float64: bool | None = None
+    # Set where the float64 run drew random numbers (dropout, random masking): its draws need
+    # not be the float32 runs' ones, so the errors against it mean nothing, and only the spread
+    # of the two float32 runs (``max |original - patched|``) says whether a value is all rounding.
+    float32_spread: float | None = None
 
     @property
     def is_noise(self) -> bool:
@@ -204,7 +208,10 @@ class RefereeFigures:
         magnitude (a bias feeding a train-mode batch norm has a true gradient of exactly zero
         and a float32 one of whatever the cancellation leaves). Such a value cannot tell two
         float32 runs apart, so it is judged by running the patched model in float64 too."""
-        return not self.note and self.original_error >= max(self.magnitude, self.allowance)
+        if self.note:
+            return False
+        error = self.original_error if self.float32_spread is None else self.float32_spread
+        return error >= max(self.magnitude, self.allowance)
 
     @property
     def passes(self) -> bool:
@@ -214,13 +221,15 @@ class RefereeFigures:
             # Against all-rounding the error rule would accept any change smaller than that
             # rounding: only the patched model's own float64 run can tell.
             return self.agrees_in_float64 is True
+        if self.float32_spread is not None:  # errors against other random draws: no rule
+            return False
         return self.patched_error <= self.original_error + self.allowance
 
     @property
     def ratio(self) -> float:
         """How much of what the rule allows the patched run uses (``<= 1`` passes; a noise
         value settled in float64 counts as just passing)."""
-        if self.note:
+        if self.note or (self.float32_spread is not None and not self.is_noise):
             return math.inf
         ratio = self.patched_error / (self.original_error + self.allowance)
         return min(ratio, 1.0) if self.passes else ratio
@@ -228,6 +237,12 @@ class RefereeFigures:
     def describe(self) -> str:
         if self.note:
             return f"{self.name}: {self.note}"
+        if self.float32_spread is not None and not self.is_noise:
+            return (
+                f"{self.name}: the float64 run draws other random numbers, and the value is not "
+                f"all rounding (it is {self.magnitude:.3g}, the float32 runs differ by "
+                f"{self.float32_spread:.3g}), so it cannot be judged there"
+            )
         text = (
             f"{self.name}: the patched run is off by {self.patched_error:.3g}, the original's "
             f"own run by {self.original_error:.3g}"
