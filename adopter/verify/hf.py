@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .config_repair import construct_repaired, shrunk_paths
 from .shrink import SHRINK_SETTINGS, ShrinkSetting, shrink_config_dict, zero_dropout_dict
 
 __all__ = [
@@ -147,6 +148,9 @@ def build_config(
                 nested = shrink_config_dict({key: value}, setting).get(key)
                 if isinstance(nested, dict):
                     overrides[key] = nested
+    # Only what the name rules shrank may be given back where the configuration's own
+    # validation rejects it; what follows (flipped options, size fixes, no dropout) stays.
+    revertible = shrunk_paths(defaults, overrides)
     if (
         "SequenceClassification" in cls_name
         and "pad_token_id" in defaults
@@ -156,7 +160,11 @@ def build_config(
     overrides.update(fixes or {})
     if zero_dropout:
         overrides.update(zero_dropout_dict({**defaults, **overrides}))
-    return config_class(**overrides)
+    fixed = set(fixes or {}) | ({"pad_token_id"} if "pad_token_id" in overrides else set())
+    revertible = [path for path in revertible if path[0] not in fixed]
+    return construct_repaired(
+        lambda kwargs: config_class(**kwargs), defaults, overrides, revertible
+    )
 
 
 _SIZE_PAIRS = (

@@ -145,6 +145,7 @@ _SCALE_FACTOR = re.compile(r"^(width|depth)_(coefficient|multiplier)$")
 _INTERMEDIATE = re.compile(
     r"^(intermediate_size|d_ff|n_inner|ffn_dim|mlp_dim|.*_ffn_dim|.*intermediate_size|d_inner)$"
 )
+_EXPERT_WIDTH = re.compile(r"(moe|expert)")
 _VOCAB = re.compile(r"^(vocab_size|.*_vocab_size|n_vocab|n_words)$")
 _POSITIONS = re.compile(
     r"^(max_position_embeddings|n_positions|n_ctx|max_.*_positions|max_seq_len|"
@@ -189,6 +190,7 @@ def shrink_config_dict(defaults: dict[str, Any], setting: ShrinkSetting) -> dict
         if isinstance(key, str) and _VOCAB.match(key) and key not in _KEEP and isinstance(new, int):
             vocab = new if vocab is None else min(vocab, new)
     _shrink_width_lists(defaults, overrides, setting)
+    _align_expert_widths(defaults, overrides)
     _follow_sub_config_widths(defaults, overrides)
     _shrink_layer_patterns(defaults, overrides)
     _shrink_stage_names(defaults, overrides)
@@ -240,6 +242,10 @@ def _shrink_value(key: Any, value: Any, setting: ShrinkSetting) -> Any:
     if _LAYER_COUNT.match(key):
         return _shrink_int(value, setting.layers)
     if _INTERMEDIATE.match(key):
+        if _EXPERT_WIDTH.search(key) and _is_int(value):
+            # Expert weights run through grouped matrix multiplies (``torch._grouped_mm``),
+            # which need rows aligned to 16 bytes: a multiple of 8 elements.
+            return min(value, -(-setting.intermediate // 8) * 8)
         return _shrink_int(value, setting.intermediate)
     if _CONV_WIDTH_LISTS.match(key):
         return _shrink_list(value, lambda i, v: min(v, setting.width))
@@ -267,6 +273,22 @@ def _shrink_value(key: Any, value: Any, setting: ShrinkSetting) -> Any:
             return _shrink_list(value, lambda i, v: min(v, setting.patch_size))
         return _shrink_int(value, setting.patch_size)
     return value
+
+
+_EXPERT_COUNT = re.compile(r"^(num|n)_(local_|routed_)?experts$")
+
+
+def _align_expert_widths(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """In a mixture-of-experts configuration the plain ``intermediate_size`` can be the
+    experts' width too (Jamba): align every shrunk one to 8 elements, as above."""
+    if not any(
+        isinstance(k, str) and _EXPERT_COUNT.match(k) and _is_int(v) and v > 1
+        for k, v in defaults.items()
+    ):
+        return
+    for key, new in list(overrides.items()):
+        if isinstance(key, str) and _INTERMEDIATE.match(key) and _is_int(new) and new % 8:
+            overrides[key] = min(defaults[key], -(-new // 8) * 8)
 
 
 def _shrink_width_lists(
@@ -346,6 +368,12 @@ def _pattern_length(value: Any) -> int | None:
 
 
 _PER_LAYER = re.compile(r"(layers|types)$")
+# Lists of layer indices (``mlp_only_layers``, ``attn_layer_indices``): a kind of layer each.
+_LAYER_INDICES = re.compile(r"(_layers|_indices|_layer_ids)$")
+# Periodic layer kinds: layer ``i`` is special where ``i % period == offset`` (Jamba's
+# ``attn_layer_period``/``attn_layer_offset``) or every ``interval``-th layer is
+# (``full_attention_interval``).
+_LAYER_PERIOD = re.compile(r"^(.*_)?(period|interval)$")
 
 
 def _shrink_layer_patterns(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
@@ -354,8 +382,8 @@ def _shrink_layer_patterns(defaults: dict[str, Any], overrides: dict[str, Any]) 
     A repeat pattern ``[[pattern, count], ...]`` whose expansion has as many entries as a layer
     count had gets its counts scaled down (at least one repeat each); the layer count then
     becomes the new expanded length, which may exceed the target when a pattern is longer.
-    A flat list of names with one entry per original layer (``attention_layers``,
-    ``layer_types``) is cut to the new layer count.
+    Flat lists with one entry per original layer (``layer_types``, ``mlp_layer_types``) keep
+    the same selection of layers, see :func:`_keep_layer_kinds`.
     """
     reduced = {
         key: (defaults[key], new)
@@ -384,17 +412,116 @@ def _shrink_layer_patterns(defaults: dict[str, Any], overrides: dict[str, Any]) 
                 if other_old == old:
                     overrides[other] = length
             break
+    for layer_key, (old, _) in reduced.items():
+        if old > 1:
+            _keep_layer_kinds(defaults, overrides, layer_key, old, reduced)
+    _shrink_layer_periods(defaults, overrides, reduced)
+    _cover_cyclic_kinds(defaults, overrides, reduced)
+
+
+def _cover_cyclic_kinds(
+    defaults: dict[str, Any], overrides: dict[str, Any], reduced: dict[str, tuple[int, int]]
+) -> None:
+    """A per-layer name list shorter than the layers repeats over them (RecurrentGemma's
+    ``block_types``: two recurrent blocks, then attention): the depth grows to reach the
+    first layer of every kind it names."""
     for key, value in defaults.items():
-        if key in overrides or not isinstance(key, str) or _is_sub_config(key, value):
+        if key in overrides or not isinstance(key, str) or not _PER_LAYER.search(key):
             continue
-        if not isinstance(value, (list, tuple)) or _pattern_length(value) is not None:
+        if not isinstance(value, (list, tuple)) or not value or _pattern_length(value):
             continue
-        if not _PER_LAYER.search(key) or not all(isinstance(v, str) for v in value):
-            continue  # per-layer sizes (``conv_stride``) belong to other layer counts
+        if not all(isinstance(v, str) for v in value):
+            continue
+        reach = max(value.index(kind) for kind in set(value)) + 1
         for layer_key, (old, _) in reduced.items():
-            if len(value) == old and old > 1:
-                overrides[key] = list(value[: overrides[layer_key]])
-                break
+            new = overrides.get(layer_key)
+            if len(value) < old and _is_int(new) and new < reach <= old:
+                overrides[layer_key] = reach
+
+
+def _keep_layer_kinds(
+    defaults: dict[str, Any],
+    overrides: dict[str, Any],
+    layer_key: str,
+    old: int,
+    reduced: dict[str, tuple[int, int]],
+) -> None:
+    """Cut the per-layer lists of ``old`` layers to a selection that keeps every layer kind.
+
+    A hybrid model (linear and full attention, Mamba and attention, dense and sparse MLPs)
+    runs code for each kind of layer it has, and some only work with every kind present (a
+    cache that needs one attention layer). So the selection is the first layer of each kind
+    of every per-layer name list (``layer_types``) and of each layer-index list
+    (``mlp_only_layers``: one listed layer, one not listed), topped up with the first other
+    layers to the shrunk count; all such lists keep the same layers, index lists are renumbered
+    and the layer count becomes the selection's size.
+    """
+    target = overrides[layer_key]
+    if not _is_int(target):
+        return
+    names = {
+        key: list(value)
+        for key, value in defaults.items()
+        if key not in overrides
+        and isinstance(key, str)
+        and _PER_LAYER.search(key)
+        and not _is_sub_config(key, value)
+        and isinstance(value, (list, tuple))
+        and _pattern_length(value) is None
+        and len(value) == old
+        and all(isinstance(v, str) for v in value)
+    }
+    indices = {
+        key: set(value)
+        for key, value in defaults.items()
+        if key not in overrides
+        and isinstance(key, str)
+        and _LAYER_INDICES.search(key)
+        and isinstance(value, (list, tuple))
+        and value
+        and all(_is_int(v) and 0 <= v < old for v in value)
+    }
+    if not names and not indices:
+        return
+    keep: set[int] = set()
+    for value in names.values():
+        for kind in dict.fromkeys(value):
+            keep.add(value.index(kind))
+    for members in indices.values():
+        keep.add(min(members))
+        outside = [i for i in range(old) if i not in members]
+        if outside:
+            keep.add(outside[0])
+    for i in range(old):
+        if len(keep) >= target:
+            break
+        keep.add(i)
+    chosen = sorted(keep)
+    for key, value in names.items():
+        overrides[key] = [value[i] for i in chosen]
+    for key, members in indices.items():
+        overrides[key] = [position for position, i in enumerate(chosen) if i in members]
+    for other, (other_old, _) in reduced.items():
+        if other_old == old:
+            overrides[other] = len(chosen)
+
+
+def _shrink_layer_periods(
+    defaults: dict[str, Any], overrides: dict[str, Any], reduced: dict[str, tuple[int, int]]
+) -> None:
+    """Layer periods longer than the shrunk depth would leave out their special layers: the
+    period becomes the depth (an offset stays inside it), so each kind keeps one layer."""
+    depth = max((overrides[key] for key in reduced if _is_int(overrides.get(key))), default=None)
+    if depth is None or depth < 2:
+        return
+    for key, value in defaults.items():
+        match = _LAYER_PERIOD.match(key) if isinstance(key, str) else None
+        if match is None or key in overrides or not _is_int(value) or value <= depth:
+            continue
+        overrides[key] = depth
+        offset = f"{match.group(1) or ''}offset"
+        if _is_int(defaults.get(offset)) and offset not in overrides:
+            overrides[offset] = min(defaults[offset], depth - 1)
 
 
 def _shrink_stage_names(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:

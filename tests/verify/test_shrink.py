@@ -274,3 +274,64 @@ def test_per_layer_size_lists_of_other_layer_counts_keep_their_length() -> None:
     }
     overrides = shrink_config_dict(wav2vec2, TINY)
     assert "conv_stride" not in overrides and "conv_kernel" not in overrides
+
+
+def test_hybrid_layer_lists_keep_one_layer_of_each_kind() -> None:
+    kinds = (["linear_attention"] * 3 + ["full_attention"]) * 12
+    mlps = ["dense"] + ["sparse"] * 47
+    hybrid = {
+        "num_hidden_layers": 48,
+        "layer_types": kinds,
+        "mlp_layer_types": mlps,
+        "mlp_only_layers": [5, 9],
+    }
+    overrides = shrink_config_dict(hybrid, TINY)
+    # first linear (0), first full (3), first dense (0), first sparse (1), first mlp-only (5)
+    assert overrides["layer_types"] == [
+        "linear_attention",
+        "linear_attention",
+        "full_attention",
+        "linear_attention",
+    ]
+    assert overrides["mlp_layer_types"] == ["dense", "sparse", "sparse", "sparse"]
+    assert overrides["mlp_only_layers"] == [3]
+    assert overrides["num_hidden_layers"] == 4
+
+
+def test_uniform_layer_lists_are_cut_to_the_target() -> None:
+    overrides = shrink_config_dict(
+        {"num_hidden_layers": 12, "layer_types": ["full_attention"] * 12}, TINY
+    )
+    assert overrides["layer_types"] == ["full_attention"] * TINY.layers
+    assert overrides["num_hidden_layers"] == TINY.layers
+
+
+def test_layer_periods_fit_the_shrunk_depth() -> None:
+    jamba_like = {
+        "num_hidden_layers": 32,
+        "attn_layer_period": 8,
+        "attn_layer_offset": 4,
+        "expert_layer_period": 2,
+        "expert_layer_offset": 1,
+        "full_attention_interval": 4,
+    }
+    overrides = shrink_config_dict(jamba_like, TINY)
+    assert overrides["attn_layer_period"] == 2 and overrides["attn_layer_offset"] == 1
+    assert "expert_layer_period" not in overrides  # already fits
+    assert overrides["full_attention_interval"] == 2
+
+
+def test_a_repeating_kind_list_gets_enough_layers() -> None:
+    overrides = shrink_config_dict(
+        {"num_hidden_layers": 26, "block_types": ["recurrent", "recurrent", "attention"]}, TINY
+    )
+    assert overrides["num_hidden_layers"] == 3
+
+
+def test_expert_widths_are_aligned_for_grouped_matmuls() -> None:
+    overrides = shrink_config_dict(
+        {"num_experts": 64, "intermediate_size": 4096, "moe_intermediate_size": 1024}, TINY
+    )
+    assert overrides["intermediate_size"] % 8 == 0 and overrides["moe_intermediate_size"] % 8 == 0
+    dense = shrink_config_dict({"intermediate_size": 4096}, TINY)
+    assert dense["intermediate_size"] == TINY.intermediate
