@@ -82,10 +82,8 @@ def _cost(defaults: dict[str, Any], overrides: dict[str, Any], path: Path) -> fl
     size (1 for entries that are no sizes)."""
     old, new = _value(defaults, path), _value(overrides, path)
     if isinstance(old, (list, tuple)) and isinstance(new, (list, tuple)):
-        pairs = list(zip(old, new))
-        return max((_ratio(a, b) for a, b in pairs), default=1.0) * max(1, len(old)) / max(
-            1, len(new)
-        )
+        widest = max((_ratio(a, b) for a, b in zip(old, new)), default=1.0)
+        return widest * max(1, len(old)) / max(1, len(new))
     return _ratio(old, new)
 
 
