@@ -19,6 +19,7 @@ Pure dict manipulation: this module neither imports torch nor the code under tes
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -121,10 +122,13 @@ SHRINK_SETTINGS: tuple[ShrinkSetting | None, ...] = (
 # Exact names and suffixes; ``_shrink_value`` tries them in a fixed order, first match decides.
 # (Layer counts and dropout names are shared with ``bench``: :mod:`adopter.verify.config_names`.)
 _HEAD_COUNT = re.compile(
-    r"^(n_heads?|num_heads|num_attention_heads|num_.*_heads|.*_attention_heads)$"
+    r"^(n_heads?|num_heads|num_attention_heads|num_.*_heads|.*_attention_heads|.*_n_heads|"
+    r"n_.*_heads)$"
 )
 _HEAD_LISTS = re.compile(r"^(num_heads|num_attention_heads|heads)$")
-_HEAD_DIM = re.compile(r"^(head_dim|d_kv|attention_head_size|kv_channels|d_head|head_size)$")
+_HEAD_DIM = re.compile(
+    r"^(head_dim|d_kv|attention_head_size|kv_channels|d_head|head_size|.*_d_head|.*_headdim)$"
+)
 _ROTARY_DIM = re.compile(r"^(rotary_dim|rotary_emb_dim)$")
 _WIDTH = re.compile(
     r"^(hidden_size|n_embd|n_embed|d_model|embed_dim|dim|hidden_dim|model_dim|embedding_dim|"
@@ -191,6 +195,7 @@ def shrink_config_dict(defaults: dict[str, Any], setting: ShrinkSetting) -> dict
             vocab = new if vocab is None else min(vocab, new)
     _shrink_width_lists(defaults, overrides, setting)
     _align_expert_widths(defaults, overrides)
+    _keep_expanded_heads(defaults, overrides)
     _follow_sub_config_widths(defaults, overrides)
     _shrink_layer_patterns(defaults, overrides)
     _shrink_stage_names(defaults, overrides)
@@ -273,6 +278,47 @@ def _shrink_value(key: Any, value: Any, setting: ShrinkSetting) -> Any:
             return _shrink_list(value, lambda i, v: min(v, setting.patch_size))
         return _shrink_int(value, setting.patch_size)
     return value
+
+
+_EXPAND = re.compile(r"^(.*_)?expand$")
+_GROUPS = re.compile(r"^(.*_)?n_?groups$")
+
+
+def _keep_expanded_heads(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Keep ``heads x head size == expand x width`` where the defaults have it.
+
+    State-space mixers (Mamba-2) split the expanded width ``expand x hidden_size`` into heads
+    of ``head_dim``, and their configurations check the product. The name rules shrink heads,
+    head size and width independently, so the head count is recomputed from the other three;
+    head groups (``n_groups``) that divided the heads are cut to keep dividing them.
+    """
+    width = next((k for k in ("hidden_size", "d_model") if _is_int(defaults.get(k))), None)
+    if width is None:
+        return
+    new_width = overrides.get(width, defaults[width])
+
+    def ints(pattern: re.Pattern[str]) -> list[str]:
+        return [
+            k for k, v in defaults.items() if isinstance(k, str) and pattern.match(k) and _is_int(v)
+        ]
+
+    for expand in ints(_EXPAND):
+        product = defaults[expand] * defaults[width]
+        for heads in ints(_HEAD_COUNT):
+            for dim in ints(_HEAD_DIM):
+                if defaults[heads] * defaults[dim] != product:
+                    continue
+                new_dim = overrides.get(dim, defaults[dim])
+                wanted = overrides.get(expand, defaults[expand]) * new_width
+                if not new_dim or wanted % new_dim:
+                    continue
+                overrides[heads] = wanted // new_dim
+                for groups in ints(_GROUPS):
+                    if defaults[heads] % defaults[groups] == 0:
+                        new_groups = math.gcd(defaults[groups], overrides[heads])
+                        if new_groups != defaults[groups]:
+                            overrides[groups] = new_groups
+                return
 
 
 _EXPERT_COUNT = re.compile(r"^(num|n)_(local_|routed_)?experts$")
@@ -367,7 +413,7 @@ def _pattern_length(value: Any) -> int | None:
     return total
 
 
-_PER_LAYER = re.compile(r"(layers|types)$")
+_PER_LAYER = re.compile(r"(layers|types|_type)$")  # Zamba2: layers_block_type
 # Lists of layer indices (``mlp_only_layers``, ``attn_layer_indices``): a kind of layer each.
 _LAYER_INDICES = re.compile(r"(_layers|_indices|_layer_ids)$")
 # Periodic layer kinds: layer ``i`` is special where ``i % period == offset`` (Jamba's

@@ -335,3 +335,14 @@ def test_expert_widths_are_aligned_for_grouped_matmuls() -> None:
     assert overrides["intermediate_size"] % 8 == 0 and overrides["moe_intermediate_size"] % 8 == 0
     dense = shrink_config_dict({"intermediate_size": 4096}, TINY)
     assert dense["intermediate_size"] == TINY.intermediate
+
+
+def test_state_space_heads_follow_the_expanded_width() -> None:
+    mamba2 = {"hidden_size": 4096, "expand": 2, "num_heads": 128, "head_dim": 64, "n_groups": 8}
+    overrides = shrink_config_dict(mamba2, TINY)
+    heads, dim = overrides["num_heads"], overrides["head_dim"]
+    assert heads * dim == mamba2["expand"] * overrides["hidden_size"]
+    assert heads % overrides["n_groups"] == 0
+    hybrid = {"hidden_size": 4096, "mamba_expand": 2, "mamba_n_heads": 128, "mamba_d_head": 64}
+    overrides = shrink_config_dict(hybrid, TINY)
+    assert overrides["mamba_n_heads"] * overrides["mamba_d_head"] == 2 * overrides["hidden_size"]
