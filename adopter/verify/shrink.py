@@ -196,6 +196,7 @@ def shrink_config_dict(defaults: dict[str, Any], setting: ShrinkSetting) -> dict
     _shrink_width_lists(defaults, overrides, setting)
     _align_expert_widths(defaults, overrides)
     _keep_expanded_heads(defaults, overrides)
+    _derive_head_dim(defaults, overrides)
     _follow_sub_config_widths(defaults, overrides)
     _shrink_layer_patterns(defaults, overrides)
     _shrink_stage_names(defaults, overrides)
@@ -280,6 +281,25 @@ def _shrink_value(key: Any, value: Any, setting: ShrinkSetting) -> Any:
     return value
 
 
+def _derive_head_dim(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """A ``head_dim`` the defaults leave ``None`` gets the width per head, the value it stands
+    for: some attention code reads it without deriving it (Ministral's ``head_dim ** -0.5``)."""
+    if "head_dim" not in defaults or defaults["head_dim"] is not None:
+        return
+    width = next((k for k in ("hidden_size", "d_model") if _is_int(defaults.get(k))), None)
+    heads = next(
+        (k for k in ("num_attention_heads", "num_heads") if _is_int(defaults.get(k))), None
+    )
+    if width is None or heads is None:
+        return
+    new_width, new_heads = (
+        overrides.get(width, defaults[width]),
+        overrides.get(heads, defaults[heads]),
+    )
+    if new_heads and new_width % new_heads == 0:
+        overrides["head_dim"] = new_width // new_heads
+
+
 _EXPAND = re.compile(r"^(.*_)?expand$")
 _GROUPS = re.compile(r"^(.*_)?n_?groups$")
 
@@ -352,7 +372,7 @@ def _shrink_width_lists(
         key: value
         for key, value in defaults.items()
         if isinstance(key, str)
-        and _WIDTH_LISTS.match(key)
+        and (_WIDTH_LISTS.match(key) or _WIDTH.match(key))  # Florence's per-stage embed_dim
         and isinstance(value, (list, tuple))
         and value
         and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
@@ -527,6 +547,19 @@ def _keep_layer_kinds(
         and value
         and all(_is_int(v) and 0 <= v < old for v in value)
     }
+    # Per-layer settings keyed by layer index (``per_layer_config: {"05": {...}}``).
+    keyed = {
+        key: value
+        for key, value in defaults.items()
+        if key not in overrides
+        and isinstance(key, str)
+        and "layer" in key  # not ``id2label``, which is keyed by small ints too
+        and isinstance(value, dict)
+        and value
+        and all(_layer_index(k, old) is not None for k in value)
+    }
+    for key, value in keyed.items():
+        indices[key] = {_layer_index(k, old) for k in value}  # type: ignore[misc]
     if not names and not indices:
         return
     keep: set[int] = set()
@@ -546,10 +579,34 @@ def _keep_layer_kinds(
     for key, value in names.items():
         overrides[key] = [value[i] for i in chosen]
     for key, members in indices.items():
+        if key in keyed:
+            by_index = {_layer_index(k, old): (k, v) for k, v in keyed[key].items()}
+            overrides[key] = {
+                _renumbered(by_index[i][0], position): by_index[i][1]
+                for position, i in enumerate(chosen)
+                if i in members
+            }
+            continue
         overrides[key] = [position for position, i in enumerate(chosen) if i in members]
     for other, (other_old, _) in reduced.items():
         if other_old == old:
             overrides[other] = len(chosen)
+
+
+def _layer_index(key: Any, layers: int) -> int | None:
+    """``key`` as a layer index below ``layers`` (an int or a string of digits), else None."""
+    if _is_int(key):
+        index = key
+    elif isinstance(key, str) and key.isdigit():
+        index = int(key)
+    else:
+        return None
+    return index if 0 <= index < layers else None
+
+
+def _renumbered(key: Any, position: int) -> Any:
+    """``position`` spelt like the layer key it replaces (``"05"``: zero-padded digits)."""
+    return key.__class__(position) if _is_int(key) else str(position).zfill(len(key))
 
 
 def _shrink_layer_periods(

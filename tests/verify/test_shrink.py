@@ -346,3 +346,29 @@ def test_state_space_heads_follow_the_expanded_width() -> None:
     hybrid = {"hidden_size": 4096, "mamba_expand": 2, "mamba_n_heads": 128, "mamba_d_head": 64}
     overrides = shrink_config_dict(hybrid, TINY)
     assert overrides["mamba_n_heads"] * overrides["mamba_d_head"] == 2 * overrides["hidden_size"]
+
+
+def test_per_layer_settings_keyed_by_index_follow_the_selection() -> None:
+    text = {
+        "num_hidden_layers": 30,
+        "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5,
+        "per_layer_config": {"05": {"head_dim": 512}, "11": {"head_dim": 512}},
+    }
+    overrides = shrink_config_dict({"text_config": {"model_type": "t", **text}}, TINY)
+    shrunk = overrides["text_config"]
+    assert shrunk["layer_types"] == ["sliding_attention", "full_attention"]
+    assert shrunk["per_layer_config"] == {"01": {"head_dim": 512}}
+    assert shrunk["num_hidden_layers"] == 2
+
+
+def test_a_head_size_left_to_derive_is_given() -> None:
+    overrides = shrink_config_dict(
+        {"hidden_size": 4096, "num_attention_heads": 32, "head_dim": None}, TINY
+    )
+    assert overrides["head_dim"] == TINY.width // TINY.heads
+
+
+def test_per_stage_widths_under_a_width_name_are_a_width_list() -> None:
+    overrides = shrink_config_dict({"embed_dim": [128, 256, 512, 1024]}, TINY)
+    assert overrides["embed_dim"] == sorted(overrides["embed_dim"])
+    assert max(overrides["embed_dim"]) < 1024
