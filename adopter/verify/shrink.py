@@ -483,6 +483,37 @@ def _shrink_layer_patterns(defaults: dict[str, Any], overrides: dict[str, Any]) 
             _keep_layer_kinds(defaults, overrides, layer_key, old, reduced)
     _shrink_layer_periods(defaults, overrides, reduced)
     _cover_cyclic_kinds(defaults, overrides, reduced)
+    _add_attention_layer(defaults, overrides, reduced)
+
+
+_ATTENTION_INDICES = re.compile(r"^(attn|attention)_layer_(indices|ids)$")
+
+
+def _add_attention_layer(
+    defaults: dict[str, Any], overrides: dict[str, Any], reduced: dict[str, tuple[int, int]]
+) -> None:
+    """A hybrid whose attention layers are an index list left empty (Bamba's
+    ``attn_layer_indices: None``) is all state-space layers by default, which a generation
+    cache cannot measure; the shrunk model puts attention on its last layer, so both kinds of
+    layer run."""
+    depth = max((overrides[key] for key in reduced if _is_int(overrides.get(key))), default=0)
+    if depth < 2:
+        return
+    for key, value in defaults.items():
+        if isinstance(key, str) and _ATTENTION_INDICES.match(key) and value in (None, []):
+            if key not in overrides:
+                overrides[key] = [depth - 1]
+        # The same in transformers' layer-kind vocabulary (GraniteMoeHybrid's default
+        # ``layer_types`` is all "linear_attention").
+        kinds = overrides.get(key, value)
+        if (
+            isinstance(key, str)
+            and _PER_LAYER.search(key)
+            and isinstance(kinds, (list, tuple))
+            and len(kinds) == depth
+            and set(kinds) == {"linear_attention"}
+        ):
+            overrides[key] = [*kinds[:-1], "full_attention"]
 
 
 def _cover_cyclic_kinds(

@@ -372,3 +372,13 @@ def test_per_stage_widths_under_a_width_name_are_a_width_list() -> None:
     overrides = shrink_config_dict({"embed_dim": [128, 256, 512, 1024]}, TINY)
     assert overrides["embed_dim"] == sorted(overrides["embed_dim"])
     assert max(overrides["embed_dim"]) < 1024
+
+
+def test_hybrids_without_attention_by_default_get_one_attention_layer() -> None:
+    bamba_like = {"num_hidden_layers": 32, "attn_layer_indices": None}
+    assert shrink_config_dict(bamba_like, TINY)["attn_layer_indices"] == [TINY.layers - 1]
+    all_linear = {"num_hidden_layers": 32, "layer_types": ["linear_attention"] * 32}
+    assert shrink_config_dict(all_linear, TINY)["layer_types"] == [
+        "linear_attention",
+        "full_attention",
+    ]
