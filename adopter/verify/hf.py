@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
 import re
 import sys
 from collections.abc import Iterator
@@ -173,6 +174,11 @@ _SIZE_PAIRS = (
 )
 
 
+# Hard-coded group counts (``nn.GroupNorm(32, d_model)``) that a shrunk width does not divide.
+_GROUPS_DIVIDE = re.compile(r"num_channels \((\d+)\) must be divisible by num_groups \((\d+)\)")
+_SIZE_NAME = re.compile(r"(size|dim|channels|d_model)$")
+
+
 def size_fixes(config: Any, error: str) -> dict[str, Any]:
     """Top-level sizes to change after a size-mismatch error, so that the sizes agree.
 
@@ -181,6 +187,17 @@ def size_fixes(config: Any, error: str) -> dict[str, Any]:
     configuration attributes holding either get the other's value. Only sizes, and only
     where a single attribute holds the number (several: it is not clear which one).
     """
+    groups = _GROUPS_DIVIDE.search(error)
+    if groups is not None:
+        # Every width holding the rejected size grows to a multiple of the group count (all of
+        # them: equal widths usually have to stay equal). Heads, powers of two, still divide.
+        channels, count = int(groups.group(1)), int(groups.group(2))
+        wider = math.lcm(channels, count)
+        return {
+            key: wider
+            for key, value in config.to_dict().items()
+            if _is_size(value) and value == channels and _SIZE_NAME.search(key)
+        }
     for pattern in _SIZE_PAIRS:
         match = pattern.search(error)
         if match is None:
@@ -198,6 +215,10 @@ def size_fixes(config: Any, error: str) -> dict[str, Any]:
             key, value = next(iter(sizes.items()))
             return {key: b if value == a else a}
     return {}
+
+
+def _is_size(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _sub_attr(config: Any, name: str, default: Any = None) -> Any:
