@@ -141,6 +141,9 @@ _WIDTH_LISTS = re.compile(
 # Per-layer channel lists of a convolutional feature extractor (wav2vec2's conv_dim): any
 # width works, so all layers get the same small one.
 _CONV_WIDTH_LISTS = re.compile(r"^(conv_dim|conv_channels|.*_conv_dim)$")
+# The channel count of a convolutional stack's first stage, which later stages multiply
+# (VibeVoice's tokenizer doubles ``num_filters`` over seven stages).
+_BASE_CHANNELS = re.compile(r"^(num_filters|n_filters|base_channels|base_filters)$")
 _WINDOW = re.compile(r"^(window_size|attention_window)$")
 _FRAMES = re.compile(r"^(num_frames)$")
 # Compound-scaling factors (EfficientNet's width/depth coefficients, MobileNet's multipliers)
@@ -255,6 +258,8 @@ def _shrink_value(key: Any, value: Any, setting: ShrinkSetting) -> Any:
         return _shrink_int(value, setting.intermediate)
     if _CONV_WIDTH_LISTS.match(key):
         return _shrink_list(value, lambda i, v: min(v, setting.width))
+    if _BASE_CHANNELS.match(key):
+        return _shrink_int(value, setting.channels)
     if _WINDOW.match(key):
         return _shrink_int(value, setting.window)
     if _SCALE_FACTOR.match(key) and isinstance(value, float):

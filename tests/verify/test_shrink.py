@@ -382,3 +382,8 @@ def test_hybrids_without_attention_by_default_get_one_attention_layer() -> None:
         "linear_attention",
         "full_attention",
     ]
+
+
+def test_a_first_stage_channel_count_that_later_stages_multiply_shrinks() -> None:
+    overrides = shrink_config_dict({"num_filters": 32, "downsampling_ratios": [2, 4, 8]}, TINY)
+    assert overrides == {"num_filters": TINY.channels}
