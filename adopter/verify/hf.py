@@ -9,7 +9,6 @@ ever imported inside the worker subprocess.
 
 from __future__ import annotations
 
-import copy
 import inspect
 import math
 import re
@@ -140,8 +139,13 @@ def build_config(
     if setting is not None and flipped:
         # A flipped switch (a transformers backbone instead of a timm one) can bring in
         # sub-configs that the defaults did not have: shrink those too.
-        try:  # a deep copy: constructors pop keys (``model_type``) from nested dicts
-            switched = config_class(**copy.deepcopy(overrides)).to_dict()
+        try:  # (construct_repaired passes copies: constructors pop keys from nested dicts)
+            switched = construct_repaired(
+                lambda kwargs: config_class(**kwargs),
+                defaults,
+                overrides,
+                shrunk_paths(defaults, overrides),
+            ).to_dict()
         except Exception:
             switched = {}
         for key, value in switched.items():
