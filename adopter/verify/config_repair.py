@@ -23,11 +23,18 @@ from typing import Any
 
 from .config_names import is_sub_config
 
-__all__ = ["MAX_TRIES", "Path", "construct_repaired", "error_text", "shrunk_paths"]
+__all__ = [
+    "MAX_TRIES",
+    "Path",
+    "construct_repaired",
+    "error_text",
+    "repair_overrides",
+    "shrunk_paths",
+]
 
 Path = tuple[str, ...]
 
-MAX_TRIES = 48
+MAX_TRIES = 64
 """Constructor calls one repair may make (each one is a plain configuration construction)."""
 
 
@@ -95,48 +102,90 @@ def _ratio(old: Any, new: Any) -> float:
     return 1.0
 
 
-def _named(paths: list[Path], message: str) -> list[Path]:
-    """The entries an error message names (``codebook_size``, ``adaptor_config.hidden_size``)."""
-    return [p for p in paths if re.search(rf"(?<![\w]){re.escape(p[-1])}(?![\w])", message)]
+def _named(paths: list[Path], overrides: dict[str, Any], message: str) -> list[Path]:
+    """The entries an error message names (``codebook_size``, ``adaptor_config.hidden_size``),
+    then those whose shrunk value it quotes (``... in a head of width 8``; values above 3, as
+    smaller numbers are everywhere)."""
+    by_name = [p for p in paths if re.search(rf"(?<![\w]){re.escape(p[-1])}(?![\w])", message)]
+    numbers = {int(n) for n in re.findall(r"(?<![\w.])\d+(?![\w.])", message)}
+    by_value = [
+        p
+        for p in paths
+        if p not in by_name
+        and isinstance(value := _value(overrides, p), int)
+        and not isinstance(value, bool)
+        and value > 3
+        and value in numbers
+    ]
+    return by_name + by_value
+
+
+Constructor = Callable[[dict[str, Any]], Any]
+SubConstructors = Callable[[str], "tuple[Constructor, SubConstructors] | None"]
+"""The constructor (and its own sub-constructors) of the sub-configuration under a key."""
 
 
 def construct_repaired(
-    construct: Callable[[dict[str, Any]], Any],
+    construct: Constructor,
     defaults: dict[str, Any],
     overrides: dict[str, Any],
     revertible: list[Path],
+    subs: SubConstructors | None = None,
     max_tries: int = MAX_TRIES,
 ) -> Any:
     """``construct(overrides)``; where it raises, the same with some ``revertible`` entries
-    reverted to ``defaults``.
+    reverted to ``defaults`` (see :func:`repair_overrides`)."""
+    repaired = repair_overrides(construct, defaults, overrides, revertible, subs, max_tries)
+    return construct(copy.deepcopy(repaired))
 
-    Each round tries, cheapest first, every single entry the error names, then all named ones
-    together, then every other single entry; the first configuration constructed is returned.
-    Where no single step is accepted, the named entries stay reverted and the next round reads
-    the new error. The original error is raised when nothing is accepted within ``max_tries``.
+
+def repair_overrides(
+    construct: Constructor,
+    defaults: dict[str, Any],
+    overrides: dict[str, Any],
+    revertible: list[Path],
+    subs: SubConstructors | None = None,
+    max_tries: int = MAX_TRIES,
+) -> dict[str, Any]:
+    """``overrides``, or where ``construct`` rejects them, the same with some ``revertible``
+    entries reverted to ``defaults``.
+
+    Sub-configurations with a constructor of their own (``subs``) are repaired first, each on
+    its own: several can break the same rule with the very same message. Then each round tries,
+    cheapest first, every single entry the error names, then all named ones together, then
+    every other single entry; the first set of overrides constructed is returned. Where no
+    single step is accepted, the named entries stay reverted and the next round reads the new
+    error. The original error is raised when nothing is accepted within ``max_tries``.
     """
     try:
-        return construct(copy.deepcopy(overrides))
+        construct(copy.deepcopy(overrides))
+        return overrides
     except Exception as exc:
         first = exc
+    repaired = _repair_sub_configs(defaults, overrides, revertible, subs, max_tries)
+    retry_as_is = repaired != overrides  # the sub-configurations' repairs may be enough
+    overrides = repaired
     message = error_text(first)
     reverted: list[Path] = []
     pending = [p for p in revertible if _value(overrides, p) is not None or len(p) == 1]
     tries = 0
-    while pending and tries < max_tries:
-        named = sorted(_named(pending, message), key=lambda p: _cost(defaults, overrides, p))
+    while tries < max_tries:
+        named = sorted(
+            _named(pending, overrides, message), key=lambda p: _cost(defaults, overrides, p)
+        )
         others = sorted(
             (p for p in pending if p not in named), key=lambda p: _cost(defaults, overrides, p)
         )
         steps = [[p] for p in named] + ([named] if len(named) > 1 else []) + [[p] for p in others]
         progress: str | None = None
-        for step in steps:
+        for step in [[], *steps] if retry_as_is and tries == 0 else steps:
             if tries >= max_tries:
                 break
             tries += 1
             candidate = _revert(defaults, overrides, [*reverted, *step])
             try:
-                return construct(copy.deepcopy(candidate))
+                construct(copy.deepcopy(candidate))
+                return candidate
             except Exception as exc:
                 if step == named:  # all named entries reverted: read what is left
                     progress = error_text(exc)
@@ -146,3 +195,26 @@ def construct_repaired(
         pending = [p for p in pending if p not in named]
         message = progress if progress is not None else message
     raise first
+
+
+def _repair_sub_configs(
+    defaults: dict[str, Any],
+    overrides: dict[str, Any],
+    revertible: list[Path],
+    subs: SubConstructors | None,
+    max_tries: int,
+) -> dict[str, Any]:
+    if subs is None:
+        return overrides
+    repaired = dict(overrides)
+    for key, value in overrides.items():
+        old = defaults.get(key)
+        found = subs(key) if is_sub_config(key, old) and isinstance(value, dict) else None
+        if found is None:
+            continue
+        inner = [p[1:] for p in revertible if len(p) > 1 and p[0] == key]
+        try:
+            repaired[key] = repair_overrides(found[0], old, value, inner, found[1], max_tries)
+        except Exception:
+            continue  # rejected even with its defaults alone: the parent's rounds decide
+    return repaired

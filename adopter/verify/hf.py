@@ -140,12 +140,10 @@ def build_config(
         # A flipped switch (a transformers backbone instead of a timm one) can bring in
         # sub-configs that the defaults did not have: shrink those too.
         try:  # (construct_repaired passes copies: constructors pop keys from nested dicts)
-            switched = construct_repaired(
-                lambda kwargs: config_class(**kwargs),
-                defaults,
-                overrides,
-                shrunk_paths(defaults, overrides),
-            ).to_dict()
+            construct, subs = _constructors(config_class)
+            revertible = shrunk_paths(defaults, overrides)
+            switched = construct_repaired(construct, defaults, overrides, revertible, subs)
+            switched = switched.to_dict()
         except Exception:
             switched = {}
         for key, value in switched.items():
@@ -167,9 +165,25 @@ def build_config(
         overrides.update(zero_dropout_dict({**defaults, **overrides}))
     fixed = set(fixes or {}) | ({"pad_token_id"} if "pad_token_id" in overrides else set())
     revertible = [path for path in revertible if path[0] not in fixed]
-    return construct_repaired(
-        lambda kwargs: config_class(**kwargs), defaults, overrides, revertible
-    )
+    construct, subs = _constructors(config_class)
+    return construct_repaired(construct, defaults, overrides, revertible, subs)
+
+
+def _constructors(config_class: type) -> tuple[Any, Any]:
+    """A configuration class's constructor from keyword arguments, and a look-up of the same
+    for its sub-configurations (``sub_configs``: key -> class, transformers 5), so that each
+    can be repaired on its own. ``AutoConfig`` entries have no constructor of that kind."""
+
+    def construct(kwargs: dict[str, Any]) -> Any:
+        return config_class(**kwargs)
+
+    def subs(key: str) -> tuple[Any, Any] | None:
+        sub = (getattr(config_class, "sub_configs", None) or {}).get(key)
+        if not isinstance(sub, type) or not hasattr(sub, "to_dict"):
+            return None
+        return _constructors(sub)
+
+    return construct, subs
 
 
 _SIZE_PAIRS = (

@@ -105,3 +105,31 @@ def test_reasons_carry_the_validators_complaint() -> None:
             "ValueError: `codebook_size` must be a power of 2"
         )
     assert _error_line(ValueError("first\nsecond")) == "ValueError: first"
+
+
+def test_sub_configurations_are_repaired_each_on_its_own() -> None:
+    # Two sub-configurations break one rule with the same message: reverting either alone
+    # leaves the message unchanged, so each is repaired by its own constructor first.
+    inner_defaults = {"model_type": "x", "hidden_size": 128, "head_dim": 32}
+
+    def inner(kwargs: dict[str, Any]) -> dict[str, Any]:
+        config = {**inner_defaults, **kwargs}
+        if config["head_dim"] < 16:
+            raise ValueError("the rotary embedding needs 8 pairs")
+        return config
+
+    def outer(kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {key: inner(kwargs[key]) for key in ("a", "b")}
+
+    defaults = {"a": dict(inner_defaults), "b": dict(inner_defaults)}
+    shrunk = {"model_type": "x", "hidden_size": 16, "head_dim": 8}
+    overrides = {"a": dict(shrunk), "b": dict(shrunk)}
+    config = construct_repaired(
+        outer,
+        defaults,
+        overrides,
+        shrunk_paths(defaults, overrides),
+        subs=lambda key: (inner, None),
+    )
+    assert config["a"]["head_dim"] == config["b"]["head_dim"] == 32
+    assert config["a"]["hidden_size"] == config["b"]["hidden_size"] == 16
