@@ -251,6 +251,8 @@ def _shrink_value(key: Any, value: Any, setting: ShrinkSetting) -> Any:
     if _LAYER_COUNT.match(key):
         return _shrink_int(value, setting.layers)
     if _INTERMEDIATE.match(key):
+        if isinstance(value, (list, tuple)):  # one per layer: see _keep_layer_kinds
+            return _shrink_list(value, lambda i, v: min(v, setting.intermediate))
         if _EXPERT_WIDTH.search(key) and _is_int(value):
             # Expert weights run through grouped matrix multiplies (``torch._grouped_mm``),
             # which need rows aligned to 16 bytes: a multiple of 8 elements.
@@ -541,6 +543,13 @@ def _cover_cyclic_kinds(
                 overrides[layer_key] = reach
 
 
+_PER_LAYER_VALUES = re.compile(r"(_pattern|intermediate_size)$")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _keep_layer_kinds(
     defaults: dict[str, Any],
     overrides: dict[str, Any],
@@ -562,16 +571,20 @@ def _keep_layer_kinds(
     if not _is_int(target):
         return
     names = {
-        key: list(value)
+        key: list(overrides.get(key, value))
         for key, value in defaults.items()
-        if key not in overrides
-        and isinstance(key, str)
-        and _PER_LAYER.search(key)
+        if isinstance(key, str)
         and not _is_sub_config(key, value)
         and isinstance(value, (list, tuple))
         and _pattern_length(value) is None
         and len(value) == old
-        and all(isinstance(v, str) for v in value)
+        and len(overrides.get(key, value)) == old
+        and (
+            (_PER_LAYER.search(key) and all(isinstance(v, str) for v in value))
+            # Per-layer values (Gemma3n's ``intermediate_size`` and
+            # ``activation_sparsity_pattern`` lists): distinct values are kinds too.
+            or (_PER_LAYER_VALUES.search(key) and all(_is_number(v) for v in value))
+        )
     }
     indices = {
         key: set(value)

@@ -387,3 +387,17 @@ def test_hybrids_without_attention_by_default_get_one_attention_layer() -> None:
 def test_a_first_stage_channel_count_that_later_stages_multiply_shrinks() -> None:
     overrides = shrink_config_dict({"num_filters": 32, "downsampling_ratios": [2, 4, 8]}, TINY)
     assert overrides == {"num_filters": TINY.channels}
+
+
+def test_per_layer_value_lists_follow_the_kept_layers() -> None:
+    gemma3n_like = {
+        "num_hidden_layers": 35,
+        "intermediate_size": [16384] * 35,
+        "activation_sparsity_pattern": [0.95] * 10 + [0.0] * 25,
+        "conv_stride": [5] + [2] * 34,  # another count's list: left alone
+    }
+    overrides = shrink_config_dict(gemma3n_like, TINY)
+    assert overrides["num_hidden_layers"] == 2
+    assert overrides["intermediate_size"] == [TINY.intermediate] * 2
+    assert overrides["activation_sparsity_pattern"] == [0.95, 0.0]
+    assert "conv_stride" not in overrides
