@@ -9,8 +9,8 @@ ever imported inside the worker subprocess.
 
 from __future__ import annotations
 
-import copy
 import inspect
+import math
 import re
 import sys
 from collections.abc import Iterator
@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from .config_repair import construct_repaired, shrunk_paths
 from .patch_grid import grid_parameter, patch_grid
 from .shrink import SHRINK_SETTINGS, ShrinkSetting, shrink_config_dict, zero_dropout_dict
 
@@ -139,8 +140,11 @@ def build_config(
     if setting is not None and flipped:
         # A flipped switch (a transformers backbone instead of a timm one) can bring in
         # sub-configs that the defaults did not have: shrink those too.
-        try:  # a deep copy: constructors pop keys (``model_type``) from nested dicts
-            switched = config_class(**copy.deepcopy(overrides)).to_dict()
+        try:  # (construct_repaired passes copies: constructors pop keys from nested dicts)
+            construct, subs = _constructors(config_class)
+            revertible = shrunk_paths(defaults, overrides)
+            switched = construct_repaired(construct, defaults, overrides, revertible, subs)
+            switched = switched.to_dict()
         except Exception:
             switched = {}
         for key, value in switched.items():
@@ -148,6 +152,9 @@ def build_config(
                 nested = shrink_config_dict({key: value}, setting).get(key)
                 if isinstance(nested, dict):
                     overrides[key] = nested
+    # Only what the name rules shrank may be given back where the configuration's own
+    # validation rejects it; what follows (flipped options, size fixes, no dropout) stays.
+    revertible = shrunk_paths(defaults, overrides)
     if (
         "SequenceClassification" in cls_name
         and "pad_token_id" in defaults
@@ -157,13 +164,38 @@ def build_config(
     overrides.update(fixes or {})
     if zero_dropout:
         overrides.update(zero_dropout_dict({**defaults, **overrides}))
-    return config_class(**overrides)
+    fixed = set(fixes or {}) | ({"pad_token_id"} if "pad_token_id" in overrides else set())
+    revertible = [path for path in revertible if path[0] not in fixed]
+    construct, subs = _constructors(config_class)
+    return construct_repaired(construct, defaults, overrides, revertible, subs)
+
+
+def _constructors(config_class: type) -> tuple[Any, Any]:
+    """A configuration class's constructor from keyword arguments, and a look-up of the same
+    for its sub-configurations (``sub_configs``: key -> class, transformers 5), so that each
+    can be repaired on its own. ``AutoConfig`` entries have no constructor of that kind."""
+
+    def construct(kwargs: dict[str, Any]) -> Any:
+        return config_class(**kwargs)
+
+    def subs(key: str) -> tuple[Any, Any] | None:
+        sub = (getattr(config_class, "sub_configs", None) or {}).get(key)
+        if not isinstance(sub, type) or not hasattr(sub, "to_dict"):
+            return None
+        return _constructors(sub)
+
+    return construct, subs
 
 
 _SIZE_PAIRS = (
     re.compile(r"should contain (\d+) elements not (\d+)"),
     re.compile(r"to have (\d+) channels, but got (\d+) channels"),
 )
+
+
+# Hard-coded group counts (``nn.GroupNorm(32, d_model)``) that a shrunk width does not divide.
+_GROUPS_DIVIDE = re.compile(r"num_channels \((\d+)\) must be divisible by num_groups \((\d+)\)")
+_SIZE_NAME = re.compile(r"(size|dim|channels|d_model)$")
 
 
 def size_fixes(config: Any, error: str) -> dict[str, Any]:
@@ -174,6 +206,17 @@ def size_fixes(config: Any, error: str) -> dict[str, Any]:
     configuration attributes holding either get the other's value. Only sizes, and only
     where a single attribute holds the number (several: it is not clear which one).
     """
+    groups = _GROUPS_DIVIDE.search(error)
+    if groups is not None:
+        # Every width holding the rejected size grows to a multiple of the group count (all of
+        # them: equal widths usually have to stay equal). Heads, powers of two, still divide.
+        channels, count = int(groups.group(1)), int(groups.group(2))
+        wider = math.lcm(channels, count)
+        return {
+            key: wider
+            for key, value in config.to_dict().items()
+            if _is_size(value) and value == channels and _SIZE_NAME.search(key)
+        }
     for pattern in _SIZE_PAIRS:
         match = pattern.search(error)
         if match is None:
@@ -191,6 +234,10 @@ def size_fixes(config: Any, error: str) -> dict[str, Any]:
             key, value = next(iter(sizes.items()))
             return {key: b if value == a else a}
     return {}
+
+
+def _is_size(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def token_id_fixes(config: Any) -> dict[str, Any]:

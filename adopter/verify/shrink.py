@@ -19,6 +19,7 @@ Pure dict manipulation: this module neither imports torch nor the code under tes
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -121,10 +122,13 @@ SHRINK_SETTINGS: tuple[ShrinkSetting | None, ...] = (
 # Exact names and suffixes; ``_shrink_value`` tries them in a fixed order, first match decides.
 # (Layer counts and dropout names are shared with ``bench``: :mod:`adopter.verify.config_names`.)
 _HEAD_COUNT = re.compile(
-    r"^(n_heads?|num_heads|num_attention_heads|num_.*_heads|.*_attention_heads)$"
+    r"^(n_heads?|num_heads|num_attention_heads|num_.*_heads|.*_attention_heads|.*_n_heads|"
+    r"n_.*_heads)$"
 )
 _HEAD_LISTS = re.compile(r"^(num_heads|num_attention_heads|heads)$")
-_HEAD_DIM = re.compile(r"^(head_dim|d_kv|attention_head_size|kv_channels|d_head|head_size)$")
+_HEAD_DIM = re.compile(
+    r"^(head_dim|d_kv|attention_head_size|kv_channels|d_head|head_size|.*_d_head|.*_headdim)$"
+)
 _ROTARY_DIM = re.compile(r"^(rotary_dim|rotary_emb_dim)$")
 _WIDTH = re.compile(
     r"^(hidden_size|n_embd|n_embed|d_model|embed_dim|dim|hidden_dim|model_dim|embedding_dim|"
@@ -137,6 +141,9 @@ _WIDTH_LISTS = re.compile(
 # Per-layer channel lists of a convolutional feature extractor (wav2vec2's conv_dim): any
 # width works, so all layers get the same small one.
 _CONV_WIDTH_LISTS = re.compile(r"^(conv_dim|conv_channels|.*_conv_dim)$")
+# The channel count of a convolutional stack's first stage, which later stages multiply
+# (VibeVoice's tokenizer doubles ``num_filters`` over seven stages).
+_BASE_CHANNELS = re.compile(r"^(num_filters|n_filters|base_channels|base_filters)$")
 _WINDOW = re.compile(r"^(window_size|attention_window)$")
 _FRAMES = re.compile(r"^(num_frames)$")
 # Compound-scaling factors (EfficientNet's width/depth coefficients, MobileNet's multipliers)
@@ -145,6 +152,7 @@ _SCALE_FACTOR = re.compile(r"^(width|depth)_(coefficient|multiplier)$")
 _INTERMEDIATE = re.compile(
     r"^(intermediate_size|d_ff|n_inner|ffn_dim|mlp_dim|.*_ffn_dim|.*intermediate_size|d_inner)$"
 )
+_EXPERT_WIDTH = re.compile(r"(moe|expert)")
 _VOCAB = re.compile(r"^(vocab_size|.*_vocab_size|n_vocab|n_words)$")
 _POSITIONS = re.compile(
     r"^(max_position_embeddings|n_positions|n_ctx|max_.*_positions|max_seq_len|"
@@ -189,6 +197,9 @@ def shrink_config_dict(defaults: dict[str, Any], setting: ShrinkSetting) -> dict
         if isinstance(key, str) and _VOCAB.match(key) and key not in _KEEP and isinstance(new, int):
             vocab = new if vocab is None else min(vocab, new)
     _shrink_width_lists(defaults, overrides, setting)
+    _align_expert_widths(defaults, overrides)
+    _keep_expanded_heads(defaults, overrides)
+    _derive_head_dim(defaults, overrides)
     _follow_sub_config_widths(defaults, overrides)
     _shrink_layer_patterns(defaults, overrides)
     _shrink_stage_names(defaults, overrides)
@@ -240,9 +251,17 @@ def _shrink_value(key: Any, value: Any, setting: ShrinkSetting) -> Any:
     if _LAYER_COUNT.match(key):
         return _shrink_int(value, setting.layers)
     if _INTERMEDIATE.match(key):
+        if isinstance(value, (list, tuple)):  # one per layer: see _keep_layer_kinds
+            return _shrink_list(value, lambda i, v: min(v, setting.intermediate))
+        if _EXPERT_WIDTH.search(key) and _is_int(value):
+            # Expert weights run through grouped matrix multiplies (``torch._grouped_mm``),
+            # which need rows aligned to 16 bytes: a multiple of 8 elements.
+            return min(value, -(-setting.intermediate // 8) * 8)
         return _shrink_int(value, setting.intermediate)
     if _CONV_WIDTH_LISTS.match(key):
         return _shrink_list(value, lambda i, v: min(v, setting.width))
+    if _BASE_CHANNELS.match(key):
+        return _shrink_int(value, setting.channels)
     if _WINDOW.match(key):
         return _shrink_int(value, setting.window)
     if _SCALE_FACTOR.match(key) and isinstance(value, float):
@@ -269,6 +288,82 @@ def _shrink_value(key: Any, value: Any, setting: ShrinkSetting) -> Any:
     return value
 
 
+def _derive_head_dim(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """A ``head_dim`` the defaults leave ``None`` gets the width per head, the value it stands
+    for: some attention code reads it without deriving it (Ministral's ``head_dim ** -0.5``)."""
+    if "head_dim" not in defaults or defaults["head_dim"] is not None:
+        return
+    width = next((k for k in ("hidden_size", "d_model") if _is_int(defaults.get(k))), None)
+    heads = next(
+        (k for k in ("num_attention_heads", "num_heads") if _is_int(defaults.get(k))), None
+    )
+    if width is None or heads is None:
+        return
+    new_width, new_heads = (
+        overrides.get(width, defaults[width]),
+        overrides.get(heads, defaults[heads]),
+    )
+    if new_heads and new_width % new_heads == 0:
+        overrides["head_dim"] = new_width // new_heads
+
+
+_EXPAND = re.compile(r"^(.*_)?expand$")
+_GROUPS = re.compile(r"^(.*_)?n_?groups$")
+
+
+def _keep_expanded_heads(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Keep ``heads x head size == expand x width`` where the defaults have it.
+
+    State-space mixers (Mamba-2) split the expanded width ``expand x hidden_size`` into heads
+    of ``head_dim``, and their configurations check the product. The name rules shrink heads,
+    head size and width independently, so the head count is recomputed from the other three;
+    head groups (``n_groups``) that divided the heads are cut to keep dividing them.
+    """
+    width = next((k for k in ("hidden_size", "d_model") if _is_int(defaults.get(k))), None)
+    if width is None:
+        return
+    new_width = overrides.get(width, defaults[width])
+
+    def ints(pattern: re.Pattern[str]) -> list[str]:
+        return [
+            k for k, v in defaults.items() if isinstance(k, str) and pattern.match(k) and _is_int(v)
+        ]
+
+    for expand in ints(_EXPAND):
+        product = defaults[expand] * defaults[width]
+        for heads in ints(_HEAD_COUNT):
+            for dim in ints(_HEAD_DIM):
+                if defaults[heads] * defaults[dim] != product:
+                    continue
+                new_dim = overrides.get(dim, defaults[dim])
+                wanted = overrides.get(expand, defaults[expand]) * new_width
+                if not new_dim or wanted % new_dim:
+                    continue
+                overrides[heads] = wanted // new_dim
+                for groups in ints(_GROUPS):
+                    if defaults[heads] % defaults[groups] == 0:
+                        new_groups = math.gcd(defaults[groups], overrides[heads])
+                        if new_groups != defaults[groups]:
+                            overrides[groups] = new_groups
+                return
+
+
+_EXPERT_COUNT = re.compile(r"^(num|n)_(local_|routed_)?experts$")
+
+
+def _align_expert_widths(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """In a mixture-of-experts configuration the plain ``intermediate_size`` can be the
+    experts' width too (Jamba): align every shrunk one to 8 elements, as above."""
+    if not any(
+        isinstance(k, str) and _EXPERT_COUNT.match(k) and _is_int(v) and v > 1
+        for k, v in defaults.items()
+    ):
+        return
+    for key, new in list(overrides.items()):
+        if isinstance(key, str) and _INTERMEDIATE.match(key) and _is_int(new) and new % 8:
+            overrides[key] = min(defaults[key], -(-new // 8) * 8)
+
+
 def _shrink_width_lists(
     defaults: dict[str, Any], overrides: dict[str, Any], setting: ShrinkSetting
 ) -> None:
@@ -284,7 +379,7 @@ def _shrink_width_lists(
         key: value
         for key, value in defaults.items()
         if isinstance(key, str)
-        and _WIDTH_LISTS.match(key)
+        and (_WIDTH_LISTS.match(key) or _WIDTH.match(key))  # Florence's per-stage embed_dim
         and isinstance(value, (list, tuple))
         and value
         and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
@@ -345,7 +440,13 @@ def _pattern_length(value: Any) -> int | None:
     return total
 
 
-_PER_LAYER = re.compile(r"(layers|types)$")
+_PER_LAYER = re.compile(r"(layers|types|_type)$")  # Zamba2: layers_block_type
+# Lists of layer indices (``mlp_only_layers``, ``attn_layer_indices``): a kind of layer each.
+_LAYER_INDICES = re.compile(r"(_layers|_indices|_layer_ids)$")
+# Periodic layer kinds: layer ``i`` is special where ``i % period == offset`` (Jamba's
+# ``attn_layer_period``/``attn_layer_offset``) or every ``interval``-th layer is
+# (``full_attention_interval``).
+_LAYER_PERIOD = re.compile(r"^(.*_)?(period|interval)$")
 
 
 def _shrink_layer_patterns(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
@@ -354,8 +455,8 @@ def _shrink_layer_patterns(defaults: dict[str, Any], overrides: dict[str, Any]) 
     A repeat pattern ``[[pattern, count], ...]`` whose expansion has as many entries as a layer
     count had gets its counts scaled down (at least one repeat each); the layer count then
     becomes the new expanded length, which may exceed the target when a pattern is longer.
-    A flat list of names with one entry per original layer (``attention_layers``,
-    ``layer_types``) is cut to the new layer count.
+    Flat lists with one entry per original layer (``layer_types``, ``mlp_layer_types``) keep
+    the same selection of layers, see :func:`_keep_layer_kinds`.
     """
     reduced = {
         key: (defaults[key], new)
@@ -384,17 +485,195 @@ def _shrink_layer_patterns(defaults: dict[str, Any], overrides: dict[str, Any]) 
                 if other_old == old:
                     overrides[other] = length
             break
+    for layer_key, (old, _) in reduced.items():
+        if old > 1:
+            _keep_layer_kinds(defaults, overrides, layer_key, old, reduced)
+    _shrink_layer_periods(defaults, overrides, reduced)
+    _cover_cyclic_kinds(defaults, overrides, reduced)
+    _add_attention_layer(defaults, overrides, reduced)
+
+
+_ATTENTION_INDICES = re.compile(r"^(attn|attention)_layer_(indices|ids)$")
+
+
+def _add_attention_layer(
+    defaults: dict[str, Any], overrides: dict[str, Any], reduced: dict[str, tuple[int, int]]
+) -> None:
+    """A hybrid whose attention layers are an index list left empty (Bamba's
+    ``attn_layer_indices: None``) is all state-space layers by default, which a generation
+    cache cannot measure; the shrunk model puts attention on its last layer, so both kinds of
+    layer run."""
+    depth = max((overrides[key] for key in reduced if _is_int(overrides.get(key))), default=0)
+    if depth < 2:
+        return
     for key, value in defaults.items():
-        if key in overrides or not isinstance(key, str) or _is_sub_config(key, value):
+        if isinstance(key, str) and _ATTENTION_INDICES.match(key) and value in (None, []):
+            if key not in overrides:
+                overrides[key] = [depth - 1]
+        # The same in transformers' layer-kind vocabulary (GraniteMoeHybrid's default
+        # ``layer_types`` is all "linear_attention").
+        kinds = overrides.get(key, value)
+        if (
+            isinstance(key, str)
+            and _PER_LAYER.search(key)
+            and isinstance(kinds, (list, tuple))
+            and len(kinds) == depth
+            and set(kinds) == {"linear_attention"}
+        ):
+            overrides[key] = [*kinds[:-1], "full_attention"]
+
+
+def _cover_cyclic_kinds(
+    defaults: dict[str, Any], overrides: dict[str, Any], reduced: dict[str, tuple[int, int]]
+) -> None:
+    """A per-layer name list shorter than the layers repeats over them (RecurrentGemma's
+    ``block_types``: two recurrent blocks, then attention): the depth grows to reach the
+    first layer of every kind it names."""
+    for key, value in defaults.items():
+        if key in overrides or not isinstance(key, str) or not _PER_LAYER.search(key):
             continue
-        if not isinstance(value, (list, tuple)) or _pattern_length(value) is not None:
+        if not isinstance(value, (list, tuple)) or not value or _pattern_length(value):
             continue
-        if not _PER_LAYER.search(key) or not all(isinstance(v, str) for v in value):
-            continue  # per-layer sizes (``conv_stride``) belong to other layer counts
+        if not all(isinstance(v, str) for v in value):
+            continue
+        reach = max(value.index(kind) for kind in set(value)) + 1
         for layer_key, (old, _) in reduced.items():
-            if len(value) == old and old > 1:
-                overrides[key] = list(value[: overrides[layer_key]])
-                break
+            new = overrides.get(layer_key)
+            if len(value) < old and _is_int(new) and new < reach <= old:
+                overrides[layer_key] = reach
+
+
+_PER_LAYER_VALUES = re.compile(r"(_pattern|intermediate_size)$")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _keep_layer_kinds(
+    defaults: dict[str, Any],
+    overrides: dict[str, Any],
+    layer_key: str,
+    old: int,
+    reduced: dict[str, tuple[int, int]],
+) -> None:
+    """Cut the per-layer lists of ``old`` layers to a selection that keeps every layer kind.
+
+    A hybrid model (linear and full attention, Mamba and attention, dense and sparse MLPs)
+    runs code for each kind of layer it has, and some only work with every kind present (a
+    cache that needs one attention layer). So the selection is the first layer of each kind
+    of every per-layer name list (``layer_types``) and of each layer-index list
+    (``mlp_only_layers``: one listed layer, one not listed), topped up with the first other
+    layers to the shrunk count; all such lists keep the same layers, index lists are renumbered
+    and the layer count becomes the selection's size.
+    """
+    target = overrides[layer_key]
+    if not _is_int(target):
+        return
+    names = {
+        key: list(overrides.get(key, value))
+        for key, value in defaults.items()
+        if isinstance(key, str)
+        and not _is_sub_config(key, value)
+        and isinstance(value, (list, tuple))
+        and _pattern_length(value) is None
+        and len(value) == old
+        and len(overrides.get(key, value)) == old
+        and (
+            (_PER_LAYER.search(key) and all(isinstance(v, str) for v in value))
+            # Per-layer values (Gemma3n's ``intermediate_size`` and
+            # ``activation_sparsity_pattern`` lists): distinct values are kinds too.
+            or (_PER_LAYER_VALUES.search(key) and all(_is_number(v) for v in value))
+        )
+    }
+    indices = {
+        key: set(value)
+        for key, value in defaults.items()
+        if key not in overrides
+        and isinstance(key, str)
+        and _LAYER_INDICES.search(key)
+        and isinstance(value, (list, tuple))
+        and value
+        and all(_is_int(v) and 0 <= v < old for v in value)
+    }
+    # Per-layer settings keyed by layer index (``per_layer_config: {"05": {...}}``).
+    keyed = {
+        key: value
+        for key, value in defaults.items()
+        if key not in overrides
+        and isinstance(key, str)
+        and "layer" in key  # not ``id2label``, which is keyed by small ints too
+        and isinstance(value, dict)
+        and value
+        and all(_layer_index(k, old) is not None for k in value)
+    }
+    for key, value in keyed.items():
+        indices[key] = {_layer_index(k, old) for k in value}  # type: ignore[misc]
+    if not names and not indices:
+        return
+    keep: set[int] = set()
+    for value in names.values():
+        for kind in dict.fromkeys(value):
+            keep.add(value.index(kind))
+    for members in indices.values():
+        keep.add(min(members))
+        outside = [i for i in range(old) if i not in members]
+        if outside:
+            keep.add(outside[0])
+    for i in range(old):
+        if len(keep) >= target:
+            break
+        keep.add(i)
+    chosen = sorted(keep)
+    for key, value in names.items():
+        overrides[key] = [value[i] for i in chosen]
+    for key, members in indices.items():
+        if key in keyed:
+            by_index = {_layer_index(k, old): (k, v) for k, v in keyed[key].items()}
+            overrides[key] = {
+                _renumbered(by_index[i][0], position): by_index[i][1]
+                for position, i in enumerate(chosen)
+                if i in members
+            }
+            continue
+        overrides[key] = [position for position, i in enumerate(chosen) if i in members]
+    for other, (other_old, _) in reduced.items():
+        if other_old == old:
+            overrides[other] = len(chosen)
+
+
+def _layer_index(key: Any, layers: int) -> int | None:
+    """``key`` as a layer index below ``layers`` (an int or a string of digits), else None."""
+    if _is_int(key):
+        index = key
+    elif isinstance(key, str) and key.isdigit():
+        index = int(key)
+    else:
+        return None
+    return index if 0 <= index < layers else None
+
+
+def _renumbered(key: Any, position: int) -> Any:
+    """``position`` spelt like the layer key it replaces (``"05"``: zero-padded digits)."""
+    return key.__class__(position) if _is_int(key) else str(position).zfill(len(key))
+
+
+def _shrink_layer_periods(
+    defaults: dict[str, Any], overrides: dict[str, Any], reduced: dict[str, tuple[int, int]]
+) -> None:
+    """Layer periods longer than the shrunk depth would leave out their special layers: the
+    period becomes the depth (an offset stays inside it), so each kind keeps one layer."""
+    depth = max((overrides[key] for key in reduced if _is_int(overrides.get(key))), default=None)
+    if depth is None or depth < 2:
+        return
+    for key, value in defaults.items():
+        match = _LAYER_PERIOD.match(key) if isinstance(key, str) else None
+        if match is None or key in overrides or not _is_int(value) or value <= depth:
+            continue
+        overrides[key] = depth
+        offset = f"{match.group(1) or ''}offset"
+        if _is_int(defaults.get(offset)) and offset not in overrides:
+            overrides[offset] = min(defaults[offset], depth - 1)
 
 
 def _shrink_stage_names(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:

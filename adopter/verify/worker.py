@@ -312,8 +312,15 @@ def _module_text(module: ModuleType) -> str:
 
 
 def _error_line(exc: BaseException) -> str:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    return f"{type(exc).__name__}: {first}"[:300]
+    """The error's type and first line; where that line only introduces the complaint
+    (``Class validation error for validator 'validate_architecture':``), the next one too."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    text = lines[0] if lines else ""
+    if text.endswith(":") and len(lines) > 1:
+        text = f"{text} {lines[1]}"
+    elif text.endswith(":") and exc.__cause__ is not None:
+        text = f"{text} {type(exc.__cause__).__name__}: {str(exc.__cause__).strip()}"
+    return f"{type(exc).__name__}: {text}"[:300]
 
 
 def check_transformers_class(

@@ -274,3 +274,130 @@ def test_per_layer_size_lists_of_other_layer_counts_keep_their_length() -> None:
     }
     overrides = shrink_config_dict(wav2vec2, TINY)
     assert "conv_stride" not in overrides and "conv_kernel" not in overrides
+
+
+def test_hybrid_layer_lists_keep_one_layer_of_each_kind() -> None:
+    kinds = (["linear_attention"] * 3 + ["full_attention"]) * 12
+    mlps = ["dense"] + ["sparse"] * 47
+    hybrid = {
+        "num_hidden_layers": 48,
+        "layer_types": kinds,
+        "mlp_layer_types": mlps,
+        "mlp_only_layers": [5, 9],
+    }
+    overrides = shrink_config_dict(hybrid, TINY)
+    # first linear (0), first full (3), first dense (0), first sparse (1), first mlp-only (5)
+    assert overrides["layer_types"] == [
+        "linear_attention",
+        "linear_attention",
+        "full_attention",
+        "linear_attention",
+    ]
+    assert overrides["mlp_layer_types"] == ["dense", "sparse", "sparse", "sparse"]
+    assert overrides["mlp_only_layers"] == [3]
+    assert overrides["num_hidden_layers"] == 4
+
+
+def test_uniform_layer_lists_are_cut_to_the_target() -> None:
+    overrides = shrink_config_dict(
+        {"num_hidden_layers": 12, "layer_types": ["full_attention"] * 12}, TINY
+    )
+    assert overrides["layer_types"] == ["full_attention"] * TINY.layers
+    assert overrides["num_hidden_layers"] == TINY.layers
+
+
+def test_layer_periods_fit_the_shrunk_depth() -> None:
+    jamba_like = {
+        "num_hidden_layers": 32,
+        "attn_layer_period": 8,
+        "attn_layer_offset": 4,
+        "expert_layer_period": 2,
+        "expert_layer_offset": 1,
+        "full_attention_interval": 4,
+    }
+    overrides = shrink_config_dict(jamba_like, TINY)
+    assert overrides["attn_layer_period"] == 2 and overrides["attn_layer_offset"] == 1
+    assert "expert_layer_period" not in overrides  # already fits
+    assert overrides["full_attention_interval"] == 2
+
+
+def test_a_repeating_kind_list_gets_enough_layers() -> None:
+    overrides = shrink_config_dict(
+        {"num_hidden_layers": 26, "block_types": ["recurrent", "recurrent", "attention"]}, TINY
+    )
+    assert overrides["num_hidden_layers"] == 3
+
+
+def test_expert_widths_are_aligned_for_grouped_matmuls() -> None:
+    overrides = shrink_config_dict(
+        {"num_experts": 64, "intermediate_size": 4096, "moe_intermediate_size": 1024}, TINY
+    )
+    assert overrides["intermediate_size"] % 8 == 0 and overrides["moe_intermediate_size"] % 8 == 0
+    dense = shrink_config_dict({"intermediate_size": 4096}, TINY)
+    assert dense["intermediate_size"] == TINY.intermediate
+
+
+def test_state_space_heads_follow_the_expanded_width() -> None:
+    mamba2 = {"hidden_size": 4096, "expand": 2, "num_heads": 128, "head_dim": 64, "n_groups": 8}
+    overrides = shrink_config_dict(mamba2, TINY)
+    heads, dim = overrides["num_heads"], overrides["head_dim"]
+    assert heads * dim == mamba2["expand"] * overrides["hidden_size"]
+    assert heads % overrides["n_groups"] == 0
+    hybrid = {"hidden_size": 4096, "mamba_expand": 2, "mamba_n_heads": 128, "mamba_d_head": 64}
+    overrides = shrink_config_dict(hybrid, TINY)
+    assert overrides["mamba_n_heads"] * overrides["mamba_d_head"] == 2 * overrides["hidden_size"]
+
+
+def test_per_layer_settings_keyed_by_index_follow_the_selection() -> None:
+    text = {
+        "num_hidden_layers": 30,
+        "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 5,
+        "per_layer_config": {"05": {"head_dim": 512}, "11": {"head_dim": 512}},
+    }
+    overrides = shrink_config_dict({"text_config": {"model_type": "t", **text}}, TINY)
+    shrunk = overrides["text_config"]
+    assert shrunk["layer_types"] == ["sliding_attention", "full_attention"]
+    assert shrunk["per_layer_config"] == {"01": {"head_dim": 512}}
+    assert shrunk["num_hidden_layers"] == 2
+
+
+def test_a_head_size_left_to_derive_is_given() -> None:
+    overrides = shrink_config_dict(
+        {"hidden_size": 4096, "num_attention_heads": 32, "head_dim": None}, TINY
+    )
+    assert overrides["head_dim"] == TINY.width // TINY.heads
+
+
+def test_per_stage_widths_under_a_width_name_are_a_width_list() -> None:
+    overrides = shrink_config_dict({"embed_dim": [128, 256, 512, 1024]}, TINY)
+    assert overrides["embed_dim"] == sorted(overrides["embed_dim"])
+    assert max(overrides["embed_dim"]) < 1024
+
+
+def test_hybrids_without_attention_by_default_get_one_attention_layer() -> None:
+    bamba_like = {"num_hidden_layers": 32, "attn_layer_indices": None}
+    assert shrink_config_dict(bamba_like, TINY)["attn_layer_indices"] == [TINY.layers - 1]
+    all_linear = {"num_hidden_layers": 32, "layer_types": ["linear_attention"] * 32}
+    assert shrink_config_dict(all_linear, TINY)["layer_types"] == [
+        "linear_attention",
+        "full_attention",
+    ]
+
+
+def test_a_first_stage_channel_count_that_later_stages_multiply_shrinks() -> None:
+    overrides = shrink_config_dict({"num_filters": 32, "downsampling_ratios": [2, 4, 8]}, TINY)
+    assert overrides == {"num_filters": TINY.channels}
+
+
+def test_per_layer_value_lists_follow_the_kept_layers() -> None:
+    gemma3n_like = {
+        "num_hidden_layers": 35,
+        "intermediate_size": [16384] * 35,
+        "activation_sparsity_pattern": [0.95] * 10 + [0.0] * 25,
+        "conv_stride": [5] + [2] * 34,  # another count's list: left alone
+    }
+    overrides = shrink_config_dict(gemma3n_like, TINY)
+    assert overrides["num_hidden_layers"] == 2
+    assert overrides["intermediate_size"] == [TINY.intermediate] * 2
+    assert overrides["activation_sparsity_pattern"] == [0.95, 0.0]
+    assert "conv_stride" not in overrides
