@@ -18,9 +18,12 @@ import difflib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["KERNEL_PACKAGE", "PatchedSite", "find_sites"]
+__all__ = ["KERNEL_PACKAGE", "PER_ELEMENT", "PatchedSite", "find_sites"]
 
 KERNEL_PACKAGE = "adopter.kernels"
+# Marks a configuration field whose *elements* a condition compares (``config.layer_types[i] ==
+# "sliding_attention"``): ``"layer_types[]"`` in ``config_fields``.
+PER_ELEMENT = "[]"
 
 
 @dataclass
@@ -44,6 +47,14 @@ class PatchedSite:
     # the n-th of ``of`` kernel calls that stand for the same original line (``0``: alone)
     nth: int = 0
     of: int = 0
+    # the file's classes whose code reaches the site: its own top-level class, and every class
+    # that names its class or function, or names a class that does, and so on (static, by
+    # name); the worker narrows it to the file's model classes. ``None``: not worked out.
+    hosts: list[str] | None = None
+    # configuration fields read by the conditions around those references (``if
+    # config.attention_type == "block_sparse": self.self = SparseAttention(config)``) -> the
+    # constants they are compared with: the options that decide whether the site is built at all
+    caller_fields: dict[str, list[Any]] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -81,20 +92,64 @@ def _kernel_names(tree: ast.Module) -> dict[str, str]:
     return names
 
 
+@dataclass
+class _Reference:
+    """A top-level name used inside another top-level definition, with the conditions around
+    that use and the innermost class there (whose ``__init__`` maps ``self.x`` to config)."""
+
+    source: str
+    target: str
+    guards: list[ast.expr]
+    cls: str | None
+
+
+# Uses of a class that do not run it: type tests (``_init_weights``'s ``isinstance(module,
+# SparseAttention)``, in the base class every model inherits, would make every model a host).
+_TYPE_TESTS = frozenset({"isinstance", "issubclass"})
+
+
 class _Finder(ast.NodeVisitor):
-    def __init__(self, kernels: dict[str, str]) -> None:
+    def __init__(self, kernels: dict[str, str], top_names: set[str] | None = None) -> None:
         self.kernels = kernels
         self.scopes: list[ast.AST] = []  # enclosing classes and functions
         self.guards: list[ast.expr] = []  # enclosing conditions, outermost first
         self.negated: list[bool] = []
         self.inits: dict[str, dict[str, set[str]]] = {}  # class -> self.attr -> config fields
         self.found: list[PatchedSite] = []
+        self.top_names = top_names or set()
+        self.top: str | None = None  # the top-level definition being visited
+        self.references: list[_Reference] = []
+
+    # -- references between top-level definitions -------------------------------------------
+    def visit_Module(self, node: ast.Module) -> None:  # noqa: N802
+        for statement in node.body:
+            names = _defined_names(statement)
+            self.top = names[0] if len(names) == 1 else None
+            self.visit(statement)
+        self.top = None
+
+    def visit_Name(self, node: ast.Name) -> None:  # noqa: N802
+        if (
+            isinstance(node.ctx, ast.Load)
+            and self.top is not None
+            and node.id != self.top
+            and node.id in self.top_names
+            # a class-body attribute (``_can_record_outputs = {... SparseAttention ...}``)
+            # describes the model; methods and bases are what run
+            and not (self.scopes and isinstance(self.scopes[-1], ast.ClassDef))
+        ):
+            classes = [scope for scope in self.scopes if isinstance(scope, ast.ClassDef)]
+            cls = classes[-1].name if classes else None
+            self.references.append(_Reference(self.top, node.id, list(self.guards), cls))
 
     # -- scopes ------------------------------------------------------------------------------
     def visit_ClassDef(self, node: ast.ClassDef) -> None:  # noqa: N802 - ast visitor name
         self.inits[node.name] = _self_attributes_from_config(node)
+        for outer in (*node.decorator_list, *node.bases, *node.keywords):
+            self.visit(outer)  # outside the class body: a base class runs in its subclasses
         self.scopes.append(node)
-        self.generic_visit(node)
+        for statement in node.body:
+            self.visit(statement)
         self.scopes.pop()
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:  # noqa: N802
@@ -135,6 +190,8 @@ class _Finder(ast.NodeVisitor):
 
     # -- kernel calls ------------------------------------------------------------------------
     def visit_Call(self, node: ast.Call) -> None:  # noqa: N802
+        if isinstance(node.func, ast.Name) and node.func.id in _TYPE_TESTS:
+            return  # a type test runs nothing it names (and calls no kernel)
         kernel = None
         if isinstance(node.func, ast.Name) and node.func.id in self.kernels:
             kernel = self.kernels[node.func.id]
@@ -170,6 +227,18 @@ class _Finder(ast.NodeVisitor):
             guards=guards,
             config_fields=fields,
         )
+
+
+def _defined_names(statement: ast.stmt) -> list[str]:
+    """The module-level names a top-level statement defines."""
+    if isinstance(statement, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+        return [statement.name]
+    targets: list[ast.expr] = []
+    if isinstance(statement, ast.Assign):
+        targets = list(statement.targets)
+    elif isinstance(statement, ast.AnnAssign):
+        targets = [statement.target]
+    return [t.id for t in targets if isinstance(t, ast.Name)]
 
 
 def _attribute_chain(node: ast.expr) -> list[str] | None:
@@ -216,6 +285,9 @@ def _config_reads(test: ast.expr, from_init: dict[str, set[str]]) -> dict[str, l
             for operand in operands:
                 for name in _config_field(operand, from_init):
                     found.setdefault(name, []).extend(constants)
+                if isinstance(operand, ast.Subscript):  # ``config.layer_types[layer_idx]``
+                    for name in _config_field(operand.value, from_init):
+                        found.setdefault(name + PER_ELEMENT, []).extend(constants)
         elif isinstance(node, ast.Attribute):
             for name in _config_field(node, from_init):
                 found.setdefault(name, [])
@@ -255,6 +327,44 @@ def _self_attributes_from_config(node: ast.ClassDef) -> dict[str, set[str]]:
     return found
 
 
+# How many references up from a site's definition its callers are followed: model -> encoder ->
+# layer -> attention block -> attention -> the function holding the site, with room to spare.
+_MAX_CALLER_DEPTH = 8
+
+
+def _reached_from(
+    owner: str,
+    references: list[_Reference],
+    inits: dict[str, dict[str, set[str]]],
+    classes: set[str],
+) -> tuple[list[str], dict[str, list[Any]]]:
+    """The classes whose code reaches top-level definition ``owner`` (``owner`` itself first,
+    then by distance), and the configuration fields the conditions around those references
+    read, with the constants they are compared with (nearest references first)."""
+    users: dict[str, list[_Reference]] = {}
+    for reference in references:
+        users.setdefault(reference.target, []).append(reference)
+    reached = [owner]
+    fields: dict[str, list[Any]] = {}
+    frontier = [owner]
+    for _ in range(_MAX_CALLER_DEPTH):
+        following: list[str] = []
+        for name in frontier:
+            for reference in users.get(name, []):
+                from_init = inits.get(reference.cls or "", {})
+                for test in reference.guards:
+                    for field_name, constants in _config_reads(test, from_init).items():
+                        known = fields.setdefault(field_name, [])
+                        known.extend(c for c in constants if c not in known)
+                if reference.source not in reached:
+                    reached.append(reference.source)
+                    following.append(reference.source)
+        if not following:
+            break
+        frontier = following
+    return [name for name in reached if name in classes], fields
+
+
 def _original_lines(original: str, patched: str) -> dict[int, int]:
     """Patched line -> the original line it stands for (the first of a replaced block)."""
     old, new = original.splitlines(), patched.splitlines()
@@ -274,9 +384,15 @@ def find_sites(patched: str, original: str | None = None) -> list[PatchedSite]:
     """Every kernel call of the patched text, in source order; with ``original``, each with the
     line of the original file it replaced. Raises ``SyntaxError`` for text that is not Python."""
     tree = ast.parse(patched)
-    finder = _Finder(_kernel_names(tree))
+    defined = {name for statement in tree.body for name in _defined_names(statement)}
+    finder = _Finder(_kernel_names(tree), defined)
     finder.visit(tree)
     sites = sorted(finder.found, key=lambda s: (s.line, s.column))
+    classes = {s.name for s in tree.body if isinstance(s, ast.ClassDef)}
+    for site in sites:
+        site.hosts, site.caller_fields = _reached_from(
+            site.function.split(".")[0], finder.references, finder.inits, classes
+        )
     if original is not None:
         lines = _original_lines(original, patched)
         for site in sites:

@@ -32,6 +32,7 @@ from typing import Any
 
 from .contain import die_with_parent
 from .factory_spec import load_factory, parse_factory
+from .sites import PER_ELEMENT
 
 __all__ = ["main"]
 
@@ -361,6 +362,12 @@ def _check_transformers_class(
         recipe, fixes = attempts.pop(0)
         config = None
         try:
+            fixes = _resolve_every_layer(
+                fixes,
+                lambda plain, setting=recipe.setting: build_config(
+                    config_class, setting, cls_name=name, fixes=plain
+                ),
+            )
             config = build_config(config_class, recipe.setting, cls_name=name, fixes=fixes)
             _refuse_if_too_large(original_cls, config, must_size=recipe.setting is None)
             probe = _build(original_cls, config, job)  # only to try the recipe: then dropped
@@ -492,8 +499,12 @@ def _check_transformers_class(
 
 
 # Checks beyond the planned classes, tried only while a patched site has not run: other
-# model classes, and configurations with the options that guard a site flipped.
-_MAX_REACH_CHECKS = 6
+# model classes, and configurations with the options that guard a site flipped. Bounded by
+# count and by time (see _reach_time_left): a file has one timeout for all its checks.
+_MAX_REACH_CHECKS = 12
+# Start no further check unless the slowest check so far would still end within this share of
+# the file's timeout (the first file of a worker also pays for importing torch).
+_REACH_TIME_SHARE = 0.7
 
 
 def _unreached(sites: list[Any], verdicts: list[dict[str, Any]]) -> list[Any]:
@@ -504,12 +515,26 @@ def _unreached(sites: list[Any], verdicts: list[dict[str, Any]]) -> list[Any]:
     return [entry.site for entry in site_coverage(sites, classes) if not entry.exercised]
 
 
+def _guard_fields(site: Any) -> dict[str, list[Any]]:
+    """The configuration fields that may decide whether ``site`` runs, with the constants they
+    are compared with: those its own conditions read first, then those around the code that
+    builds or calls it (an attention class chosen by ``config.attention_type``)."""
+    fields = {name: list(constants) for name, constants in site.config_fields.items()}
+    for name, constants in getattr(site, "caller_fields", {}).items():
+        known = fields.setdefault(name, [])
+        known.extend(c for c in constants if c not in known)
+    return fields
+
+
 def _flips(site: Any, defaults: dict[str, Any]) -> list[dict[str, Any]]:
     """Configuration overrides that may take the branch a site sits in: each boolean field
-    the site's conditions read, negated; each field compared with constants, set to them; then
-    all of those at once."""
+    the site's conditions (or its callers') read, negated; each field compared with constants,
+    set to them; then all of those at once."""
     singles: list[dict[str, Any]] = []
-    for field, constants in site.config_fields.items():
+    for field, constants in _guard_fields(site).items():
+        if field.endswith(PER_ELEMENT):
+            singles += _element_flips(field[: -len(PER_ELEMENT)], constants, defaults)
+            continue
         if field not in defaults:
             continue
         default = defaults[field]
@@ -528,25 +553,100 @@ def _flips(site: Any, defaults: dict[str, Any]) -> list[dict[str, Any]]:
     return singles
 
 
+class EveryLayer:
+    """An override of a per-layer list (``mlp_layer_types``): this value at every layer, as
+    many layers as the shrunk configuration has (known only once a recipe shrank it; see
+    :func:`_resolve_every_layer`)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"every layer {self.value!r}"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EveryLayer) and other.value == self.value
+
+    def __hash__(self) -> int:
+        return hash(("EveryLayer", repr(self.value)))
+
+
+def _element_flips(field: str, constants: list[Any], defaults: dict[str, Any]) -> list[dict]:
+    """A per-layer list whose elements a condition compares with constants (``config.
+    mlp_layer_types[layer_idx] == "sparse"``): that constant at every layer, for each constant
+    of the list's own element type (the shrunk list keeps only the first layers' kinds, which
+    may all be the other kind)."""
+    default = defaults.get(field)
+    if not isinstance(default, (list, tuple)) or not default:
+        return []
+    kinds = {type(element) for element in default}
+    return [
+        {field: EveryLayer(value)}
+        for value in dict.fromkeys(constants)
+        if type(value) in kinds and not isinstance(value, bool)
+    ]
+
+
+def _resolve_every_layer(fixes: dict[str, Any], build: Any) -> dict[str, Any]:
+    """``fixes`` with each :class:`EveryLayer` made a list as long as the configuration that
+    ``build(other_fixes)`` makes has for that field (its shrunk layer count)."""
+    plain = {key: value for key, value in fixes.items() if not isinstance(value, EveryLayer)}
+    if len(plain) == len(fixes):
+        return fixes
+    config = build(plain)
+    resolved = dict(plain)
+    for key, value in fixes.items():
+        if isinstance(value, EveryLayer):
+            current = getattr(config, key, None)
+            length = len(current) if isinstance(current, (list, tuple)) else 0
+            resolved[key] = [value.value] * length if length else [value.value]
+    return resolved
+
+
 _EAGER = {"attn_implementation": "eager"}
 
 
 def _reach_attempts(
     site: Any, checked: list[str], available: list[str], fixed: bool, defaults: dict[str, Any]
 ) -> list[tuple[str, dict[str, Any]]]:
-    """(class, overrides) pairs that may run ``site``: the class whose code holds it (else the
-    classes already checked) under flipped options; where the configuration chooses the
-    attention implementation (transformers >= 4.36 picks an SDPA class by default, so a patch
-    of the eager class never runs), the eager one; then - unless the caller fixed the classes -
-    the model classes not checked yet."""
+    """(class, overrides) pairs that may run ``site``, most promising first.
+
+    The hosts are the model classes whose code reaches the site by name (``site.hosts``: its
+    own class, the classes that build it, and so on up); where none of the checked classes is
+    one, the unchecked hosts come first, as they are. Then the hosts under flipped options;
+    where the configuration chooses the attention implementation (transformers >= 4.36 picks
+    an SDPA class by default, so a patch of the eager class never runs), the eager one; then -
+    unless the caller fixed the classes - the model classes not checked yet, hosts first.
+    A site that no model class reaches by name gets no attempts; where that was not worked
+    out (``site.hosts`` is None), the checked classes stand in as hosts.
+    """
+    if site.hosts is not None and not any(name in available for name in site.hosts):
+        return []  # no model class of the file uses its code: no check can run it
+    reaching = [name for name in site.hosts or [] if name in available]
+    checked_hosts = [name for name in checked if name in reaching] if reaching else list(checked)
+    fresh = [] if fixed else [name for name in reaching if name not in checked]
     hosts = [site.cls] if site.cls in available and not fixed else []
-    hosts += [name for name in checked if name not in hosts]
-    attempts = [(host, flip) for flip in _flips(site, defaults) for host in hosts[:2]]
+    hosts += [name for name in checked_hosts + fresh if name not in hosts]
+    attempts: list[tuple[str, dict[str, Any]]] = []
+    if not checked_hosts:
+        attempts += [(name, {}) for name in fresh[:2]]
+    attempts += [(host, flip) for flip in _flips(site, defaults) for host in hosts[:2]]
     if defaults.get("_chooses_attention"):
         attempts += [(host, dict(_EAGER)) for host in hosts[:2]]
     if not fixed:
-        attempts += [(name, {}) for name in available if name not in checked]
+        rest = fresh + [name for name in available if name not in checked and name not in fresh]
+        attempts += [(name, {}) for name in rest]
     return attempts
+
+
+def _reach_time_left(
+    started: float, slowest: float, budget: float | None, now: float | None = None
+) -> bool:
+    """Whether one more check, as slow as the slowest so far, ends within the time share."""
+    if budget is None:
+        return True
+    now = time.perf_counter() if now is None else now
+    return now - started + slowest <= _REACH_TIME_SHARE * budget
 
 
 def _reach(
@@ -558,13 +658,20 @@ def _reach(
     fixed: bool,
     defaults: dict[str, Any],
     writer: ResultWriter,
+    budget_seconds: float | None = None,
+    slowest: float = 0.0,
 ) -> None:
-    """Further checks while some site has not run and matched (at most _MAX_REACH_CHECKS)."""
+    """Further checks while some site has not run and matched: at most _MAX_REACH_CHECKS, and
+    none that would likely run past _REACH_TIME_SHARE of ``budget_seconds`` (the file's
+    timeout; ``slowest``: the slowest planned check's seconds)."""
     done = {(name, "") for name in names}
     budget = _MAX_REACH_CHECKS
     while budget > 0:
         if any(verdict.get("status") == "refuted" for verdict in verdicts):
             return  # refuted already: reaching more sites cannot change the verdict
+        if not _reach_time_left(writer.started, slowest, budget_seconds):
+            writer.note("stopped trying to reach the remaining sites: the file's time is short")
+            return
         unreached = _unreached(sites, verdicts)
         attempt = next(
             (
@@ -583,7 +690,9 @@ def _reach(
         label = f"{name} [{_setting_label(overrides)}]" if overrides else name
         writer.plan([*writer.data["planned"], label])
         writer.start(label)
+        began = time.perf_counter()
         verdict = check(name, overrides)
+        slowest = max(slowest, time.perf_counter() - began)
         verdicts.append(verdict)
         if not overrides and name not in names:
             names.append(name)
@@ -623,6 +732,9 @@ def run_transformers_job(job: dict[str, Any], writer: ResultWriter) -> None:
     available = find_model_classes(original_module)
     available_names = [c.__name__ for c in available]
     sites = [PatchedSite.from_json(site) for site in job.get("sites", [])]
+    for site in sites:
+        if site.hosts is not None:  # the classes a check can start from
+            site.hosts = [name for name in site.hosts if name in available_names]
     writer.data["sites"] = [site.to_json() for site in sites]
     requested = job.get("classes")
     if requested:
@@ -665,13 +777,27 @@ def run_transformers_job(job: dict[str, Any], writer: ResultWriter) -> None:
             return verdict
 
     verdicts: list[dict[str, Any]] = []
+    slowest = 0.0
     for name in names:
         writer.start(name)
+        began = time.perf_counter()
         verdicts.append(check(name, {}))
+        slowest = max(slowest, time.perf_counter() - began)
         writer.add(verdicts[-1])
     if sites:
         defaults = _config_defaults(original_module, names)
-        _reach(names, verdicts, sites, check, available_names, bool(requested), defaults, writer)
+        _reach(
+            names,
+            verdicts,
+            sites,
+            check,
+            available_names,
+            bool(requested),
+            defaults,
+            writer,
+            job.get("time_budget"),
+            slowest,
+        )
 
 
 def _resolve_factory(spec: str, alias: str) -> tuple[Any, ModuleType]:

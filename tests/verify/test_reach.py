@@ -1,0 +1,165 @@
+"""Reaching patched sites that the planned checks did not run: which classes reach a site by
+name, which options decide whether its callers build it, and the order of further checks.
+
+All static or dict-level: no transformers, no torch models.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+from adopter.verify import find_sites
+from adopter.verify.results import site_coverage
+from adopter.verify.worker import (
+    EveryLayer,
+    _flips,
+    _reach_attempts,
+    _reach_time_left,
+    _resolve_every_layer,
+)
+
+SOURCE = textwrap.dedent(
+    """\
+    from adopter.kernels import softmax, rotary
+
+    def apply_rotary(q):
+        return rotary(q)
+
+    class FullAttention:
+        def forward(self, x):
+            return apply_rotary(x)
+
+    class SparseAttention:
+        def forward(self, x):
+            return softmax(x, dim=-1)
+
+    class Attention:
+        def __init__(self, config):
+            self.kind = config.attention_type
+            if self.kind == "full":
+                self.inner = FullAttention()
+            elif config.attention_type == "block_sparse":
+                self.inner = SparseAttention()
+
+    class Pooler:
+        def forward(self, x):
+            return softmax(x, dim=0)
+
+    class PreTrained:
+        _can_record_outputs = {"attentions": SparseAttention}
+
+        def _init_weights(self, module):
+            if isinstance(module, Pooler):
+                pass
+
+    class Model(PreTrained):
+        def __init__(self, config, add_pooling_layer=True):
+            self.attention = Attention(config)
+            self.pooler = Pooler() if add_pooling_layer else None
+
+    class ForMasking(PreTrained):
+        def __init__(self, config):
+            self.model = Model(config, add_pooling_layer=False)
+
+    class Unrelated(PreTrained):
+        pass
+    """
+)
+
+
+def _sites() -> dict[str, object]:
+    return {site.function: site for site in find_sites(SOURCE)}
+
+
+def test_hosts_are_the_classes_reaching_a_site_by_name_nearest_first() -> None:
+    sites = _sites()
+    rotary = sites["apply_rotary"]
+    assert rotary.hosts == ["FullAttention", "Attention", "Model", "ForMasking"]
+    # type tests and class-body attributes of the shared base run nothing: no host through them
+    assert sites["Pooler.forward"].hosts == ["Pooler", "Model", "ForMasking"]
+    assert "PreTrained" not in sites["SparseAttention.forward"].hosts
+    assert "Unrelated" not in sites["SparseAttention.forward"].hosts
+
+
+def test_caller_fields_are_the_options_guarding_where_a_site_is_built() -> None:
+    sites = _sites()
+    # self.kind comes from config.attention_type in __init__; both spellings compare with it
+    assert sites["SparseAttention.forward"].caller_fields == {
+        "attention_type": ["full", "block_sparse"],
+        "kind": ["full"],
+    }
+    assert sites["apply_rotary"].caller_fields["attention_type"] == ["full"]
+    assert sites["Pooler.forward"].caller_fields == {}  # a constructor argument, not config
+
+
+def test_flips_set_the_caller_options_to_the_constants_compared_with() -> None:
+    sparse = _sites()["SparseAttention.forward"]
+    defaults = {"attention_type": "full", "hidden_size": 8}
+    assert _flips(sparse, defaults) == [{"attention_type": "block_sparse"}]
+
+
+def test_reach_tries_unchecked_host_classes_before_flipping_unrelated_ones() -> None:
+    pooler = _sites()["Pooler.forward"]
+    available = ["Model", "ForMasking", "Unrelated"]
+    # only Unrelated was checked: it cannot reach the pooler, so Model goes first, as it is
+    attempts = _reach_attempts(pooler, ["Unrelated"], available, False, {})
+    assert attempts[0] == ("Model", {})
+    assert ("Unrelated", {}) not in attempts
+
+
+def test_reach_flips_the_checked_host_and_falls_back_to_checked_classes() -> None:
+    sparse = _sites()["SparseAttention.forward"]
+    defaults = {"attention_type": "full"}
+    attempts = _reach_attempts(sparse, ["Model"], ["Model", "ForMasking"], False, defaults)
+    assert attempts[0] == ("Model", {"attention_type": "block_sparse"})
+    assert attempts[-1] == ("ForMasking", {})
+    # not worked out: the checked classes stand in as hosts, then the unchecked classes
+    sparse.hosts = None
+    attempts = _reach_attempts(sparse, ["Model"], ["Model", "Other"], False, defaults)
+    assert attempts == [("Model", {"attention_type": "block_sparse"}), ("Other", {})]
+    assert _reach_attempts(sparse, ["Model"], ["Model", "Other"], True, {}) == []
+
+
+def test_a_site_no_model_class_reaches_gets_no_checks_and_says_so() -> None:
+    dead = find_sites("from adopter.kernels import softmax\ndef f(x):\n    return softmax(x)\n")[0]
+    assert dead.hosts == []
+    assert _reach_attempts(dead, ["Model"], ["Model", "Other"], False, {}) == []
+    (entry,) = site_coverage([dead], [])
+    assert "no model class of the file builds or calls its code" in entry.reason
+
+
+def test_reach_stops_when_one_more_check_would_run_past_the_time_share() -> None:
+    assert _reach_time_left(0.0, 10.0, None, now=1000.0)
+    assert _reach_time_left(0.0, 10.0, 150.0, now=90.0)  # 100 s <= 0.7 * 150
+    assert not _reach_time_left(0.0, 20.0, 150.0, now=90.0)
+
+
+def test_per_layer_kinds_are_flipped_to_every_layer_of_the_shrunk_length() -> None:
+    text = textwrap.dedent(
+        """\
+        from adopter.kernels import softmax
+
+        class Sparse:
+            def forward(self, x):
+                return softmax(x, dim=-1)
+
+        class Layer:
+            def __init__(self, config, layer_idx):
+                self.mlp = Sparse() if config.mlp_layer_types[layer_idx] == "sparse" else None
+        """
+    )
+    (site,) = find_sites(text)
+    assert site.caller_fields["mlp_layer_types[]"] == ["sparse"]
+    defaults = {"mlp_layer_types": ["dense", "sparse", "sparse"]}
+    (flip,) = _flips(site, defaults)
+    assert flip == {"mlp_layer_types": EveryLayer("sparse")}
+    assert repr(flip["mlp_layer_types"]) == "every layer 'sparse'"
+
+    class Shrunk:  # what a recipe built without the flip: two layers left
+        mlp_layer_types = ["dense", "dense"]
+
+    built = []
+    resolved = _resolve_every_layer({**flip, "x": 1}, lambda plain: built.append(plain) or Shrunk)
+    assert resolved == {"x": 1, "mlp_layer_types": ["sparse", "sparse"]} and built == [{"x": 1}]
+    assert _resolve_every_layer({"x": 1}, lambda plain: 1 / 0) == {"x": 1}  # nothing to resolve
+    assert _flips(site, {"mlp_layer_types": [1, 2]}) == []  # constants of another element type
