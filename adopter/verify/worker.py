@@ -323,6 +323,9 @@ def _measured(recorder: Any, runs: dict[str, dict[str, int]], mode: str, check: 
             runs[mode] = ran
 
 
+_BUILD_FAILED = "could not build and run the original model"
+
+
 def _check_transformers_class(
     name: str,
     original_module: ModuleType,
@@ -396,7 +399,7 @@ def _check_transformers_class(
         break
     else:
         tried = "; ".join(f"{' | '.join(labels)}: {error}" for error, labels in failures.items())
-        reason = f"could not build and run the original model ({tried})"
+        reason = f"{_BUILD_FAILED} ({tried})"
         return ClassVerification(name, NOT_CHECKABLE, reason).to_json()
     prefix = f"{recipe.label}: "
 
@@ -607,7 +610,12 @@ _EAGER = {"attn_implementation": "eager"}
 
 
 def _reach_attempts(
-    site: Any, checked: list[str], available: list[str], fixed: bool, defaults: dict[str, Any]
+    site: Any,
+    checked: list[str],
+    available: list[str],
+    fixed: bool,
+    defaults: dict[str, Any],
+    broken: frozenset[str] = frozenset(),
 ) -> list[tuple[str, dict[str, Any]]]:
     """(class, overrides) pairs that may run ``site``, most promising first.
 
@@ -618,21 +626,24 @@ def _reach_attempts(
     an SDPA class by default, so a patch of the eager class never runs), the eager one; then -
     unless the caller fixed the classes - the model classes not checked yet, hosts first.
     A site that no model class reaches by name gets no attempts; where that was not worked
-    out (``site.hosts`` is None), the checked classes stand in as hosts.
+    out (``site.hosts`` is None), the checked classes stand in as hosts. Options are flipped
+    on one host only, never on a ``broken`` one (its model could not be built and run as it
+    is: flipping a guard does not mend that, and each try costs every recipe).
     """
     if site.hosts is not None and not any(name in available for name in site.hosts):
         return []  # no model class of the file uses its code: no check can run it
     reaching = [name for name in site.hosts or [] if name in available]
-    checked_hosts = [name for name in checked if name in reaching] if reaching else list(checked)
+    usable = [name for name in checked if name not in broken]
+    checked_hosts = [name for name in usable if name in reaching] if reaching else usable
     fresh = [] if fixed else [name for name in reaching if name not in checked]
-    hosts = [site.cls] if site.cls in available and not fixed else []
+    hosts = [site.cls] if site.cls in available and site.cls not in broken and not fixed else []
     hosts += [name for name in checked_hosts + fresh if name not in hosts]
     attempts: list[tuple[str, dict[str, Any]]] = []
     if not checked_hosts:
         attempts += [(name, {}) for name in fresh[:2]]
-    attempts += [(host, flip) for flip in _flips(site, defaults) for host in hosts[:2]]
+    attempts += [(host, flip) for flip in _flips(site, defaults) for host in hosts[:1]]
     if defaults.get("_chooses_attention"):
-        attempts += [(host, dict(_EAGER)) for host in hosts[:2]]
+        attempts += [(host, dict(_EAGER)) for host in hosts[:1]]
     if not fixed:
         rest = fresh + [name for name in available if name not in checked and name not in fresh]
         attempts += [(name, {}) for name in rest]
@@ -664,6 +675,8 @@ def _reach(
     """Further checks while some site has not run and matched: at most _MAX_REACH_CHECKS, and
     none that would likely run past _REACH_TIME_SHARE of ``budget_seconds`` (the file's
     timeout; ``slowest``: the slowest planned check's seconds)."""
+    from .results import NOT_CHECKABLE
+
     done = {(name, "") for name in names}
     budget = _MAX_REACH_CHECKS
     while budget > 0:
@@ -673,11 +686,20 @@ def _reach(
             writer.note("stopped trying to reach the remaining sites: the file's time is short")
             return
         unreached = _unreached(sites, verdicts)
+        broken = frozenset(
+            verdict["cls"]
+            for verdict in verdicts
+            if not verdict.get("setting")
+            and verdict.get("status") == NOT_CHECKABLE
+            and str(verdict.get("reason", "")).startswith(_BUILD_FAILED)
+        )
         attempt = next(
             (
                 (name, overrides)
                 for site in unreached
-                for name, overrides in _reach_attempts(site, names, available, fixed, defaults)
+                for name, overrides in _reach_attempts(
+                    site, names, available, fixed, defaults, broken
+                )
                 if (name, _setting_label(overrides)) not in done
             ),
             None,

@@ -120,6 +120,16 @@ def test_reach_flips_the_checked_host_and_falls_back_to_checked_classes() -> Non
     assert _reach_attempts(sparse, ["Model"], ["Model", "Other"], True, {}) == []
 
 
+def test_flips_skip_hosts_whose_model_could_not_be_built() -> None:
+    sparse = _sites()["SparseAttention.forward"]
+    defaults = {"attention_type": "full"}
+    available = ["Model", "ForMasking"]
+    attempts = _reach_attempts(sparse, ["Model"], available, False, defaults, frozenset({"Model"}))
+    # the only checked host is broken: the other host first, as it is, then flipped
+    assert attempts[:2] == [("ForMasking", {}), ("ForMasking", {"attention_type": "block_sparse"})]
+    assert all(name != "Model" for name, _ in attempts)
+
+
 def test_a_site_no_model_class_reaches_gets_no_checks_and_says_so() -> None:
     dead = find_sites("from adopter.kernels import softmax\ndef f(x):\n    return softmax(x)\n")[0]
     assert dead.hosts == []
