@@ -97,10 +97,11 @@ class _Reference:
     """A top-level name used inside another top-level definition, with the conditions around
     that use and the innermost class there (whose ``__init__`` maps ``self.x`` to config)."""
 
-    source: str
+    source: str  # a top-level name, or "Class.method" for a use of ``self.method``
     target: str
     guards: list[ast.expr]
     cls: str | None
+    local: dict[str, set[str]]  # the using function's locals set from config (see _locals)
 
 
 # Uses of a class that do not run it: type tests (``_init_weights``'s ``isinstance(module,
@@ -119,6 +120,8 @@ class _Finder(ast.NodeVisitor):
         self.top_names = top_names or set()
         self.top: str | None = None  # the top-level definition being visited
         self.references: list[_Reference] = []
+        self.local: dict[str, set[str]] = {}  # the current function's locals from config
+        self.methods: dict[str, set[str]] = {}  # class -> the names of its methods
 
     # -- references between top-level definitions -------------------------------------------
     def visit_Module(self, node: ast.Module) -> None:  # noqa: N802
@@ -140,11 +143,42 @@ class _Finder(ast.NodeVisitor):
         ):
             classes = [scope for scope in self.scopes if isinstance(scope, ast.ClassDef)]
             cls = classes[-1].name if classes else None
-            self.references.append(_Reference(self.top, node.id, list(self.guards), cls))
+            guards = list(self.guards)
+            self.references.append(_Reference(self.top, node.id, guards, cls, self.local))
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:  # noqa: N802
+        """``self.method`` inside a method of the same class: the conditions around that use
+        decide whether a site in ``method`` runs (``if self.reorder: self._reordered(...)``)."""
+        chain = _attribute_chain(node)
+        method = self._method()
+        if chain is not None and len(chain) == 2 and chain[0] == "self" and method is not None:
+            cls, caller = method
+            if chain[1] in self.methods.get(cls, set()) and chain[1] != caller:
+                self.references.append(
+                    _Reference(
+                        f"{cls}.{caller}", f"{cls}.{chain[1]}", list(self.guards), cls, self.local
+                    )
+                )
+        self.generic_visit(node)
+
+    def _method(self) -> tuple[str, str] | None:
+        """(class, method) of the innermost method being visited (a function in a class)."""
+        found = None
+        for outer, inner in zip(self.scopes, self.scopes[1:]):
+            if isinstance(outer, ast.ClassDef) and isinstance(
+                inner, (ast.FunctionDef, ast.AsyncFunctionDef)
+            ):
+                found = (outer.name, inner.name)
+        return found
 
     # -- scopes ------------------------------------------------------------------------------
     def visit_ClassDef(self, node: ast.ClassDef) -> None:  # noqa: N802 - ast visitor name
         self.inits[node.name] = _self_attributes_from_config(node)
+        self.methods[node.name] = {
+            item.name
+            for item in node.body
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+        }
         for outer in (*node.decorator_list, *node.bases, *node.keywords):
             self.visit(outer)  # outside the class body: a base class runs in its subclasses
         self.scopes.append(node)
@@ -156,11 +190,12 @@ class _Finder(ast.NodeVisitor):
         for decorator in node.decorator_list:
             self.visit(decorator)
         self.scopes.append(node)
-        saved, saved_negated = self.guards, self.negated
+        saved, saved_negated, saved_local = self.guards, self.negated, self.local
         self.guards, self.negated = [], []  # conditions of outer functions do not guard a body
+        self.local = _locals_from_config(node)
         for statement in node.body:
             self.visit(statement)
-        self.guards, self.negated = saved, saved_negated
+        self.guards, self.negated, self.local = saved, saved_negated, saved_local
         self.scopes.pop()
 
     visit_AsyncFunctionDef = visit_FunctionDef  # noqa: N815
@@ -213,7 +248,8 @@ class _Finder(ast.NodeVisitor):
         ]
         fields: dict[str, list[Any]] = {}
         for test in self.guards:
-            for name, constants in _config_reads(test, self.inits.get(cls or "", {})).items():
+            reads = _config_reads(test, self.inits.get(cls or "", {}), self.local)
+            for name, constants in reads.items():
                 known = fields.setdefault(name, [])
                 known.extend(c for c in constants if c not in known)
         return PatchedSite(
@@ -253,9 +289,12 @@ def _attribute_chain(node: ast.expr) -> list[str] | None:
     return parts[::-1]
 
 
-def _config_field(node: ast.expr, from_init: dict[str, set[str]]) -> list[str]:
-    """The configuration fields an expression reads: ``config.x``, ``self.config.x``, or a
-    ``self.x`` that ``__init__`` set from ``config.y`` (and, as a guess, ``x`` itself)."""
+def _config_field(
+    node: ast.expr, from_init: dict[str, set[str]], local: dict[str, set[str]] | None = None
+) -> list[str]:
+    """The configuration fields an expression reads: ``config.x``, ``self.config.x``, a
+    ``self.x`` that ``__init__`` set from ``config.y`` (and, as a guess, ``x`` itself), or a
+    local variable the function set from ``config.y``."""
     chain = _attribute_chain(node)
     if chain is None:
         return []
@@ -263,10 +302,14 @@ def _config_field(node: ast.expr, from_init: dict[str, set[str]]) -> list[str]:
         return [chain[-1]]
     if len(chain) == 2 and chain[0] == "self":
         return sorted(from_init.get(chain[1], set()) | {chain[1]})
+    if len(chain) == 1 and local:
+        return sorted(local.get(chain[0], set()))
     return []
 
 
-def _config_reads(test: ast.expr, from_init: dict[str, set[str]]) -> dict[str, list[Any]]:
+def _config_reads(
+    test: ast.expr, from_init: dict[str, set[str]], local: dict[str, set[str]] | None = None
+) -> dict[str, list[Any]]:
     """Fields read by a condition, with the constants each is compared with."""
     found: dict[str, list[Any]] = {}
     # ``self.config`` inside ``self.config.x`` is not a field read of its own
@@ -283,13 +326,13 @@ def _config_reads(test: ast.expr, from_init: dict[str, set[str]]) -> dict[str, l
                 if isinstance(value, (str, int, bool)) or value is None
             ]
             for operand in operands:
-                for name in _config_field(operand, from_init):
+                for name in _config_field(operand, from_init, local):
                     found.setdefault(name, []).extend(constants)
                 if isinstance(operand, ast.Subscript):  # ``config.layer_types[layer_idx]``
-                    for name in _config_field(operand.value, from_init):
+                    for name in _config_field(operand.value, from_init, local):
                         found.setdefault(name + PER_ELEMENT, []).extend(constants)
-        elif isinstance(node, ast.Attribute):
-            for name in _config_field(node, from_init):
+        elif isinstance(node, (ast.Attribute, ast.Name)):
+            for name in _config_field(node, from_init, local):
                 found.setdefault(name, [])
     return found
 
@@ -300,6 +343,32 @@ def _constants(node: ast.expr) -> list[Any]:
     if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
         return [e.value for e in node.elts if isinstance(e, ast.Constant)]
     return []
+
+
+def _config_attributes_read(value: ast.expr) -> set[str]:
+    """The ``config.y`` fields an expression reads."""
+    return {
+        chain[-1]
+        for sub in ast.walk(value)
+        if isinstance(sub, ast.Attribute)
+        and (chain := _attribute_chain(sub)) is not None
+        and len(chain) >= 2
+        and chain[-2] == "config"
+    }
+
+
+def _locals_from_config(node: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, set[str]]:
+    """``x = ... config.y ...`` in a function: x -> {y}. A forward argument that defaults to a
+    configuration value (``output_router_logits = output_router_logits if output_router_logits
+    is not None else self.config.output_router_logits``) guards code by that value."""
+    found: dict[str, set[str]] = {}
+    for statement in ast.walk(node):
+        if isinstance(statement, ast.Assign):
+            read = _config_attributes_read(statement.value)
+            for target in statement.targets:
+                if read and isinstance(target, ast.Name):
+                    found.setdefault(target.id, set()).update(read)
+    return found
 
 
 def _self_attributes_from_config(node: ast.ClassDef) -> dict[str, set[str]]:
@@ -333,27 +402,33 @@ _MAX_CALLER_DEPTH = 8
 
 
 def _reached_from(
-    owner: str,
+    function: str,
     references: list[_Reference],
     inits: dict[str, dict[str, set[str]]],
     classes: set[str],
 ) -> tuple[list[str], dict[str, list[Any]]]:
-    """The classes whose code reaches top-level definition ``owner`` (``owner`` itself first,
-    then by distance), and the configuration fields the conditions around those references
-    read, with the constants they are compared with (nearest references first)."""
+    """The classes whose code reaches the site's ``function`` (``Class.method``, or a top-level
+    function; its class first, then by distance), and the configuration fields the conditions
+    around those uses read - the method's uses as ``self.method`` in its class, then the uses
+    of its class or function by name - with the constants they are compared with."""
     users: dict[str, list[_Reference]] = {}
     for reference in references:
         users.setdefault(reference.target, []).append(reference)
+    parts = function.split(".")
+    owner = parts[0]
     reached = [owner]
+    if len(parts) > 1 and owner in classes:
+        reached.insert(0, f"{owner}.{parts[1]}")
     fields: dict[str, list[Any]] = {}
-    frontier = [owner]
+    frontier = list(reached)
     for _ in range(_MAX_CALLER_DEPTH):
         following: list[str] = []
         for name in frontier:
             for reference in users.get(name, []):
                 from_init = inits.get(reference.cls or "", {})
                 for test in reference.guards:
-                    for field_name, constants in _config_reads(test, from_init).items():
+                    reads = _config_reads(test, from_init, reference.local)
+                    for field_name, constants in reads.items():
                         known = fields.setdefault(field_name, [])
                         known.extend(c for c in constants if c not in known)
                 if reference.source not in reached:
@@ -391,7 +466,7 @@ def find_sites(patched: str, original: str | None = None) -> list[PatchedSite]:
     classes = {s.name for s in tree.body if isinstance(s, ast.ClassDef)}
     for site in sites:
         site.hosts, site.caller_fields = _reached_from(
-            site.function.split(".")[0], finder.references, finder.inits, classes
+            site.function, finder.references, finder.inits, classes
         )
     if original is not None:
         lines = _original_lines(original, patched)

@@ -173,3 +173,44 @@ def test_per_layer_kinds_are_flipped_to_every_layer_of_the_shrunk_length() -> No
     assert resolved == {"x": 1, "mlp_layer_types": ["sparse", "sparse"]} and built == [{"x": 1}]
     assert _resolve_every_layer({"x": 1}, lambda plain: 1 / 0) == {"x": 1}  # nothing to resolve
     assert _flips(site, {"mlp_layer_types": [1, 2]}) == []  # constants of another element type
+
+
+def test_guards_of_self_method_calls_and_of_locals_set_from_config_count() -> None:
+    text = textwrap.dedent(
+        """\
+        from adopter.kernels import softmax
+
+        def balancing_loss(logits):
+            return softmax(logits, dim=-1)
+
+        class Attention:
+            def __init__(self, config):
+                self.reorder = config.reorder_and_upcast_attn
+
+            def _reordered(self, x):
+                return softmax(x, dim=-1)
+
+            def forward(self, x):
+                if self.reorder:
+                    return self._reordered(x)
+                return x
+
+        class ForCausalLM:
+            def forward(self, x, output_router_logits=None):
+                output_router_logits = (
+                    output_router_logits
+                    if output_router_logits is not None
+                    else self.config.output_router_logits
+                )
+                if output_router_logits:
+                    return balancing_loss(x)
+                return Attention(self.config)(x)
+        """
+    )
+    loss, reordered = find_sites(text)
+    assert loss.hosts == ["ForCausalLM"]
+    assert loss.caller_fields == {"output_router_logits": []}
+    assert reordered.hosts == ["Attention", "ForCausalLM"]
+    assert "reorder_and_upcast_attn" in reordered.caller_fields
+    flips = _flips(loss, {"output_router_logits": False})
+    assert flips == [{"output_router_logits": True}]
