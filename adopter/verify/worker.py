@@ -365,7 +365,7 @@ def _check_transformers_class(
         recipe, fixes = attempts.pop(0)
         config = None
         try:
-            fixes = _resolve_every_layer(
+            fixes = _resolve_deferred(
                 fixes,
                 lambda plain, setting=recipe.setting: build_config(
                     config_class, setting, cls_name=name, fixes=plain
@@ -532,34 +532,53 @@ def _guard_fields(site: Any) -> dict[str, list[Any]]:
 def _flips(site: Any, defaults: dict[str, Any]) -> list[dict[str, Any]]:
     """Configuration overrides that may take the branch a site sits in: each boolean field
     the site's conditions (or its callers') read, negated; each field compared with constants,
-    set to them; then all of those at once."""
+    set to them; then all of those at once. A field the configuration does not have at the
+    top but a sub-configuration has (``text_config``) is changed there."""
     singles: list[dict[str, Any]] = []
     for field, constants in _guard_fields(site).items():
-        if field.endswith(PER_ELEMENT):
-            singles += _element_flips(field[: -len(PER_ELEMENT)], constants, defaults)
+        base = field.removesuffix(PER_ELEMENT)
+        if base in defaults:
+            singles += _field_flips(field, constants, defaults)
             continue
-        if field not in defaults:
-            continue
-        default = defaults[field]
-        if isinstance(default, bool):
-            singles.append({field: not default})
-            continue
-        for value in constants:
-            if value != default and (default is None or type(value) is type(default)):
-                singles.append({field: value})
+        for key, nested in defaults.items():
+            if isinstance(nested, dict) and base in nested:
+                singles += [
+                    {key: SubConfig(flip)} for flip in _field_flips(field, constants, nested)
+                ]
     if len(singles) > 1:
         combined: dict[str, Any] = {}
         for single in singles:
             for key, value in single.items():
-                combined.setdefault(key, value)
+                known = combined.get(key)
+                if isinstance(known, SubConfig) and isinstance(value, SubConfig):
+                    combined[key] = SubConfig({**value.fields, **known.fields})
+                else:
+                    combined.setdefault(key, value)
         singles.append(combined)
     return singles
+
+
+def _field_flips(field: str, constants: list[Any], defaults: dict[str, Any]) -> list[dict]:
+    """The overrides of one field of ``defaults``: a boolean negated, another value set to each
+    constant of its type that it is compared with (see :func:`_element_flips` for lists)."""
+    if field.endswith(PER_ELEMENT):
+        return _element_flips(field.removesuffix(PER_ELEMENT), constants, defaults)
+    if field not in defaults:
+        return []
+    default = defaults[field]
+    if isinstance(default, bool):
+        return [{field: not default}]
+    return [
+        {field: value}
+        for value in constants
+        if value != default and (default is None or type(value) is type(default))
+    ]
 
 
 class EveryLayer:
     """An override of a per-layer list (``mlp_layer_types``): this value at every layer, as
     many layers as the shrunk configuration has (known only once a recipe shrank it; see
-    :func:`_resolve_every_layer`)."""
+    :func:`_resolve_deferred`)."""
 
     def __init__(self, value: Any) -> None:
         self.value = value
@@ -572,6 +591,23 @@ class EveryLayer:
 
     def __hash__(self) -> int:
         return hash(("EveryLayer", repr(self.value)))
+
+
+class SubConfig:
+    """Overrides of some fields of a sub-configuration (``text_config``), on top of what the
+    recipe made of it (known only once it is built; see :func:`_resolve_deferred`)."""
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = dict(fields)
+
+    def __repr__(self) -> str:
+        return "{" + ", ".join(f"{k}={v!r}" for k, v in self.fields.items()) + "}"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SubConfig) and other.fields == self.fields
+
+    def __hash__(self) -> int:
+        return hash(("SubConfig", repr(self)))
 
 
 def _element_flips(field: str, constants: list[Any], defaults: dict[str, Any]) -> list[dict]:
@@ -590,19 +626,34 @@ def _element_flips(field: str, constants: list[Any], defaults: dict[str, Any]) -
     ]
 
 
-def _resolve_every_layer(fixes: dict[str, Any], build: Any) -> dict[str, Any]:
+def _every_layer(value: EveryLayer, current: Any) -> list[Any]:
+    length = len(current) if isinstance(current, (list, tuple)) else 0
+    return [value.value] * max(1, length)
+
+
+def _resolve_deferred(fixes: dict[str, Any], build: Any) -> dict[str, Any]:
     """``fixes`` with each :class:`EveryLayer` made a list as long as the configuration that
-    ``build(other_fixes)`` makes has for that field (its shrunk layer count)."""
-    plain = {key: value for key, value in fixes.items() if not isinstance(value, EveryLayer)}
+    ``build(other_fixes)`` makes has for that field (its shrunk layer count), and each
+    :class:`SubConfig` made that configuration's sub-configuration with those fields set."""
+    deferred = (EveryLayer, SubConfig)
+    plain = {key: value for key, value in fixes.items() if not isinstance(value, deferred)}
     if len(plain) == len(fixes):
         return fixes
     config = build(plain)
     resolved = dict(plain)
     for key, value in fixes.items():
         if isinstance(value, EveryLayer):
-            current = getattr(config, key, None)
-            length = len(current) if isinstance(current, (list, tuple)) else 0
-            resolved[key] = [value.value] * length if length else [value.value]
+            resolved[key] = _every_layer(value, getattr(config, key, None))
+        elif isinstance(value, SubConfig):
+            sub = getattr(config, key, None)
+            nested = sub.to_dict() if hasattr(sub, "to_dict") else dict(sub or {})
+            for field, inner in value.fields.items():
+                nested[field] = (
+                    _every_layer(inner, nested.get(field))
+                    if isinstance(inner, EveryLayer)
+                    else inner
+                )
+            resolved[key] = nested
     return resolved
 
 
@@ -614,7 +665,7 @@ def _reach_attempts(
     checked: list[str],
     available: list[str],
     fixed: bool,
-    defaults: dict[str, Any],
+    defaults: dict[str, dict[str, Any]],
     broken: frozenset[str] = frozenset(),
 ) -> list[tuple[str, dict[str, Any]]]:
     """(class, overrides) pairs that may run ``site``, most promising first.
@@ -641,9 +692,10 @@ def _reach_attempts(
     attempts: list[tuple[str, dict[str, Any]]] = []
     if not checked_hosts:
         attempts += [(name, {}) for name in fresh[:2]]
-    attempts += [(host, flip) for flip in _flips(site, defaults) for host in hosts[:1]]
-    if defaults.get("_chooses_attention"):
-        attempts += [(host, dict(_EAGER)) for host in hosts[:1]]
+    for host in hosts[:1]:  # ``defaults``: each class's configuration defaults
+        attempts += [(host, flip) for flip in _flips(site, defaults.get(host, {}))]
+        if defaults.get(host, {}).get("_chooses_attention"):
+            attempts.append((host, dict(_EAGER)))
     if not fixed:
         rest = fresh + [name for name in available if name not in checked and name not in fresh]
         attempts += [(name, {}) for name in rest]
@@ -667,7 +719,7 @@ def _reach(
     check: Any,
     available: list[str],
     fixed: bool,
-    defaults: dict[str, Any],
+    defaults: dict[str, dict[str, Any]],
     writer: ResultWriter,
     budget_seconds: float | None = None,
     slowest: float = 0.0,
@@ -721,19 +773,26 @@ def _reach(
         writer.add(verdict)
 
 
-def _config_defaults(module: ModuleType, names: list[str]) -> dict[str, Any]:
+def _config_defaults(module: ModuleType, names: list[str]) -> dict[str, dict[str, Any]]:
+    """Each class's configuration defaults (``to_dict()``), plus whether that configuration
+    picks the attention classes; a configuration that needs arguments gives no flips."""
+    by_config: dict[Any, dict[str, Any]] = {}
+    found: dict[str, dict[str, Any]] = {}
     for name in names:
         config_class = getattr(getattr(module, name, None), "config_class", None)
-        if config_class is not None:
+        if config_class is None:
+            continue
+        if config_class not in by_config:
             try:
                 config = config_class()
                 defaults = dict(config.to_dict())
                 # not in to_dict(): whether the configuration picks the attention classes
                 defaults["_chooses_attention"] = hasattr(type(config), "_attn_implementation")
-                return defaults
-            except Exception:  # a configuration that needs arguments: no flips
-                return {}
-    return {}
+            except Exception:
+                defaults = {}
+            by_config[config_class] = defaults
+        found[name] = by_config[config_class]
+    return found
 
 
 def run_transformers_job(job: dict[str, Any], writer: ResultWriter) -> None:
@@ -807,7 +866,7 @@ def run_transformers_job(job: dict[str, Any], writer: ResultWriter) -> None:
         slowest = max(slowest, time.perf_counter() - began)
         writer.add(verdicts[-1])
     if sites:
-        defaults = _config_defaults(original_module, names)
+        defaults = _config_defaults(original_module, available_names)
         _reach(
             names,
             verdicts,

@@ -12,10 +12,11 @@ from adopter.verify import find_sites
 from adopter.verify.results import site_coverage
 from adopter.verify.worker import (
     EveryLayer,
+    SubConfig,
     _flips,
     _reach_attempts,
     _reach_time_left,
-    _resolve_every_layer,
+    _resolve_deferred,
 )
 
 SOURCE = textwrap.dedent(
@@ -109,7 +110,7 @@ def test_reach_tries_unchecked_host_classes_before_flipping_unrelated_ones() -> 
 
 def test_reach_flips_the_checked_host_and_falls_back_to_checked_classes() -> None:
     sparse = _sites()["SparseAttention.forward"]
-    defaults = {"attention_type": "full"}
+    defaults = {name: {"attention_type": "full"} for name in ("Model", "ForMasking", "Other")}
     attempts = _reach_attempts(sparse, ["Model"], ["Model", "ForMasking"], False, defaults)
     assert attempts[0] == ("Model", {"attention_type": "block_sparse"})
     assert attempts[-1] == ("ForMasking", {})
@@ -122,7 +123,7 @@ def test_reach_flips_the_checked_host_and_falls_back_to_checked_classes() -> Non
 
 def test_flips_skip_hosts_whose_model_could_not_be_built() -> None:
     sparse = _sites()["SparseAttention.forward"]
-    defaults = {"attention_type": "full"}
+    defaults = {name: {"attention_type": "full"} for name in ("Model", "ForMasking")}
     available = ["Model", "ForMasking"]
     attempts = _reach_attempts(sparse, ["Model"], available, False, defaults, frozenset({"Model"}))
     # the only checked host is broken: the other host first, as it is, then flipped
@@ -169,9 +170,9 @@ def test_per_layer_kinds_are_flipped_to_every_layer_of_the_shrunk_length() -> No
         mlp_layer_types = ["dense", "dense"]
 
     built = []
-    resolved = _resolve_every_layer({**flip, "x": 1}, lambda plain: built.append(plain) or Shrunk)
+    resolved = _resolve_deferred({**flip, "x": 1}, lambda plain: built.append(plain) or Shrunk)
     assert resolved == {"x": 1, "mlp_layer_types": ["sparse", "sparse"]} and built == [{"x": 1}]
-    assert _resolve_every_layer({"x": 1}, lambda plain: 1 / 0) == {"x": 1}  # nothing to resolve
+    assert _resolve_deferred({"x": 1}, lambda plain: 1 / 0) == {"x": 1}  # nothing to resolve
     assert _flips(site, {"mlp_layer_types": [1, 2]}) == []  # constants of another element type
 
 
@@ -214,3 +215,34 @@ def test_guards_of_self_method_calls_and_of_locals_set_from_config_count() -> No
     assert "reorder_and_upcast_attn" in reordered.caller_fields
     flips = _flips(loss, {"output_router_logits": False})
     assert flips == [{"output_router_logits": True}]
+
+
+def test_a_field_only_a_sub_configuration_has_is_flipped_there() -> None:
+    text = textwrap.dedent(
+        """\
+        from adopter.kernels import softmax
+
+        class Layer:
+            def forward(self, x):
+                if self.config.use_gated_mlp:
+                    return softmax(x, dim=-1)
+                return x
+        """
+    )
+    (site,) = find_sites(text)
+    defaults = {"text_config": {"use_gated_mlp": False, "hidden_size": 8}, "hidden_size": 8}
+    assert _flips(site, defaults) == [{"text_config": SubConfig({"use_gated_mlp": True})}]
+
+    class Sub:
+        def to_dict(self) -> dict:
+            return {"use_gated_mlp": False, "hidden_size": 2, "layer_types": ["a", "a", "a"]}
+
+    class Built:
+        text_config = Sub()
+
+    fixes = {"text_config": SubConfig({"use_gated_mlp": True, "layer_types": EveryLayer("b")})}
+    resolved = _resolve_deferred(fixes, lambda plain: Built)
+    assert resolved == {
+        "text_config": {"use_gated_mlp": True, "hidden_size": 2, "layer_types": ["b", "b", "b"]}
+    }
+    assert repr(fixes["text_config"]) == "{use_gated_mlp=True, layer_types=every layer 'b'}"
