@@ -7,13 +7,16 @@ All static or dict-level: no transformers, no torch models.
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 from adopter.verify import find_sites
-from adopter.verify.results import site_coverage
+from adopter.verify.results import ClassVerification, site_coverage
 from adopter.verify.worker import (
     EveryLayer,
+    ResultWriter,
     SubConfig,
     _flips,
+    _reach,
     _reach_attempts,
     _reach_time_left,
     _resolve_deferred,
@@ -246,3 +249,33 @@ def test_a_field_only_a_sub_configuration_has_is_flipped_there() -> None:
         "text_config": {"use_gated_mlp": True, "hidden_size": 2, "layer_types": ["b", "b", "b"]}
     }
     assert repr(fixes["text_config"]) == "{use_gated_mlp=True, layer_types=every layer 'b'}"
+
+
+def test_reach_runs_the_flipped_host_until_the_site_ran_then_stops(tmp_path: Path) -> None:
+    sparse = _sites()["SparseAttention.forward"]
+    sparse.hosts = ["Model", "ForMasking"]  # as the worker narrows it to the model classes
+    writer = ResultWriter(tmp_path / "result.json", "modeling_x.py")
+    calls: list[tuple[str, dict]] = []
+
+    def check(name: str, overrides: dict) -> dict:
+        calls.append((name, overrides))
+        ran = {sparse.key: 1} if overrides == {"attention_type": "block_sparse"} else {}
+        verdict = ClassVerification(
+            name, "verified", "agrees", modes={"eval": "verified"}, runs={"eval": ran}
+        ).to_json()
+        verdict["setting"] = ", ".join(f"{k}={v!r}" for k, v in overrides.items())
+        return verdict
+
+    verdicts = [check("Model", {})]
+    defaults = {"Model": {"attention_type": "full"}, "ForMasking": {"attention_type": "full"}}
+    available = ["Model", "ForMasking"]
+    _reach(["Model"], verdicts, [sparse], check, available, False, defaults, writer, 150.0, 1.0)
+    assert calls == [("Model", {}), ("Model", {"attention_type": "block_sparse"})]
+    # no time left for even one more check: none is started, and the result says why
+    calls.clear()
+    writer.started -= 200
+    _reach(["Model"], [check("Model", {})], [sparse], check, available, False, defaults, writer)
+    assert len(calls) == 2  # without a time budget, reach goes on
+    calls.clear()
+    _reach(["Model"], [], [sparse], check, available, False, defaults, writer, 150.0, 1.0)
+    assert calls == [] and "time is short" in writer.data["notes"][-1]
