@@ -22,6 +22,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -537,7 +538,7 @@ def _flips(site: Any, defaults: dict[str, Any]) -> list[dict[str, Any]]:
     singles: list[dict[str, Any]] = []
     for field, constants in _guard_fields(site).items():
         base = field.removesuffix(PER_ELEMENT)
-        if base in defaults:
+        if base in defaults or base in (defaults.get("_aliases") or {}):
             singles += _field_flips(field, constants, defaults)
             continue
         for key, nested in defaults.items():
@@ -561,8 +562,11 @@ def _flips(site: Any, defaults: dict[str, Any]) -> list[dict[str, Any]]:
 def _field_flips(field: str, constants: list[Any], defaults: dict[str, Any]) -> list[dict]:
     """The overrides of one field of ``defaults``: a boolean negated, another value set to each
     constant of its type that it is compared with (see :func:`_element_flips` for lists)."""
+    aliases = defaults.get("_aliases") or {}
     if field.endswith(PER_ELEMENT):
-        return _element_flips(field.removesuffix(PER_ELEMENT), constants, defaults)
+        base = field.removesuffix(PER_ELEMENT)
+        return _element_flips(aliases.get(base, base), constants, defaults)
+    field = field if field in defaults else aliases.get(field, field)
     if field not in defaults:
         return []
     default = defaults[field]
@@ -614,16 +618,21 @@ def _element_flips(field: str, constants: list[Any], defaults: dict[str, Any]) -
     """A per-layer list whose elements a condition compares with constants (``config.
     mlp_layer_types[layer_idx] == "sparse"``): that constant at every layer, for each constant
     of the list's own element type (the shrunk list keeps only the first layers' kinds, which
-    may all be the other kind)."""
+    may all be the other kind). The site may sit in the other arm (``else: MLP(config)``), so
+    the kinds the configuration's docstring names for the field count too; kinds the default
+    list lacks go first."""
     default = defaults.get(field)
     if not isinstance(default, (list, tuple)) or not default:
         return []
     kinds = {type(element) for element in default}
-    return [
-        {field: EveryLayer(value)}
-        for value in dict.fromkeys(constants)
+    documented = (defaults.get("_documented") or {}).get(field, [])
+    values = [
+        value
+        for value in dict.fromkeys([*constants, *documented])
         if type(value) in kinds and not isinstance(value, bool)
     ]
+    values.sort(key=lambda value: value in default)  # stable: absent kinds first
+    return [{field: EveryLayer(value)} for value in values]
 
 
 def _every_layer(value: EveryLayer, current: Any) -> list[Any]:
@@ -788,10 +797,35 @@ def _config_defaults(module: ModuleType, names: list[str]) -> dict[str, dict[str
                 defaults = dict(config.to_dict())
                 # not in to_dict(): whether the configuration picks the attention classes
                 defaults["_chooses_attention"] = hasattr(type(config), "_attn_implementation")
+                # and the names code may read a field by (``num_experts`` for
+                # ``num_local_experts``): a guard on the alias flips the field itself
+                aliases = getattr(type(config), "attribute_map", None) or {}
+                defaults["_aliases"] = {
+                    str(alias): str(real) for alias, real in aliases.items() if real in defaults
+                }
+                defaults["_documented"] = _documented_values(type(config).__doc__ or "")
             except Exception:
                 defaults = {}
             by_config[config_class] = defaults
         found[name] = by_config[config_class]
+    return found
+
+
+# ``    name (`type`, *optional*):`` opens an argument's entry in a transformers docstring.
+_DOC_ENTRY = re.compile(r"^\s*(\w+) \(`[^`]*`[^)]*\):", re.MULTILINE)
+_DOC_STRING_VALUE = re.compile(r"`([\"'])(\w+)\1`")
+
+
+def _documented_values(doc: str) -> dict[str, list[str]]:
+    """Argument -> the string values its docstring entry names (```"dense"` or `"sparse"```):
+    the kinds a per-layer list may hold, where the code compares only with one of them."""
+    found: dict[str, list[str]] = {}
+    entries = list(_DOC_ENTRY.finditer(doc))
+    for entry, following in zip(entries, [*entries[1:], None]):
+        text = doc[entry.end() : following.start() if following else len(doc)]
+        values = [match.group(2) for match in _DOC_STRING_VALUE.finditer(text)]
+        if values:
+            found[entry.group(1)] = list(dict.fromkeys(values))
     return found
 
 

@@ -15,6 +15,7 @@ from adopter.verify.worker import (
     EveryLayer,
     ResultWriter,
     SubConfig,
+    _documented_values,
     _flips,
     _reach,
     _reach_attempts,
@@ -279,3 +280,37 @@ def test_reach_runs_the_flipped_host_until_the_site_ran_then_stops(tmp_path: Pat
     calls.clear()
     _reach(["Model"], [], [sparse], check, available, False, defaults, writer, 150.0, 1.0)
     assert calls == [] and "time is short" in writer.data["notes"][-1]
+
+
+def test_a_guard_on_a_field_alias_flips_the_field_it_names() -> None:
+    qwen = _sites()["SparseAttention.forward"]
+    defaults = {"attention_kind": "full", "_aliases": {"attention_type": "attention_kind"}}
+    assert _flips(qwen, defaults) == [{"attention_kind": "block_sparse"}]
+
+
+def test_per_layer_kinds_the_docstring_names_are_tried_absent_ones_first() -> None:
+    doc = """
+    Args:
+        mlp_layer_types (`list[str]`, *optional*):
+            Per-layer MLP type - `"dense"` or `"sparse"`. Defaults to all sparse.
+        hidden_act (`str`, *optional*, defaults to `"silu"`):
+            The activation.
+    """
+    documented = _documented_values(doc)
+    assert documented == {"mlp_layer_types": ["dense", "sparse"]}  # not the default named
+    text = textwrap.dedent(
+        """\
+        from adopter.kernels import softmax
+
+        class Dense:
+            def forward(self, x):
+                return softmax(x, dim=-1)
+
+        class Layer:
+            def __init__(self, config, layer_idx):
+                self.mlp = None if config.mlp_layer_types[layer_idx] == "sparse" else Dense()
+        """
+    )
+    (site,) = find_sites(text)
+    defaults = {"mlp_layer_types": ["sparse"] * 4, "_documented": documented}
+    assert _flips(site, defaults)[0] == {"mlp_layer_types": EveryLayer("dense")}
