@@ -325,6 +325,14 @@ def _config_reads(
                 for value in _constants(operand)
                 if isinstance(value, (str, int, bool)) or value is None
             ]
+            # an integer threshold or count: the branch taken by ``x > 1`` or by the other arm
+            # of ``x == 1`` needs a neighbour of the constant, not the constant itself
+            numbers = [c for c in constants if isinstance(c, int) and not isinstance(c, bool)]
+            if numbers and not all(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+                neighbours = [n + 1 for n in numbers]
+                if any(isinstance(op, (ast.Lt, ast.LtE, ast.Gt, ast.GtE)) for op in node.ops):
+                    neighbours += [n - 1 for n in numbers if n > 0]
+                constants += [n for n in neighbours if n not in constants]
             for operand in operands:
                 for name in _config_field(operand, from_init, local):
                     found.setdefault(name, []).extend(constants)

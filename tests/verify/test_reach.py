@@ -314,3 +314,30 @@ def test_per_layer_kinds_the_docstring_names_are_tried_absent_ones_first() -> No
     (site,) = find_sites(text)
     defaults = {"mlp_layer_types": ["sparse"] * 4, "_documented": documented}
     assert _flips(site, defaults)[0] == {"mlp_layer_types": EveryLayer("dense")}
+
+
+def test_integer_comparisons_also_try_the_neighbours_of_the_constant() -> None:
+    text = textwrap.dedent(
+        """\
+        from adopter.kernels import softmax
+
+        class Moe:
+            def forward(self, x):
+                if self.config.sparse_step > 1:
+                    return softmax(x, dim=-1)
+                return x
+
+        class Layer:
+            def __init__(self, config):
+                self.mlp = None if config.num_experts == 1 else Moe()
+        """
+    )
+    (site,) = find_sites(text)
+    assert site.config_fields == {"sparse_step": [1, 2, 0]}
+    assert site.caller_fields == {"num_experts": [1, 2]}
+    defaults = {"sparse_step": 1, "num_experts": 1}
+    assert _flips(site, defaults)[:3] == [
+        {"sparse_step": 2},
+        {"sparse_step": 0},
+        {"num_experts": 2},
+    ]
