@@ -285,8 +285,9 @@ def main() -> int:
         "A file counts as verified only when every patched site (each `adopter.kernels` call) "
         "ran in a comparison that matched and none was refuted; when comparisons matched but a "
         "site never ran in one, it is not exercised. Verify checks the base model, one head "
-        "and every model class whose code holds a site, and flips the boolean/enum options "
-        "that guard a site that has not run.\n",
+        "and every model class whose code holds a site; while a site has not run, it checks "
+        "the model classes whose code reaches it by name and flips the boolean/enum options "
+        "that guard the site or the code that builds or calls it.\n",
         "| files | verified | refuted | not exercised | not checkable |",
         "|---|---|---|---|---|",
         f"| {len(files)} | {verdicts['verified']} | {verdicts['refuted']} | "

@@ -138,6 +138,8 @@ def site_coverage(sites: list[PatchedSite], classes: list[ClassVerification]) ->
                 if entry.ran_in
                 else "never ran"
             ]
+            if site.hosts == []:
+                parts.append("no model class of the file builds or calls its code (by name)")
             if site.guards:
                 parts.append("guarded by " + " and ".join(f"`{g}`" for g in site.guards))
             tried = [

@@ -413,6 +413,8 @@ def _transformers_job(item: PatchedFile, options: dict[str, Any]) -> VerifyJob:
         "classes": list(item.classes) if item.classes else None,
         # Appended, not prepended: an installed package of the same name wins.
         "sys_path_append": [str(root)] if root is not None else [],
+        # the file's timeout, so that the worker stops trying to reach sites in time
+        "time_budget": limits["timeout"],
         **options,
     }
     return VerifyJob(

@@ -18,9 +18,12 @@ import difflib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["KERNEL_PACKAGE", "PatchedSite", "find_sites"]
+__all__ = ["KERNEL_PACKAGE", "PER_ELEMENT", "PatchedSite", "find_sites"]
 
 KERNEL_PACKAGE = "adopter.kernels"
+# Marks a configuration field whose *elements* a condition compares (``config.layer_types[i] ==
+# "sliding_attention"``): ``"layer_types[]"`` in ``config_fields``.
+PER_ELEMENT = "[]"
 
 
 @dataclass
@@ -44,6 +47,14 @@ class PatchedSite:
     # the n-th of ``of`` kernel calls that stand for the same original line (``0``: alone)
     nth: int = 0
     of: int = 0
+    # the file's classes whose code reaches the site: its own top-level class, and every class
+    # that names its class or function, or names a class that does, and so on (static, by
+    # name); the worker narrows it to the file's model classes. ``None``: not worked out.
+    hosts: list[str] | None = None
+    # configuration fields read by the conditions around those references (``if
+    # config.attention_type == "block_sparse": self.self = SparseAttention(config)``) -> the
+    # constants they are compared with: the options that decide whether the site is built at all
+    caller_fields: dict[str, list[Any]] = field(default_factory=dict)
 
     @property
     def key(self) -> str:
@@ -81,31 +92,110 @@ def _kernel_names(tree: ast.Module) -> dict[str, str]:
     return names
 
 
+@dataclass
+class _Reference:
+    """A top-level name used inside another top-level definition, with the conditions around
+    that use and the innermost class there (whose ``__init__`` maps ``self.x`` to config)."""
+
+    source: str  # a top-level name, or "Class.method" for a use of ``self.method``
+    target: str
+    guards: list[ast.expr]
+    cls: str | None
+    local: dict[str, set[str]]  # the using function's locals set from config (see _locals)
+
+
+# Uses of a class that do not run it: type tests (``_init_weights``'s ``isinstance(module,
+# SparseAttention)``, in the base class every model inherits, would make every model a host).
+_TYPE_TESTS = frozenset({"isinstance", "issubclass"})
+
+
 class _Finder(ast.NodeVisitor):
-    def __init__(self, kernels: dict[str, str]) -> None:
+    def __init__(self, kernels: dict[str, str], top_names: set[str] | None = None) -> None:
         self.kernels = kernels
         self.scopes: list[ast.AST] = []  # enclosing classes and functions
         self.guards: list[ast.expr] = []  # enclosing conditions, outermost first
         self.negated: list[bool] = []
         self.inits: dict[str, dict[str, set[str]]] = {}  # class -> self.attr -> config fields
         self.found: list[PatchedSite] = []
+        self.top_names = top_names or set()
+        self.top: str | None = None  # the top-level definition being visited
+        self.references: list[_Reference] = []
+        self.local: dict[str, set[str]] = {}  # the current function's locals from config
+        self.methods: dict[str, set[str]] = {}  # class -> the names of its methods
+
+    # -- references between top-level definitions -------------------------------------------
+    def visit_Module(self, node: ast.Module) -> None:  # noqa: N802
+        for statement in node.body:
+            names = _defined_names(statement)
+            self.top = names[0] if len(names) == 1 else None
+            self.visit(statement)
+        self.top = None
+
+    def visit_Name(self, node: ast.Name) -> None:  # noqa: N802
+        if (
+            isinstance(node.ctx, ast.Load)
+            and self.top is not None
+            and node.id != self.top
+            and node.id in self.top_names
+            # a class-body attribute (``_can_record_outputs = {... SparseAttention ...}``)
+            # describes the model; methods and bases are what run
+            and not (self.scopes and isinstance(self.scopes[-1], ast.ClassDef))
+        ):
+            classes = [scope for scope in self.scopes if isinstance(scope, ast.ClassDef)]
+            cls = classes[-1].name if classes else None
+            guards = list(self.guards)
+            self.references.append(_Reference(self.top, node.id, guards, cls, self.local))
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:  # noqa: N802
+        """``self.method`` inside a method of the same class: the conditions around that use
+        decide whether a site in ``method`` runs (``if self.reorder: self._reordered(...)``)."""
+        chain = _attribute_chain(node)
+        method = self._method()
+        if chain is not None and len(chain) == 2 and chain[0] == "self" and method is not None:
+            cls, caller = method
+            if chain[1] in self.methods.get(cls, set()) and chain[1] != caller:
+                self.references.append(
+                    _Reference(
+                        f"{cls}.{caller}", f"{cls}.{chain[1]}", list(self.guards), cls, self.local
+                    )
+                )
+        self.generic_visit(node)
+
+    def _method(self) -> tuple[str, str] | None:
+        """(class, method) of the innermost method being visited (a function in a class)."""
+        found = None
+        for outer, inner in zip(self.scopes, self.scopes[1:]):
+            if isinstance(outer, ast.ClassDef) and isinstance(
+                inner, (ast.FunctionDef, ast.AsyncFunctionDef)
+            ):
+                found = (outer.name, inner.name)
+        return found
 
     # -- scopes ------------------------------------------------------------------------------
     def visit_ClassDef(self, node: ast.ClassDef) -> None:  # noqa: N802 - ast visitor name
         self.inits[node.name] = _self_attributes_from_config(node)
+        self.methods[node.name] = {
+            item.name
+            for item in node.body
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+        }
+        for outer in (*node.decorator_list, *node.bases, *node.keywords):
+            self.visit(outer)  # outside the class body: a base class runs in its subclasses
         self.scopes.append(node)
-        self.generic_visit(node)
+        for statement in node.body:
+            self.visit(statement)
         self.scopes.pop()
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:  # noqa: N802
         for decorator in node.decorator_list:
             self.visit(decorator)
         self.scopes.append(node)
-        saved, saved_negated = self.guards, self.negated
+        saved, saved_negated, saved_local = self.guards, self.negated, self.local
         self.guards, self.negated = [], []  # conditions of outer functions do not guard a body
+        self.local = _locals_from_config(node)
         for statement in node.body:
             self.visit(statement)
-        self.guards, self.negated = saved, saved_negated
+        self.guards, self.negated, self.local = saved, saved_negated, saved_local
         self.scopes.pop()
 
     visit_AsyncFunctionDef = visit_FunctionDef  # noqa: N815
@@ -135,6 +225,8 @@ class _Finder(ast.NodeVisitor):
 
     # -- kernel calls ------------------------------------------------------------------------
     def visit_Call(self, node: ast.Call) -> None:  # noqa: N802
+        if isinstance(node.func, ast.Name) and node.func.id in _TYPE_TESTS:
+            return  # a type test runs nothing it names (and calls no kernel)
         kernel = None
         if isinstance(node.func, ast.Name) and node.func.id in self.kernels:
             kernel = self.kernels[node.func.id]
@@ -156,7 +248,8 @@ class _Finder(ast.NodeVisitor):
         ]
         fields: dict[str, list[Any]] = {}
         for test in self.guards:
-            for name, constants in _config_reads(test, self.inits.get(cls or "", {})).items():
+            reads = _config_reads(test, self.inits.get(cls or "", {}), self.local)
+            for name, constants in reads.items():
                 known = fields.setdefault(name, [])
                 known.extend(c for c in constants if c not in known)
         return PatchedSite(
@@ -172,6 +265,18 @@ class _Finder(ast.NodeVisitor):
         )
 
 
+def _defined_names(statement: ast.stmt) -> list[str]:
+    """The module-level names a top-level statement defines."""
+    if isinstance(statement, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+        return [statement.name]
+    targets: list[ast.expr] = []
+    if isinstance(statement, ast.Assign):
+        targets = list(statement.targets)
+    elif isinstance(statement, ast.AnnAssign):
+        targets = [statement.target]
+    return [t.id for t in targets if isinstance(t, ast.Name)]
+
+
 def _attribute_chain(node: ast.expr) -> list[str] | None:
     """``self.config.x`` -> ["self", "config", "x"]; None for anything else."""
     parts: list[str] = []
@@ -184,9 +289,12 @@ def _attribute_chain(node: ast.expr) -> list[str] | None:
     return parts[::-1]
 
 
-def _config_field(node: ast.expr, from_init: dict[str, set[str]]) -> list[str]:
-    """The configuration fields an expression reads: ``config.x``, ``self.config.x``, or a
-    ``self.x`` that ``__init__`` set from ``config.y`` (and, as a guess, ``x`` itself)."""
+def _config_field(
+    node: ast.expr, from_init: dict[str, set[str]], local: dict[str, set[str]] | None = None
+) -> list[str]:
+    """The configuration fields an expression reads: ``config.x``, ``self.config.x``, a
+    ``self.x`` that ``__init__`` set from ``config.y`` (and, as a guess, ``x`` itself), or a
+    local variable the function set from ``config.y``."""
     chain = _attribute_chain(node)
     if chain is None:
         return []
@@ -194,10 +302,14 @@ def _config_field(node: ast.expr, from_init: dict[str, set[str]]) -> list[str]:
         return [chain[-1]]
     if len(chain) == 2 and chain[0] == "self":
         return sorted(from_init.get(chain[1], set()) | {chain[1]})
+    if len(chain) == 1 and local:
+        return sorted(local.get(chain[0], set()))
     return []
 
 
-def _config_reads(test: ast.expr, from_init: dict[str, set[str]]) -> dict[str, list[Any]]:
+def _config_reads(
+    test: ast.expr, from_init: dict[str, set[str]], local: dict[str, set[str]] | None = None
+) -> dict[str, list[Any]]:
     """Fields read by a condition, with the constants each is compared with."""
     found: dict[str, list[Any]] = {}
     # ``self.config`` inside ``self.config.x`` is not a field read of its own
@@ -213,11 +325,22 @@ def _config_reads(test: ast.expr, from_init: dict[str, set[str]]) -> dict[str, l
                 for value in _constants(operand)
                 if isinstance(value, (str, int, bool)) or value is None
             ]
+            # an integer threshold or count: the branch taken by ``x > 1`` or by the other arm
+            # of ``x == 1`` needs a neighbour of the constant, not the constant itself
+            numbers = [c for c in constants if isinstance(c, int) and not isinstance(c, bool)]
+            if numbers and not all(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+                neighbours = [n + 1 for n in numbers]
+                if any(isinstance(op, (ast.Lt, ast.LtE, ast.Gt, ast.GtE)) for op in node.ops):
+                    neighbours += [n - 1 for n in numbers if n > 0]
+                constants += [n for n in neighbours if n not in constants]
             for operand in operands:
-                for name in _config_field(operand, from_init):
+                for name in _config_field(operand, from_init, local):
                     found.setdefault(name, []).extend(constants)
-        elif isinstance(node, ast.Attribute):
-            for name in _config_field(node, from_init):
+                if isinstance(operand, ast.Subscript):  # ``config.layer_types[layer_idx]``
+                    for name in _config_field(operand.value, from_init, local):
+                        found.setdefault(name + PER_ELEMENT, []).extend(constants)
+        elif isinstance(node, (ast.Attribute, ast.Name)):
+            for name in _config_field(node, from_init, local):
                 found.setdefault(name, [])
     return found
 
@@ -228,6 +351,32 @@ def _constants(node: ast.expr) -> list[Any]:
     if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
         return [e.value for e in node.elts if isinstance(e, ast.Constant)]
     return []
+
+
+def _config_attributes_read(value: ast.expr) -> set[str]:
+    """The ``config.y`` fields an expression reads."""
+    return {
+        chain[-1]
+        for sub in ast.walk(value)
+        if isinstance(sub, ast.Attribute)
+        and (chain := _attribute_chain(sub)) is not None
+        and len(chain) >= 2
+        and chain[-2] == "config"
+    }
+
+
+def _locals_from_config(node: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, set[str]]:
+    """``x = ... config.y ...`` in a function: x -> {y}. A forward argument that defaults to a
+    configuration value (``output_router_logits = output_router_logits if output_router_logits
+    is not None else self.config.output_router_logits``) guards code by that value."""
+    found: dict[str, set[str]] = {}
+    for statement in ast.walk(node):
+        if isinstance(statement, ast.Assign):
+            read = _config_attributes_read(statement.value)
+            for target in statement.targets:
+                if read and isinstance(target, ast.Name):
+                    found.setdefault(target.id, set()).update(read)
+    return found
 
 
 def _self_attributes_from_config(node: ast.ClassDef) -> dict[str, set[str]]:
@@ -255,6 +404,50 @@ def _self_attributes_from_config(node: ast.ClassDef) -> dict[str, set[str]]:
     return found
 
 
+# How many references up from a site's definition its callers are followed: model -> encoder ->
+# layer -> attention block -> attention -> the function holding the site, with room to spare.
+_MAX_CALLER_DEPTH = 8
+
+
+def _reached_from(
+    function: str,
+    references: list[_Reference],
+    inits: dict[str, dict[str, set[str]]],
+    classes: set[str],
+) -> tuple[list[str], dict[str, list[Any]]]:
+    """The classes whose code reaches the site's ``function`` (``Class.method``, or a top-level
+    function; its class first, then by distance), and the configuration fields the conditions
+    around those uses read - the method's uses as ``self.method`` in its class, then the uses
+    of its class or function by name - with the constants they are compared with."""
+    users: dict[str, list[_Reference]] = {}
+    for reference in references:
+        users.setdefault(reference.target, []).append(reference)
+    parts = function.split(".")
+    owner = parts[0]
+    reached = [owner]
+    if len(parts) > 1 and owner in classes:
+        reached.insert(0, f"{owner}.{parts[1]}")
+    fields: dict[str, list[Any]] = {}
+    frontier = list(reached)
+    for _ in range(_MAX_CALLER_DEPTH):
+        following: list[str] = []
+        for name in frontier:
+            for reference in users.get(name, []):
+                from_init = inits.get(reference.cls or "", {})
+                for test in reference.guards:
+                    reads = _config_reads(test, from_init, reference.local)
+                    for field_name, constants in reads.items():
+                        known = fields.setdefault(field_name, [])
+                        known.extend(c for c in constants if c not in known)
+                if reference.source not in reached:
+                    reached.append(reference.source)
+                    following.append(reference.source)
+        if not following:
+            break
+        frontier = following
+    return [name for name in reached if name in classes], fields
+
+
 def _original_lines(original: str, patched: str) -> dict[int, int]:
     """Patched line -> the original line it stands for (the first of a replaced block)."""
     old, new = original.splitlines(), patched.splitlines()
@@ -274,9 +467,15 @@ def find_sites(patched: str, original: str | None = None) -> list[PatchedSite]:
     """Every kernel call of the patched text, in source order; with ``original``, each with the
     line of the original file it replaced. Raises ``SyntaxError`` for text that is not Python."""
     tree = ast.parse(patched)
-    finder = _Finder(_kernel_names(tree))
+    defined = {name for statement in tree.body for name in _defined_names(statement)}
+    finder = _Finder(_kernel_names(tree), defined)
     finder.visit(tree)
     sites = sorted(finder.found, key=lambda s: (s.line, s.column))
+    classes = {s.name for s in tree.body if isinstance(s, ast.ClassDef)}
+    for site in sites:
+        site.hosts, site.caller_fields = _reached_from(
+            site.function, finder.references, finder.inits, classes
+        )
     if original is not None:
         lines = _original_lines(original, patched)
         for site in sites:

@@ -22,6 +22,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -32,6 +33,7 @@ from typing import Any
 
 from .contain import die_with_parent
 from .factory_spec import load_factory, parse_factory
+from .sites import PER_ELEMENT
 
 __all__ = ["main"]
 
@@ -358,6 +360,9 @@ def _measured(recorder: Any, runs: dict[str, dict[str, int]], mode: str, check: 
             runs[mode] = ran
 
 
+_BUILD_FAILED = "could not build and run the original model"
+
+
 def _check_transformers_class(
     name: str,
     original_module: ModuleType,
@@ -407,6 +412,12 @@ def _check_transformers_class(
         recipe, fixes = attempts.pop(0)
         config = probe = None
         try:
+            fixes = _resolve_deferred(
+                fixes,
+                lambda plain, setting=recipe.setting: build_config(
+                    config_class, setting, cls_name=name, fixes=plain
+                ),
+            )
             config = build_config(config_class, recipe.setting, cls_name=name, fixes=fixes)
             placeholders = token_id_fixes(config)
             if placeholders:  # image tokens inside the text vocabulary, kept for "train" too
@@ -454,7 +465,7 @@ def _check_transformers_class(
         break
     else:
         tried = "; ".join(f"{' | '.join(labels)}: {error}" for error, labels in failures.items())
-        reason = f"could not build and run the original model ({tried})"
+        reason = f"{_BUILD_FAILED} ({tried})"
         return ClassVerification(name, NOT_CHECKABLE, reason).to_json()
     prefix = f"{recipe.label}: "
 
@@ -557,8 +568,12 @@ def _check_transformers_class(
 
 
 # Checks beyond the planned classes, tried only while a patched site has not run: other
-# model classes, and configurations with the options that guard a site flipped.
-_MAX_REACH_CHECKS = 6
+# model classes, and configurations with the options that guard a site flipped. Bounded by
+# count and by time (see _reach_time_left): a file has one timeout for all its checks.
+_MAX_REACH_CHECKS = 12
+# Start no further check unless the slowest check so far would still end within this share of
+# the file's timeout (the first file of a worker also pays for importing torch).
+_REACH_TIME_SHARE = 0.7
 
 
 def _unreached(sites: list[Any], verdicts: list[dict[str, Any]]) -> list[Any]:
@@ -569,49 +584,206 @@ def _unreached(sites: list[Any], verdicts: list[dict[str, Any]]) -> list[Any]:
     return [entry.site for entry in site_coverage(sites, classes) if not entry.exercised]
 
 
+def _guard_fields(site: Any) -> dict[str, list[Any]]:
+    """The configuration fields that may decide whether ``site`` runs, with the constants they
+    are compared with: those its own conditions read first, then those around the code that
+    builds or calls it (an attention class chosen by ``config.attention_type``)."""
+    fields = {name: list(constants) for name, constants in site.config_fields.items()}
+    for name, constants in getattr(site, "caller_fields", {}).items():
+        known = fields.setdefault(name, [])
+        known.extend(c for c in constants if c not in known)
+    return fields
+
+
 def _flips(site: Any, defaults: dict[str, Any]) -> list[dict[str, Any]]:
     """Configuration overrides that may take the branch a site sits in: each boolean field
-    the site's conditions read, negated; each field compared with constants, set to them; then
-    all of those at once."""
+    the site's conditions (or its callers') read, negated; each field compared with constants,
+    set to them; then all of those at once. A field the configuration does not have at the
+    top but a sub-configuration has (``text_config``) is changed there."""
     singles: list[dict[str, Any]] = []
-    for field, constants in site.config_fields.items():
-        if field not in defaults:
+    for field, constants in _guard_fields(site).items():
+        base = field.removesuffix(PER_ELEMENT)
+        if base in defaults or base in (defaults.get("_aliases") or {}):
+            singles += _field_flips(field, constants, defaults)
             continue
-        default = defaults[field]
-        if isinstance(default, bool):
-            singles.append({field: not default})
-            continue
-        for value in constants:
-            if value != default and (default is None or type(value) is type(default)):
-                singles.append({field: value})
+        for key, nested in defaults.items():
+            if isinstance(nested, dict) and base in nested:
+                singles += [
+                    {key: SubConfig(flip)} for flip in _field_flips(field, constants, nested)
+                ]
     if len(singles) > 1:
         combined: dict[str, Any] = {}
         for single in singles:
             for key, value in single.items():
-                combined.setdefault(key, value)
+                known = combined.get(key)
+                if isinstance(known, SubConfig) and isinstance(value, SubConfig):
+                    combined[key] = SubConfig({**value.fields, **known.fields})
+                else:
+                    combined.setdefault(key, value)
         singles.append(combined)
     return singles
+
+
+def _field_flips(field: str, constants: list[Any], defaults: dict[str, Any]) -> list[dict]:
+    """The overrides of one field of ``defaults``: a boolean negated, another value set to each
+    constant of its type that it is compared with (see :func:`_element_flips` for lists)."""
+    aliases = defaults.get("_aliases") or {}
+    if field.endswith(PER_ELEMENT):
+        base = field.removesuffix(PER_ELEMENT)
+        return _element_flips(aliases.get(base, base), constants, defaults)
+    field = field if field in defaults else aliases.get(field, field)
+    if field not in defaults:
+        return []
+    default = defaults[field]
+    if isinstance(default, bool):
+        return [{field: not default}]
+    return [
+        {field: value}
+        for value in constants
+        if value != default and (default is None or type(value) is type(default))
+    ]
+
+
+class EveryLayer:
+    """An override of a per-layer list (``mlp_layer_types``): this value at every layer, as
+    many layers as the shrunk configuration has (known only once a recipe shrank it; see
+    :func:`_resolve_deferred`)."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"every layer {self.value!r}"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EveryLayer) and other.value == self.value
+
+    def __hash__(self) -> int:
+        return hash(("EveryLayer", repr(self.value)))
+
+
+class SubConfig:
+    """Overrides of some fields of a sub-configuration (``text_config``), on top of what the
+    recipe made of it (known only once it is built; see :func:`_resolve_deferred`)."""
+
+    def __init__(self, fields: dict[str, Any]) -> None:
+        self.fields = dict(fields)
+
+    def __repr__(self) -> str:
+        return "{" + ", ".join(f"{k}={v!r}" for k, v in self.fields.items()) + "}"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SubConfig) and other.fields == self.fields
+
+    def __hash__(self) -> int:
+        return hash(("SubConfig", repr(self)))
+
+
+def _element_flips(field: str, constants: list[Any], defaults: dict[str, Any]) -> list[dict]:
+    """A per-layer list whose elements a condition compares with constants (``config.
+    mlp_layer_types[layer_idx] == "sparse"``): that constant at every layer, for each constant
+    of the list's own element type (the shrunk list keeps only the first layers' kinds, which
+    may all be the other kind). The site may sit in the other arm (``else: MLP(config)``), so
+    the kinds the configuration's docstring names for the field count too; kinds the default
+    list lacks go first."""
+    default = defaults.get(field)
+    if not isinstance(default, (list, tuple)) or not default:
+        return []
+    kinds = {type(element) for element in default}
+    documented = (defaults.get("_documented") or {}).get(field, [])
+    values = [
+        value
+        for value in dict.fromkeys([*constants, *documented])
+        if type(value) in kinds and not isinstance(value, bool)
+    ]
+    values.sort(key=lambda value: value in default)  # stable: absent kinds first
+    return [{field: EveryLayer(value)} for value in values]
+
+
+def _every_layer(value: EveryLayer, current: Any) -> list[Any]:
+    length = len(current) if isinstance(current, (list, tuple)) else 0
+    return [value.value] * max(1, length)
+
+
+def _resolve_deferred(fixes: dict[str, Any], build: Any) -> dict[str, Any]:
+    """``fixes`` with each :class:`EveryLayer` made a list as long as the configuration that
+    ``build(other_fixes)`` makes has for that field (its shrunk layer count), and each
+    :class:`SubConfig` made that configuration's sub-configuration with those fields set."""
+    deferred = (EveryLayer, SubConfig)
+    plain = {key: value for key, value in fixes.items() if not isinstance(value, deferred)}
+    if len(plain) == len(fixes):
+        return fixes
+    config = build(plain)
+    resolved = dict(plain)
+    for key, value in fixes.items():
+        if isinstance(value, EveryLayer):
+            resolved[key] = _every_layer(value, getattr(config, key, None))
+        elif isinstance(value, SubConfig):
+            sub = getattr(config, key, None)
+            nested = sub.to_dict() if hasattr(sub, "to_dict") else dict(sub or {})
+            for field, inner in value.fields.items():
+                nested[field] = (
+                    _every_layer(inner, nested.get(field))
+                    if isinstance(inner, EveryLayer)
+                    else inner
+                )
+            resolved[key] = nested
+    return resolved
 
 
 _EAGER = {"attn_implementation": "eager"}
 
 
 def _reach_attempts(
-    site: Any, checked: list[str], available: list[str], fixed: bool, defaults: dict[str, Any]
+    site: Any,
+    checked: list[str],
+    available: list[str],
+    fixed: bool,
+    defaults: dict[str, dict[str, Any]],
+    broken: frozenset[str] = frozenset(),
 ) -> list[tuple[str, dict[str, Any]]]:
-    """(class, overrides) pairs that may run ``site``: the class whose code holds it (else the
-    classes already checked) under flipped options; where the configuration chooses the
-    attention implementation (transformers >= 4.36 picks an SDPA class by default, so a patch
-    of the eager class never runs), the eager one; then - unless the caller fixed the classes -
-    the model classes not checked yet."""
-    hosts = [site.cls] if site.cls in available and not fixed else []
-    hosts += [name for name in checked if name not in hosts]
-    attempts = [(host, flip) for flip in _flips(site, defaults) for host in hosts[:2]]
-    if defaults.get("_chooses_attention"):
-        attempts += [(host, dict(_EAGER)) for host in hosts[:2]]
+    """(class, overrides) pairs that may run ``site``, most promising first.
+
+    The hosts are the model classes whose code reaches the site by name (``site.hosts``: its
+    own class, the classes that build it, and so on up); where none of the checked classes is
+    one, the unchecked hosts come first, as they are. Then the hosts under flipped options;
+    where the configuration chooses the attention implementation (transformers >= 4.36 picks
+    an SDPA class by default, so a patch of the eager class never runs), the eager one; then -
+    unless the caller fixed the classes - the model classes not checked yet, hosts first.
+    A site that no model class reaches by name gets no attempts; where that was not worked
+    out (``site.hosts`` is None), the checked classes stand in as hosts. Options are flipped
+    on one host only, never on a ``broken`` one (its model could not be built and run as it
+    is: flipping a guard does not mend that, and each try costs every recipe).
+    """
+    if site.hosts is not None and not any(name in available for name in site.hosts):
+        return []  # no model class of the file uses its code: no check can run it
+    reaching = [name for name in site.hosts or [] if name in available]
+    usable = [name for name in checked if name not in broken]
+    checked_hosts = [name for name in usable if name in reaching] if reaching else usable
+    fresh = [] if fixed else [name for name in reaching if name not in checked]
+    hosts = [site.cls] if site.cls in available and site.cls not in broken and not fixed else []
+    hosts += [name for name in checked_hosts + fresh if name not in hosts]
+    attempts: list[tuple[str, dict[str, Any]]] = []
+    if not checked_hosts:
+        attempts += [(name, {}) for name in fresh[:2]]
+    for host in hosts[:1]:  # ``defaults``: each class's configuration defaults
+        attempts += [(host, flip) for flip in _flips(site, defaults.get(host, {}))]
+        if defaults.get(host, {}).get("_chooses_attention"):
+            attempts.append((host, dict(_EAGER)))
     if not fixed:
-        attempts += [(name, {}) for name in available if name not in checked]
+        rest = fresh + [name for name in available if name not in checked and name not in fresh]
+        attempts += [(name, {}) for name in rest]
     return attempts
+
+
+def _reach_time_left(
+    started: float, slowest: float, budget: float | None, now: float | None = None
+) -> bool:
+    """Whether one more check, as slow as the slowest so far, ends within the time share."""
+    if budget is None:
+        return True
+    now = time.perf_counter() if now is None else now
+    return now - started + slowest <= _REACH_TIME_SHARE * budget
 
 
 def _reach(
@@ -621,21 +793,39 @@ def _reach(
     check: Any,
     available: list[str],
     fixed: bool,
-    defaults: dict[str, Any],
+    defaults: dict[str, dict[str, Any]],
     writer: ResultWriter,
+    budget_seconds: float | None = None,
+    slowest: float = 0.0,
 ) -> None:
-    """Further checks while some site has not run and matched (at most _MAX_REACH_CHECKS)."""
+    """Further checks while some site has not run and matched: at most _MAX_REACH_CHECKS, and
+    none that would likely run past _REACH_TIME_SHARE of ``budget_seconds`` (the file's
+    timeout; ``slowest``: the slowest planned check's seconds)."""
+    from .results import NOT_CHECKABLE
+
     done = {(name, "") for name in names}
     budget = _MAX_REACH_CHECKS
     while budget > 0:
         if any(verdict.get("status") == "refuted" for verdict in verdicts):
             return  # refuted already: reaching more sites cannot change the verdict
+        if not _reach_time_left(writer.started, slowest, budget_seconds):
+            writer.note("stopped trying to reach the remaining sites: the file's time is short")
+            return
         unreached = _unreached(sites, verdicts)
+        broken = frozenset(
+            verdict["cls"]
+            for verdict in verdicts
+            if not verdict.get("setting")
+            and verdict.get("status") == NOT_CHECKABLE
+            and str(verdict.get("reason", "")).startswith(_BUILD_FAILED)
+        )
         attempt = next(
             (
                 (name, overrides)
                 for site in unreached
-                for name, overrides in _reach_attempts(site, names, available, fixed, defaults)
+                for name, overrides in _reach_attempts(
+                    site, names, available, fixed, defaults, broken
+                )
                 if (name, _setting_label(overrides)) not in done
             ),
             None,
@@ -648,26 +838,60 @@ def _reach(
         label = f"{name} [{_setting_label(overrides)}]" if overrides else name
         writer.plan([*writer.data["planned"], label])
         writer.start(label)
+        began = time.perf_counter()
         verdict = check(name, overrides)
+        slowest = max(slowest, time.perf_counter() - began)
         verdicts.append(verdict)
         if not overrides and name not in names:
             names.append(name)
         writer.add(verdict)
 
 
-def _config_defaults(module: ModuleType, names: list[str]) -> dict[str, Any]:
+def _config_defaults(module: ModuleType, names: list[str]) -> dict[str, dict[str, Any]]:
+    """Each class's configuration defaults (``to_dict()``), plus whether that configuration
+    picks the attention classes; a configuration that needs arguments gives no flips."""
+    by_config: dict[Any, dict[str, Any]] = {}
+    found: dict[str, dict[str, Any]] = {}
     for name in names:
         config_class = getattr(getattr(module, name, None), "config_class", None)
-        if config_class is not None:
+        if config_class is None:
+            continue
+        if config_class not in by_config:
             try:
                 config = config_class()
                 defaults = dict(config.to_dict())
                 # not in to_dict(): whether the configuration picks the attention classes
                 defaults["_chooses_attention"] = hasattr(type(config), "_attn_implementation")
-                return defaults
-            except Exception:  # a configuration that needs arguments: no flips
-                return {}
-    return {}
+                # and the names code may read a field by (``num_experts`` for
+                # ``num_local_experts``): a guard on the alias flips the field itself
+                aliases = getattr(type(config), "attribute_map", None) or {}
+                defaults["_aliases"] = {
+                    str(alias): str(real) for alias, real in aliases.items() if real in defaults
+                }
+                defaults["_documented"] = _documented_values(type(config).__doc__ or "")
+            except Exception:
+                defaults = {}
+            by_config[config_class] = defaults
+        found[name] = by_config[config_class]
+    return found
+
+
+# ``    name (`type`, *optional*):`` opens an argument's entry in a transformers docstring.
+_DOC_ENTRY = re.compile(r"^\s*(\w+) \(`[^`]*`[^)]*\):", re.MULTILINE)
+_DOC_STRING_VALUE = re.compile(r"`([\"'])(\w+)\1`")
+
+
+def _documented_values(doc: str) -> dict[str, list[str]]:
+    """Argument -> the string values its docstring entry names (```"dense"` or `"sparse"```):
+    the kinds a per-layer list may hold, where the code compares only with one of them."""
+    found: dict[str, list[str]] = {}
+    entries = list(_DOC_ENTRY.finditer(doc))
+    for entry, following in zip(entries, [*entries[1:], None]):
+        text = doc[entry.end() : following.start() if following else len(doc)]
+        values = [match.group(2) for match in _DOC_STRING_VALUE.finditer(text)]
+        if values:
+            found[entry.group(1)] = list(dict.fromkeys(values))
+    return found
 
 
 def run_transformers_job(job: dict[str, Any], writer: ResultWriter) -> None:
@@ -688,6 +912,9 @@ def run_transformers_job(job: dict[str, Any], writer: ResultWriter) -> None:
     available = find_model_classes(original_module)
     available_names = [c.__name__ for c in available]
     sites = [PatchedSite.from_json(site) for site in job.get("sites", [])]
+    for site in sites:
+        if site.hosts is not None:  # the classes a check can start from
+            site.hosts = [name for name in site.hosts if name in available_names]
     writer.data["sites"] = [site.to_json() for site in sites]
     requested = job.get("classes")
     if requested:
@@ -730,13 +957,27 @@ def run_transformers_job(job: dict[str, Any], writer: ResultWriter) -> None:
             return verdict
 
     verdicts: list[dict[str, Any]] = []
+    slowest = 0.0
     for name in names:
         writer.start(name)
+        began = time.perf_counter()
         verdicts.append(check(name, {}))
+        slowest = max(slowest, time.perf_counter() - began)
         writer.add(verdicts[-1])
     if sites:
-        defaults = _config_defaults(original_module, names)
-        _reach(names, verdicts, sites, check, available_names, bool(requested), defaults, writer)
+        defaults = _config_defaults(original_module, available_names)
+        _reach(
+            names,
+            verdicts,
+            sites,
+            check,
+            available_names,
+            bool(requested),
+            defaults,
+            writer,
+            job.get("time_budget"),
+            slowest,
+        )
 
 
 def _resolve_factory(spec: str, alias: str) -> tuple[Any, ModuleType]:
