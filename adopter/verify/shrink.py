@@ -199,6 +199,7 @@ def shrink_config_dict(defaults: dict[str, Any], setting: ShrinkSetting) -> dict
     _shrink_width_lists(defaults, overrides, setting)
     _align_expert_widths(defaults, overrides)
     _keep_expanded_heads(defaults, overrides)
+    _keep_query_groups(defaults, overrides)
     _derive_head_dim(defaults, overrides)
     _follow_sub_config_widths(defaults, overrides)
     _shrink_layer_patterns(defaults, overrides)
@@ -584,6 +585,9 @@ def _keep_layer_kinds(
             # Per-layer values (Gemma3n's ``intermediate_size`` and
             # ``activation_sparsity_pattern`` lists): distinct values are kinds too.
             or (_PER_LAYER_VALUES.search(key) and all(_is_number(v) for v in value))
+            # A flag per layer under an index-list name (SmolLM3's and Llama 4's
+            # ``no_rope_layers``: 1 or 0 for each of the layers) repeats its values.
+            or (_per_layer_flags(key, value))
         )
     }
     indices = {
@@ -595,6 +599,7 @@ def _keep_layer_kinds(
         and isinstance(value, (list, tuple))
         and value
         and all(_is_int(v) and 0 <= v < old for v in value)
+        and not _per_layer_flags(key, value)
     }
     # Per-layer settings keyed by layer index (``per_layer_config: {"05": {...}}``).
     keyed = {
@@ -640,6 +645,38 @@ def _keep_layer_kinds(
     for other, (other_old, _) in reduced.items():
         if other_old == old:
             overrides[other] = len(chosen)
+
+
+_KV_HEADS = re.compile(r"^(num_key_value_heads|n_kv_heads|num_kv_heads|n_head_kv)$")
+
+
+def _keep_query_groups(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Grouped-query attention stays grouped: where the default configuration has at least
+    twice as many query heads as key/value heads, the shrunk one has half as many key/value
+    heads as query heads (shrinking both to the same count made every such model multi-head,
+    so the code that repeats key/value heads never ran, and layers that double their key/value
+    heads, MiMo-V2's sliding-window ones, ended up with more of them than query heads)."""
+    heads = overrides.get("num_attention_heads")
+    default_heads = defaults.get("num_attention_heads")
+    if not (_is_int(heads) and _is_int(default_heads) and heads >= 2):
+        return
+    for key, value in defaults.items():
+        if not (isinstance(key, str) and _KV_HEADS.match(key) and _is_int(value) and value > 0):
+            continue
+        if default_heads >= 2 * value and default_heads % value == 0:
+            overrides[key] = heads // 2
+
+
+def _per_layer_flags(key: str, value: Any) -> bool:
+    """A list under an index-list name that holds one repeated small int per layer rather than
+    distinct layer indices: a repeat cannot be an index list."""
+    return (
+        bool(_LAYER_INDICES.search(key))
+        and isinstance(value, (list, tuple))
+        and len(value) > 1
+        and all(_is_int(v) for v in value)
+        and len(set(value)) < len(value)
+    )
 
 
 def _layer_index(key: Any, layers: int) -> int | None:

@@ -401,3 +401,23 @@ def test_per_layer_value_lists_follow_the_kept_layers() -> None:
     assert overrides["intermediate_size"] == [TINY.intermediate] * 2
     assert overrides["activation_sparsity_pattern"] == [0.95, 0.0]
     assert "conv_stride" not in overrides
+
+
+def test_grouped_query_attention_stays_grouped() -> None:
+    tiny = SHRINK_SETTINGS[0]
+    assert tiny is not None
+    grouped = {"hidden_size": 4096, "num_attention_heads": 64, "num_key_value_heads": 4}
+    shrunk = shrink_config_dict(grouped, tiny)
+    assert shrunk["num_attention_heads"] == 2 and shrunk["num_key_value_heads"] == 1
+    multi_head = {"hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 32}
+    assert shrink_config_dict(multi_head, tiny)["num_key_value_heads"] == 2
+
+
+def test_a_flag_per_layer_under_an_index_list_name_keeps_each_kind() -> None:
+    tiny = SHRINK_SETTINGS[0]
+    assert tiny is not None
+    flags = {"num_hidden_layers": 8, "no_rope_layers": [1, 1, 1, 0, 1, 1, 1, 0]}
+    shrunk = shrink_config_dict(flags, tiny)
+    assert shrunk["no_rope_layers"] == [1, 0] and shrunk["num_hidden_layers"] == 2
+    indices = {"num_hidden_layers": 8, "mlp_only_layers": [0, 5]}
+    assert shrink_config_dict(indices, tiny)["mlp_only_layers"] == [0]
