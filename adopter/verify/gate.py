@@ -160,4 +160,9 @@ def keep_verified(
 
 
 def describe(path: str | Path, gated: GatedFile) -> str:
-    return f"{path}: {gated.status} - {gated.reason}"
+    """The file's verdict, then each rule whose sites are left unwritten and why: a kept file
+    may still drop some rules, and each of their sites is skipped for that reason."""
+    lines = [f"{path}: {gated.status} - {gated.reason}"]
+    if gated.text is not None:
+        lines += [f"  not written: {rule}: {why}" for rule, why in gated.dropped_rules.items()]
+    return "\n".join(lines)

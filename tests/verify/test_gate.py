@@ -11,7 +11,7 @@ from adopter.dsl import parse_rules
 from adopter.match import Matcher
 from adopter.rewrite import rewrite_text
 from adopter.rules import load_rule_set
-from adopter.verify.gate import gate_rewrites
+from adopter.verify.gate import describe, gate_rewrites
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("transformers") is None, reason="needs transformers"
@@ -43,3 +43,6 @@ def test_refuted_rule_is_dropped_and_the_good_one_kept():
     assert "bad.1" in gated.dropped_rules and "refuted" in gated.dropped_rules["bad.1"]
     assert gated.text is not None and "dim=0" not in gated.text
     assert "linear_bias_activation(" in gated.text
+    said = describe(path, gated).splitlines()
+    assert said[0].startswith(f"{path}: verified")
+    assert said[1].startswith("  not written: bad.1: refuted")
