@@ -404,9 +404,13 @@ def _referee(
             and value.dtype in _REFEREED_DTYPES
         ):
             return None
+
+    def in_float64(source: Callable[[], nn.Module]) -> SideRun:
+        return run_side(source().to(torch.float64), state64, inputs64, **side)
+
+    state64, inputs64 = _as_float64(state), _as_float64(inputs)
     try:
-        model = reference_model().to(torch.float64)
-        reference = run_side(model, _as_float64(state), _as_float64(inputs), **side)
+        reference = in_float64(reference_model)
     except Exception as exc:
         return _Referee(False, reason=f"the original model in float64 raised {_error_line(exc)}")
     reference_values = reference.labelled()
@@ -431,8 +435,7 @@ def _referee(
         # Values that are all rounding in the original's float32 run: does the patched model,
         # run in float64 as well, compute what the original does there?
         try:
-            model = patched_model().to(torch.float64)
-            patched64 = run_side(model, _as_float64(state), _as_float64(inputs), **side)
+            patched64: SideRun | None = in_float64(patched_model)
         except Exception:
             patched64 = None
         if patched64 is not None:

@@ -277,7 +277,6 @@ def _refuse_if_too_large(cls: type, config: Any, *, must_size: bool) -> None:
 def _named_parameters(exc: BaseException, model: Any, inputs: dict[str, Any]) -> tuple[str, ...]:
     """Forward parameters the error message names that the inputs leave out."""
     import inspect
-    import re
 
     params = inspect.signature(model.forward).parameters
     words = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", f"{exc} {_none_on_failing_line(exc)}")
@@ -289,7 +288,6 @@ def _none_on_failing_line(exc: BaseException) -> str:
     are ``None`` there: an optional input the model used without checking (``bbox[:, :, 0]``
     in a helper that the caller handed ``bbox=None``)."""
     import linecache
-    import re
 
     if not isinstance(exc, (TypeError, AttributeError)) or "NoneType" not in str(exc):
         return ""
