@@ -25,22 +25,22 @@ from .config_names import is_sub_config
 
 __all__ = [
     "MAX_TRIES",
-    "Path",
+    "KeyPath",
     "construct_repaired",
     "error_text",
     "repair_overrides",
     "shrunk_paths",
 ]
 
-Path = tuple[str, ...]
+KeyPath = tuple[str, ...]
 
 MAX_TRIES = 64
 """Constructor calls one repair may make (each one is a plain configuration construction)."""
 
 
-def shrunk_paths(defaults: dict[str, Any], overrides: dict[str, Any]) -> list[Path]:
+def shrunk_paths(defaults: dict[str, Any], overrides: dict[str, Any]) -> list[KeyPath]:
     """Every entry ``overrides`` changes, nested sub-configurations entry by entry."""
-    paths: list[Path] = []
+    paths: list[KeyPath] = []
     for key, new in overrides.items():
         old = defaults.get(key)
         if is_sub_config(key, old) and isinstance(new, dict):
@@ -62,7 +62,7 @@ def error_text(exc: BaseException) -> str:
 
 
 def _revert(
-    defaults: dict[str, Any], overrides: dict[str, Any], paths: Iterable[Path]
+    defaults: dict[str, Any], overrides: dict[str, Any], paths: Iterable[KeyPath]
 ) -> dict[str, Any]:
     result = copy.deepcopy(overrides)
     for path in paths:
@@ -76,7 +76,7 @@ def _revert(
     return result
 
 
-def _value(tree: dict[str, Any], path: Path) -> Any:
+def _value(tree: dict[str, Any], path: KeyPath) -> Any:
     for key in path:
         if not isinstance(tree, dict) or key not in tree:
             return None
@@ -84,7 +84,7 @@ def _value(tree: dict[str, Any], path: Path) -> Any:
     return tree
 
 
-def _cost(defaults: dict[str, Any], overrides: dict[str, Any], path: Path) -> float:
+def _cost(defaults: dict[str, Any], overrides: dict[str, Any], path: KeyPath) -> float:
     """How much reverting ``path`` grows the configuration: the ratio of default to shrunk
     size (1 for entries that are no sizes)."""
     old, new = _value(defaults, path), _value(overrides, path)
@@ -102,7 +102,7 @@ def _ratio(old: Any, new: Any) -> float:
     return 1.0
 
 
-def _named(paths: list[Path], overrides: dict[str, Any], message: str) -> list[Path]:
+def _named(paths: list[KeyPath], overrides: dict[str, Any], message: str) -> list[KeyPath]:
     """The entries an error message names (``codebook_size``, ``adaptor_config.hidden_size``),
     then those whose shrunk value it quotes (``... in a head of width 8``; values above 3, as
     smaller numbers are everywhere)."""
@@ -129,7 +129,7 @@ def construct_repaired(
     construct: Constructor,
     defaults: dict[str, Any],
     overrides: dict[str, Any],
-    revertible: list[Path],
+    revertible: list[KeyPath],
     subs: SubConstructors | None = None,
     max_tries: int = MAX_TRIES,
 ) -> Any:
@@ -143,7 +143,7 @@ def repair_overrides(
     construct: Constructor,
     defaults: dict[str, Any],
     overrides: dict[str, Any],
-    revertible: list[Path],
+    revertible: list[KeyPath],
     subs: SubConstructors | None = None,
     max_tries: int = MAX_TRIES,
 ) -> dict[str, Any]:
@@ -166,7 +166,7 @@ def repair_overrides(
     retry_as_is = repaired != overrides  # the sub-configurations' repairs may be enough
     overrides = repaired
     message = error_text(first)
-    reverted: list[Path] = []
+    reverted: list[KeyPath] = []
     pending = [p for p in revertible if _value(overrides, p) is not None or len(p) == 1]
     tries = 0
     while tries < max_tries:
@@ -200,7 +200,7 @@ def repair_overrides(
 def _repair_sub_configs(
     defaults: dict[str, Any],
     overrides: dict[str, Any],
-    revertible: list[Path],
+    revertible: list[KeyPath],
     subs: SubConstructors | None,
     max_tries: int,
 ) -> dict[str, Any]:
