@@ -296,25 +296,20 @@ def _display_path(path: str) -> str:
 
 
 def _print_table(sites, result, rules) -> None:
-    from rich.table import Table
-
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console.width = 160
-    if sites:
-        table = Table(show_lines=False, header_style="bold")
-        for column in ("location", "rule", "class.method", "message"):
-            table.add_column(column, overflow="fold")
-        for site in sites:  # Text cells: paths and rule texts are never Rich markup
-            owner = f"{site.cls}.{site.method}" if site.cls else site.method
-            message = (
-                Text(site.message)
-                if site.applicable
-                else Text(f"not applicable: {site.reason}", style="dim")
-            )
-            location = f"{_display_path(site.path)}:{site.line}:{site.column}"
-            table.add_row(Text(location), Text(site.rule.id), Text(owner), message)
-        console.print(table)
+    # One line per site, `path:line:col: rule [Class.method] message`, as ruff and compilers print
+    # them: a table folds a long path over several lines (by the terminal's width), and a folded
+    # path can be neither copied nor clicked.
+    console = Console(highlight=False, soft_wrap=True)
+    for site in sites:  # Text: paths and rule texts are never Rich markup
+        owner = f"{site.cls}.{site.method}" if site.cls else site.method
+        line = Text(f"{_display_path(site.path)}:{site.line}:{site.column}: ")
+        line.append(site.rule.id, style="bold")
+        line.append(f" [{owner}] ")
+        if site.applicable:
+            line.append(site.message)
+        else:
+            line.append(f"not applicable: {site.reason}", style="dim")
+        console.print(line)
     files = len(result.files)
     console.print(
         f"{len(result.sites)} site(s) in {files} file(s), {len(rules)} rule(s), "
@@ -828,26 +823,20 @@ def _print_verdicts(rows: list[dict[str, object]], output_format: str) -> None:
     if output_format == "json":
         typer.echo(json.dumps(rows, indent=2, default=str))
         return
-    from rich.table import Table
-
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console.width = 160
-    table = Table(header_style="bold")
-    for column in ("file", "class", "verdict", "largest |diff|", "reason"):
-        table.add_column(column, overflow="fold")
+    # One line per class, the path first and whole (`path: Class: verdict ...`): a table folds
+    # long paths by the terminal's width, and a folded path can be neither copied nor clicked.
+    console = Console(highlight=False, soft_wrap=True)
     colors = {"verified": "green", "refuted": "red"}
-    for row in rows:  # Text cells: paths, class names and reasons are never Rich markup
+    for row in rows:  # Text: paths, class names and reasons are never Rich markup
         diff = row.get("max_abs_diff")
         status = str(row["status"])
-        table.add_row(
-            Text(_display_path(str(row["path"]))),
-            Text(str(row["class"])),
-            Text(status, style=colors.get(status, "yellow")),
-            Text("" if diff is None else f"{diff:.2e} ({row.get('where') or ''})"),
-            Text(str(row.get("reason") or "")),
-        )
-    console.print(table)
+        line = Text(f"{_display_path(str(row['path']))}: {row['class']}: ")
+        line.append(status, style=colors.get(status, "yellow"))
+        if diff is not None:
+            line.append(f" (largest |diff| {diff:.2e} at {row.get('where') or '?'})")
+        if row.get("reason"):
+            line.append(f": {row['reason']}")
+        console.print(line)
     counts: dict[str, int] = {}
     for row in rows:
         if row.get("kind", "file") == "file":

@@ -201,3 +201,24 @@ def test_launcher_decides_help_from_the_arguments():
     assert wants_help([])
     assert wants_help(["scan", "--help"])
     assert not wants_help(["scan", "model.py", "--format", "json"])
+
+
+@pytest.mark.parametrize("columns", ["40", "80", "300"])
+def test_a_long_path_is_printed_whole_on_one_line_at_any_terminal_width(tmp_path, columns):
+    # A table folds a path longer than its column over several lines, so the location can be
+    # neither copied nor clicked, and a test that looks for it depends on the tmp folder's length.
+    folder = tmp_path / ("deep_" * 30) / ("nested_" * 10)
+    folder.mkdir(parents=True)
+    model = folder / "attention_module.py"
+    model.write_text(GOOD)
+    environment = {**os.environ, "COLUMNS": columns, "TERM": "xterm-256color"}
+    done = subprocess.run(
+        [sys.executable, "-m", "adopter", "scan", str(model)],
+        capture_output=True,
+        text=True,
+        env=environment,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    location = f"{model.relative_to(tmp_path)}:7:16: paper.4"
+    assert [line for line in done.stdout.splitlines() if line.startswith(location)], done.stdout

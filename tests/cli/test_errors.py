@@ -144,7 +144,7 @@ def test_markup_in_error_messages_is_printed_verbatim(tmp_path):
     assert result.exit_code == 2 and "unknown rule(s): [/]" in text
 
 
-def test_verify_table_prints_markup_verbatim(tmp_path, monkeypatch):
+def test_verify_table_prints_markup_verbatim(tmp_path, monkeypatch, capsys):
     from adopter import cli
 
     rows = [
@@ -158,6 +158,9 @@ def test_verify_table_prints_markup_verbatim(tmp_path, monkeypatch):
         }
     ]
     cli._print_verdicts(rows, "table")  # must not raise MarkupError
+    printed = capsys.readouterr().out
+    # the path whole on its line, however long the tmp folder's path is
+    assert f"{tmp_path / '[red]m.py'}: [/]: not checkable: [bold]why[/] [/]" in printed
 
 
 # -- item 9: usage errors and pathological input -----------------------------------------------
