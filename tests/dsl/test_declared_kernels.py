@@ -235,3 +235,17 @@ def test_run_with_a_bad_rule_exits_2_with_the_located_message(tmp_path):
     assert result.returncode == 2
     assert f"{bad}:7:9: rule mine.1: the replacement calls `os.system`" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_cached_parse_is_checked_again_on_every_load(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    make_third_party(tmp_path)
+    rule = write_rule(tmp_path, "fastpkg.fast_softmax", "fastpkg.fast_softmax")
+    with monkeypatch.context() as patched:
+        patched.syspath_prepend(str(tmp_path / "site"))
+        load_rule_file(rule)  # parsed, checked and cached
+    importlib.invalidate_caches()
+    assert any((tmp_path / "xdg-cache").rglob("*.pickle"))
+    # The package is gone from the path: the cached parse must not skip the check.
+    with pytest.raises(DslError, match=r"mine\.adopt:3:13: .* 'fastpkg' is not on the import"):
+        load_rule_file(rule)
