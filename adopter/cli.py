@@ -304,6 +304,8 @@ def _print_table(sites, result, rules) -> None:
         owner = f"{site.cls}.{site.method}" if site.cls else site.method
         line = Text(f"{_display_path(site.path)}:{site.line}:{site.column}: ")
         line.append(site.rule.id, style="bold")
+        if site.rule.third_party_kernel:
+            line.append(f" (third-party kernel {site.rule.kernel})")
         line.append(f" [{owner}] ")
         if site.applicable:
             line.append(site.message)
@@ -459,11 +461,23 @@ def apply(
         done, not_written = write_changed(result, options, say)
     for line in result.skip_lines():
         say(line)
+    for line in _third_party_lines(rules, result):
+        say(line)
     say(result.summary(done, written=write, not_written=not_written))
     if result.errors or not_written:
         raise typer.Exit(EXIT_ERROR)
     if check and result.changed:
         raise typer.Exit(1)
+
+
+def _third_party_lines(rules: list[Rule], result) -> list[str]:
+    """One line per rule with a third-party kernel that found a site: its call is not Adopter's."""
+    found = {site_result.site.rule.id for site_result in result.results}
+    return [
+        f"rule {rule.id} calls the third-party kernel {rule.kernel}"
+        for rule in rules
+        if rule.third_party_kernel and rule.id in found
+    ]
 
 
 @app.command()

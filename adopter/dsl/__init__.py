@@ -1,5 +1,6 @@
 """The Adopter DSL: model-structure sequences and ``pattern => replacement`` rules."""
 
+from .declared import check_declared_kernels
 from .errors import DslError, LocatedError
 from .loading import leading_comment, load_rule_file, parse_rules, parse_sequence
 from .syntax import (
@@ -35,6 +36,7 @@ __all__ = [
     "Step",
     "Var",
     "Wildcard",
+    "check_declared_kernels",
     "format_sequence",
     "leading_comment",
     "load_rule_file",

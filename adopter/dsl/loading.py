@@ -16,6 +16,7 @@ from functools import cache
 from pathlib import Path
 
 from ..files import FileRefused, read_text_file
+from .declared import check_declared_kernels
 from .errors import DslError
 from .syntax import Rule, Step
 
@@ -36,9 +37,14 @@ def parse_sequence(text: str, path: str = "<string>") -> list[Step]:
     return parse(text, path)
 
 
-def load_rule_file(path: str | Path) -> list[Rule]:
-    """Read and parse one rule file, attaching its leading comment block as documentation.
+def load_rule_file(path: str | Path, *, use_cache: bool = True) -> list[Rule]:
+    """Read and parse one rule file, attaching its leading comment block as documentation, and
+    check that each rule calls only its declared kernel (:mod:`adopter.dsl.declared`).
 
+    This is where every command's rules come from (built-in sets and user files alike), so the
+    check runs on every load, also of a cached parse: whether a third-party kernel is on the
+    import path depends on the environment, not on the text. ``use_cache=False`` neither reads
+    nor writes the parse cache (the runtime, which runs what it derives from the rules).
     Only a regular file of at most :func:`adopter.files.max_file_bytes` is read (a FIFO or a
     device such as ``/dev/zero`` would never end)."""
     path = Path(path)
@@ -53,15 +59,16 @@ def load_rule_file(path: str | Path) -> list[Rule]:
     except OSError as error:
         raise DslError(str(path), 1, 1, f"cannot read rule file: {error.strerror}") from None
     key = _cache_key(text, str(path))
-    cached = _load_cached(key)
-    if cached is not None:
-        return cached
-    doc = leading_comment(text)
-    try:
-        rules = [_with_doc(rule, doc) for rule in parse_rules(text, str(path))]
-    except RecursionError:  # the parser bounds nesting; this is the backstop
-        raise DslError(str(path), 1, 1, "rule nested too deeply") from None
-    _store_cached(key, rules)
+    rules = _load_cached(key) if use_cache else None
+    if rules is None:
+        doc = leading_comment(text)
+        try:
+            rules = [_with_doc(rule, doc) for rule in parse_rules(text, str(path))]
+        except RecursionError:  # the parser bounds nesting; this is the backstop
+            raise DslError(str(path), 1, 1, "rule nested too deeply") from None
+        if use_cache:
+            _store_cached(key, rules)
+    check_declared_kernels(rules)
     return rules
 
 
@@ -116,10 +123,14 @@ def _trusted_cache_dir(create: bool) -> Path | None:
     return folder
 
 
+# Bumped when :class:`Rule` gains a field, so that no parse pickled before is read back.
+_SYNTAX_VERSION = "rule-kernel-at"
+
+
 def _cache_key(text: str, path: str) -> str:
     """The name of the parse of this exact text (for this grammar and this path)."""
     digest = hashlib.sha256()
-    for part in (text, path, _grammar_text(), str(pickle.HIGHEST_PROTOCOL)):
+    for part in (text, path, _grammar_text(), str(pickle.HIGHEST_PROTOCOL), _SYNTAX_VERSION):
         digest.update(part.encode("utf-8"))
         digest.update(b"\0")
     return f"{digest.hexdigest()[:32]}.pickle"

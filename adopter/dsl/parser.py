@@ -258,6 +258,7 @@ class RuleParser:
     def _rule(self, node: Tree) -> Rule:
         rule_id = str(node.children[0])
         meta: dict[str, str] = {}
+        kernel_at = (node.meta.line, 1)
         pairs: list[tuple[Section | None, Section | None]] = []
         waiting: Section | None = None  # an init section not yet paired with its forward
         for child in node.children[1:]:
@@ -266,6 +267,8 @@ class RuleParser:
                 if key in meta:
                     raise self.error(child, f"{key!r} given twice in rule {rule_id}")
                 meta[key] = value
+                if key == "kernel":
+                    kernel_at = (child.children[1].line, child.children[1].column)
                 continue
             section = self._section(child, rule_id)
             if section.kind == "init":
@@ -285,7 +288,10 @@ class RuleParser:
             raise self.error(node, f"rule {rule_id} has neither an init nor a forward section")
         # Each init/forward pair after the first is a variant: another spelling of the same
         # computation, with its own patterns and replacement.
-        spellings = [self._spelling(node, rule_id, meta, init, forward) for init, forward in pairs]
+        spellings = [
+            replace(self._spelling(node, rule_id, meta, init, forward), kernel_at=kernel_at)
+            for init, forward in pairs
+        ]
         return replace(spellings[0], variants=tuple(spellings[1:]))
 
     def _spelling(

@@ -176,6 +176,8 @@ class Rule:
     source: str = "<string>"
     line: int = 0
     doc: str = field(default="", compare=False)
+    # Where the ``kernel:`` value is (line, column), so that a load error can point at it.
+    kernel_at: tuple[int, int] = field(default=(0, 0), compare=False)
     # Other spellings of the same computation: rules with this rule's metadata, each with its
     # own ``init``/``forward`` pair (written as further pairs in the rule's block).
     variants: tuple[Rule, ...] = ()
@@ -184,6 +186,11 @@ class Rule:
     def spellings(self) -> tuple[Rule, ...]:
         """This rule and its variants: what a matcher compiles."""
         return (self, *self.variants)
+
+    @property
+    def third_party_kernel(self) -> bool:
+        """The declared kernel is not one of ``adopter.kernels``' (scan and apply say so)."""
+        return bool(self.kernel) and not self.kernel.startswith("adopter.kernels.")
 
     @property
     def detect_only(self) -> bool:

@@ -100,6 +100,10 @@ class Site:
             "method": self.method,
             "message": self.message,
         }
+        if self.rule.kernel:
+            record["kernel"] = self.rule.kernel
+        if self.rule.third_party_kernel:  # not one of adopter.kernels: the user's to trust
+            record["third_party"] = True
         if not self.applicable:
             record["applicable"] = False
             record["reason"] = self.reason

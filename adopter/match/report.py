@@ -25,7 +25,7 @@ def sarif_log(sites: list[Site], rules: list[Rule]) -> dict[str, object]:
             "shortDescription": {"text": rule.description or rule.name},
             "fullDescription": {"text": rule.doc or rule.description or rule.name},
             "help": {"text": rule.doc or rule.description or rule.name},
-            "properties": {"kernel": rule.kernel},
+            "properties": {"kernel": rule.kernel, "thirdPartyKernel": rule.third_party_kernel},
         }
         for rule in rules
     ]

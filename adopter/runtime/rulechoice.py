@@ -1,10 +1,12 @@
 """Which rules the runtime patches with, and a fingerprint of them that keys the cache.
 
 The fingerprint comes from the rule files' bytes, so a warm start never parses a rule: Lark and
-the rules are loaded only when a module has to be rewritten. Rules are parsed from their text
-here (not through :func:`adopter.dsl.load_rule_file`, whose parse cache lives in the shared temp
-folder and is unpickled from there): the runtime executes what it derives from them inside the
-user's training process.
+the built-in rules are loaded only when a module has to be rewritten. Rules are loaded without
+the parse cache (``load_rule_file(..., use_cache=False)``: the cache is unpickled, and the runtime
+executes what it derives from the rules inside the user's training process). A user's own rule
+files and rule objects are checked at once, when the choice is made, so that a rule calling
+anything but its declared kernel fails ``adopter.patch`` before a module is patched
+(:mod:`adopter.dsl.declared`); the built-in sets pass that check (their tests load them).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..dsl import Rule, parse_rules
+from ..dsl import Rule, check_declared_kernels, load_rule_file
 from ..rules import RULE_SETS, rule_files
 
 DEFAULT_RULE_SET = "all"
@@ -60,6 +62,11 @@ class RuleChoice:
         if isinstance(select, str):
             select = [part for part in select.split(",")]
         wanted = tuple(part.strip() for part in select or () if part.strip())
+        built_in = {path.resolve() for name in RULE_SETS for path in rule_files(name)}
+        for path in files:
+            if path not in built_in:
+                load_rule_file(path, use_cache=False)  # DslError for a rule that fails the check
+        check_declared_kernels(objects)
         return cls(tuple(dict.fromkeys(files)), tuple(objects), wanted)
 
     @property
@@ -80,7 +87,7 @@ class RuleChoice:
         if self._loaded is None:
             loaded: list[Rule] = []
             for path in self.files:
-                loaded.extend(parse_rules(path.read_text(encoding="utf-8"), str(path)))
+                loaded.extend(load_rule_file(path, use_cache=False))
             loaded.extend(self.objects)
             if self.select:
                 loaded = [rule for rule in loaded if _selected(rule.id, self.select)]

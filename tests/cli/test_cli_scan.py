@@ -59,7 +59,9 @@ def test_scan_json(tmp_path):
     (record,) = json.loads(result.stdout)
     assert record["rule"] == "paper.4"
     assert record["line"] == 7 and record["class"] == "Attention" and record["method"] == "forward"
-    assert set(record) == {"rule", "name", "path", "line", "col", "class", "method", "message"}
+    assert set(record) == {
+        *("rule", "name", "path", "line", "col", "class", "method", "message", "kernel")
+    }
 
 
 def test_scan_sarif(tmp_path):

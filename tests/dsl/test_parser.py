@@ -113,7 +113,11 @@ def test_rule_file_errors(tmp_path):
         load_rule_file(bad)
 
 
-def test_rule_file_keeps_header_as_doc(tmp_path):
+def test_rule_file_keeps_header_as_doc(tmp_path, monkeypatch):
+    # Loading checks that the third-party kernel's package is on the import path.
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
     path = tmp_path / "r.adopt"
     path.write_text(RULE)
     (rule,) = load_rule_file(path)

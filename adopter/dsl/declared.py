@@ -1,0 +1,281 @@
+"""A rule calls only the kernel it declares: checked when rules are loaded, for every command.
+
+A rule's replacement is code that ``apply --write`` writes into the user's files and that
+``adopter run`` / ``adopter.patch`` compile into the running process, so what it may call is
+fixed before anything is matched:
+
+* ``kernel:`` names either a registered kernel of ``adopter.kernels`` (the registry's
+  :data:`~adopter.kernels.registry.ENTRIES`, kernels and attention factories, not helpers) or a
+  third-party function, ``package.function``, whose top-level package is on the import path (and
+  not in the standard library: ``os.system`` is no kernel);
+* the replacement calls that kernel (``kernel(...)``, or ``kernel(Class)(...)`` for a factory),
+  the rule's ``$variables`` and their public methods (``$x.view(...)``), nothing else; a guard
+  (``=> if k(...) {``) calls ``kernel.attribute`` or a function of the kernel's own module (for
+  ``adopter.kernels``: a registered helper defined beside the kernel, ``fused_loss_applies``);
+* a name passed as an argument is one the rule's own patterns mention (``BertSelfAttention``,
+  ``self.weight``): code the matched source already runs, never a new reference.
+
+Anything else is a :class:`DslError` at the place in the ``.adopt`` file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import keyword
+import sys
+from collections.abc import Iterable, Iterator
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+from .errors import DslError
+from .syntax import (
+    Attribute,
+    Call,
+    Expr,
+    Index,
+    Keyword,
+    Literal,
+    Name,
+    Positional,
+    Rule,
+    Step,
+    Var,
+    Wildcard,
+)
+
+__all__ = ["KERNEL_PACKAGE", "check_declared_kernels", "registered_kernels"]
+
+KERNEL_PACKAGE = "adopter.kernels"
+
+# The registry is read from its file, not imported as ``adopter.kernels.registry``: importing any
+# submodule first runs ``adopter/kernels/__init__.py``, which imports every kernel and so torch,
+# and scan and apply never need torch. ``registry.py`` itself imports only the standard library
+# (its docstring says so and ``tests/dsl/test_declared_kernels.py`` checks that loading it this
+# way leaves torch unimported), so executing it alone gives the one list of kernels without a
+# second copy of it. ``kernels/`` is a leaf of the pipeline, so the DSL may read its name table.
+_REGISTRY_PATH = Path(__file__).resolve().parent.parent / "kernels" / "registry.py"
+
+
+@cache
+def _registry() -> ModuleType:
+    already = sys.modules.get(f"{KERNEL_PACKAGE}.registry")
+    if already is not None:
+        return already
+    name = "adopter._kernel_registry_names"  # private: not the package's own module object
+    spec = importlib.util.spec_from_file_location(name, _REGISTRY_PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is made
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[name]
+    return module
+
+
+@cache
+def registered_kernels() -> dict[str, tuple[str, str]]:
+    """``{name: (role, module)}`` of every public name of ``adopter.kernels``, without torch."""
+    return {entry.name: (str(entry.role), entry.module) for entry in _registry().ENTRIES}
+
+
+_CALLABLE_ROLES = ("kernel", "attention factory")
+
+
+def check_declared_kernels(rules: Iterable[Rule]) -> None:
+    """Raise :class:`DslError`, at the place in the rule file, for the first rule whose kernel
+    is unknown or whose replacement calls anything but its declared kernel."""
+    for rule in rules:
+        _check_kernel(rule)
+        for spelling in rule.spellings:
+            _check_replacements(rule, spelling)
+
+
+def _error_at_kernel(rule: Rule, message: str) -> DslError:
+    line, column = rule.kernel_at if rule.kernel_at[0] else (rule.line, 1)
+    return DslError(rule.source, line, column, f"rule {rule.id}: {message}")
+
+
+def _check_kernel(rule: Rule) -> None:
+    kernel = rule.kernel
+    if not kernel:
+        return  # a rule without a kernel may only detect; _check_replacements says so
+    parts = kernel.split(".")
+    if len(parts) < 2 or not all(p.isidentifier() and not keyword.iskeyword(p) for p in parts):
+        raise _error_at_kernel(
+            rule,
+            f"kernel {kernel!r} is not a dotted name module.function "
+            "(e.g. adopter.kernels.softmax, or flash_attn.flash_attn_func for a third-party one)",
+        )
+    package, _, name = kernel.rpartition(".")
+    if package == KERNEL_PACKAGE:
+        known = registered_kernels()
+        if name not in known:
+            near = difflib.get_close_matches(name, list(known), n=1)
+            hint = f"; did you mean {KERNEL_PACKAGE}.{near[0]}?" if near else ""
+            raise _error_at_kernel(
+                rule, f"kernel {kernel!r} is not a registered kernel of {KERNEL_PACKAGE}{hint}"
+            )
+        if known[name][0] not in _CALLABLE_ROLES:
+            raise _error_at_kernel(
+                rule, f"{kernel!r} is a helper of {KERNEL_PACKAGE}, not a kernel"
+            )
+        return
+    top = parts[0]
+    if top == "adopter":
+        raise _error_at_kernel(
+            rule, f"kernel {kernel!r}: Adopter's kernels are {KERNEL_PACKAGE}.<name>"
+        )
+    if top in sys.stdlib_module_names or top in sys.builtin_module_names:
+        raise _error_at_kernel(
+            rule, f"kernel {kernel!r} is in the standard library ({top}), not a kernel"
+        )
+    if not _on_import_path(top):
+        raise _error_at_kernel(
+            rule, f"third-party kernel {kernel!r}: package {top!r} is not on the import path"
+        )
+
+
+def _on_import_path(top_level: str) -> bool:
+    """Whether a top-level package or module can be imported, without importing it.
+
+    ``importlib.util.find_spec`` of a dotted name imports every parent package (running their
+    ``__init__``), so only the top-level name is looked up: for it, the finders on
+    ``sys.meta_path`` locate the package's files (or return the spec of an already imported
+    module) and run none of its code. The rest of the kernel's name (submodules, the function)
+    cannot be checked without importing the package; a missing one fails where it is imported.
+    """
+    try:
+        return importlib.util.find_spec(top_level) is not None
+    except (ImportError, ValueError):  # a module in sys.modules without a spec, a broken finder
+        return False
+
+
+# -- what a replacement calls ---------------------------------------------------------------------
+
+
+def _replacement_steps(spelling: Rule) -> Iterator[tuple[Step, bool]]:
+    """Every step of the spelling's replacements, with whether it is a guard."""
+    for section in (spelling.init, spelling.forward):
+        if section is None or not isinstance(section.replacement, tuple):
+            continue
+        if section.guard is not None:
+            yield section.guard, True
+        for step in section.replacement:
+            yield step, False
+
+
+def _pattern_names(spelling: Rule) -> set[str]:
+    """Every dotted name the spelling's patterns mention, with each dotted prefix of them."""
+    found: set[str] = set()
+    for section in (spelling.init, spelling.forward):
+        if section is None:
+            continue
+        for step in section.steps + section.where:
+            for expr in _expressions(Call(step.callee, step.args)):
+                if isinstance(expr, Name):
+                    parts = expr.dotted.split(".")
+                    found.update(".".join(parts[: end + 1]) for end in range(len(parts)))
+    return found
+
+
+def _expressions(expr: Expr) -> Iterator[Expr]:
+    stack = [expr]
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, Index):
+            stack += [node.base, node.item]
+        elif isinstance(node, Call):
+            stack.append(node.base)
+            stack += [a.value for a in node.args if isinstance(a, (Positional, Keyword))]
+
+
+def _callee_text(callee: Expr) -> str:
+    return str(callee.base) if isinstance(callee, Call) else str(callee)
+
+
+def _check_replacements(rule: Rule, spelling: Rule) -> None:
+    names = _pattern_names(spelling)
+    for step, guard in _replacement_steps(spelling):
+        if isinstance(step.callee, Literal) and not step.args:
+            continue  # ``None -> $logits``: a value, no call
+        column = step.column + (1 if step.construct else 0)  # past the ``@``
+        where = (spelling.source, step.line, column)
+        if not rule.kernel:
+            raise DslError(
+                *where,
+                f"rule {rule.id}: the replacement calls `{_callee_text(step.callee)}`, but the "
+                'rule declares no kernel (add `kernel: "module.function"`)',
+            )
+        if guard:
+            allowed = _allowed_guard(rule.kernel, step.callee)
+        else:
+            allowed = _allowed_call(rule.kernel, step.callee)
+        if not allowed:
+            raise DslError(
+                *where,
+                f"rule {rule.id}: the replacement calls `{_callee_text(step.callee)}`; it may "
+                f"call only its declared kernel `{rule.kernel}` and the rule's $variables",
+            )
+        arguments = list(step.args)
+        if isinstance(step.callee, Call):  # ``kernel(Class)(...)``: the factory's arguments too
+            arguments += list(step.callee.args)
+        for argument in arguments:
+            if isinstance(argument, (Positional, Keyword)):
+                _check_argument(rule, spelling, step, argument.value, names)
+
+
+def _allowed_call(kernel: str, callee: Expr) -> bool:
+    if isinstance(callee, Name):
+        return callee.dotted == kernel
+    if isinstance(callee, Call):  # an attention factory: ``kernel(Class)(args)``
+        return isinstance(callee.base, Name) and callee.base.dotted == kernel
+    return _bound_method(callee)
+
+
+def _bound_method(callee: Expr) -> bool:
+    """``$module(...)`` or ``$x.view(...)``: a value the pattern bound, or its public method."""
+    if isinstance(callee, Var):
+        return True
+    return isinstance(callee, Attribute) and not callee.name.startswith("_")
+
+
+def _allowed_guard(kernel: str, callee: Expr) -> bool:
+    """The kernel's run-time test: ``kernel.applies``, or a function of the kernel's module
+    (of ``adopter.kernels``: a registered name defined in the same submodule as the kernel)."""
+    if not isinstance(callee, Name):
+        return False
+    module, _, name = callee.dotted.rpartition(".")
+    if module == kernel:
+        return True
+    kernel_module, _, kernel_name = kernel.rpartition(".")
+    if module != kernel_module:
+        return False
+    if module != KERNEL_PACKAGE:
+        return True
+    known = registered_kernels()
+    return name in known and known[name][1] == known[kernel_name][1]
+
+
+def _check_argument(rule: Rule, spelling: Rule, step: Step, value: Expr, names: set[str]) -> None:
+    """An argument is a $variable (or its attribute), a literal, ``_``, or a name the patterns
+    mention; a call or subscript would run code the declared kernel does not."""
+    if isinstance(value, (Var, Attribute, Literal, Wildcard)):
+        return
+    if isinstance(value, Name) and value.dotted in names:
+        return
+    what = (
+        "a call or subscript"
+        if isinstance(value, (Call, Index))
+        else "a name its patterns do not mention"
+    )
+    raise DslError(
+        spelling.source,
+        step.line,
+        step.column,
+        f"rule {rule.id}: the replacement passes `{value}`, {what}; it passes the rule's "
+        "$variables, literals and names its patterns match",
+    )
