@@ -27,7 +27,7 @@ from typing import Any
 
 from .. import __version__
 
-FORMAT = 1
+FORMAT = 2
 _PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 
