@@ -37,7 +37,13 @@ from .cache import CacheRefused, RuntimeCache, cache_dir
 from .log import LOGGER, once
 from .prepare import Prepared, prepare
 from .rulechoice import RuleArgument, RuleChoice
-from .transplant import AppliedTransplant, Unpatchable, apply_transplant, plan_transplant
+from .transplant import (
+    AppliedTransplant,
+    Unpatchable,
+    apply_transplant,
+    plan_transplant,
+    stale_functions,
+)
 
 _LOCK = threading.RLock()
 _SKIP_MODULES = ("torch", "builtins", "adopter")
@@ -184,6 +190,17 @@ def patch_module(module: ModuleType, options: RuntimeOptions) -> ModuleOutcome:
                 return _skip(name, why)
             once(logging.DEBUG, name, f"{name}: nothing to patch")
             return ModuleOutcome(name, "unchanged")
+        try:
+            stale = stale_functions(module, prepared.original, file)
+        except (SyntaxError, ValueError, RecursionError) as error:
+            return _skip(name, f"cannot compile {file} to compare: {error}")
+        if stale:
+            shown = ", ".join(stale[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
+            return _skip(
+                name,
+                f"the running code of {shown} is not what {file} compiles to now "
+                "(the file was edited after the import, or upgraded in place)",
+            )
         try:
             transplant = plan_transplant(prepared.original, prepared.patched, file)
             applied = apply_transplant(module, transplant, file)
