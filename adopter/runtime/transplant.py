@@ -397,28 +397,24 @@ def stale_functions(module: ModuleType, original: str, filename: str) -> list[st
 
     The file is compiled whole, as the import compiled it (same flags, the interpreter's
     optimisation level), and each function the live module holds under a qualified name of
-    the file is compared with the code objects of that name (several: a property's getter and
+    the file (``co_qualname``; functions local to a function are compared as constants of it)
+    is compared with the code objects of that name (several: a property's getter and
     setter, definitions under ``if``/``else``). Comparing code, not a digest of the file taken at
     import, also covers modules imported before Adopter was, and ``.pyc`` files.
     """
-    tree = ast.parse(original, filename)
     compiled = compile(original, filename, "exec", dont_inherit=True)
     on_disk: dict[tuple[str, ...], list[CodeType]] = {}
-
-    def walk(code: CodeType, prefix: tuple[str, ...]) -> None:
-        for const in code.co_consts:
-            if isinstance(const, CodeType):
-                path = (*prefix, const.co_name)
-                on_disk.setdefault(path, []).append(const)
-                walk(const, path)
-
-    walk(compiled, ())
+    pending = [compiled]
+    while pending:  # module and class bodies hold the functions the live module can reach
+        for const in pending.pop().co_consts:
+            if isinstance(const, CodeType) and "<" not in const.co_qualname:
+                on_disk.setdefault(tuple(const.co_qualname.split(".")), []).append(const)
+                pending.append(const)
     stale: list[str] = []
-    for item in _defs(tree.body):
-        candidates = on_disk.get(item.qualname, [])
-        for function in _live_functions(module, item.qualname, filename):
+    for qualname, candidates in on_disk.items():
+        for function in _live_functions(module, qualname, filename):
             if not any(same_code(function.__code__, code) for code in candidates):
-                stale.append(item.label)
+                stale.append(".".join(qualname))
                 break
     return list(dict.fromkeys(stale))
 
