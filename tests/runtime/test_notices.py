@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import adopter
+from adopter.runtime import log
 
 HEAD = """
 from torch import nn
@@ -35,7 +36,8 @@ NOTICE = "returns logits=None"
 REPOSITORY = Path(__file__).resolve().parents[2]
 
 
-def test_the_logits_notice_is_logged_once_at_patch_time(make_package, caplog):
+def test_the_logits_notice_is_logged_once_at_patch_time(make_package, caplog, monkeypatch):
+    monkeypatch.setattr(log, "_SEEN", set())  # as in a fresh process, whatever ran before
     make_package("rt_notice", {"first.py": HEAD, "second.py": HEAD})
     caplog.set_level(logging.INFO, logger="adopter")
     first = adopter.patch("rt_notice.first", rules="modern")
