@@ -917,6 +917,12 @@ def run(
         ),
     ] = None,
     select: SelectOption = None,
+    exclude: Annotated[
+        str | None,
+        typer.Option(
+            "--exclude", help="Comma-separated rule ids (or prefixes) to leave out, e.g. modern.7."
+        ),
+    ] = None,
     packages: Annotated[
         str,
         typer.Option("--packages", help="Comma-separated packages patched as they are imported."),
@@ -934,10 +940,15 @@ def run(
     import os
 
     from .runtime.launch import run_command, run_environment
+    from .runtime.rulechoice import unmatched
 
     if not command:
         raise _fail("give the command to run, e.g. adopter run -- python train.py")
     rules = load_rules(rule_files, rule_set or ("all" if not rule_files else None), select)
+    excluded = [item.strip() for item in (exclude or "").split(",") if item.strip()]
+    unknown = unmatched(excluded, [rule.id for rule in rules])
+    if unknown:
+        raise _fail(f"--exclude names unknown rule(s): {', '.join(unknown)}")
     if not rules:
         raise _fail("no rules selected")
     names = ([rule_set] if rule_set else ["all"] if not rule_files else []) + [
@@ -947,6 +958,7 @@ def run(
         os.environ,
         rules=names,
         select=select,
+        exclude=",".join(excluded) or None,
         packages=[p.strip() for p in packages.split(",") if p.strip()],
         verify=verify,
         log_level=None if quiet else "INFO",

@@ -16,12 +16,17 @@ factory *call* in the scanned file.
 from __future__ import annotations
 
 import ast
+import contextlib
+import hashlib
+import os
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 from .names import ImportTable
-from .source import SourceError, parse_source, read_source
+from .source import SourceError, decode_source, parse_source, read_source_bytes
 
 MAX_REEXPORT_DEPTH = 4
 
@@ -35,16 +40,61 @@ class ModuleSource:
     functions: dict[str, ast.FunctionDef] = field(default_factory=dict)
     classes: dict[str, ast.ClassDef] = field(default_factory=dict)
     values: dict[str, ast.expr] = field(default_factory=dict)  # NAME = expression
+    digest: str = ""  # sha256 of the bytes parsed
+
+
+# The files of the package an analysis read, while one is recorded: path -> sha256 of the bytes
+# it used (None: looked for and absent, or unreadable). The runtime cache stores this with a
+# rewrite, so an edit to a helper in another file invalidates the rewrite of the file using it.
+_READS: ContextVar[dict[str, str | None] | None] = ContextVar("adopter_project_reads", default=None)
+
+
+@contextlib.contextmanager
+def recording_reads() -> Iterator[dict[str, str | None]]:
+    """Record the package files the analysis reads inside the block (see :data:`_READS`)."""
+    reads: dict[str, str | None] = {}
+    token = _READS.set(reads)
+    try:
+        yield reads
+    finally:
+        _READS.reset(token)
+
+
+def _note_read(path: Path, digest: str | None) -> None:
+    reads = _READS.get()
+    if reads is not None:
+        reads.setdefault(str(path), digest)
+
+
+def file_digest(path: str | Path) -> str | None:
+    """sha256 of a file's bytes; ``None`` when it cannot be read (absent, a folder, ...)."""
+    try:
+        return hashlib.sha256(read_source_bytes(path)).hexdigest()
+    except SourceError:
+        return None
+
+
+def load_module(path: Path) -> ModuleSource | None:
+    """Parse a file of the package (``None`` when it cannot be read or parsed). Parsed once
+    per version of the file: an edited file (new size, time or inode) is parsed again."""
+    try:
+        info = os.stat(path)
+        signature = (info.st_mtime_ns, info.st_size, info.st_ino)
+    except OSError:
+        signature = None
+    module = _load_module(path, signature)
+    _note_read(path, module.digest if module is not None else file_digest(path))
+    return module
 
 
 @lru_cache(maxsize=512)
-def load_module(path: Path) -> ModuleSource | None:
-    """Parse a file of the package (``None`` when it cannot be read or parsed)."""
+def _load_module(path: Path, signature: tuple[int, int, int] | None) -> ModuleSource | None:
     try:
-        tree = parse_source(read_source(path), str(path))
+        data = read_source_bytes(path)
+        tree = parse_source(decode_source(data, str(path)), str(path))
     except (SourceError, RecursionError):
         return None
-    module = ModuleSource(path=path, imports=ImportTable())
+    module = ModuleSource(path=path, imports=ImportTable(), digest=hashlib.sha256(data).hexdigest())
     pending: list[ast.stmt] = list(tree.body)
     while pending:
         node = pending.pop(0)
@@ -119,7 +169,10 @@ class Project:
         if (target / "__init__.py").is_file():
             return target / "__init__.py"
         candidate = target.with_suffix(".py")
-        return candidate if candidate.is_file() else None
+        if candidate.is_file():
+            return candidate
+        _note_read(candidate, None)  # a file created here later would change what is found
+        return None
 
     def lookup(self, imports: ImportTable, current: Path, name: str) -> Definition | None:
         """The definition behind a name that ``current`` imports with ``from x import name``."""

@@ -21,11 +21,14 @@ random stream (and therefore the exact mask for a given seed) differs from the o
 ``nn.Dropout`` on the probabilities; the distribution is the same. In eval mode, or with
 ``p == 0``, results match the original up to float rounding.
 
-Instances pickle / ``copy.deepcopy`` fine: the subclass reduces to "factory(base class)".
+Instances pickle and ``copy.deepcopy`` as the base class with the same state: a saved model
+loads where Adopter is not installed, and loads (or copies) unfused where it is, until
+``adopter.patch`` is called on it.
 """
 
 from __future__ import annotations
 
+import copyreg
 import inspect
 import math
 import threading
@@ -52,6 +55,7 @@ _BASE_ATTR = "__adopter_fused_base__"
 
 
 def _rebuild(kind: str, base: type) -> nn.Module:
+    """Loads pickles written before fused instances reduced to their base class."""
     fused = _FACTORIES[kind](base)
     return fused.__new__(fused)
 
@@ -66,7 +70,10 @@ def _finish(kind: str, base: type, fused: type) -> type:
     setattr(fused, _BASE_ATTR, base)
 
     def __reduce_ex__(self: nn.Module, protocol: int) -> tuple[Any, ...]:  # noqa: N807
-        return (_rebuild, (kind, base), self.__dict__)
+        # copyreg's constructor (the standard library's) of the base class, with the state of
+        # __getstate__: the pickle names no Adopter code at all. (``__newobj__`` would do, but
+        # pickle insists that its class is the instance's own.)
+        return (copyreg._reconstructor, (base, object, None), self.__getstate__())
 
     fused.__reduce_ex__ = __reduce_ex__  # type: ignore[method-assign]
     return fused

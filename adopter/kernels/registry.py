@@ -55,6 +55,9 @@ class Entry:
     rng: RandomDraws
     # The implementation it runs on a device; ``None`` for a helper (nothing to describe).
     backend: Callable[[Backends], str] | None = None
+    # What a user must be told when code is rewritten to call it (``adopter.patch`` and
+    # ``adopter run`` log it once per process): a visible change of the model's results.
+    notice: str = ""
 
 
 def _softmax(b: Backends) -> str:
@@ -163,7 +166,16 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("gated_activation_chunked", "gated", K, RandomDraws.NONE, _gated),
     Entry("gated_mlp", "gated", K, RandomDraws.NONE, _gated),
     Entry("linear_cross_entropy", "cross_entropy", K, RandomDraws.NONE, _cross_entropy),
-    Entry("causal_lm_loss", "cross_entropy", K, RandomDraws.NONE, _cross_entropy),
+    Entry(
+        "causal_lm_loss",
+        "cross_entropy",
+        K,
+        RandomDraws.NONE,
+        _cross_entropy,
+        notice="in training with labels the patched model returns logits=None (the loss is "
+        "computed chunk by chunk without them: that is where the memory saving comes from); "
+        "to keep them, pass return_logits=True to the model's forward call",
+    ),
     Entry("group_norm_activation", "norm_act", K, RandomDraws.NONE, _group_norm_activation),
     Entry("conv_bn_act", "norm_act", K, RandomDraws.NONE, _conv_bn_act),
     # helpers: public, not kernels (fused_loss_applies is the run-time test of the

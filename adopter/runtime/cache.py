@@ -3,7 +3,9 @@
 An entry is one JSON file named by a digest of everything the rewrite depends on: the module's
 source bytes, the rules (their files' bytes), Adopter's own code, the torch version and the
 Python version. A second start therefore reads a file instead of analysing the module, and any
-change to one of those inputs simply misses.
+change to one of those inputs simply misses. The other files of the package the analysis read
+(helpers, base classes) are listed in the record with their digests and checked on use
+(:mod:`.prepare`); the record's shape is checked too (:mod:`.records`).
 
 What is read back is compiled and executed in the user's process, so the cache is only used
 where no one else can write: the folder must be owned by this user and not writable by group
@@ -27,7 +29,7 @@ from typing import Any
 
 from .. import __version__
 
-FORMAT = 1
+FORMAT = 2
 _PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -30,6 +30,7 @@ def run_environment(
     rules: Sequence[str],
     select: str | None,
     packages: Sequence[str],
+    exclude: str | None = None,
     verify: bool,
     log_level: str | None,
 ) -> dict[str, str]:
@@ -47,6 +48,10 @@ def run_environment(
         env["ADOPTER_SELECT"] = select
     else:
         env.pop("ADOPTER_SELECT", None)
+    if exclude:
+        env["ADOPTER_EXCLUDE"] = exclude
+    else:
+        env.pop("ADOPTER_EXCLUDE", None)
     if log_level:
         env["ADOPTER_LOG"] = log_level
     else:

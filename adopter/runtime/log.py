@@ -24,6 +24,15 @@ def once(level: int, key: str, message: str) -> None:
     LOGGER.log(level, message)
 
 
+def once_per_key(level: int, key: str, message: str) -> None:
+    """Log ``message`` only the first time ``key`` is seen in this process."""
+    with _LOCK:
+        if (key, "") in _SEEN:
+            return
+        _SEEN.add((key, ""))
+    LOGGER.log(level, message)
+
+
 def show_on_stderr(level: int | str = logging.INFO) -> None:
     """Print the ``adopter`` logger's messages on stderr (``adopter run``, ``ADOPTER_LOG``)."""
     if any(getattr(h, "_adopter_runtime", False) for h in LOGGER.handlers):

@@ -34,10 +34,16 @@ from typing import Any
 
 from . import hook
 from .cache import CacheRefused, RuntimeCache, cache_dir
-from .log import LOGGER, once
+from .log import LOGGER, once, once_per_key
 from .prepare import Prepared, prepare
 from .rulechoice import RuleArgument, RuleChoice
-from .transplant import AppliedTransplant, Unpatchable, apply_transplant, plan_transplant
+from .transplant import (
+    AppliedTransplant,
+    Unpatchable,
+    apply_transplant,
+    plan_transplant,
+    stale_functions,
+)
 
 _LOCK = threading.RLock()
 _SKIP_MODULES = ("torch", "builtins", "adopter")
@@ -185,6 +191,17 @@ def patch_module(module: ModuleType, options: RuntimeOptions) -> ModuleOutcome:
             once(logging.DEBUG, name, f"{name}: nothing to patch")
             return ModuleOutcome(name, "unchanged")
         try:
+            stale = stale_functions(module, prepared.original, file)
+        except (SyntaxError, ValueError, RecursionError) as error:
+            return _skip(name, f"cannot compile {file} to compare: {error}")
+        if stale:
+            shown = ", ".join(stale[:3]) + (f" and {len(stale) - 3} more" if len(stale) > 3 else "")
+            return _skip(
+                name,
+                f"the running code of {shown} is not what {file} compiles to now "
+                "(the file was edited after the import, or upgraded in place)",
+            )
+        try:
             transplant = plan_transplant(prepared.original, prepared.patched, file)
             applied = apply_transplant(module, transplant, file)
         except Unpatchable as error:
@@ -198,7 +215,30 @@ def patch_module(module: ModuleType, options: RuntimeOptions) -> ModuleOutcome:
         notes = [note for note in notes if note]
         suffix = f" ({', '.join(notes)})" if notes else ""
         once(logging.INFO, name, f"patched {name}{suffix}: {', '.join(sites)}")
+        _kernel_notices(prepared.sites)
         return outcome
+
+
+def _kernel_notices(sites: list[dict[str, Any]]) -> None:
+    """Once per process and kernel, at patch time: what a patched-in kernel changes that the
+    user sees (the kernel registry's ``notice``; modern.7's ``logits=None``), and how to keep
+    the original behaviour. The kernels are imported already: the patch just bound them."""
+    patched = [s for s in sites if s["status"] == "patched" and s["kernel"]]
+    if not patched:
+        return
+    from ..kernels.registry import ENTRIES
+
+    notices = {f"adopter.kernels.{entry.name}": entry.notice for entry in ENTRIES if entry.notice}
+    for kernel in dict.fromkeys(s["kernel"] for s in patched):
+        if kernel not in notices:
+            continue
+        rules = ",".join(dict.fromkeys(s["rule"] for s in patched if s["kernel"] == kernel))
+        once_per_key(
+            logging.WARNING,
+            f"notice:{kernel}",
+            f"{rules} patched in ({kernel}): {notices[kernel]}; or leave the rule out: "
+            f'adopter.patch(..., exclude="{rules}") / adopter run --exclude {rules}',
+        )
 
 
 def _restore(name: str) -> bool:
@@ -244,15 +284,19 @@ def patch(
     select: str | Sequence[str] | None = None,
     cache: bool | str | Path = True,
     verify_timeout: float = 300.0,
+    exclude: str | Sequence[str] | None = None,
 ) -> PatchReport:
     """Patch ``target`` (a module, module or package name, or an ``nn.Module``) with ``rules``.
 
     ``rules``: built-in rule set names (default ``"all"``), ``.adopt`` files, or parsed rules;
-    ``select`` narrows them to rule ids or id prefixes. ``verify=True`` keeps a module's rewrite
-    only when ``adopter verify`` proves it (run once in a subprocess, the verdict cached).
+    ``select`` narrows them to rule ids or id prefixes, ``exclude`` leaves those out (e.g.
+    ``exclude="modern.7"`` keeps a causal LM's logits in training). ``verify=True`` keeps a
+    module's rewrite only when ``adopter verify`` proves it (run once in a subprocess, the
+    verdict cached).
     ``cache``: ``False``, or a folder instead of the per-user default.
     """
-    options = RuntimeOptions(RuleChoice.of(rules, select), verify, verify_timeout, cache)
+    choice = RuleChoice.of(rules, select, exclude)
+    options = RuntimeOptions(choice, verify, verify_timeout, cache)
     kind, value = _resolve(target)
     report = PatchReport()
     if kind == "model":
@@ -408,8 +452,9 @@ def install_from_environment() -> PatchReport | None:
 
     ``ADOPTER_PACKAGES`` (comma-separated; default transformers,timm,diffusers),
     ``ADOPTER_RULES`` (comma-separated rule sets and ``.adopt`` files; default all),
-    ``ADOPTER_SELECT`` (rule ids), ``ADOPTER_VERIFY=1``, ``ADOPTER_LOG`` (a level: print the
-    ``adopter`` logger on stderr). ``ADOPTER_RUNTIME_DISABLED=1`` turns all of it off.
+    ``ADOPTER_SELECT`` (rule ids), ``ADOPTER_EXCLUDE`` (rule ids left out),
+    ``ADOPTER_VERIFY=1``, ``ADOPTER_LOG`` (a level: print the ``adopter`` logger on stderr).
+    ``ADOPTER_RUNTIME_DISABLED=1`` turns all of it off.
     """
     from .proof import DISABLE_VARIABLE
 
@@ -423,7 +468,11 @@ def install_from_environment() -> PatchReport | None:
     ]
     rules = [r.strip() for r in os.environ.get("ADOPTER_RULES", "all").split(",") if r.strip()]
     options = RuntimeOptions(
-        RuleChoice.of(rules, os.environ.get("ADOPTER_SELECT") or None),
+        RuleChoice.of(
+            rules,
+            os.environ.get("ADOPTER_SELECT") or None,
+            os.environ.get("ADOPTER_EXCLUDE") or None,
+        ),
         verify=os.environ.get("ADOPTER_VERIFY", "") not in ("", "0", "false", "no"),
     )
     report = PatchReport()

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..extract.project import file_digest, recording_reads
 from ..extract.source import decode_source
+from . import records
 from .cache import RuntimeCache, entry_key
 from .rulechoice import RuleChoice
 
@@ -43,6 +45,7 @@ def _site_records(rewrite) -> list[dict[str, Any]]:
             "method": result.site.method,
             "status": result.status.value,
             "reason": result.reason,
+            "kernel": result.site.rule.kernel,
         }
         for result in rewrite.results
     ]
@@ -104,17 +107,20 @@ def _rewrite_record(text: str, path: str, choice: RuleChoice) -> dict[str, Any]:
     from ..match.matcher import Matcher
     from ..rewrite import rewrite_text
 
-    try:
-        rewrite = rewrite_text(text, path, Matcher(choice.rules()))
-    except LocatedError as error:
-        return {"patched": None, "sites": [], "wrapped": [], "error": str(error)}
-    except RecursionError:
-        return {"patched": None, "sites": [], "wrapped": [], "error": "source nested too deeply"}
+    failed = {"patched": None, "sites": [], "wrapped": [], "depends": {}}
+    with recording_reads() as reads:
+        try:
+            rewrite = rewrite_text(text, path, Matcher(choice.rules()))
+        except LocatedError as error:
+            return {**failed, "error": str(error)}
+        except RecursionError:
+            return {**failed, "error": "source nested too deeply"}
     return {
         "patched": rewrite.patched if rewrite.changed else None,
         "sites": _site_records(rewrite),
         "wrapped": _wrapped_constructions(rewrite),
         "error": None,
+        "depends": dict(sorted(reads.items())),
     }
 
 
@@ -135,7 +141,16 @@ def _verify_record(
         "patched": kept.patched if kept is not None and kept.changed else None,
         "sites": _site_records(kept) if kept is not None else record["sites"],
         "wrapped": _wrapped_constructions(kept) if kept is not None else [],
+        "depends": record["depends"],
     }
+
+
+def _fresh(record: dict[str, Any] | None, fields: dict[str, tuple[type, ...]]) -> bool:
+    """A cached record of the right shape whose every file read by the analysis (helpers in
+    other files of the package) still has the bytes it had then."""
+    if record is None or not records.well_formed(record, fields):
+        return False
+    return all(file_digest(path) == digest for path, digest in record["depends"].items())
 
 
 def prepare(
@@ -152,8 +167,8 @@ def prepare(
     text = decode_source(data, name)
     key = entry_key(data, choice.fingerprint)
     record = cache.get(key) if cache is not None else None
-    cached = record is not None
-    if record is None:
+    cached = _fresh(record, records.REWRITE)
+    if not cached or record is None:
         record = _rewrite_record(text, name, choice)
         if cache is not None:
             cache.put(key, record)
@@ -170,7 +185,7 @@ def prepare(
         return prepared
     verify_key = entry_key(data, choice.fingerprint, kind="verify")
     verdict = cache.get(verify_key) if cache is not None else None
-    if verdict is None:
+    if verdict is None or not _fresh(verdict, records.VERIFY):
         prepared.cached = False
         verdict = _verify_record(name, text, record, choice, verify_timeout)
         if cache is not None:

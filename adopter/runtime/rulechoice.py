@@ -26,17 +26,22 @@ RuleArgument = str | Path | Rule | Sequence[str | Path | Rule] | None
 
 @dataclass
 class RuleChoice:
-    """Rule files and/or rule objects, narrowed by ``select`` (ids or id prefixes)."""
+    """Rule files and/or rule objects, narrowed by ``select`` and then ``exclude`` (ids or id
+    prefixes)."""
 
     files: tuple[Path, ...] = ()
     objects: tuple[Rule, ...] = ()
     select: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
     _loaded: list[Rule] | None = field(default=None, repr=False, compare=False)
     _fingerprint: str | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(
-        cls, rules: RuleArgument = None, select: str | Sequence[str] | None = None
+        cls,
+        rules: RuleArgument = None,
+        select: str | Sequence[str] | None = None,
+        exclude: str | Sequence[str] | None = None,
     ) -> RuleChoice:
         """Built-in set names (``"all"``, ``"paper"``), ``.adopt`` paths, or parsed rules."""
         items: list[str | Path | Rule]
@@ -59,15 +64,12 @@ class RuleChoice:
                     known = ", ".join(RULE_SETS)
                     raise ValueError(f"{item}: neither a rule file nor a rule set ({known})")
                 files.append(path.resolve())
-        if isinstance(select, str):
-            select = [part for part in select.split(",")]
-        wanted = tuple(part.strip() for part in select or () if part.strip())
         built_in = {path.resolve() for name in RULE_SETS for path in rule_files(name)}
         for path in files:
             if path not in built_in:
                 load_rule_file(path, use_cache=False)  # DslError for a rule that fails the check
         check_declared_kernels(objects)
-        return cls(tuple(dict.fromkeys(files)), tuple(objects), wanted)
+        return cls(tuple(dict.fromkeys(files)), tuple(objects), _ids(select), _ids(exclude))
 
     @property
     def fingerprint(self) -> str:
@@ -79,6 +81,8 @@ class RuleChoice:
             for rule in self.objects:
                 digest.update(repr(rule).encode() + b"\0")
             digest.update(",".join(self.select).encode())
+            if self.exclude:
+                digest.update(b"\0exclude:" + ",".join(self.exclude).encode())
             self._fingerprint = digest.hexdigest()
         return self._fingerprint
 
@@ -91,13 +95,28 @@ class RuleChoice:
             loaded.extend(self.objects)
             if self.select:
                 loaded = [rule for rule in loaded if _selected(rule.id, self.select)]
+            if self.exclude:
+                loaded = [rule for rule in loaded if not _selected(rule.id, self.exclude)]
             self._loaded = loaded
         return self._loaded
 
     def describe(self) -> str:
         parts = [path.name for path in self.files] + [rule.id for rule in self.objects]
         text = ", ".join(parts) or "no rules"
-        return text + (f" (select {','.join(self.select)})" if self.select else "")
+        text += f" (select {','.join(self.select)})" if self.select else ""
+        return text + (f" (exclude {','.join(self.exclude)})" if self.exclude else "")
+
+
+def _ids(items: str | Sequence[str] | None) -> tuple[str, ...]:
+    """Rule ids from ``"a,b"`` or ``["a", "b"]``."""
+    if isinstance(items, str):
+        items = items.split(",")
+    return tuple(part.strip() for part in items or () if part.strip())
+
+
+def unmatched(wanted: Sequence[str], rule_ids: Sequence[str]) -> list[str]:
+    """The ids (or id prefixes) of ``wanted`` that name none of ``rule_ids``."""
+    return [item for item in wanted if not any(_selected(rule, [item]) for rule in rule_ids)]
 
 
 def _selected(rule_id: str, wanted: Sequence[str]) -> bool:

@@ -15,6 +15,11 @@ its qualified name, private-name mangling and the ``__class__`` cell of ``super(
 the original), with the module's ``__future__`` imports, under the original file name and with
 line numbers mapped back onto the original file (:mod:`.linemap`).
 
+The file is the running module's only while nothing changed it since the import: before any
+code is swapped, every function of the file that the live module holds is compared with the
+code object the file compiles to now (:func:`stale_functions`), and a module edited after its
+import, or upgraded in place, is left unpatched with the reason.
+
 A module is patched all or nothing. It is refused with a reason when the rewrite changes
 anything but function bodies and the kernel import, changes a function's positional
 parameters or closure, or when a changed function cannot be found in the live module (replaced
@@ -346,6 +351,91 @@ def find_functions(
         ):
             found.append(item)
     return found
+
+
+def _same_constant(a: object, b: object) -> bool:
+    if isinstance(a, CodeType) and isinstance(b, CodeType):
+        return same_code(a, b)
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, tuple):
+        return len(a) == len(b) and all(map(_same_constant, a, b))  # type: ignore[arg-type]
+    if isinstance(a, (float, complex)):
+        return repr(a) == repr(b)  # -0.0 is not 0.0, nan is nan
+    return a == b
+
+
+_CODE_FIELDS = (
+    "co_code",  # the instructions as compiled (not the interpreter's specialised copy)
+    "co_names",
+    "co_varnames",
+    "co_freevars",
+    "co_cellvars",
+    "co_argcount",
+    "co_posonlyargcount",
+    "co_kwonlyargcount",
+    "co_flags",
+    "co_firstlineno",
+    "co_linetable",  # line (and column) of each instruction: a moved line shows here
+    "co_exceptiontable",
+)
+
+
+def same_code(a: CodeType, b: CodeType) -> bool:
+    """Whether two code objects were compiled from the same source (file name aside)."""
+    for name in _CODE_FIELDS:
+        if getattr(a, name, None) != getattr(b, name, None):
+            return False
+    return len(a.co_consts) == len(b.co_consts) and all(
+        map(_same_constant, a.co_consts, b.co_consts)
+    )
+
+
+def stale_functions(module: ModuleType, original: str, filename: str) -> list[str]:
+    """The functions of ``original`` (the file's text now) whose live code in ``module`` is not
+    what that text compiles to: the module was edited after its import, or upgraded in place.
+
+    The file is compiled whole, as the import compiled it (same flags, the interpreter's
+    optimisation level), and each function the live module holds under a qualified name of
+    the file (``co_qualname``; functions local to a function are compared as constants of it)
+    is compared with the code objects of that name (several: a property's getter and
+    setter, definitions under ``if``/``else``). Comparing code, not a digest of the file taken at
+    import, also covers modules imported before Adopter was, and ``.pyc`` files.
+    """
+    compiled = compile(original, filename, "exec", dont_inherit=True)
+    on_disk: dict[tuple[str, ...], list[CodeType]] = {}
+    pending = [compiled]
+    while pending:  # module and class bodies hold the functions the live module can reach
+        for const in pending.pop().co_consts:
+            if isinstance(const, CodeType) and "<" not in const.co_qualname:
+                on_disk.setdefault(tuple(const.co_qualname.split(".")), []).append(const)
+                pending.append(const)
+    stale: list[str] = []
+    for qualname, candidates in on_disk.items():
+        for function in _live_functions(module, qualname, filename):
+            if not any(same_code(function.__code__, code) for code in candidates):
+                stale.append(".".join(qualname))
+                break
+    return list(dict.fromkeys(stale))
+
+
+def _live_functions(
+    module: ModuleType, qualname: tuple[str, ...], filename: str
+) -> list[FunctionType]:
+    """The live functions under ``qualname`` that came from ``filename`` (any first line)."""
+    namespace: dict[str, Any] = vars(module)
+    for part in qualname[:-1]:
+        owner = namespace.get(part)
+        if not isinstance(owner, type):
+            return []
+        namespace = dict(vars(owner))
+    return [
+        item
+        for item in _candidates(namespace.get(qualname[-1]))
+        if isinstance(item, FunctionType)
+        and item.__code__.co_name == qualname[-1]
+        and _same_file(item.__code__, filename)
+    ]
 
 
 def apply_transplant(

@@ -19,7 +19,13 @@ from adopter.runtime import patching
 def private_cache(tmp_path, monkeypatch) -> Iterator[Path]:
     folder = tmp_path / "cache"
     monkeypatch.setenv("ADOPTER_CACHE_DIR", str(folder))
-    for name in ("ADOPTER_PACKAGES", "ADOPTER_RULES", "ADOPTER_SELECT", "ADOPTER_VERIFY"):
+    for name in (
+        "ADOPTER_PACKAGES",
+        "ADOPTER_RULES",
+        "ADOPTER_SELECT",
+        "ADOPTER_EXCLUDE",
+        "ADOPTER_VERIFY",
+    ):
         monkeypatch.delenv(name, raising=False)
     yield folder
     runtime.unpatch()

@@ -32,7 +32,13 @@ def _environment(tmp_path: Path, package_root: Path) -> dict[str, str]:
     env["ADOPTER_CACHE_DIR"] = str(tmp_path / "cache")
     env["ADOPTER_PACKAGES"] = "rt_auto"
     env["ADOPTER_RULES"] = "paper"
-    for name in ("ADOPTER_SELECT", "ADOPTER_VERIFY", "ADOPTER_LOG", "ADOPTER_RUNTIME_DISABLED"):
+    for name in (
+        "ADOPTER_SELECT",
+        "ADOPTER_EXCLUDE",
+        "ADOPTER_VERIFY",
+        "ADOPTER_LOG",
+        "ADOPTER_RUNTIME_DISABLED",
+    ):
         env.pop(name, None)
     return env
 
