@@ -12,10 +12,18 @@ holds, the kernel runs the original computation it replaces - the same module ca
 functional ops, in the same order, taking no path from grad mode, parameter values, devices or
 data - so the recorded graph is the original model's graph and is the same in every trace
 (``torch.jit.trace``'s check re-traces under ``no_grad``; an fx ``Proxy`` cannot drive a Python
-branch or be iterated). An attention subclass calls its ``original()`` forward. ``torch.compile``
-and ``torch.export`` are not "tracing": Dynamo captures the fused paths, which is the point of
-compiling them. ``tests/kernels/test_kernels_tracing.py`` checks every public kernel (the list
-is ``__all__``, derived from :mod:`adopter.kernels.registry`) under both tracers.
+branch or be iterated). An attention subclass calls its ``original()`` forward.
+``tests/kernels/test_kernels_tracing.py`` checks every public kernel (the list is ``__all__``,
+derived from :mod:`adopter.kernels.registry`) under both tracers.
+
+Compile convention: ``torch.compile`` and ``torch.export`` (Dynamo) are not "tracing" - Dynamo
+follows Python branches - but a kernel whose fused eager path Dynamo cannot capture (``out=``
+into views, ``torch.result_type``, storage pointers, data-dependent checks, Triton launches)
+checks ``adopter.kernels._util.runs_original()`` (a tracer, or Dynamo compiling) and runs the
+original computation, which Inductor fuses itself; the others keep a fused path Dynamo captures
+whole. Either way a compiled patched model has no graph break its original lacks and computes
+the original's values: ``tests/kernels/test_compile_graph_breaks.py`` counts the breaks of every
+kernel of the registry with ``torch._dynamo.explain`` and compiles each with ``fullgraph=True``.
 """
 
 from importlib import import_module

@@ -13,6 +13,17 @@ that chose its path from grad mode, parameter values or a data-dependent check w
 graph that differs between traces (``torch.jit.trace``'s check re-traces under ``no_grad``) or
 fail on a symbolic value; the original code is what the model's exporters expect to see.
 
+Compiling (:func:`compiling`, :func:`runs_original`): Dynamo (``torch.compile`` in every mode,
+``fullgraph=True``, the compiled forward of ``generate``; ``torch.export``) is not a tracer in
+the sense above - it follows Python branches and guards on them - but it cannot capture
+everything the fused eager paths do (a non-contiguous ``out=`` buffer, ``torch.result_type``,
+storage pointers, data-dependent checks, Triton launches outside a registered op) and breaks the
+graph there, and ``fullgraph=True`` then fails. The fused paths exist to fuse what *eager*
+PyTorch cannot; under a compiler Inductor fuses the original chain itself. So every kernel
+whose fused path Dynamo cannot capture asks :func:`runs_original` and, under Dynamo, runs the
+original computation: the compiled graph is the original model's graph, with no break the
+original does not have, and the same values. ``tracing()`` itself stays false under Dynamo.
+
 Derived tensors (folded BatchNorm weights, concatenated QKV weights) are cached per owner module
 in a :class:`weakref.WeakKeyDictionary`. An entry is keyed on, for every source tensor, its
 identity, ``data_ptr``, ``_version`` counter, dtype, device and shape, plus the inference-mode
@@ -36,10 +47,12 @@ from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 __all__ = [
     "cached",
     "clear_caches",
+    "compiling",
     "grad_needed",
     "has_hooks",
     "is_plain",
     "plain_tensors",
+    "runs_original",
     "tracing",
 ]
 
@@ -48,8 +61,9 @@ def tracing(*values: object) -> bool:
     """True while ``torch.jit.trace`` or ``torch.fx`` symbolic tracing records the caller.
 
     Every kernel checks this first and, when it holds, runs the original computation (see the
-    module docstring). ``torch.compile`` / ``torch.export`` (Dynamo) are not tracing here:
-    Dynamo captures the kernels' fused paths, which the kernels keep compile-friendly.
+    module docstring). ``torch.compile`` / ``torch.export`` (Dynamo) are not tracing here, and
+    this stays false under Dynamo; the kernels that must not run their fused path under Dynamo
+    ask :func:`runs_original`, which covers both.
     ``values`` (the kernel's tensor arguments) are also checked for ``torch.fx.Proxy``, which
     catches a custom tracer that hands over proxies without setting the global flag.
     """
@@ -57,6 +71,22 @@ def tracing(*values: object) -> bool:
     if torch.jit.is_tracing() or is_fx_symbolic_tracing():
         return True
     return any(isinstance(value, torch.fx.Proxy) for value in values)
+
+
+def compiling() -> bool:
+    """True while Dynamo captures the caller (``torch.compile``, ``torch.export``).
+
+    ``torch.compiler.is_compiling()`` is the check Dynamo itself understands: it is constant
+    folded into the graph (no guard, no break), and it is false in eager code, so the eager
+    fused paths are unaffected.
+    """
+    return torch.compiler.is_compiling()
+
+
+def runs_original(*values: object) -> bool:
+    """True when a kernel must run the original computation it replaces: a tracer records
+    (:func:`tracing`) or Dynamo compiles (:func:`compiling`; the module docstring says why)."""
+    return tracing(*values) or compiling()
 
 
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
@@ -129,7 +159,7 @@ def _tensor_key(t: torch.Tensor | None) -> Hashable | None:
 
 
 def _cache_allowed() -> bool:
-    return not (tracing() or torch.compiler.is_compiling())
+    return not runs_original()
 
 
 def cached(

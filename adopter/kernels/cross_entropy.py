@@ -29,10 +29,11 @@ only use this kernel when nobody needs them; :func:`fused_loss_applies` is the r
 rewrite calls (labels given, training with autograd on, the model's loss function being
 ``ForCausalLMLoss``), falling back to the original ``lm_head`` + loss otherwise.
 
-The original computation runs instead (inside the kernel) for ``torch.jit`` / ``torch.fx``
-tracing, autocast, a head that is not a stock ``nn.Linear`` (hooks, LoRA, quantised), weights of
-another dtype or device than the hidden states, non-``int64`` targets, targets out of range
-(which the original reports), and shapes the original would reject.
+The original computation runs instead (inside the kernel) for ``torch.jit`` / ``torch.fx`` tracing,
+``torch.compile`` (whose data-dependent chunking would break the graph), autocast, a head that is
+not a stock ``nn.Linear`` (hooks, LoRA, quantised), weights of another dtype or device than the
+hidden states, non-``int64`` targets, targets out of range (which the original reports), and shapes
+the original would reject.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._util import grad_needed, is_plain, plain_tensors, tracing
+from ._util import grad_needed, is_plain, plain_tensors, runs_original
 
 __all__ = [
     "causal_lm_loss",
@@ -374,7 +375,9 @@ def linear_cross_entropy(
             hidden, weight, bias, targets, divisor=divisor, **options
         )
 
-    if tracing(hidden, weight, bias, targets) or not _handled(
+    # Under torch.compile the original: the range check of the targets and the chunking by
+    # counted tokens depend on the data (``nonzero``, ``.item()``), which breaks the graph.
+    if runs_original(hidden, weight, bias, targets) or not _handled(
         hidden, weight, bias, targets, reduction
     ):
         return original()
@@ -438,7 +441,7 @@ def causal_lm_loss(
             final_logit_softcapping=final_logit_softcapping,
         )
 
-    if tracing(hidden_states, labels, shift_labels) or not is_plain(lm_head, nn.Linear):
+    if runs_original(hidden_states, labels, shift_labels) or not is_plain(lm_head, nn.Linear):
         return original()
     weight, bias = lm_head.weight, lm_head.bias
     if not isinstance(hidden_states, torch.Tensor) or weight.shape[0] != vocab_size:
@@ -494,4 +497,6 @@ def fused_loss_applies(
         return False
     if loss_function is not None and not _is_causal_lm_loss(loss_function):
         return False
-    return not tracing(labels)
+    # Under a tracer or torch.compile the model keeps its original head and loss (and its
+    # logits), as linear_cross_entropy() would run them anyway.
+    return not runs_original(labels)

@@ -23,7 +23,8 @@ transformers 5 ``GELUTanh``, ``SqrtSoftplusActivation`` and ``LaplaceActivation`
 activation layers (without ``inplace=True``) and ``functools.partial(F.gelu, approximate=...)``.
 Any other activation (hooked, parametric such as ``PReLU`` or ``XIELU``, unknown) runs the
 original code; so do tensor subclasses, gate/up pairs of different shapes or dtypes, odd chunk
-sizes, and ``torch.jit`` / ``torch.fx`` tracing.
+sizes, ``torch.jit`` / ``torch.fx`` tracing and ``torch.compile`` (whose partitioner makes the
+same recomputation choice itself).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from torch import nn
 
 from . import _triton_modern
 from ._activations import resolve_activation
-from ._util import grad_needed, has_hooks, is_plain, plain_tensors, tracing
+from ._util import grad_needed, has_hooks, is_plain, plain_tensors, runs_original
 
 __all__ = ["gated_activation", "gated_activation_chunked", "gated_mlp", "pure_activation"]
 
@@ -340,7 +341,10 @@ def _pair_handled(gate: torch.Tensor, up: torch.Tensor) -> bool:
 
 def gated_activation(gate: torch.Tensor, up: torch.Tensor, act: object) -> torch.Tensor:
     """``act(gate) * up``, keeping only ``gate`` and ``up`` for backward."""
-    fn = None if tracing(gate, up) else pure_activation(act)
+    # Under torch.compile the original product: the purity check reads storage pointers,
+    # which Dynamo cannot trace, and AOT autograd's partitioner recomputes the activation in
+    # backward by itself.
+    fn = None if runs_original(gate, up) else pure_activation(act)
     if fn is None or not isinstance(gate, torch.Tensor) or not isinstance(up, torch.Tensor):
         return act(gate) * up  # type: ignore[operator]
     if not _pair_handled(gate, up):
@@ -361,7 +365,7 @@ def gated_activation_chunked(
     """
     if gate not in ("first", "second"):
         raise ValueError(f"gate must be 'first' or 'second', got {gate!r}")
-    fn = None if tracing(x) else pure_activation(act)
+    fn = None if runs_original(x) else pure_activation(act)  # as gated_activation()
     handled = (
         fn is not None
         and isinstance(x, torch.Tensor)
@@ -410,7 +414,7 @@ def gated_mlp(
     down projection with it - is fused. Keeps ``gate`` and ``up`` for backward instead of the
     four intermediate tensors of the original.
     """
-    if tracing(x):
+    if runs_original(x):  # as gated_activation()
         return down_proj(act(gate_proj(x)) * up_proj(x))  # type: ignore[operator]
     gate = gate_proj(x)
     fn = pure_activation(act)

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import _backend
-from ._util import grad_needed, is_plain, tracing
+from ._util import grad_needed, is_plain, runs_original
 
 __all__ = ["dropout_add_layer_norm"]
 
@@ -157,7 +157,10 @@ def dropout_add_layer_norm(
             ``layer_norm.training`` (which follows the enclosing model's ``train()/eval()``).
     """
     fallback_training = bool(getattr(layer_norm, "training", False))
-    if tracing():
+    # Under torch.compile the original: the eager mask is drawn with ``bernoulli_`` (other
+    # random numbers than the original's dropout under the compiler's RNG) and checked with
+    # ``torch.result_type``, which breaks the graph; Inductor fuses dropout+add+norm itself.
+    if runs_original():
         return layer_norm(
             _dropout_unfused(hidden_states, dropout, training, fallback_training) + residual
         )

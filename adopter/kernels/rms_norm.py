@@ -33,9 +33,9 @@ On CUDA with Triton the forward and backward are one Triton kernel each
 (:mod:`adopter.kernels._triton_modern`; not for ``"weight_dtype"``), equal to float rounding.
 
 Falls back to the original composite code (:func:`rms_norm_reference`) under ``torch.jit`` /
-``torch.fx`` tracing, for tensor subclasses, non-floating inputs, a weight whose shape is not
-``(x.shape[-1],)`` or that lives elsewhere, empty inputs, and a weight or input of float64
-combined with ``"after_weight"``.
+``torch.fx`` tracing and ``torch.compile`` (which fuses it itself), for tensor subclasses,
+non-floating inputs, a weight whose shape is not ``(x.shape[-1],)`` or that lives elsewhere, empty
+inputs, and a weight or input of float64 combined with ``"after_weight"``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from . import _triton_modern
-from ._util import grad_needed, plain_tensors, tracing
+from ._util import grad_needed, plain_tensors, runs_original
 
 __all__ = ["RMS_NORM_CASTS", "rms_norm", "rms_norm_reference"]
 
@@ -267,7 +267,9 @@ def rms_norm(
     Under autograd the backward keeps ``x`` and the inverse RMS only.
     """
     _check_cast(cast)
-    if tracing(x, weight) or not _handled(x, weight, cast):
+    # Under torch.compile the reference: Dynamo breaks the graph on ``torch.result_type`` and
+    # cannot launch the Triton kernels; Inductor fuses the reference's chain itself.
+    if runs_original(x, weight) or not _handled(x, weight, cast):
         return rms_norm_reference(x, weight, eps, offset=offset, cast=cast)
     eps, offset = float(eps), float(offset)
     fast = _triton(x, weight, eps, offset, cast)

@@ -35,7 +35,8 @@ back to ``x``'s dtype; otherwise the result has the dtype ``x * cos`` has.
 On CUDA with Triton each direction is one Triton kernel (:mod:`adopter.kernels._triton_modern`,
 float32 arithmetic, equal to float rounding).
 
-Falls back to the original composite code under ``torch.jit`` / ``torch.fx`` tracing, when
+Falls back to the original composite code under ``torch.jit`` / ``torch.fx`` tracing and
+``torch.compile`` (which fuses it itself), when
 ``cos``/``sin`` need a gradient, for shapes where ``cos`` would broadcast ``x`` to a larger
 shape, odd rotary widths, tensor subclasses, non-floating inputs and (complex form) ``freqs_cis``
 other than complex64 or inputs other than 4-D.
@@ -49,7 +50,7 @@ from typing import Any
 import torch
 
 from . import _triton_modern
-from ._util import grad_needed, plain_tensors, tracing
+from ._util import grad_needed, plain_tensors, runs_original
 
 __all__ = [
     "apply_rotary",
@@ -277,7 +278,11 @@ def rotary(
 ) -> torch.Tensor:
     """``x * cos + rotate(x) * sin`` for one tensor, ``cos``/``sin`` already broadcastable to
     ``x[..., :rotary_dim]`` (module docstring: layouts, ``upcast``, ``partial``)."""
-    plan = None if tracing(x, cos, sin) else _plan(x, cos, sin, interleaved, upcast, partial)
+    # Under torch.compile the reference: the half-size products write into views of one
+    # buffer (``out=`` a non-contiguous tensor), which breaks Dynamo's graph; Inductor fuses
+    # ``x * cos + rotate(x) * sin`` into one loop without the temporaries anyway.
+    original = runs_original(x, cos, sin)
+    plan = None if original else _plan(x, cos, sin, interleaved, upcast, partial)
     if plan is None:
         return rotary_reference(
             x, cos, sin, interleaved=interleaved, upcast=upcast, partial=partial
@@ -331,7 +336,7 @@ def apply_rotary_complex(
     ``(x[2i], x[2i+1])`` of 4-D ``q``/``k`` as complex numbers times ``freqs_cis``
     (complex64, broadcastable to ``(..., head_dim / 2)``), computed in float32 and returned in
     the inputs' dtypes."""
-    if tracing(q, k, freqs_cis):
+    if runs_original(q, k, freqs_cis):  # as rotary(): the reference under torch.compile
         return apply_rotary_complex_reference(q, k, freqs_cis)
     plans = [_complex_plan(t, freqs_cis) for t in (q, k)]
     if plans[0] is None or plans[1] is None:

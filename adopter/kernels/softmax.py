@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _backend
-from ._util import tracing
+from ._util import runs_original
 
 __all__ = ["softmax"]
 
@@ -44,7 +44,14 @@ def softmax(
     implicit dimension, named dimensions) and for tensor subclasses (``__torch_function__``
     overrides must see the public op).
     """
-    if tracing() or not isinstance(dim, int) or isinstance(dim, bool) or type(input) not in _PLAIN:
+    # Under torch.compile F.softmax: the Triton row kernel is launched outside a registered
+    # op, which Dynamo cannot put in its graph; Inductor generates its own fused softmax.
+    if (
+        runs_original()
+        or not isinstance(dim, int)
+        or isinstance(dim, bool)
+        or type(input) not in _PLAIN
+    ):
         return F.softmax(input, dim=dim, dtype=dtype)
     out_dtype = input.dtype if dtype is None else dtype
     if input.is_cuda:
