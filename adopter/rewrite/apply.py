@@ -21,6 +21,12 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from ..extract.source import split_lines
 from ..match.matcher import Site
 from .guarded import AlreadyPatched
+from .names import (
+    STAR,
+    module_bindings,
+    names_a_kernel_import_must_avoid,
+    visible_bindings,
+)
 from .outcome import SiteStatus, SkipReason
 from .plan import KERNEL_PACKAGE, Plan, Planner, Refusal, edit_location, sequential_expression
 from .source import SourceText, function_start
@@ -412,41 +418,34 @@ def _aligned(planner: Planner, function: ast.FunctionDef, start: int, end: int) 
     return False
 
 
-def module_names(tree: ast.Module) -> set[str]:
-    """Names bound at module level (so a kernel import can avoid shadowing them)."""
-    return {name for node in tree.body for name in _bound_at_module_level(node)}
+def _host_lines(tree: ast.Module, sites: Sequence[Site]) -> set[int]:
+    """Lines of the code the sites' edits land in: the whole class of a method's site (its
+    ``__init__`` is edited too), else the site's own line."""
+    classes = {node.name: node for node in ast.walk(tree) if isinstance(node, ast.ClassDef)}
+    lines: set[int] = set()
+    for site in sites:
+        owner = classes.get(site.cls) if site.cls else None
+        if owner is None:
+            lines.add(site.line)
+        else:
+            lines.update(range(owner.lineno, (owner.end_lineno or owner.lineno) + 1))
+    return lines
 
 
-def existing_kernel_imports(tree: ast.Module) -> dict[str, str]:
+def existing_kernel_imports(tree: ast.Module, shadowed: set[str] | None = None) -> dict[str, str]:
     """Kernels the module already imports at its top level (``from adopter.kernels import
-    softmax as sm``: ``{"softmax": "sm"}``), where nothing else at module level binds the same
-    name: a later ``apply`` calls them by that name instead of importing them again."""
-    bound: dict[str, int] = {}
-    for node in tree.body:
-        for name in _bound_at_module_level(node):
-            bound[name] = bound.get(name, 0) + 1
+    softmax as sm``: ``{"softmax": "sm"}``), under a name nothing else at module level binds
+    and no edited function (``shadowed``) binds: a later ``apply`` calls them by that name
+    instead of importing them again."""
+    bound = module_bindings(tree)
     found: dict[str, str] = {}
     for node in tree.body:
         if isinstance(node, ast.ImportFrom) and node.module == KERNEL_PACKAGE and not node.level:
             for alias in node.names:
                 local = alias.asname or alias.name
-                if bound.get(local) == 1:
+                if bound.get(local) == 1 and STAR not in bound and local not in (shadowed or ()):
                     found.setdefault(alias.name, local)
     return found
-
-
-def _bound_at_module_level(node: ast.stmt) -> list[str]:
-    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return [node.name]
-    if isinstance(node, (ast.Import, ast.ImportFrom)):
-        return [(a.asname or a.name).split(".")[0] for a in node.names]
-    if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-        return [
-            target.id
-            for target in ast.walk(node)
-            if isinstance(target, ast.Name) and isinstance(target.ctx, ast.Store)
-        ]
-    return []
 
 
 def _import_edit(
@@ -723,7 +722,10 @@ def rewrite_source(
         ]
         return FileRewrite(path, text, text, _ordered(skipped))
     source = SourceText(text)
-    planner = Planner(source, module_names(tree), existing_kernel_imports(tree))
+    # Kernel names must mean the import inside every function the sites edit (see names.py).
+    hosts = _host_lines(tree, sites)
+    avoid = names_a_kernel_import_must_avoid(tree, hosts)
+    planner = Planner(source, avoid, existing_kernel_imports(tree, visible_bindings(tree, hosts)))
     results: list[SiteResult] = []
     plans: list[Plan] = []
     for site in sites:

@@ -45,6 +45,7 @@ from ..extract.model import Step as FlowStep
 from ..extract.names import DROPOUT_FUNCTION
 from ..match.matcher import BoundModule, BoundOutput, Site
 from .guarded import plan_guarded
+from .names import fresh_alias
 from .source import Blocks, SourceText, assigned_names, contains, has_call, read_names
 
 KERNEL_PACKAGE = "adopter.kernels"
@@ -186,7 +187,8 @@ class Planner:
             raise Refusal(f"replacement calls {dotted}, which is not in {KERNEL_PACKAGE}")
         local = self.aliases.get(name)
         if local is None:
-            local = name if name not in self.taken_names else f"adopter_{name}"
+            taken = self.taken_names | set(self.aliases.values())
+            local = name if name not in taken else fresh_alias(name, taken)
             self.aliases[name] = local
         plan.imports.add(name)
         return local
