@@ -295,26 +295,42 @@ def _display_path(path: str) -> str:
         return path
 
 
-def _print_table(sites, result, rules) -> None:
-    from rich.table import Table
+# A location column is padded to the longest location up to this width; a longer one is
+# printed whole and pushes its own row's other columns right.
+LOCATION_PAD_MAX = 60
 
+
+def _print_rows_unfolded(console: Console, rows: list[list[Text]]) -> None:
+    """Rows of cells as aligned columns, one line each, never wrapped or cut: the first cell
+    (a ``path:line:col`` or a path) stays whole on its line, so it can be copied, clicked and
+    grepped at any terminal width and when piped. A table would fold or ellipsize it."""
+    if not rows:
+        return
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    widths[0] = min(widths[0], LOCATION_PAD_MAX)
+    for row in rows:
+        line = Text()
+        for cell, width in zip(row, widths):
+            line.append_text(cell)
+            line.append(" " * max(width - len(cell), 0) + "  ")
+        line.append_text(row[-1])
+        line.rstrip()
+        console.print(line, soft_wrap=True, overflow="ignore", crop=False)
+
+
+def _print_table(sites, result, rules) -> None:
     console = Console(highlight=False)
-    if not console.is_terminal:
-        console.width = 160
-    if sites:
-        table = Table(show_lines=False, header_style="bold")
-        for column in ("location", "rule", "class.method", "message"):
-            table.add_column(column, overflow="fold")
-        for site in sites:  # Text cells: paths and rule texts are never Rich markup
-            owner = f"{site.cls}.{site.method}" if site.cls else site.method
-            message = (
-                Text(site.message)
-                if site.applicable
-                else Text(f"not applicable: {site.reason}", style="dim")
-            )
-            location = f"{_display_path(site.path)}:{site.line}:{site.column}"
-            table.add_row(Text(location), Text(site.rule.id), Text(owner), message)
-        console.print(table)
+    rows = []
+    for site in sites:  # Text cells: paths and rule texts are never Rich markup
+        owner = f"{site.cls}.{site.method}" if site.cls else site.method
+        message = (
+            Text(site.message)
+            if site.applicable
+            else Text(f"not applicable: {site.reason}", style="dim")
+        )
+        location = f"{_display_path(site.path)}:{site.line}:{site.column}"
+        rows.append([Text(location), Text(site.rule.id, style="bold"), Text(owner), message])
+    _print_rows_unfolded(console, rows)
     files = len(result.files)
     console.print(
         f"{len(result.sites)} site(s) in {files} file(s), {len(rules)} rule(s), "
@@ -828,26 +844,22 @@ def _print_verdicts(rows: list[dict[str, object]], output_format: str) -> None:
     if output_format == "json":
         typer.echo(json.dumps(rows, indent=2, default=str))
         return
-    from rich.table import Table
-
     console = Console(highlight=False)
-    if not console.is_terminal:
-        console.width = 160
-    table = Table(header_style="bold")
-    for column in ("file", "class", "verdict", "largest |diff|", "reason"):
-        table.add_column(column, overflow="fold")
     colors = {"verified": "green", "refuted": "red"}
+    cells = []
     for row in rows:  # Text cells: paths, class names and reasons are never Rich markup
         diff = row.get("max_abs_diff")
         status = str(row["status"])
-        table.add_row(
-            Text(_display_path(str(row["path"]))),
-            Text(str(row["class"])),
-            Text(status, style=colors.get(status, "yellow")),
-            Text("" if diff is None else f"{diff:.2e} ({row.get('where') or ''})"),
-            Text(str(row.get("reason") or "")),
+        cells.append(
+            [
+                Text(_display_path(str(row["path"]))),
+                Text(str(row["class"])),
+                Text(status, style=colors.get(status, "yellow")),
+                Text("" if diff is None else f"|diff| {diff:.2e} ({row.get('where') or ''})"),
+                Text(str(row.get("reason") or "")),
+            ]
         )
-    console.print(table)
+    _print_rows_unfolded(console, cells)
     counts: dict[str, int] = {}
     for row in rows:
         if row.get("kind", "file") == "file":
