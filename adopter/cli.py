@@ -274,7 +274,8 @@ def scan(
         result = scan_paths(paths, rules, jobs=jobs, explain=explain)
     for error in result.errors:
         _print_error(console, error)
-    for miss in result.misses:  # plain lines, as a rule author greps them
+    misses, never_started = result.explained()
+    for miss in [*misses, *never_started]:  # plain lines, as a rule author greps them
         typer.echo(str(miss), err=True)
     sites = result.sites + (result.not_applicable if show_not_applicable else [])
     sites.sort(key=lambda s: (s.path, s.line, s.column, s.rule.id))

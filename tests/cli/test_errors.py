@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 import stat
 import subprocess
 import sys
@@ -99,11 +100,19 @@ def test_an_unexpected_failure_in_a_worker_becomes_a_located_error(tmp_path, mon
     assert "KeyError" in error.message
 
 
-def test_empty_path_argument_is_an_error():
+def flat(text: str) -> str:
+    """A usage error as one line: click's Rich panel wraps its message to the terminal's width
+    (``COLUMNS=40`` breaks "empty path" over two lines) inside box-drawing borders."""
+    return " ".join(re.sub("[\u2500-\u257f]", " ", text).split())
+
+
+@pytest.mark.parametrize("columns", ["40", "80", "300"])
+def test_empty_path_argument_is_an_error(monkeypatch, columns):
+    monkeypatch.setenv("COLUMNS", columns)
     for command in ("scan", "apply"):
         result, text = invoke(command, "")
         assert result.exit_code == 2
-        assert "empty path" in text
+        assert "empty path (use . for the current folder)" in flat(text)
 
 
 # -- item 8: user text is never read as Rich markup --------------------------------------------
