@@ -274,7 +274,8 @@ def scan(
         result = scan_paths(paths, rules, jobs=jobs, explain=explain)
     for error in result.errors:
         _print_error(console, error)
-    for miss in result.misses:  # plain lines, as a rule author greps them
+    misses, never_started = result.explained()
+    for miss in [*misses, *never_started]:  # plain lines, as a rule author greps them
         typer.echo(str(miss), err=True)
     sites = result.sites + (result.not_applicable if show_not_applicable else [])
     sites.sort(key=lambda s: (s.path, s.line, s.column, s.rule.id))
@@ -295,23 +296,45 @@ def _display_path(path: str) -> str:
         return path
 
 
+# A location column is padded to the longest location up to this width; a longer one is
+# printed whole and pushes its own row's other columns right.
+LOCATION_PAD_MAX = 60
+
+
+def _print_rows_unfolded(console: Console, rows: list[list[Text]]) -> None:
+    """Rows of cells as aligned columns, one line each, never wrapped or cut: the first cell
+    (a ``path:line:col`` or a path) stays whole on its line, so it can be copied, clicked and
+    grepped at any terminal width and when piped. A table would fold or ellipsize it."""
+    if not rows:
+        return
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
+    widths[0] = min(widths[0], LOCATION_PAD_MAX)
+    for row in rows:
+        line = Text()
+        for cell, width in zip(row, widths):
+            line.append_text(cell)
+            line.append(" " * max(width - len(cell), 0) + "  ")
+        line.append_text(row[-1])
+        line.rstrip()
+        console.print(line, soft_wrap=True, overflow="ignore", crop=False)
+
+
 def _print_table(sites, result, rules) -> None:
-    # One line per site, `path:line:col: rule [Class.method] message`, as ruff and compilers print
-    # them: a table folds a long path over several lines (by the terminal's width), and a folded
-    # path can be neither copied nor clicked.
-    console = Console(highlight=False, soft_wrap=True)
-    for site in sites:  # Text: paths and rule texts are never Rich markup
+    console = Console(highlight=False)
+    rows = []
+    for site in sites:  # Text cells: paths and rule texts are never Rich markup
         owner = f"{site.cls}.{site.method}" if site.cls else site.method
-        line = Text(f"{_display_path(site.path)}:{site.line}:{site.column}: ")
-        line.append(site.rule.id, style="bold")
+        message = (
+            Text(site.message)
+            if site.applicable
+            else Text(f"not applicable: {site.reason}", style="dim")
+        )
+        location = f"{_display_path(site.path)}:{site.line}:{site.column}"
+        rule = site.rule.id
         if site.rule.third_party_kernel:
-            line.append(f" (third-party kernel {site.rule.kernel})")
-        line.append(f" [{owner}] ")
-        if site.applicable:
-            line.append(site.message)
-        else:
-            line.append(f"not applicable: {site.reason}", style="dim")
-        console.print(line)
+            rule += f" (third-party kernel {site.rule.kernel})"
+        rows.append([Text(location), Text(rule, style="bold"), Text(owner), message])
+    _print_rows_unfolded(console, rows)
     files = len(result.files)
     console.print(
         f"{len(result.sites)} site(s) in {files} file(s), {len(rules)} rule(s), "
@@ -837,20 +860,22 @@ def _print_verdicts(rows: list[dict[str, object]], output_format: str) -> None:
     if output_format == "json":
         typer.echo(json.dumps(rows, indent=2, default=str))
         return
-    # One line per class, the path first and whole (`path: Class: verdict ...`): a table folds
-    # long paths by the terminal's width, and a folded path can be neither copied nor clicked.
-    console = Console(highlight=False, soft_wrap=True)
+    console = Console(highlight=False)
     colors = {"verified": "green", "refuted": "red"}
-    for row in rows:  # Text: paths, class names and reasons are never Rich markup
+    cells = []
+    for row in rows:  # Text cells: paths, class names and reasons are never Rich markup
         diff = row.get("max_abs_diff")
         status = str(row["status"])
-        line = Text(f"{_display_path(str(row['path']))}: {row['class']}: ")
-        line.append(status, style=colors.get(status, "yellow"))
-        if diff is not None:
-            line.append(f" (largest |diff| {diff:.2e} at {row.get('where') or '?'})")
-        if row.get("reason"):
-            line.append(f": {row['reason']}")
-        console.print(line)
+        cells.append(
+            [
+                Text(_display_path(str(row["path"]))),
+                Text(str(row["class"])),
+                Text(status, style=colors.get(status, "yellow")),
+                Text("" if diff is None else f"|diff| {diff:.2e} ({row.get('where') or ''})"),
+                Text(str(row.get("reason") or "")),
+            ]
+        )
+    _print_rows_unfolded(console, cells)
     counts: dict[str, int] = {}
     for row in rows:
         if row.get("kind", "file") == "file":

@@ -45,7 +45,17 @@ from ..extract.model import (
 )
 from ..extract.model import Step as FlowStep
 from ..extract.names import dotted_suffix_match, parameter_names, step_family
-from .explain import Miss, callee_text, describe_construction, describe_value, numbered, owner
+from .explain import (
+    NO_START,
+    Miss,
+    call_text,
+    callee_distance,
+    callee_text,
+    describe_construction,
+    describe_value,
+    numbered,
+    owner,
+)
 
 MAX_CANDIDATES = 2000  # per pattern step, a guard against pathological files
 
@@ -194,6 +204,7 @@ class Matcher:
         self._reason = ""
         self._deepest: tuple[int, int, str, str] | None = None
         self._candidate_misses: list[tuple[tuple[int, str | None], Miss]] = []
+        self._distance_cache: dict[tuple[str, str], tuple[int, int]] = {}
 
     @property
     def opaque_methods(self) -> set[str]:
@@ -644,11 +655,52 @@ class Matcher:
         for compiled in self.rules:
             if compiled.first is not None and compiled.rule.id not in tried:
                 label = numbered(compiled.first, 0, False)
-                reason = "no call in this file can start the match"
-                miss = Miss(compiled.rule.id, structure.path, 0, 0, "", label, reason)
-                misses.setdefault((*miss.key, label, reason), miss)
+                nearest, distance = self._nearest_call(compiled, structure)
+                miss = Miss(
+                    compiled.rule.id, structure.path, 0, 0, "", label, NO_START, nearest, distance
+                )
+                misses.setdefault((*miss.key, label, NO_START), miss)
         self._candidate_misses = []
         return sorted(misses.values(), key=lambda m: (m.key, m.step, m.reason))
+
+    def _nearest_call(
+        self, compiled: CompiledRule, structure: FileStructure
+    ) -> tuple[str, tuple[int, ...]]:
+        """The call of the file closest to a rule's first step that matched none: by the edit
+        distance of its callee (a submodule's constructor for ``$m(...)`` steps bound by an
+        ``init`` step), then by how many positional arguments it differs in, then the earliest.
+        ``("", ())`` when the step names no callee or the file has no such call."""
+        first = compiled.first
+        assert first is not None
+        wanted: str | None
+        if isinstance(first.callee, Var):
+            init = compiled.init_by_var.get(first.callee.name)
+            wanted = _callee_name(init.callee) if init is not None else None
+        else:
+            wanted = _callee_name(first.callee)
+        if wanted is None:
+            return "", ()
+        arity = sum(isinstance(a, Positional) for a in first.args)
+        best: tuple[tuple[int, ...], FlowStep] | None = None
+        for flow in structure.all_flows():
+            for step in flow.steps:
+                if step.synthetic or (isinstance(first.callee, Var) and step.module is None):
+                    continue
+                key = (wanted, step.kind)
+                names = self._distance_cache.get(key)
+                if names is None:
+                    names = self._distance_cache[key] = callee_distance(wanted, step.kind)
+                distance = (*names, abs(len(step.positional) - arity), step.line, step.column)
+                if best is None or distance < best[0]:
+                    best = (distance, step)
+        if best is None:
+            return "", ()
+        distance, step = best
+        column = step.column
+        if step.path == structure.path:  # columns count characters, as sites' do
+            column = structure.character_column(step.line, step.column)
+        # the line and column rank only within the file: across files, by name and arity
+        return f"{step.path}:{step.line}:{column} {call_text(step)}", distance[:3]
 
     # -- results -----------------------------------------------------------------------------
     def _site(

@@ -13,7 +13,7 @@ from ..dsl.errors import LocatedError
 from ..dsl.syntax import Rule
 from ..extract.source import SourceError, failure_as_error, read_source
 from ..extract.structure import analyse_source
-from .explain import Miss
+from .explain import Miss, NeverStarted, never_started
 from .matcher import Matcher, Site
 
 PARALLEL_THRESHOLD = 8  # files; below it, worker start-up costs more than it saves
@@ -49,6 +49,12 @@ class ScanResult:
     def misses(self) -> list[Miss]:
         """Where rules did not fire and why (a scan with ``explain``), in file order."""
         return [miss for result in self.files for miss in result.misses]
+
+    def explained(self) -> tuple[list[Miss], list[NeverStarted]]:
+        """The trace a rule author reads: the misses of rules that started somewhere, and one
+        line per rule whose first step matched no call in any file read, with the nearest."""
+        read = sum(1 for result in self.files if result.error is None)
+        return never_started(self.misses, read)
 
 
 def collect_python_files(paths: Iterable[str | Path]) -> tuple[list[Path], list[LocatedError]]:

@@ -105,6 +105,64 @@ def test_scan_table_and_select(tmp_path):
     assert "paper.4" in result.stdout and "1 site(s)" in result.stdout
 
 
+def _deep_model(tmp_path: Path) -> Path:
+    """A model file whose path is far longer than any terminal width tried below."""
+    folder = tmp_path / ("d" * 100) / ("e" * 60)
+    folder.mkdir(parents=True)
+    (folder / "model.py").write_text(GOOD)
+    return folder / "model.py"
+
+
+@pytest.mark.parametrize("columns", ["40", "60", "80", "300"])
+def test_scan_table_prints_each_location_whole_on_one_line(tmp_path, monkeypatch, columns):
+    # A table folds a long path over several lines (or cuts it with an ellipsis) to fit the
+    # terminal: then it can be neither copied nor clicked, and a test that looks for the path
+    # depends on how long the temporary folder's name is.
+    model = _deep_model(tmp_path)
+    monkeypatch.setenv("COLUMNS", columns)
+    result = runner.invoke(app, ["scan", str(model)])
+    assert result.exit_code == 0, result.output
+    location = f"{model}:7:16"
+    (line,) = [line for line in result.stdout.splitlines() if "paper.4" in line]
+    assert line.startswith(location + "  "), result.stdout
+    assert "Attention.forward" in line and "softmax" in line
+
+
+def test_scan_table_piped_keeps_locations_whole(tmp_path):
+    model = _deep_model(tmp_path)
+    env = {**os.environ, "COLUMNS": "60"}
+    result = subprocess.run(
+        [sys.executable, "-m", "adopter", "scan", str(model)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"{model}:7:16  paper.4" in result.stdout.splitlines()[0]
+
+
+@pytest.mark.parametrize("columns", ["40", "300"])
+def test_verify_table_prints_each_file_whole_on_one_line(tmp_path, monkeypatch, capsys, columns):
+    from adopter import cli
+
+    model = _deep_model(tmp_path)
+    monkeypatch.setenv("COLUMNS", columns)
+    rows = [
+        {
+            "path": str(model),
+            "class": "Attention",
+            "status": "verified",
+            "reason": "",
+            "max_abs_diff": 1.5e-7,
+            "where": "eval",
+        }
+    ]
+    cli._print_verdicts(rows, "table")
+    (line, summary) = capsys.readouterr().out.splitlines()
+    assert line.startswith(f"{model}  Attention  verified"), line
+    assert summary == "1 verified file(s)"
+
+
 def test_scan_with_user_rule_file(tmp_path):
     (tmp_path / "model.py").write_text(GOOD)
     rules = tmp_path / "mine.adopt"
@@ -222,5 +280,6 @@ def test_a_long_path_is_printed_whole_on_one_line_at_any_terminal_width(tmp_path
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr
-    location = f"{model.relative_to(tmp_path)}:7:16: paper.4"
-    assert [line for line in done.stdout.splitlines() if line.startswith(location)], done.stdout
+    location = f"{model.relative_to(tmp_path)}:7:16"
+    lines = [line for line in done.stdout.splitlines() if line.startswith(location)]
+    assert lines and "paper.4" in lines[0], done.stdout

@@ -154,3 +154,88 @@ def test_cli_prints_the_trace_on_stderr_and_keeps_json_intact(tmp_path, how):
         "`add($dropped, $residual) -> $sum`: wrong callee: line 50 calls `mul`, not `add`"
     ) in result.stderr.splitlines()
     assert "did not fire" not in plain.stderr
+
+
+# -- rules whose first step matched nothing anywhere -----------------------------------------
+
+SOFTMAX_MODEL = """\
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, scores):
+        scores = torch.matmul(scores, scores)
+        return F.log_softmax(self.proj(scores), dim=-1)
+"""
+
+USER_RULES = """\
+rule mine.1 {
+  name: "a misspelled callee"
+  forward { torch.nn.functional.sofmax($x, ...) -> $y } => _
+}
+rule mine.2 {
+  name: "starts but does not fire"
+  forward { torch.nn.functional.log_softmax($x, dim=1) -> $y } => _
+}
+rule mine.3 {
+  name: "a misspelled constructor"
+  init { @torch.nn.Linaer(...) -> $projection }
+  forward { $projection($x) -> $y } => _
+}
+"""
+
+
+def explain_scan(tmp_path, *files: str) -> list[str]:
+    rules = tmp_path / "mine.adopt"
+    rules.write_text(USER_RULES)
+    for index, source in enumerate(files):
+        (tmp_path / f"m{index}.py").write_text(source)
+    result = runner.invoke(app, ["scan", "--rules", str(rules), "--explain", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    return result.stderr.splitlines()
+
+
+def test_a_rule_whose_first_step_matched_nothing_names_the_nearest_call(tmp_path):
+    other = "import torch\n\n\ndef f(x):\n    return torch.relu(x)\n"
+    lines = explain_scan(tmp_path, SOFTMAX_MODEL, other)
+    model = tmp_path / "m0.py"
+    assert (
+        "mine.1 did not fire: its first step `torch.nn.functional.sofmax($x, ...) -> $y` "
+        f"matched no call in 2 file(s); nearest: {model}:13:16 "
+        "`torch.nn.functional.log_softmax(...)`"
+    ) in lines
+    assert (
+        "mine.3 did not fire: its first step `$projection($x) -> $y` matched no call in 2 "
+        f"file(s); nearest: {model}:13:30 `self.proj(...)` (torch.nn.Linear)"
+    ) in lines
+    # one line for the whole scan, not one per file
+    assert not [line for line in lines if "mine.1" in line and "in this file" in line]
+    # mine.2 started (at the log_softmax call) and failed at its literal: no such line
+    assert not [line for line in lines if line.startswith("mine.2 did not fire: its first")]
+    assert any(line.startswith(f"{model}:13:16: mine.2 did not fire") for line in lines)
+
+
+def test_a_rule_that_started_in_one_file_keeps_its_per_file_lines(tmp_path):
+    lines = explain_scan(tmp_path, SOFTMAX_MODEL, "def f(x):\n    return x\n")
+    assert not [line for line in lines if line.startswith("mine.2 did not fire: its first")]
+    assert f"{tmp_path / 'm1.py'}: mine.2 did not fire at step 1" in "\n".join(lines)
+
+
+def test_nearest_ranks_the_closest_name_then_the_arity():
+    from adopter.match.explain import callee_distance
+
+    wanted = "torch.nn.functional.softmax"
+    closest = min(
+        ["torch.matmul", "torch.nn.functional.log_softmax", "torch.nn.functional.sofmax"],
+        key=lambda kind: callee_distance(wanted, kind),
+    )
+    assert closest == "torch.nn.functional.sofmax"
+    assert callee_distance(wanted, "torch.nn.functional.log_softmax") < callee_distance(
+        wanted, "torch.matmul"
+    )
