@@ -426,10 +426,9 @@ def _edit_span(source: SourceText, start: int, end: int, plans: list[Plan]) -> l
     return new_lines
 
 
-def _fragment(text: str) -> ast.Module:
+def _fragment(text: str, indented: bool) -> ast.Module:
     """Whole statements of one block, parsed alone (under ``if True:`` when indented)."""
-    header = WRAPPER + "\n" if text[: len(text) - len(text.lstrip(" \t"))] else ""
-    return ast.parse(header + text)
+    return ast.parse((WRAPPER + "\n" if indented else "") + text)
 
 
 def check_edit(
@@ -440,8 +439,9 @@ def check_edit(
     statement moved into the arms of an ``if`` at most as often as before). Otherwise the
     edit is refused, never written."""
     try:
-        old = _fragment("".join(source.lines[start - 1 : end]))
-        new = _fragment("".join(new_lines))
+        indented = bool(source.indentation(start))  # as _edit_span parsed them
+        old = _fragment("".join(source.lines[start - 1 : end]), indented)
+        new = _fragment("".join(new_lines), indented)
     except SyntaxError as error:
         raise Refusal(f"lines {start}-{end}: the edit does not parse ({error.msg})") from None
     done = [part for plan in plans for part in (plan, *plan.also_patched)]
