@@ -12,7 +12,7 @@ import torch
 
 from adopter.match import Matcher
 from adopter.rewrite import rewrite_text
-from adopter.rewrite.apply import check_edit
+from adopter.rewrite.checks import check_edit
 from adopter.rewrite.plan import Plan
 from adopter.rewrite.source import SourceText
 from adopter.rules import load_rule_set
