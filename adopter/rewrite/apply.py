@@ -20,6 +20,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ..extract.source import split_lines
 from ..match.matcher import Site
+from .checks import check_edit
 from .guarded import AlreadyPatched
 from .names import (
     STAR,
@@ -118,11 +119,12 @@ class _FunctionEditor(cst.CSTTransformer):
         self.inserted: dict[tuple[int, int], list[str]] = {}
         self.new_keywords: dict[tuple[int, int], list[str]] = {}
         # first statement -> (statements wrapped, guard, kernel arm, indentation step)
-        self.wraps: dict[tuple[int, int], tuple[int, str | None, list[str], str]] = {}
+        self.wraps: dict[tuple[int, int], tuple[tuple[int, int], str | None, list[str], str]] = {}
         for plan in plans:
             if plan.wrap is not None:
                 wrapped, guard, kernel_arm, indent = plan.wrap
-                self.wraps[locate(wrapped[0])] = (len(wrapped), guard, kernel_arm, indent)
+                # the last statement's position, not a count: joined statements share a line
+                self.wraps[locate(wrapped[0])] = (locate(wrapped[-1]), guard, kernel_arm, indent)
             for statement, text in plan.insert_before:
                 self.inserted.setdefault(locate(statement), []).append(text)
             if plan.keyword_parameters:
@@ -173,11 +175,59 @@ class _FunctionEditor(cst.CSTTransformer):
         self, original: cst.SimpleStatementLine, updated: cst.SimpleStatementLine
     ):
         key = self._start(original)
+        if any(self._small_key(s) in self.inserted for s in original.body[1:]):
+            raise Refusal("an insertion before a statement that shares its line; not rewritten")
         inserted = self.inserted.get(key)
         if inserted:
             new_statements = [cst.parse_statement(text) for text in inserted]
             return cst.FlattenSentinel([*new_statements, self._edited(key, original, updated)])
         return self._edited(key, original, updated)
+
+    def leave_SimpleStatementSuite(  # noqa: N802 - LibCST visitor name
+        self, original: cst.SimpleStatementSuite, updated: cst.SimpleStatementSuite
+    ):
+        """A one-line compound body (``if c: x = f(x)``): its statements are edited one by one;
+        a body left empty becomes ``pass``."""
+        if any(self._small_key(s) in self.inserted for s in original.body):
+            raise Refusal("an insertion into a one-line compound body; not rewritten")
+        body = self._edited_small(original.body, updated.body)
+        if body is None:
+            return updated
+        return updated.with_changes(body=body or [cst.Pass()])
+
+    def _small_key(self, statement: cst.CSTNode) -> tuple[int, int]:
+        return self._start(statement)
+
+    def _edited_small(
+        self,
+        original: Sequence[cst.BaseSmallStatement],
+        updated: Sequence[cst.BaseSmallStatement],
+    ) -> list[cst.BaseSmallStatement] | None:
+        """The statements of one line, each deleted or replaced as planned (``None``: none is);
+        the statements sharing the line stay, in order."""
+        keys = [self._small_key(s) for s in original]
+        if not any(key in self.statements for key in keys):
+            return None
+        body: list[cst.BaseSmallStatement] = []
+        for key, before, after in zip(keys, original, updated, strict=True):
+            if key not in self.statements:
+                body.append(after)
+                continue
+            if any(key in targets for targets, _ in self.hoists.values()):
+                self.hoisted[key] = cst.SimpleStatementLine(
+                    body=[before.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)]
+                )
+            text = self.statements[key]
+            if text is None:
+                continue
+            new = cst.parse_statement(text)
+            assert isinstance(new, cst.SimpleStatementLine)
+            parts = list(new.body)
+            parts[-1] = parts[-1].with_changes(semicolon=after.semicolon)
+            body.extend(parts)
+        if body:  # the new last statement ends the line as the old last one did
+            body[-1] = body[-1].with_changes(semicolon=updated[-1].semicolon)
+        return body
 
     def _edited(
         self,
@@ -185,6 +235,11 @@ class _FunctionEditor(cst.CSTTransformer):
         original: cst.SimpleStatementLine,
         updated: cst.SimpleStatementLine,
     ) -> cst.SimpleStatementLine:
+        if len(original.body) > 1:  # joined statements (``a; b``): edited one by one
+            body = self._edited_small(original.body, updated.body)
+            if body is None:
+                return updated
+            return updated.with_changes(body=body) if body else _removed_marker(updated)
         if key not in self.statements:
             return updated
         if any(key in targets for targets, _ in self.hoists.values()):
@@ -226,6 +281,8 @@ class _FunctionEditor(cst.CSTTransformer):
         after = [cst.parse_statement(text) for text in self.sinks.get(key, [])]
 
         def extended(block: cst.BaseSuite) -> cst.IndentedBlock:
+            if isinstance(block, cst.SimpleStatementSuite):
+                block = _as_block(block, self.arm_indents[key])
             assert isinstance(block, cst.IndentedBlock)
             return block.with_changes(body=[*before, *block.body, *after])
 
@@ -278,7 +335,10 @@ class _FunctionEditor(cst.CSTTransformer):
                 body.append(updated.body[index])
                 index += 1
                 continue
-            count, guard, kernel_arm, indent = wrap
+            last, guard, kernel_arm, indent = wrap
+            count = 0
+            while index + count < len(keys) and keys[index + count] <= last:
+                count += 1
             moved = list(updated.body[index : index + count])
             leading = moved[0].leading_lines
             moved[0] = moved[0].with_changes(leading_lines=())
@@ -307,6 +367,16 @@ class _FunctionEditor(cst.CSTTransformer):
 
 
 _REMOVED = "__adopter_removed__"
+
+
+def _as_block(suite: cst.SimpleStatementSuite, indent: str) -> cst.IndentedBlock:
+    """A one-line body (``if c: a; b  # note``) as an indented block, one statement a line; the
+    line's comment stays on the header."""
+    lines = [
+        cst.SimpleStatementLine(body=[s.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)])
+        for s in suite.body
+    ]
+    return cst.IndentedBlock(body=lines, indent=indent, header=suite.trailing_whitespace)
 
 
 def _removed_marker(statement: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
@@ -756,6 +826,7 @@ def rewrite_source(
     for start, end, group in sorted(_spans(plans, planner), key=lambda span: -span[0]):
         try:
             new_lines = _edit_span(source, start, end, group)
+            check_edit(source, start, end, new_lines, group)
         except (cst.ParserSyntaxError, Refusal, AssertionError, KeyError) as error:
             if any(p.companions or p.instance_of is p.site for p in group):
                 # Half of a two-function edit cannot stand alone: plan again without the site.

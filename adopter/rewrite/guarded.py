@@ -80,6 +80,7 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
             raise Refusal(f"line {step.line}: the matched calls are not in one block")
         last_index = max(last_index, holder)
     wrapped = block[first_index : last_index + 1]
+    _check_whole_lines(planner, block, first_index, last_index)
     if guard is not None and _inside_own_guard(planner, parent, field, guard):
         raise AlreadyPatched("already guarded by its kernel (patched before)")
 
@@ -172,6 +173,24 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
         f"if {guard_text}: ..." if guard else "; ".join(lines)
     )
     return plan
+
+
+def _check_whole_lines(planner: Planner, block: list[ast.stmt], first: int, last: int) -> None:
+    """The replaced statements must be whole lines: the kernel arm takes their place, so a
+    statement sharing a line with them (``a; b``) or a one-line body (``if c: a; b``) would be
+    wrapped or dropped with them."""
+    from .plan import Refusal
+
+    start, end = block[first], block[last]
+    prefix = planner.source.lines[start.lineno - 1].encode("utf-8")[: start.col_offset]
+    joined = (first > 0 and block[first - 1].end_lineno == start.lineno) or (
+        last + 1 < len(block) and block[last + 1].lineno == end.end_lineno
+    )
+    if joined or prefix.strip():
+        raise Refusal(
+            f"line {start.lineno}: the matched statements share a line with other code "
+            "(joined statements or a one-line body); not rewritten"
+        )
 
 
 def _root_and_holders(

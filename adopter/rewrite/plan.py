@@ -150,6 +150,7 @@ class Plan:
     wrap: tuple[list[ast.stmt], str | None, list[str], str] | None = None
     instance_of: Site | None = None  # another call of a site already reported
     imports: set[str] = field(default_factory=set)
+    kernel_calls: list[str] = field(default_factory=list)  # local kernel names, one per call
     touched: list[ast.AST] = field(default_factory=list)
     statements: list[ast.stmt] = field(default_factory=list)  # every statement edited
     summary: str = ""
@@ -191,6 +192,7 @@ class Planner:
             local = name if name not in taken else fresh_alias(name, taken)
             self.aliases[name] = local
         plan.imports.add(name)
+        plan.kernel_calls.append(local)
         return local
 
     # -- entry -------------------------------------------------------------------------------
