@@ -543,7 +543,7 @@ def _import_edit(
                     name=cst.Name(name),
                     asname=cst.AsName(name=cst.Name(alias)) if alias else None,
                 )
-                for name, alias in sorted(wanted, key=lambda pair: pair[0])
+                for name, alias in sorted(wanted, key=lambda pair: (pair[0], pair[1] or ""))
             ]
             merged = statement.with_changes(
                 body=[import_from.with_changes(names=new_aliases, lpar=None, rpar=None)]
