@@ -793,9 +793,9 @@ def rewrite_source(
         return FileRewrite(path, text, text, _ordered(skipped))
     source = SourceText(text)
     # Kernel names must mean the import inside every function the sites edit (see names.py).
-    hosts = _host_lines(tree, sites)
-    avoid = names_a_kernel_import_must_avoid(tree, hosts)
-    planner = Planner(source, avoid, existing_kernel_imports(tree, visible_bindings(tree, hosts)))
+    visible = visible_bindings(tree, _host_lines(tree, sites))
+    avoid = names_a_kernel_import_must_avoid(tree, visible)
+    planner = Planner(source, avoid, existing_kernel_imports(tree, visible))
     results: list[SiteResult] = []
     plans: list[Plan] = []
     for site in sites:

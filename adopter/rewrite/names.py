@@ -129,11 +129,10 @@ def _functions_with_chain(tree: ast.Module) -> Iterator[tuple[Function, list[Fun
 def global_reads(tree: ast.Module) -> set[str]:
     """Names the module reads from its global (or builtin) namespace anywhere: at module level,
     in class bodies, and in functions where no enclosing function binds them."""
-    bindings = {
-        id(function): function_bindings(function) for function, _ in _functions_with_chain(tree)
-    }
+    functions = list(_functions_with_chain(tree))
+    bindings = {id(function): function_bindings(function) for function, _ in functions}
     owner: dict[int, list[Function]] = {}
-    for function, chain in _functions_with_chain(tree):
+    for function, chain in functions:
         for node in _own_scope_nodes(function):
             owner[id(node)] = [*chain, function]
     reads: set[str] = set()
@@ -158,9 +157,10 @@ def visible_bindings(tree: ast.Module, host_lines: Iterable[int]) -> set[str]:
     return names
 
 
-def names_a_kernel_import_must_avoid(tree: ast.Module, host_lines: Iterable[int]) -> set[str]:
-    """Module bindings, global reads, and the bindings visible where kernels will be called."""
-    return set(module_bindings(tree)) | global_reads(tree) | visible_bindings(tree, host_lines)
+def names_a_kernel_import_must_avoid(tree: ast.Module, visible: set[str]) -> set[str]:
+    """Module bindings, global reads, and ``visible``: the :func:`visible_bindings` of the
+    places kernels will be called."""
+    return set(module_bindings(tree)) | global_reads(tree) | visible
 
 
 def fresh_alias(name: str, taken: set[str]) -> str:
