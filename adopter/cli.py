@@ -22,7 +22,7 @@ from .files import FileRefused, max_file_bytes
 from .match import Matcher
 from .match.report import json_records, sarif_log
 from .match.scan import collect_python_files, scan_paths
-from .rules import RULE_SETS, load_rule_set
+from .rules import DEFAULT_RULE_SET, RULE_SETS, load_rule_set
 from .verify.factory_spec import FACTORY_HELP, parse_factory
 
 app = typer.Typer(
@@ -171,7 +171,7 @@ def load_rules(
     rules: list[Rule] = []
     if rule_set or not rule_files:
         try:
-            rules.extend(load_rule_set(rule_set or "paper"))
+            rules.extend(load_rule_set(rule_set or DEFAULT_RULE_SET))
         except KeyError as error:
             raise _fail(str(error.args[0])) from None
         except DslError as error:  # a built-in rule file that is misnamed or broken
@@ -206,6 +206,10 @@ def load_rules(
     return rules
 
 
+_RULE_SET_HELP = (
+    f"Built-in rule set ({', '.join(RULE_SETS)}); default {DEFAULT_RULE_SET}, none with --rules "
+    "unless named."
+)
 RulesOption = Annotated[
     list[Path] | None,
     typer.Option(
@@ -219,7 +223,7 @@ RuleSetOption = Annotated[
     str | None,
     typer.Option(
         "--rule-set",
-        help=f"Built-in rule set ({', '.join(RULE_SETS)}); default paper unless --rules is given.",
+        help=_RULE_SET_HELP,
     ),
 ]
 SelectOption = Annotated[
@@ -938,7 +942,7 @@ def run(
         str | None,
         typer.Option(
             "--rule-set",
-            help=f"Built-in rule set ({', '.join(RULE_SETS)}); default all unless --rules.",
+            help=_RULE_SET_HELP,
         ),
     ] = None,
     select: SelectOption = None,
@@ -969,14 +973,14 @@ def run(
 
     if not command:
         raise _fail("give the command to run, e.g. adopter run -- python train.py")
-    rules = load_rules(rule_files, rule_set or ("all" if not rule_files else None), select)
+    rules = load_rules(rule_files, rule_set, select)
     excluded = [item.strip() for item in (exclude or "").split(",") if item.strip()]
     unknown = unmatched(excluded, [rule.id for rule in rules])
     if unknown:
         raise _fail(f"--exclude names unknown rule(s): {', '.join(unknown)}")
     if not rules:
         raise _fail("no rules selected")
-    names = ([rule_set] if rule_set else ["all"] if not rule_files else []) + [
+    names = ([rule_set] if rule_set else [DEFAULT_RULE_SET] if not rule_files else []) + [
         str(path.resolve()) for path in rule_files or []
     ]
     env = run_environment(

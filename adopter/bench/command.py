@@ -648,7 +648,7 @@ def plan_variants(
     if rules is None:
         from ..rules import load_rule_set
 
-        rules = load_rule_set("paper")
+        rules = load_rule_set()
     rules = list(rules)
     if patched_factory is not None:
         return _plan_two_factories(factory, patched_factory, per_rule=ablation or not combined)

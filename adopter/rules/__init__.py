@@ -22,6 +22,9 @@ RULE_SETS: dict[str, tuple[str, ...]] = {
     "modern": ("modern_*.adopt",),
     "all": ("paper_*.adopt", "ext_*.adopt", "modern_*.adopt"),
 }
+# The set every command runs when none is named (scan, apply, verify, bench, run and patch alike:
+# a plain scan must report what `adopter run` patches). Benchmarks of the paper name "paper".
+DEFAULT_RULE_SET = "all"
 
 
 # `paper_4_softmax.adopt` holds rule `paper.4`: the file name orders the set and names the rule.
@@ -43,7 +46,7 @@ def _numbered(path: Path) -> tuple[str, int]:
     return found["prefix"], int(found["number"])
 
 
-def rule_files(rule_set: str = "paper") -> list[Path]:
+def rule_files(rule_set: str = DEFAULT_RULE_SET) -> list[Path]:
     """The files of a built-in set, in rule-number order. Raises ``KeyError`` for an unknown
     set and :class:`DslError` (at the file) for a file not named ``<set>_<N>_<what>.adopt``."""
     if rule_set not in RULE_SETS:
@@ -55,7 +58,7 @@ def rule_files(rule_set: str = "paper") -> list[Path]:
     ]
 
 
-def load_rule_set(rule_set: str = "paper") -> list[Rule]:
+def load_rule_set(rule_set: str = DEFAULT_RULE_SET) -> list[Rule]:
     """The rules of a built-in set, in id order. Each file must hold exactly the rule its name
     gives (``paper_4_...`` holds ``paper.4``); otherwise :class:`DslError` at the file."""
     rules: list[Rule] = []

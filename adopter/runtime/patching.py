@@ -32,6 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ..rules import DEFAULT_RULE_SET
 from . import hook
 from .cache import CacheRefused, RuntimeCache, cache_dir
 from .log import LOGGER, once, once_per_key
@@ -466,7 +467,8 @@ def install_from_environment() -> PatchReport | None:
         for p in os.environ.get("ADOPTER_PACKAGES", ",".join(hook.DEFAULT_PACKAGES)).split(",")
         if p.strip()
     ]
-    rules = [r.strip() for r in os.environ.get("ADOPTER_RULES", "all").split(",") if r.strip()]
+    named = os.environ.get("ADOPTER_RULES", DEFAULT_RULE_SET)
+    rules = [r.strip() for r in named.split(",") if r.strip()]
     options = RuntimeOptions(
         RuleChoice.of(
             rules,

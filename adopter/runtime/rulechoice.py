@@ -17,9 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..dsl import Rule, check_declared_kernels, load_rule_file
-from ..rules import RULE_SETS, rule_files
-
-DEFAULT_RULE_SET = "all"
+from ..rules import DEFAULT_RULE_SET, RULE_SETS, rule_files
 
 RuleArgument = str | Path | Rule | Sequence[str | Path | Rule] | None
 
