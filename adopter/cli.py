@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -580,6 +581,9 @@ def bench(
     target = targets[0] if targets else None
     _check_factory("--factory", factory)
     _check_factory("--patched-factory", patched_factory)
+    if plot_out is not None and importlib.util.find_spec("matplotlib") is None:
+        # Checked before the run: a missing plotter must not cost the user the measurements.
+        raise _fail("--plot needs matplotlib: pip install matplotlib (or 'adopter[torch]')")
     rules = load_rules(rule_files, rule_set, select)
 
     from .bench.command import BenchTargetError, run_bench
