@@ -492,7 +492,7 @@ def apply(
     for line in _third_party_lines(rules, result):
         say(line)
     say(result.summary(done, written=write, not_written=not_written))
-    if result.errors or not_written:
+    if result.errors or not_written or result.held_back:
         raise typer.Exit(EXIT_ERROR)
     if check and result.changed:
         raise typer.Exit(1)

@@ -213,6 +213,9 @@ class ApplyResult:
     files: list[FileRewrite]
     seconds: float
     errors: list[str] = field(default_factory=list)
+    # Changed files ``apply --verify`` left unpatched (refuted, not exercised, not checkable):
+    # the run did not do what it found, so it must not end as a success.
+    held_back: int = 0
 
     @property
     def results(self) -> list[SiteResult]:
@@ -222,10 +225,12 @@ class ApplyResult:
     def changed(self) -> list[FileRewrite]:
         return [rewrite for rewrite in self.files if rewrite.error is None and rewrite.changed]
 
-    def keep(self, proven: list[FileRewrite]) -> None:
-        """Replace the changed files by ``proven`` (those a gate kept, possibly narrowed)."""
+    def keep(self, proven: list[FileRewrite], *, held_back: int = 0) -> None:
+        """Replace the changed files by ``proven`` (those a gate kept, possibly narrowed);
+        ``held_back`` counts the changed files the gate refused."""
         unchanged = [r for r in self.files if not r.changed or r.error is not None]
         self.files = unchanged + proven
+        self.held_back += held_back
 
     def skip_lines(self) -> list[str]:
         """One line per skipped site: where, which rule, and why."""
@@ -246,6 +251,7 @@ class ApplyResult:
             f"{patched} site(s) {verb} in {len(done)} file(s), {covered} covered by an "
             f"enclosing rewrite, {skipped} skipped, "
             + (f"{not_written} file(s) not written, " if not_written else "")
+            + (f"{self.held_back} file(s) held back unproven, " if self.held_back else "")
             + f"{len(self.errors)} error(s), {self.seconds:.2f} s"
         )
 

@@ -156,7 +156,8 @@ def keep_verified(
     gated = gate_rewrites(result.changed, rules, timeout=timeout)
     for item in gated:
         say(describe(item.rewrite.path, item))
-    result.keep([item.rewrite for item in gated if item.text is not None])
+    kept = [item.rewrite for item in gated if item.text is not None]
+    result.keep(kept, held_back=len(gated) - len(kept))
 
 
 def describe(path: str | Path, gated: GatedFile) -> str:

@@ -6,8 +6,11 @@ from __future__ import annotations
 import os
 import time
 
+from typer.testing import CliRunner
+
 from adopter.bench import command
 from adopter.bench.command import BenchTargetError, keep_faster_rules
+from adopter.cli import app
 from adopter.rewrite import WriteOptions, rewrite_paths, write_changed
 from adopter.rules import load_rule_set
 from adopter.verify import gate
@@ -96,3 +99,33 @@ def test_verify_keeps_only_proven_files(tmp_path, monkeypatch):
     keep_verified(result, load_rule_set("paper"), timeout=5, say=said.append)
     assert said == [f"{model}: refuted - outputs differ"]
     assert result.changed == [] and len(result.files) == 1  # the unchanged file stays
+    assert result.held_back == 1
+    assert "1 file(s) held back unproven" in result.summary([], written=True, not_written=0)
+
+
+def test_apply_verify_write_fails_when_nothing_could_be_checked(tmp_path, monkeypatch):
+    model, _ = project(tmp_path)
+    before = model.read_bytes()
+
+    def not_checkable(rewrites, rules, timeout):
+        return [GatedFile(r, "not checkable", "attempted relative import", None) for r in rewrites]
+
+    monkeypatch.setattr(gate, "gate_rewrites", not_checkable)
+    result = CliRunner().invoke(app, ["apply", "--verify", "--write", str(model)])
+    assert result.exit_code == 2, result.output
+    assert "not checkable - attempted relative import" in result.output
+    assert "held back unproven" in result.output
+    assert model.read_bytes() == before
+
+
+def test_apply_verify_write_succeeds_when_every_file_is_proven(tmp_path, monkeypatch):
+    model, _ = project(tmp_path)
+
+    def proven(rewrites, rules, timeout):
+        return [GatedFile(r, "verified", "all sites ran", r.patched) for r in rewrites]
+
+    monkeypatch.setattr(gate, "gate_rewrites", proven)
+    result = CliRunner().invoke(app, ["apply", "--verify", "--write", str(model)])
+    assert result.exit_code == 0, result.output
+    assert "held back" not in result.output
+    assert "dropout_add_layer_norm" in model.read_text(encoding="utf-8")
