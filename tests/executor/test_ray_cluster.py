@@ -115,12 +115,15 @@ def _pairs() -> list[tuple[str, str]]:
     original = f"{FACTORIES}:make_original"
     return [
         (original, f"{FACTORIES}:{name}")
-        for name in ("make_patched", "make_wrong", "make_crashing", "make_slowly")
+        for name in ("make_patched", "make_wrong", "make_crashing")
     ]
 
 
 def test_factories_give_the_same_verdicts_on_the_cluster_as_here(cluster: Cluster) -> None:
-    options = {"timeout": 8.0, "modes": ("eval",)}
+    # A generous timeout: on a loaded machine a worker's first torch import alone can take
+    # seconds, and a verdict that depends on the load is not the one under test. The timeout
+    # path on the cluster is test_a_task_past_its_timeout_is_cancelled's.
+    options = {"timeout": 120.0, "modes": ("eval",)}
     here = verify_factories(_pairs(), executor=LocalExecutor(1), **options)
     heard: list[int] = []
     with RayExecutor(cluster.address) as executor:
@@ -128,12 +131,12 @@ def test_factories_give_the_same_verdicts_on_the_cluster_as_here(cluster: Cluste
             _pairs(), executor=executor, on_result=lambda i, _: heard.append(i), **options
         )
     statuses = [v.status for v in here]
-    assert statuses == ["verified", "refuted", "not checkable", "not checkable"]
-    assert "exited with code 3" in here[2].reason and "timed out after 8 s" in here[3].reason
+    assert statuses == ["verified", "refuted", "not checkable"]
+    assert "exited with code 3" in here[2].reason
     assert [(v.cls, v.status, v.reason) for v in there] == [
         (v.cls, v.status, v.reason) for v in here
     ]
-    assert sorted(heard) == [0, 1, 2, 3]
+    assert sorted(heard) == [0, 1, 2]
 
 
 def test_the_command_reports_the_same_rows_on_the_cluster(cluster: Cluster) -> None:
