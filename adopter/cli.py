@@ -967,6 +967,10 @@ def run(
     quiet: Annotated[
         bool, typer.Option("--quiet", "-q", help="Do not print what was patched.")
     ] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option("--verbose", "-v", help="One line per module (patched, left alone, and why)."),
+    ] = False,
 ) -> None:
     """Run COMMAND with the matching modules of transformers, timm and diffusers patched in
     memory as they are imported (no file is edited). Exit code: the command's."""
@@ -994,7 +998,7 @@ def run(
         exclude=",".join(excluded) or None,
         packages=[p.strip() for p in packages.split(",") if p.strip()],
         verify=verify,
-        log_level=None if quiet else "INFO",
+        log_level=None if quiet else "DEBUG" if verbose else "INFO",
     )
     raise typer.Exit(run_command(command, env))
 

@@ -19,6 +19,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import venv
 from pathlib import Path
 
@@ -59,3 +60,51 @@ def modern_python() -> Path:
         pytest.fail(f"could not build {MODERN_ENV}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     stamp.write_text(_stamp())
     return python
+
+
+MODERN_TEST_ID = "tests/test_modern_environment.py::test_modern_suite_passes_in_its_own_environment"
+
+
+class ModernRun:
+    """``tests/modern`` run in the modern environment, in a background thread.
+
+    Building the environment is mostly download and unpacking, and the modern tests run in a
+    process of their own: neither needs the main suite to wait. ``tests/conftest.py`` starts
+    the run as soon as collection shows the modern test will run, so the two overlap;
+    the test itself only waits for the outcome. A skip or failure while building is kept and
+    raised in the test, where pytest reports it.
+    """
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._done: subprocess.CompletedProcess[str] | None = None
+        self._raised: BaseException | None = None
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="modern-suite", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            python = modern_python()
+            environment = {**os.environ, "PYTHONPATH": str(ROOT)}
+            command = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/modern"]
+            self._done = subprocess.run(
+                command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=900
+            )
+        except BaseException as raised:  # pytest's skip and fail outcomes are BaseExceptions
+            self._raised = raised
+
+    def outcome(self) -> subprocess.CompletedProcess[str]:
+        """The finished run (started now if nobody started it); re-raises what the build raised."""
+        self.start()
+        assert self._thread is not None
+        self._thread.join()
+        if self._raised is not None:
+            raise self._raised
+        assert self._done is not None
+        return self._done
+
+
+MODERN_RUN = ModernRun()

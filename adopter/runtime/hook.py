@@ -23,6 +23,7 @@ from types import ModuleType
 from typing import Any
 
 DEFAULT_PACKAGES = ("transformers", "timm", "diffusers")
+_IMPORTS = threading.local()  # how deep this thread is in hooked imports
 
 
 def within(name: str, package: str) -> bool:
@@ -45,8 +46,16 @@ class _PatchingLoader(importlib.abc.Loader):
             spec.loader = self._loader
         if getattr(module, "__loader__", None) is self:
             module.__loader__ = self._loader
-        self._loader.exec_module(module)
-        self._after(module)
+        _IMPORTS.depth = getattr(_IMPORTS, "depth", 0) + 1
+        try:
+            self._loader.exec_module(module)
+            self._after(module)
+        finally:
+            _IMPORTS.depth -= 1
+        if _IMPORTS.depth == 0:  # the outermost hooked import is done: one line per package
+            from .log import summarise
+
+            summarise()
 
     def __getattr__(self, name: str) -> Any:  # get_source, get_resource_reader, ...
         return getattr(self._loader, name)

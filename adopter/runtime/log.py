@@ -3,6 +3,11 @@
 A module is patched once, but an import hook sees hundreds of modules and a training script
 may call ``patch`` again: each module's outcome (patched with which sites, left alone and why)
 is logged the first time only. Modules with nothing to patch are logged at DEBUG.
+
+On stderr at INFO (``adopter run``, ``ADOPTER_LOG=INFO``) the per-module lines are folded into
+one summary line per package each time an import of it finishes (:func:`summarise`): a timm or
+diffusers script imports dozens of modules it never uses, and a line for each buries what
+matters. At DEBUG (``adopter run -v``) every line is printed as it happens.
 """
 
 from __future__ import annotations
@@ -10,18 +15,71 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+from collections import Counter, defaultdict
 
 LOGGER = logging.getLogger("adopter")
 _SEEN: set[tuple[str, str]] = set()
 _LOCK = threading.Lock()
 
 
-def once(level: int, key: str, message: str) -> None:
+# The ``extra`` field naming a per-module outcome line: "patched" (with ``adopter_sites``),
+# "unpatched" (the module was left alone) or "partial" (some of its sites were not patched).
+OUTCOME = "adopter_outcome"
+
+
+def once(level: int, key: str, message: str, *, outcome: str = "", sites: int = 0) -> None:
     with _LOCK:
         if (key, message) in _SEEN:
             return
         _SEEN.add((key, message))
-    LOGGER.log(level, message)
+    extra = {OUTCOME: outcome, "adopter_module": key, "adopter_sites": sites} if outcome else None
+    LOGGER.log(level, message, extra=extra)
+
+
+class _Summary(logging.Filter):
+    """Holds back per-module outcome lines on a handler above DEBUG and counts them per
+    package, for :func:`summarise` to print as one line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: defaultdict[str, Counter[str]] = defaultdict(Counter)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        outcome = getattr(record, OUTCOME, "")
+        if not outcome or LOGGER.getEffectiveLevel() <= logging.DEBUG:
+            return True
+        package = str(getattr(record, "adopter_module", "")).partition(".")[0]
+        with _LOCK:
+            self.counts[package][outcome] += 1
+            self.counts[package]["sites"] += int(getattr(record, "adopter_sites", 0))
+        return False
+
+    def take(self) -> dict[str, Counter[str]]:
+        with _LOCK:
+            counts, self.counts = dict(self.counts), defaultdict(Counter)
+        return counts
+
+
+_SUMMARY = _Summary()
+
+
+def summary_line(package: str, counts: Counter[str]) -> str:
+    parts = [f"{package}: patched {counts['sites']} site(s) in {counts['patched']} module(s)"]
+    if counts["unpatched"]:
+        parts.append(f"{counts['unpatched']} module(s) left unpatched")
+    if counts["partial"]:
+        parts.append(f"{counts['partial']} module(s) with sites not patched")
+    more = (
+        " (adopter run -v says which and why)" if counts["unpatched"] or counts["partial"] else ""
+    )
+    return ", ".join(parts) + more
+
+
+def summarise() -> None:
+    """Print the summary line of each package whose modules were patched or left alone since
+    the last call (the import hook calls it when an outermost import finishes)."""
+    for package, counts in sorted(_SUMMARY.take().items()):
+        LOGGER.info(summary_line(package, counts))
 
 
 def once_per_key(level: int, key: str, message: str) -> None:
@@ -39,6 +97,7 @@ def show_on_stderr(level: int | str = logging.INFO) -> None:
         return
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("adopter: %(message)s"))
+    handler.addFilter(_SUMMARY)
     handler._adopter_runtime = True  # type: ignore[attr-defined]
     LOGGER.addHandler(handler)
     LOGGER.setLevel(level)

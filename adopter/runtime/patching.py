@@ -35,7 +35,7 @@ from typing import Any
 from ..rules import DEFAULT_RULE_SET
 from . import hook
 from .cache import CacheRefused, RuntimeCache, cache_dir
-from .log import LOGGER, once, once_per_key
+from .log import LOGGER, once, once_per_key, summarise
 from .prepare import Prepared, prepare
 from .rulechoice import RuleArgument, RuleChoice
 from .transplant import (
@@ -148,7 +148,7 @@ def _source_file(module: ModuleType) -> str | None:
 
 
 def _skip(name: str, reason: str) -> ModuleOutcome:
-    once(logging.INFO, name, f"left {name} unpatched: {reason}")
+    once(logging.INFO, name, f"left {name} unpatched: {reason}", outcome="unpatched")
     return ModuleOutcome(name, "skipped", reason=reason)
 
 
@@ -184,7 +184,7 @@ def patch_module(module: ModuleType, options: RuntimeOptions) -> ModuleOutcome:
             details = "; ".join(
                 dict.fromkeys(f"{_describe(s)}: {s['reason']}" for s in not_patched)
             )
-            once(logging.INFO, name, f"{name}: site(s) not patched: {details}")
+            once(logging.INFO, name, f"{name}: site(s) not patched: {details}", outcome="partial")
         if prepared.patched is None:
             if prepared.verdict is not None:
                 why = f"verify found it {prepared.verdict}: {prepared.verdict_reason}"
@@ -215,7 +215,8 @@ def patch_module(module: ModuleType, options: RuntimeOptions) -> ModuleOutcome:
         notes = [prepared.verdict or "", "cached" if prepared.cached else ""]
         notes = [note for note in notes if note]
         suffix = f" ({', '.join(notes)})" if notes else ""
-        once(logging.INFO, name, f"patched {name}{suffix}: {', '.join(sites)}")
+        message = f"patched {name}{suffix}: {', '.join(sites)}"
+        once(logging.INFO, name, message, outcome="patched", sites=len(sites))
         _kernel_notices(prepared.sites)
         return outcome
 
@@ -298,6 +299,13 @@ def patch(
     """
     choice = RuleChoice.of(rules, select, exclude)
     options = RuntimeOptions(choice, verify, verify_timeout, cache)
+    try:
+        return _patch_target(target, options)
+    finally:
+        summarise()  # the modules' outcomes, one line per package on stderr at INFO
+
+
+def _patch_target(target: Any, options: RuntimeOptions) -> PatchReport:
     kind, value = _resolve(target)
     report = PatchReport()
     if kind == "model":

@@ -31,7 +31,7 @@ def compare_with_and_without_adopter(python: Path | str, example: str, tmp_path:
     script = str(REPOSITORY / "examples" / example)
     plain, _ = run_example([str(python), script], tmp_path, "plain")
     adopted, log = run_example(
-        [str(python), "-m", "adopter", "run", "--", "python", script], tmp_path, "adopted"
+        [str(python), "-m", "adopter", "run", "-v", "--", "python", script], tmp_path, "adopted"
     )
     assert len(plain["losses"]) == len(adopted["losses"]) == 2
     for a, b in zip(plain["losses"], adopted["losses"]):

@@ -52,7 +52,7 @@ def _package(make_package, tmp_path) -> tuple[Path, Path]:
 
 def test_import_adopter_auto_patches_the_packages_it_is_told(make_package, tmp_path):
     root, script = _package(make_package, tmp_path)
-    env = _environment(tmp_path, root) | {"ADOPTER_LOG": "INFO"}
+    env = _environment(tmp_path, root) | {"ADOPTER_LOG": "DEBUG"}  # every module's line
     code = f"import adopter.auto; exec(open({str(script)!r}).read())"
     done = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
@@ -80,7 +80,20 @@ def test_adopter_run_keeps_argv_and_exit_code(make_package, tmp_path):
     )
     assert done.returncode == 3, done.stderr
     assert done.stdout.splitlines() == ["fused", "argv ['3', '--flag', 'x y']"]
-    assert "adopter: patched rt_auto.blocks" in done.stderr
+    # By default one line per package, not one per module; -v gives the module lines.
+    assert "adopter: rt_auto: patched 2 site(s) in 1 module(s)\n" in done.stderr
+    assert "adopter: patched rt_auto.blocks" not in done.stderr
+    verbose = subprocess.run(
+        [*command, "rt_auto", "-v", "--", "python", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert verbose.returncode == 0, verbose.stderr
+    assert (
+        "adopter: patched rt_auto.blocks (cached): paper.5 Output.forward line 14" in verbose.stderr
+    )
 
 
 def test_adopter_run_quiet_and_a_missing_command(make_package, tmp_path):

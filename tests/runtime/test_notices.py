@@ -78,7 +78,7 @@ def _run(root: Path, tmp_path: Path, *options: str) -> subprocess.CompletedProce
 
 def test_adopter_run_prints_the_notice_once_and_exclude_drops_it(make_package, tmp_path):
     package = make_package("rt_notice_run", {"first.py": HEAD, "second.py": HEAD})
-    done = _run(package.parent, tmp_path)
+    done = _run(package.parent, tmp_path, "-v")  # -v: the line of each patched module
     assert done.returncode == 0, done.stderr
     assert done.stderr.count("patched rt_notice_run.") == 2
     assert done.stderr.count(NOTICE) == 1
