@@ -791,10 +791,17 @@ def rewrite_source(
             if site.applicable
         ]
         return FileRewrite(path, text, text, _ordered(skipped))
+    if not any(site.applicable for site in sites):
+        # Most modules an import hook sees have nothing to patch: skip the name analysis.
+        return FileRewrite(path, text, text, [])
     source = SourceText(text)
     # Kernel names must mean the import inside every function the sites edit (see names.py).
     visible = visible_bindings(tree, _host_lines(tree, sites))
-    avoid = names_a_kernel_import_must_avoid(tree, visible)
+    # A replacement calls only its rule's declared kernel (dsl/declared.py): those are the
+    # names an import may take, so only their reads need working out.
+    declared = [site.rule.kernel for site in sites if site.applicable]
+    kernels = {kernel.rpartition(".")[2] for kernel in declared} if all(declared) else None
+    avoid = names_a_kernel_import_must_avoid(tree, visible, kernels)
     planner = Planner(source, avoid, existing_kernel_imports(tree, visible))
     results: list[SiteResult] = []
     plans: list[Plan] = []

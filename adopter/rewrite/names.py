@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import ast
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 Function = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda
 
 # ``from x import *`` binds names nobody can list: any kernel name may be among them.
 STAR = "*"
+ALIAS_PREFIX = "adopter_"  # what fresh_alias puts before a kernel's name
 
 
 def _targets(node: ast.AST) -> Iterator[str]:
@@ -126,9 +127,15 @@ def _functions_with_chain(tree: ast.Module) -> Iterator[tuple[Function, list[Fun
                 stack.append((child, chain))
 
 
-def global_reads(tree: ast.Module) -> set[str]:
+def global_reads(tree: ast.Module, wanted: Callable[[str], bool] | None = None) -> set[str]:
     """Names the module reads from its global (or builtin) namespace anywhere: at module level,
-    in class bodies, and in functions where no enclosing function binds them."""
+    in class bodies, and in functions where no enclosing function binds them. ``wanted``
+    limits the answer to the names it accepts; the scopes are only worked out when the module
+    mentions such a name at all (most modules never mention a kernel's name)."""
+    if wanted is not None and not any(
+        isinstance(node, ast.Name) and wanted(node.id) for node in ast.walk(tree)
+    ):
+        return set()
     functions = list(_functions_with_chain(tree))
     bindings = {id(function): function_bindings(function) for function, _ in functions}
     owner: dict[int, list[Function]] = {}
@@ -138,6 +145,8 @@ def global_reads(tree: ast.Module) -> set[str]:
     reads: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            if wanted is not None and not wanted(node.id):
+                continue
             chain = owner.get(id(node), [])
             if not any(node.id in bindings[id(function)] for function in chain):
                 reads.add(node.id)
@@ -157,17 +166,28 @@ def visible_bindings(tree: ast.Module, host_lines: Iterable[int]) -> set[str]:
     return names
 
 
-def names_a_kernel_import_must_avoid(tree: ast.Module, visible: set[str]) -> set[str]:
+def names_a_kernel_import_must_avoid(
+    tree: ast.Module, visible: set[str], kernels: Iterable[str] | None = None
+) -> set[str]:
     """Module bindings, global reads, and ``visible``: the :func:`visible_bindings` of the
-    places kernels will be called."""
-    return set(module_bindings(tree)) | global_reads(tree) | visible
+    places kernels will be called. Given ``kernels`` (the names that may be imported), the
+    global reads are only those of these names and of their :func:`fresh_alias` spellings,
+    the only names the answer is asked about."""
+    wanted = None
+    if kernels is not None:
+        names = set(kernels)
+
+        def wanted(name: str) -> bool:
+            return name in names or name.startswith(ALIAS_PREFIX)
+
+    return set(module_bindings(tree)) | global_reads(tree, wanted) | visible
 
 
 def fresh_alias(name: str, taken: set[str]) -> str:
     """``adopter_<name>``, or ``adopter_<name>_2``, ... : the first one ``taken`` lacks."""
-    candidate = f"adopter_{name}"
+    candidate = f"{ALIAS_PREFIX}{name}"
     number = 2
     while candidate in taken:
-        candidate = f"adopter_{name}_{number}"
+        candidate = f"{ALIAS_PREFIX}{name}_{number}"
         number += 1
     return candidate

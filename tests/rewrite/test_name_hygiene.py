@@ -166,3 +166,41 @@ def test_a_modern_kernel_name_is_kept_hygienic_too():
     patched.load_state_dict(original.state_dict())
     inputs = torch.randn(2, 3, 8)
     torch.testing.assert_close(patched(inputs), original(inputs))
+
+
+NAME_READS = '''
+import torch
+softmax = None
+
+def top():
+    return softmax(1) + adopter_softmax + other
+
+class Holder:
+    def method(self, softmax):
+        def inner():
+            return softmax, adopter_softmax_2, gelu
+        return inner
+
+def binds():
+    gelu = 1
+    return gelu
+'''
+
+
+@pytest.mark.parametrize(
+    "kernels", [["softmax"], ["gelu"], ["dropout_add_layer_norm"], [], ["softmax", "gelu"]]
+)
+def test_reads_limited_to_the_kernels_are_the_full_reads_of_those_names(kernels):
+    # The narrowed analysis apply uses must answer exactly as the full one for every name
+    # it is asked about: the kernels and their fresh_alias spellings.
+    from adopter.rewrite.names import ALIAS_PREFIX, names_a_kernel_import_must_avoid
+
+    tree = ast.parse(NAME_READS)
+    full = names_a_kernel_import_must_avoid(tree, set())
+    narrow = names_a_kernel_import_must_avoid(tree, set(), kernels)
+    asked = {name for name in full if name in kernels or name.startswith(ALIAS_PREFIX)}
+    assert {name for name in narrow if name in kernels or name.startswith(ALIAS_PREFIX)} == asked
+    assert narrow <= full
+    if "gelu" in kernels:
+        assert "gelu" in narrow  # read as a global in Holder.method.inner
+    assert "adopter_softmax" in narrow and "adopter_softmax_2" in narrow
