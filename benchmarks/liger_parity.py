@@ -250,7 +250,9 @@ class CellResult:
     @property
     def liger_noop(self) -> bool:
         """Liger's patch has nothing to replace in this file: none of its names exist here."""
-        return self.rule is not None and self.path is not None and not self.targets
+        return (
+            self.rule is not None and self.path is not None and not (self.targets or self.inherited)
+        )
 
 
 @dataclass(frozen=True)
@@ -567,7 +569,10 @@ def render(parity: Parity, *, command: str, today: str, adopter_commit: str) -> 
         "*Verified* is the file's verdict in "
         f"[{parity.report_name}]({parity.report_name}) (all rules, {parity.report_files} "
         "files), which proves every patched site of a file together: *verified* means every "
-        "site ran in a check that matched.",
+        "site ran in a check that matched. That report comes from its own run (see its header); "
+        "a file whose patch changed since may read differently now.",
+        "",
+        _inheritance_note(parity),
         "",
         "## Headline",
         "",
@@ -600,6 +605,18 @@ def render(parity: Parity, *, command: str, today: str, adopter_commit: str) -> 
     lines += _detail_table(parity)
     lines += _gap_section(parity)
     return "\n".join(lines) + "\n"
+
+
+def _inheritance_note(parity: Parity) -> str:
+    imported = [c for c in parity.cells if c.inherited]
+    if not imported:
+        return (
+            "No Liger target is imported from another model type's file: transformers' "
+            "generated modeling files define the classes their modular sources inherit, so "
+            "each type's own file holds the code that runs."
+        )
+    listed = ", ".join(f"`{c.model.name}` {c.cell} ({'; '.join(c.inherited)})" for c in imported)
+    return f"Liger targets imported from another model type's file (the file as a whole is judged): {listed}."
 
 
 def _coverage_section(parity: Parity) -> list[str]:

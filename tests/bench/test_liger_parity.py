@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ...activations import ACT2FN
+from ..other.modeling_other import OtherRMSNorm
 
 
 class ToyRMSNorm(nn.Module):
@@ -160,6 +161,8 @@ LIGER = lp.LigerList(
             },
         ),
         lp.LigerModel(name="other", directory="other", cells={"rms_norm": ["OtherRMSNorm"]}),
+        # a name the file imports from another type's file: there, not here, is its code
+        lp.LigerModel(name="toy_import", directory="toy", cells={"rms_norm": ["OtherRMSNorm"]}),
     ],
 )
 
@@ -205,6 +208,9 @@ def test_each_cell_is_judged_at_liger_s_target(parity: lp.Parity) -> None:
     # the weight applied before the cast back: no modern.1 site in that file at all
     assert found["other.rms_norm"].status == lp.MISSING
     assert found["other.rms_norm"].file_status == lp.MISSING
+    imported = found["toy_import.rms_norm"]
+    assert imported.inherited == ["OtherRMSNorm from ..other.modeling_other"]
+    assert imported.status == lp.PATCHED and not imported.liger_noop  # the file's ToyRMSNorm
 
 
 def test_gaps_attach_to_missed_cells_and_stale_ones_are_listed(parity: lp.Parity) -> None:
@@ -232,10 +238,11 @@ def test_coverage_counts_model_types(parity: lp.Parity) -> None:
 
 def test_headline_and_document(parity: lp.Parity) -> None:
     figures = lp.headline(parity)
-    assert figures["ruled"] == 8 and figures["no_rule"] == 1
-    assert figures["patched"] == 5 and figures["file_patched"] == 7
+    assert figures["ruled"] == 9 and figures["no_rule"] == 1
+    assert figures["patched"] == 6 and figures["file_patched"] == 8
     text = lp.render(parity, command="cmd", today="2026-01-01", adopter_commit="abc")
-    assert "Patched at Liger's target: **5/8 = 62%**" in text
+    assert "Patched at Liger's target: **6/9 = 67%**" in text
+    assert "imported from another model type's file" in text
     assert "### fused gate_up (1)" in text
     assert "### not written down yet (2)" in text
     assert "`toy.rope`" in text  # the stale note
