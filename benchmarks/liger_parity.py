@@ -677,6 +677,10 @@ def _coverage_section(parity: Parity) -> list[str]:
         )
         + ".",
         "",
+        f"The {len(union_adopter - liger_dirs)} other types with a family patched: "
+        + ", ".join(sorted(union_adopter - liger_dirs))
+        + ".",
+        "",
         f"Folders with no modeling file ({len(parity.no_modeling)}; tokenizer-only, "
         f"configuration-only or moved): {', '.join(parity.no_modeling)}.",
         "",
@@ -693,7 +697,7 @@ def _matrix(parity: Parity) -> list[str]:
         "rule; – Liger does not turn the cell on (off by default, or delegated to another "
         "apply function).",
         "",
-        "| Liger function | model type | " + " | ".join(present) + " |",
+        "| Liger function | module (`transformers.models.…`) | " + " | ".join(present) + " |",
         "|---|---|" + "---|" * len(present),
     ]
     by_model: dict[str, dict[str, CellResult]] = defaultdict(dict)
@@ -704,7 +708,8 @@ def _matrix(parity: Parity) -> list[str]:
             SHORT[by_model[model.name][c].status] if c in by_model[model.name] else "–"
             for c in present
         ]
-        lines.append(f"| `{model.name}` | {model.directory} | " + " | ".join(row) + " |")
+        module = f"`{model.directory}.modeling_{model.directory}`"
+        lines.append(f"| `{model.name}` | {module} | " + " | ".join(row) + " |")
     lines.append("")
     return lines
 
