@@ -180,7 +180,10 @@ def parity(tmp_path_factory: pytest.TempPathFactory) -> lp.Parity:
         "toy.rope": lp.Gap("stale", "the rotary used to be missed"),
     }
     report = lp.parse_verification_text(VERIFY_REPORT)
-    return lp.assess(models, LIGER, gaps, report, version="0.0", report_name="v.md", jobs=1)
+    patterns = {"fused gate_up": r"up_states\.chunk\(2, dim=-1\)", "absent": "no such text"}
+    return lp.assess(
+        models, LIGER, gaps, report, version="0.0", report_name="v.md", patterns=patterns, jobs=1
+    )
 
 
 def cells(parity: lp.Parity) -> dict[str, lp.CellResult]:
@@ -244,6 +247,8 @@ def test_headline_and_document(parity: lp.Parity) -> None:
     assert "Patched at Liger's target: **6/9 = 67%**" in text
     assert "imported from another model type's file" in text
     assert "### fused gate_up (1)" in text
+    assert parity.spellings == {"fused gate_up": 1, "absent": 0}
+    assert "The spelling is in the modeling files of 1 model types" in text
     assert "### not written down yet (2)" in text
     assert "`toy.rope`" in text  # the stale note
 
@@ -256,3 +261,5 @@ def test_the_liger_list_loads() -> None:
     assert all(cell in lp.CELL_RULE for m in liger.models for cell in m.cells)
     gaps = lp.load_gaps()
     assert all(key.split(".")[0] in names for key in gaps)
+    causes = {gap.cause for gap in gaps.values()}
+    assert set(lp.load_patterns()) <= causes  # a pattern for a cause no gap names is a typo
