@@ -163,6 +163,8 @@ class FlowBuilder:
         self.replay: int | None = None  # first step of a loop body being replayed
         self.replay_next = 0
         self.replay_end = 0
+        # qualified names of the functions defined in an analysed body (``Cls.__call__.f``)
+        self.nested_names: dict[int, str] = {}
 
     # -- entry -------------------------------------------------------------------------------
     def build_root(
@@ -296,6 +298,10 @@ class FlowBuilder:
             self.frame.env.pop(node.name, None)
             self.frame.modules.pop(node.name, None)
             self.frame.functions[node.name] = node
+            outer = self.frame
+            owner = f"{outer.cls.name}." if outer.cls is not None else ""
+            outer_name = self.nested_names.get(id(outer.function), f"{owner}{outer.method}")
+            self.nested_names[id(node)] = f"{outer_name}.{node.name}"
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             self.frame.env[node.name] = (Flow(self.new_value(node.name)),)
         elif isinstance(node, ast.Delete):
@@ -919,7 +925,7 @@ class FlowBuilder:
         frame = Frame(
             cls=cls,
             self_path=self_path,
-            method=function.name,
+            method=self.nested_names.get(id(function), function.name),
             class_depth=self.frame.class_depth + (1 if class_call else 0),
             inlined=True,
             scripted=self.frame.scripted or is_scripted(function, self.analysis),
