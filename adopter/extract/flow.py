@@ -72,6 +72,57 @@ BINARY_OPERATORS = {
 UNARY_OPERATORS = {ast.USub: "neg", ast.UAdd: "pos", ast.Not: "not_", ast.Invert: "invert"}
 
 
+def _parallel(node: ast.Assign) -> bool:
+    """``a, b = x, y``: one tuple target, a tuple of as many plain elements on the right."""
+    if len(node.targets) != 1:
+        return False
+    target, value = node.targets[0], node.value
+    if not (isinstance(target, (ast.Tuple, ast.List)) and isinstance(value, (ast.Tuple, ast.List))):
+        return False
+    elements = [*target.elts, *value.elts]
+    return len(target.elts) == len(value.elts) and not any(
+        isinstance(e, ast.Starred) for e in elements
+    )
+
+
+def _last_dimension_slice(node: ast.expr) -> Operand | None:
+    """``x[..., 0::2]``, ``x[..., 1::2]``, ``x[..., :half]``: a slice of the last dimension with
+    constant bounds is one constant index, written ``..., start:stop:step`` with omitted parts
+    left out (a start of 0 folded away), so a rule can name the even and odd elements."""
+    if not (isinstance(node, ast.Tuple) and len(node.elts) == 2):
+        return None
+    ellipsis, last = node.elts
+    if not (isinstance(ellipsis, ast.Constant) and ellipsis.value is Ellipsis):
+        return None
+    if not isinstance(last, ast.Slice):
+        return None
+    parts = []
+    for bound in (last.lower, last.upper, last.step):
+        value = None if bound is None else constant_value(bound)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            return None
+        parts.append(value)
+    if parts[0] == 0:
+        parts[0] = None
+    start, stop, step = ("" if p is None else str(p) for p in parts)
+    text = f"..., {start}:{stop}" + (f":{step}" if step else "")
+    return Operand(node=node, constant=text, label=repr(text))
+
+
+_COMPARE_OPS = {
+    ast.Eq: "==",
+    ast.NotEq: "!=",
+    ast.Lt: "<",
+    ast.LtE: "<=",
+    ast.Gt: ">",
+    ast.GtE: ">=",
+    ast.Is: "is",
+    ast.IsNot: "is not",
+    ast.In: "in",
+    ast.NotIn: "not in",
+}
+
+
 class _Terminated(Exception):
     """Raised inside a block after ``return``/``raise`` to skip the rest of it."""
 
@@ -112,6 +163,8 @@ class FlowBuilder:
         self.replay: int | None = None  # first step of a loop body being replayed
         self.replay_next = 0
         self.replay_end = 0
+        # qualified names of the functions defined in an analysed body (``Cls.__call__.f``)
+        self.nested_names: dict[int, str] = {}
 
     # -- entry -------------------------------------------------------------------------------
     def build_root(
@@ -159,6 +212,12 @@ class FlowBuilder:
     def frame(self) -> Frame:
         return self.frames[-1]
 
+    @property
+    def in_module(self) -> bool:
+        """The analysed root is a method of an ``nn.Module`` class."""
+        root = self.frames[0].cls
+        return root is not None and root.is_module
+
     def new_value(self, name: str | None = None) -> int:
         self.next_value += 1
         if name is not None:
@@ -172,7 +231,14 @@ class FlowBuilder:
             self.stmt(statement)
 
     def stmt(self, node: ast.stmt) -> None:  # noqa: C901 - one dispatch over statement kinds
-        if isinstance(node, ast.Assign):
+        if isinstance(node, ast.Assign) and _parallel(node):
+            # ``a, b = x[..., ::2], x[..., 1::2]``: the tuple on the right is never a value of
+            # its own, each element goes to its target
+            values = [self.expr(element) for element in node.value.elts]  # type: ignore[attr-defined]
+            for target, value, element in zip(node.targets[0].elts, values, node.value.elts):  # type: ignore[attr-defined]
+                self.assign(target, value, element)
+                self.bind_function(target, element)
+        elif isinstance(node, ast.Assign):
             value = self.expr(node.value)
             for target in node.targets:
                 self.assign(target, value, node.value)
@@ -224,6 +290,18 @@ class FlowBuilder:
             self.escape(self.expr(node.test), "assert")
         elif isinstance(node, (ast.Break, ast.Continue)):
             raise _Terminated
+        elif isinstance(node, ast.FunctionDef) and not node.decorator_list and not self.in_module:
+            # a function defined in a processor's body (diffusers define their rotary helper
+            # there): its calls are inlined like those of a module-level function. In module
+            # methods they stay opaque for now: there (``shape``/``unshape`` of BERT-era
+            # attention) they would open fused-QKV sites the 2023 benchmark does not count.
+            self.frame.env.pop(node.name, None)
+            self.frame.modules.pop(node.name, None)
+            self.frame.functions[node.name] = node
+            outer = self.frame
+            owner = f"{outer.cls.name}." if outer.cls is not None else ""
+            outer_name = self.nested_names.get(id(outer.function), f"{owner}{outer.method}")
+            self.nested_names[id(node)] = f"{outer_name}.{node.name}"
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             self.frame.env[node.name] = (Flow(self.new_value(node.name)),)
         elif isinstance(node, ast.Delete):
@@ -545,7 +623,7 @@ class FlowBuilder:
             if ref is not None:
                 return Operand(node=node, module=ref)
             base = self.expr(node.value)
-            index = self.expr(node.slice)
+            index = _last_dimension_slice(node.slice) or self.expr(node.slice)
             if (
                 index.is_constant
                 and isinstance(index.constant, int)
@@ -585,7 +663,13 @@ class FlowBuilder:
             return value
         if isinstance(node, ast.Compare):
             operands = [self.expr(child) for child in (node.left, *node.comparators)]
-            return self.emit("compare", node, operands, {})
+            # the operator of a single comparison (``dtype in [...]``), so a rule can tell a test
+            # from its negation
+            keywords = {}
+            if len(node.ops) == 1:
+                op = _COMPARE_OPS.get(type(node.ops[0]))
+                keywords = {"op": Operand(constant=op, label=repr(op))} if op else {}
+            return self.emit("compare", node, operands, keywords)
         if isinstance(node, ast.BoolOp):
             return self.emit("boolop", node, [self.expr(child) for child in node.values], {})
         if isinstance(node, ast.Slice):
@@ -841,7 +925,7 @@ class FlowBuilder:
         frame = Frame(
             cls=cls,
             self_path=self_path,
-            method=function.name,
+            method=self.nested_names.get(id(function), function.name),
             class_depth=self.frame.class_depth + (1 if class_call else 0),
             inlined=True,
             scripted=self.frame.scripted or is_scripted(function, self.analysis),

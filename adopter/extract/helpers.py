@@ -46,6 +46,21 @@ def f(x):
     x2 = x[..., 1::2]
     return torch.stack((-x2, x1), dim=-1).flatten(-2)
 """,
+        """
+def f(x):
+    x1 = x[..., ::2]
+    x2 = x[..., 1::2]
+    rot_x = torch.stack([-x2, x1], dim=-1).flatten(-2)
+    return rot_x
+""",
+        # the pairs as a trailing dimension of 2, unbound (SAM 2/3, EdgeTAM: rotate_pairwise)
+        """
+def f(x):
+    x = x.view(*x.shape[:-1], -1, 2)
+    x1, x2 = x.unbind(dim=-1)
+    x = torch.stack((-x2, x1), dim=-1)
+    return x.flatten(start_dim=-2)
+""",
     ),
     # grouped-query keys/values repeated per query head: (b, kv, s, d) -> (b, kv * n, s, d)
     "helper.repeat_kv": (

@@ -231,15 +231,19 @@ class FileAnalysis:
         if not isinstance(function, ast.FunctionDef):
             return
         bound = {}
+        elsewhere = False  # a module of another file, named in quotes (``attn: "MochiAttention"``)
         for arg in [*function.args.posonlyargs, *function.args.args][1:]:
             annotation = arg.annotation
-            if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+            quoted = isinstance(annotation, ast.Constant) and isinstance(annotation.value, str)
+            if quoted:
                 annotation = ast.Name(annotation.value)  # a quoted forward reference
             kind = self.imports.resolve(annotation) if annotation is not None else None
             owner = self.classes.get(kind or "")
             if owner is not None and owner.is_module:
                 bound[arg.arg] = owner
-        if bound:
+            elif quoted and owner is None and arg is function.args.args[1]:
+                elsewhere = True
+        if bound or elsewhere:
             flow = FunctionFlow(
                 cls=info.name,
                 method=function.name,

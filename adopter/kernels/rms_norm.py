@@ -27,7 +27,10 @@ The three spellings, chosen with ``cast`` (``dt`` is the input dtype, ``x32 = x.
 ``offset`` is added to the weight (``(1 + w)`` of the Gemma family) in the dtype the weight is
 multiplied in. ``weight=None`` normalises without a scale (``n.to(dt)`` for the first two
 spellings). ``"after_weight"`` multiplies in float32, as Gemma's ``weight.float()`` does; OLMo's
-``(weight * n)`` is the same for every weight of at most 32 bits.
+``(weight * n)`` is the same for every weight of at most 32 bits, and ``weight_promoted=True``
+says the spelling multiplies the weight as it is (a float64 weight then runs the original).
+``input_promoted=True`` (Mochi: ``x * rsqrt(variance + eps)`` with ``x`` itself, not its float32
+copy) is the same for every input of at most 32 bits; a float64 input runs the original.
 
 On CUDA with Triton the forward and backward are one Triton kernel each
 (:mod:`adopter.kernels._triton_modern`; not for ``"weight_dtype"``), equal to float rounding.
@@ -65,6 +68,8 @@ def rms_norm_reference(
     *,
     offset: float = 0.0,
     cast: str = "before_weight",
+    weight_promoted: bool = False,
+    input_promoted: bool = False,
 ) -> torch.Tensor:
     """The original composite code of each spelling, operation for operation."""
     _check_cast(cast)
@@ -80,12 +85,14 @@ def rms_norm_reference(
     input_dtype = x.dtype
     hidden = x.to(torch.float32)
     variance = hidden.pow(2).mean(-1, keepdim=True)
-    hidden = hidden * torch.rsqrt(variance + eps)
+    hidden = (x if input_promoted else hidden) * torch.rsqrt(variance + eps)
     if weight is None:
         return hidden.to(input_dtype)
     if cast == "before_weight":
         scale = weight + offset if offset else weight
         return scale * hidden.to(input_dtype)
+    if weight_promoted:
+        return (hidden * (weight + offset if offset else weight)).to(input_dtype)
     return (hidden * (offset + weight.float())).to(input_dtype)
 
 
@@ -231,11 +238,13 @@ def _triton(
         return None
 
 
-def _handled(x: Any, weight: Any, cast: str) -> bool:
+def _handled(x: Any, weight: Any, cast: str, input_promoted: bool = False) -> bool:
     if not isinstance(x, torch.Tensor) or not plain_tensors(x, weight):
         return False
     if not x.is_floating_point() or x.dim() == 0 or x.numel() == 0:
         return False
+    if input_promoted and x.dtype == torch.float64:
+        return False  # ``x * rsqrt(...)`` stays in float64 there
     if cast == "weight_dtype" and x.dtype == torch.float64:
         return False  # the fp64 T5 path mixes a float32 variance into fp64 arithmetic
     if weight is None:
@@ -254,6 +263,8 @@ def rms_norm(
     *,
     offset: float = 0.0,
     cast: str = "before_weight",
+    weight_promoted: bool = False,
+    input_promoted: bool = False,
 ) -> torch.Tensor:
     """RMS-normalise the last dimension of ``x`` like the original spelling ``cast``.
 
@@ -263,14 +274,26 @@ def rms_norm(
         eps: added to the mean square (``self.variance_epsilon`` / ``self.eps``).
         offset: added to the weight (1.0 for Gemma's ``(1 + weight)``).
         cast: ``"before_weight"``, ``"after_weight"`` or ``"weight_dtype"`` (module docstring).
+        weight_promoted: ``"after_weight"`` multiplies the weight as it is (``weight * n``), not
+            its float32 copy: equal for weights of at most 32 bits, the original otherwise.
+        input_promoted: ``x`` itself is multiplied by the inverse RMS, not its float32 copy:
+            equal for inputs of at most 32 bits, the original otherwise.
 
     Under autograd the backward keeps ``x`` and the inverse RMS only.
     """
     _check_cast(cast)
     # Under torch.compile the reference: Dynamo breaks the graph on ``torch.result_type`` and
     # cannot launch the Triton kernels; Inductor fuses the reference's chain itself.
-    if runs_original(x, weight) or not _handled(x, weight, cast):
-        return rms_norm_reference(x, weight, eps, offset=offset, cast=cast)
+    if runs_original(x, weight) or not _handled(x, weight, cast, input_promoted):
+        return rms_norm_reference(
+            x,
+            weight,
+            eps,
+            offset=offset,
+            cast=cast,
+            weight_promoted=weight_promoted,
+            input_promoted=input_promoted,
+        )
     eps, offset = float(eps), float(offset)
     fast = _triton(x, weight, eps, offset, cast)
     if fast is not None:

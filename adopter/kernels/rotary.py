@@ -29,8 +29,16 @@ rotary dimension and the rest of the head passes through unchanged, as in
 ``cat([rotate(x[..., :rotary_dim]), x[..., rotary_dim:]], -1)``. With ``partial=False`` (the
 spelling without the split) ``cos`` must be as wide as the head.
 
+``per_pair=True`` (GPT-OSS's chunked halves, DeepSeek's even/odd slices, Mochi): ``cos``/``sin``
+hold one angle per pair (``rotary_dim / 2`` wide) instead of one per element.
+``deinterleave=True`` (DeepSeek-V3's ``apply_rotary_pos_emb_interleave``, with
+``interleaved=True, per_pair=True``): the pairs are read interleaved and written as halves,
+``cat([x_even * cos - x_odd * sin, x_odd * cos + x_even * sin], -1)``.
+
 ``upcast=True`` (Cohere, diffusers) computes in float32 (``x.float()``) and casts the result
-back to ``x``'s dtype; otherwise the result has the dtype ``x * cos`` has.
+back to ``x``'s dtype, or keeps it in float32 with ``cast_back=False`` (ModernBERT, ESM,
+ERNIE: ``x.float() * cos + rotate_half(x.float()) * sin``); otherwise the result has the dtype
+``x * cos`` has.
 
 On CUDA with Triton each direction is one Triton kernel (:mod:`adopter.kernels._triton_modern`,
 float32 arithmetic, equal to float rounding).
@@ -77,6 +85,21 @@ def _rotate_every_two(x: torch.Tensor) -> torch.Tensor:
     return torch.stack((-x2, x1), dim=-1).flatten(-2)
 
 
+def _rotate_per_pair(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool, deinterleave: bool
+) -> torch.Tensor:
+    """The spellings with one angle per pair: the two elements of each pair rotated apart."""
+    if interleaved:
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+    else:
+        x1, x2 = torch.chunk(x, 2, dim=-1)
+    first = x1 * cos - x2 * sin
+    second = x2 * cos + x1 * sin
+    if interleaved and not deinterleave:
+        return torch.stack([first, second], dim=-1).flatten(-2)
+    return torch.cat((first, second), dim=-1)
+
+
 def rotary_reference(
     x: torch.Tensor,
     cos: torch.Tensor,
@@ -85,11 +108,20 @@ def rotary_reference(
     interleaved: bool = False,
     upcast: bool = False,
     partial: bool = False,
+    per_pair: bool = False,
+    deinterleave: bool = False,
+    cast_back: bool = True,
 ) -> torch.Tensor:
-    """The original composite code: ``x * cos + rotate(x) * sin`` (partial, upcast)."""
+    """The original composite code: ``x * cos + rotate(x) * sin`` (partial, upcast, per-pair
+    angles, de-interleaved output)."""
     dtype = x.dtype
     if upcast:
         x = x.float()
+    if per_pair:
+        width = 2 * cos.shape[-1] if partial else x.shape[-1]
+        rotated = _rotate_per_pair(x[..., :width], cos, sin, interleaved, deinterleave)
+        out = torch.cat([rotated, x[..., width:]], dim=-1) if partial else rotated
+        return out.to(dtype) if upcast and cast_back else out
     rotate = _rotate_every_two if interleaved else _rotate_half
     if partial:
         width = cos.shape[-1]
@@ -97,7 +129,7 @@ def rotary_reference(
         out = torch.cat([(x_rot * cos) + (rotate(x_rot) * sin), x_pass], dim=-1)
     else:
         out = (x * cos) + (rotate(x) * sin)
-    return out.to(dtype) if upcast else out
+    return out.to(dtype) if upcast and cast_back else out
 
 
 def apply_rotary_complex_reference(
@@ -124,6 +156,11 @@ class _Plan:
     width: int
     compute: torch.dtype
     output: torch.dtype
+    out_interleaved: bool | None = None  # the output's pair layout when it differs (DeepSeek)
+
+    @property
+    def written_interleaved(self) -> bool:
+        return self.interleaved if self.out_interleaved is None else self.out_interleaved
 
 
 def _pairs(t: torch.Tensor, interleaved: bool, width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,8 +188,12 @@ def _rotate(
     the transposed rotation - the gradient of the forward rotation)."""
     xc = x.to(plan.compute)
     out = torch.empty(x.shape, dtype=plan.compute, device=x.device)
-    x1, x2 = _pairs(xc, plan.interleaved, plan.width)
-    o1, o2 = _pairs(out, plan.interleaved, plan.width)
+    # the gradient comes in the output's layout and goes out in the input's
+    read, written = plan.interleaved, plan.written_interleaved
+    if inverse:
+        read, written = written, read
+    x1, x2 = _pairs(xc, read, plan.width)
+    o1, o2 = _pairs(out, written, plan.width)
     c1, c2 = _angles(cos, plan)
     s1, s2 = _angles(sin, plan)
     torch.mul(x1, c1, out=o1)
@@ -217,8 +258,20 @@ class _TritonRotary(torch.autograd.Function):
         return _triton_rotate(grad, cos, sin, ctx.plan, True, ctx.input_dtype), None, None, None
 
 
+def _triton_layout(plan: _Plan) -> bool:
+    """The layouts the Triton kernel is used for: one layout in and out, and per-pair angles
+    only with interleaved pairs (the complex form)."""
+    if plan.written_interleaved != plan.interleaved:
+        return False
+    return plan.interleaved or not plan.per_pair_angles
+
+
 def _run(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, plan: _Plan) -> torch.Tensor:
-    if _triton_modern.usable(x) and _triton_modern.rotary_supported(x, cos, plan.output):
+    if (
+        _triton_layout(plan)
+        and _triton_modern.usable(x)
+        and _triton_modern.rotary_supported(x, cos, plan.output)
+    ):
         try:
             if grad_needed(x):
                 return _TritonRotary.apply(x, cos, sin, plan)
@@ -242,7 +295,15 @@ def _angles_fit(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, width: in
 
 
 def _plan(
-    x: Any, cos: Any, sin: Any, interleaved: bool, upcast: bool, partial: bool
+    x: Any,
+    cos: Any,
+    sin: Any,
+    interleaved: bool,
+    upcast: bool,
+    partial: bool,
+    per_pair: bool = False,
+    deinterleave: bool = False,
+    cast_back: bool = True,
 ) -> _Plan | None:
     if not all(isinstance(t, torch.Tensor) for t in (x, cos, sin)):
         return None
@@ -252,7 +313,10 @@ def _plan(
         return None
     if x.dim() == 0 or x.numel() == 0 or cos.device != x.device or sin.device != x.device:
         return None
-    width = cos.shape[-1] if cos.dim() else 0
+    if deinterleave and not (interleaved and per_pair):
+        return None  # only the DeepSeek spelling reads pairs in one layout and writes another
+    angles = cos.shape[-1] if cos.dim() else 0
+    width = 2 * angles if per_pair else angles
     if width % 2 or not _angles_fit(x, cos, sin, width):
         return None
     if not partial and width != x.shape[-1]:
@@ -260,11 +324,12 @@ def _plan(
     angle_dtype = torch.promote_types(cos.dtype, sin.dtype)
     if upcast:
         compute = torch.promote_types(torch.float32, angle_dtype)
-        output = x.dtype
+        output = x.dtype if cast_back else compute
     else:
         compute = torch.promote_types(x.dtype, angle_dtype)
         output = compute
-    return _Plan(interleaved, False, width, compute, output)
+    out_interleaved = False if deinterleave else None
+    return _Plan(interleaved, per_pair, width, compute, output, out_interleaved)
 
 
 def rotary(
@@ -275,18 +340,28 @@ def rotary(
     interleaved: bool = False,
     upcast: bool = False,
     partial: bool = False,
+    per_pair: bool = False,
+    deinterleave: bool = False,
+    cast_back: bool = True,
 ) -> torch.Tensor:
     """``x * cos + rotate(x) * sin`` for one tensor, ``cos``/``sin`` already broadcastable to
-    ``x[..., :rotary_dim]`` (module docstring: layouts, ``upcast``, ``partial``)."""
+    ``x[..., :rotary_dim]`` (``per_pair``: to ``x[..., :rotary_dim / 2]``; module docstring:
+    layouts, ``upcast``, ``cast_back``, ``partial``, ``deinterleave``)."""
     # Under torch.compile the reference: the half-size products write into views of one
     # buffer (``out=`` a non-contiguous tensor), which breaks Dynamo's graph; Inductor fuses
     # ``x * cos + rotate(x) * sin`` into one loop without the temporaries anyway.
+    options = {
+        "interleaved": interleaved,
+        "upcast": upcast,
+        "partial": partial,
+        "per_pair": per_pair,
+        "deinterleave": deinterleave,
+        "cast_back": cast_back,
+    }
     original = runs_original(x, cos, sin)
-    plan = None if original else _plan(x, cos, sin, interleaved, upcast, partial)
+    plan = None if original else _plan(x, cos, sin, **options)
     if plan is None:
-        return rotary_reference(
-            x, cos, sin, interleaved=interleaved, upcast=upcast, partial=partial
-        )
+        return rotary_reference(x, cos, sin, **options)
     return _run(x, cos, sin, plan)
 
 

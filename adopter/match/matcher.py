@@ -41,6 +41,7 @@ from ..extract.model import (
     Flow,
     FunctionFlow,
     Operand,
+    Use,
     consistent,
 )
 from ..extract.model import Step as FlowStep
@@ -757,6 +758,8 @@ class Matcher:
                     continue
                 if not consistent(context, use.context):
                     continue
+                if _tested_in_block(rule, produced.step, use):
+                    continue
                 where = f"line {flow.steps[use.step].line}" if use.step is not None else use.where
                 site.applicable = False
                 site.reason = (
@@ -793,6 +796,17 @@ PASS_THROUGH = frozenset(
     ["mul", "truediv", "Tensor.contiguous", "Tensor.to", "Tensor.type_as", "Tensor.float"]
 )
 PASS_THROUGH_JOINS = frozenset(["list", "tuple", "torch.cat"])
+
+
+def _tested_in_block(rule: Rule, produced: FlowStep, use: Use) -> bool:
+    """A matched comparison that only decides a branch of a block-scope rule (T5's ``if
+    self.weight.dtype in [...]``): the replacement takes over the whole ``if`` with it."""
+    return (
+        rule.scope == "block"
+        and produced.kind == "compare"
+        and use.step is None
+        and use.where == "condition"
+    )
 
 
 def _passes_through(step: FlowStep) -> bool:

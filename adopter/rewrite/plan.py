@@ -340,6 +340,13 @@ class Planner:
         removed_values: list[ast.expr] = [final_node]
         deleted: list[ast.stmt] = []
         nested: list[FlowStep] = []
+        matched_nodes = {id(_step_expression(step)) for step in steps}
+        # ``first, second = torch.chunk(...)``: the call is gone with its statement when every
+        # element it is unpacked into is matched
+        unpacked = {}
+        for step in steps:
+            if step.kind == "getitem" and step.statement is not None:
+                unpacked[id(step.node)] = unpacked.get(id(step.node), 0) + 1
         for index, step in enumerate(steps):
             if index == final_index:
                 continue
@@ -348,7 +355,11 @@ class Planner:
             assert statement is not None
             if any(contains(value, node) for value in removed_values):
                 continue
-            if _is_plain_assignment(statement, node):
+            if (
+                _is_plain_assignment(statement, node)
+                or _is_parallel_assignment(statement, node, matched_nodes)
+                or _is_unpacking(statement, node, unpacked.get(id(node), 0))
+            ):
                 if statement not in deleted:
                     deleted.append(statement)
                 removed_values.append(node)
@@ -1150,6 +1161,8 @@ class Planner:
                 continue
             if step.construction is not None and step.construction.kind == DROPOUT_FUNCTION:
                 continue  # its settings are handed over (functional_dropout)
+            if step.kind == "getitem":
+                continue  # ``first, second = torch.chunk(...)``: an element of the call's result
             wanted = sum(isinstance(a, Positional) for a in pattern_step.args) + sum(
                 isinstance(a, Keyword) for a in pattern_step.args
             )
@@ -1166,6 +1179,34 @@ def _step_expression(step: FlowStep) -> ast.expr:
     if not isinstance(node, ast.expr):
         raise Refusal(f"line {step.line}: matched computation is not an expression")
     return node
+
+
+def _is_parallel_assignment(statement: ast.stmt, value: ast.expr, matched: set[int]) -> bool:
+    """``a, b = x[..., ::2], x[..., 1::2]`` where every element on the right is matched: the
+    statement goes with them."""
+    if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1):
+        return False
+    target, values = statement.targets[0], statement.value
+    if not (isinstance(target, ast.Tuple) and isinstance(values, ast.Tuple)):
+        return False
+    if len(target.elts) != len(values.elts) or not all(
+        isinstance(name, ast.Name) for name in target.elts
+    ):
+        return False
+    return any(v is value for v in values.elts) and all(id(v) in matched for v in values.elts)
+
+
+def _is_unpacking(statement: ast.stmt, value: ast.expr, matched_elements: int) -> bool:
+    """``first, second = value`` whose every element is a matched value."""
+    if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1):
+        return False
+    target = statement.targets[0]
+    return (
+        statement.value is value
+        and isinstance(target, ast.Tuple)
+        and all(isinstance(name, ast.Name) for name in target.elts)
+        and len(target.elts) == matched_elements
+    )
 
 
 def _is_plain_assignment(statement: ast.stmt, value: ast.expr) -> bool:

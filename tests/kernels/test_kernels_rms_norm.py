@@ -215,3 +215,47 @@ def test_under_autocast():
 def test_rejects_unknown_cast():
     with pytest.raises(ValueError, match="cast"):
         rms_norm(torch.randn(2, 4), None, EPS, cast="llama")
+
+
+# --- the OLMo 2 / Mochi spellings: weight and input multiplied as they are (issue 22) --------
+
+
+def olmo2_norm(x, weight, eps):
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight * h).to(dtype)
+
+
+def mochi_norm(x, weight, eps):
+    dtype = x.dtype
+    variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    h = x * torch.rsqrt(variance + eps)
+    if weight is not None:
+        h = h * weight
+    return h.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16, torch.float64, None])
+def test_promoted_spellings_match(dtype, weight_dtype):
+    torch.manual_seed(2)
+    x = torch.randn(2, 7, 24, dtype=dtype) * 3
+    w = None if weight_dtype is None else torch.randn(24, dtype=weight_dtype)
+    cases = [(mochi_norm, {"input_promoted": True})]
+    if w is not None:
+        cases.append((olmo2_norm, {}))
+    for original, options in cases:
+        kernel = rms_norm(x, w, EPS, cast="after_weight", weight_promoted=True, **options)
+        expected = original(x, w, EPS)
+        assert kernel.dtype == expected.dtype
+        assert torch.equal(kernel, expected)
+        assert_same_function(
+            lambda x, w, o=options: rms_norm(
+                x, w, EPS, cast="after_weight", weight_promoted=True, **o
+            ),
+            lambda x, w, f=original: f(x, w, EPS),
+            [x, w],
+            # a float64 input still goes through float32: gradients agree to its rounding
+            dtype=torch.float32 if dtype == torch.float64 else None,
+        )

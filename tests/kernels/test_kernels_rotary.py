@@ -281,3 +281,82 @@ def test_falls_back_to_the_original(case, monkeypatch):
     expected = (rotary_reference(q, c, s), rotary_reference(k, c, s))
     for a, b in zip(kernel, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+# --- the per-pair, de-interleaved and float32-result spellings (issue 22) ---------------------
+
+
+def gpt_oss_rotate(x, cos, sin):  # halves chunked, one angle per pair
+    first_half, second_half = torch.chunk(x, 2, dim=-1)
+    return torch.cat(
+        (first_half * cos - second_half * sin, second_half * cos + first_half * sin), -1
+    )
+
+
+def deepseek_interleave(x, cos, sin):  # even/odd elements rotated, written as halves
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def mochi_rotate(x, freqs_cos, freqs_sin):  # even/odd in float32, each cast back, re-interleaved
+    x_even, x_odd = x[..., 0::2].float(), x[..., 1::2].float()
+    cos = (x_even * freqs_cos - x_odd * freqs_sin).to(x.dtype)
+    sin = (x_even * freqs_sin + x_odd * freqs_cos).to(x.dtype)
+    return torch.stack([cos, sin], dim=-1).flatten(-2)
+
+
+def modernbert_rotate(x, cos, sin):  # in float32, the result kept in float32
+    return (x.float() * cos) + (rotate_half(x.float()) * sin)
+
+
+PER_PAIR_FORMS = [
+    (gpt_oss_rotate, {"per_pair": True}),
+    (deepseek_interleave, {"interleaved": True, "per_pair": True, "deinterleave": True}),
+    (mochi_rotate, {"interleaved": True, "per_pair": True, "upcast": True}),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("angle_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("original", "options"), PER_PAIR_FORMS)
+def test_per_pair_forms_are_bit_identical(original, options, dtype, angle_dtype):
+    q, _ = qk(dtype=dtype)
+    cos, sin = (t[:, None, :, :4] for t in cos_sin(2, 5, 8, angle_dtype))
+    kernel = rotary(q, cos, sin, **options)
+    expected = original(q, cos, sin)
+    assert kernel.dtype == expected.dtype
+    assert torch.equal(kernel, expected)
+    assert torch.equal(rotary_reference(q, cos, sin, **options), expected)
+    assert_same_function(
+        lambda x: rotary(x, cos, sin, **options), lambda x: original(x, cos, sin), [q]
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_float32_result_is_kept(dtype):
+    q, _ = qk(dtype=dtype)
+    cos, sin = (t[:, None] for t in cos_sin(2, 5, 8, torch.bfloat16))
+    kernel = rotary(q, cos, sin, upcast=True, cast_back=False)
+    expected = modernbert_rotate(q, cos, sin)
+    assert kernel.dtype == expected.dtype == torch.float32
+    assert torch.equal(kernel, expected)
+    assert_same_function(
+        lambda x: rotary(x, cos, sin, upcast=True, cast_back=False),
+        lambda x: modernbert_rotate(x, cos, sin),
+        [q],
+    )
+
+
+def test_per_pair_partial_rotary_passes_the_rest_through():
+    q, _ = qk(dim=10)
+    cos, sin = (t[:, None, :, :2] for t in cos_sin(2, 5, 4))
+    expected = torch.cat([gpt_oss_rotate(q[..., :4], cos, sin), q[..., 4:]], dim=-1)
+    assert torch.equal(rotary(q, cos, sin, per_pair=True, partial=True), expected)
+
+
+def test_deinterleave_needs_per_pair_interleaved_angles():
+    q, _ = qk()
+    cos, sin = (t[:, None] for t in cos_sin(2, 5, 8))
+    # per-element angles with deinterleave: no spelling computes that, so the reference runs
+    out = rotary(q, cos, sin, interleaved=True, deinterleave=True)
+    assert torch.equal(out, rotary_reference(q, cos, sin, interleaved=True, deinterleave=True))

@@ -227,6 +227,17 @@ MODERN_CASES = [
         _x(2, 3, 8),
     ),
     Case(
+        "rms_norm",
+        lambda m, x: kernels.rms_norm(
+            x, m.norm.weight, 1e-6, cast="after_weight", weight_promoted=True, input_promoted=True
+        ),
+        lambda m, x: rms_norm_reference(
+            x, m.norm.weight, 1e-6, cast="after_weight", weight_promoted=True, input_promoted=True
+        ),
+        lambda: {"norm": nn.LayerNorm(8)},
+        _x(2, 3, 8),
+    ),
+    Case(
         "gated_mlp",
         lambda m, x: kernels.gated_mlp(x, m.gate, m.up, m.down, m.act),
         lambda m, x: m.down(m.act(m.gate(x)) * m.up(x)),
@@ -256,6 +267,34 @@ MODERN_CASES = [
         "rotary",
         lambda m, x: kernels.rotary(m.proj(x), COS, SIN),
         lambda m, x: rotary_reference(m.proj(x), COS, SIN),
+        lambda: {"proj": nn.Linear(8, 8)},
+        _x(2, 5, 8),
+    ),
+    Case(
+        "rotary",
+        lambda m, x: kernels.rotary(
+            m.proj(x),
+            COS[..., :4],
+            SIN[..., :4],
+            interleaved=True,
+            per_pair=True,
+            deinterleave=True,
+        ),
+        lambda m, x: rotary_reference(
+            m.proj(x),
+            COS[..., :4],
+            SIN[..., :4],
+            interleaved=True,
+            per_pair=True,
+            deinterleave=True,
+        ),
+        lambda: {"proj": nn.Linear(8, 8)},
+        _x(2, 5, 8),
+    ),
+    Case(
+        "rotary",
+        lambda m, x: kernels.rotary(m.proj(x), COS, SIN, upcast=True, cast_back=False),
+        lambda m, x: rotary_reference(m.proj(x), COS, SIN, upcast=True, cast_back=False),
         lambda: {"proj": nn.Linear(8, 8)},
         _x(2, 5, 8),
     ),
