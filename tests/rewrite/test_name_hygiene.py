@@ -168,7 +168,7 @@ def test_a_modern_kernel_name_is_kept_hygienic_too():
     torch.testing.assert_close(patched(inputs), original(inputs))
 
 
-NAME_READS = '''
+NAME_READS = """
 import torch
 softmax = None
 
@@ -184,7 +184,7 @@ class Holder:
 def binds():
     gelu = 1
     return gelu
-'''
+"""
 
 
 @pytest.mark.parametrize(
