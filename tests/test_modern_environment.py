@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.environments import MODERN_RUN
+
+pytestmark = pytest.mark.slow  # see pyproject.toml's markers
 
 
 def test_modern_suite_passes_in_its_own_environment():

@@ -46,6 +46,7 @@ def paper(*ids: str):
     return [rule for rule in load_rule_set("paper") if rule.id in ids]
 
 
+@pytest.mark.slow  # a whole BERT benchmarked three ways
 def test_run_bench_bert_original_patched_and_ablation(tmp_path: Path) -> None:
     json_out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     result = run_bench(

@@ -19,6 +19,8 @@ from adopter.bench.measure import make_optimizer, make_step, measure_step_memory
 from adopter.bench.memory_probe import current_rss, main, peak_rss, probe, reset_peak_rss
 from tests.bench import toy
 
+pytestmark = pytest.mark.slow  # see pyproject.toml's markers
+
 MIB = 1 << 20
 
 

@@ -25,6 +25,8 @@ from typer.testing import CliRunner
 
 from adopter.cli import app
 
+pytestmark = pytest.mark.slow  # see pyproject.toml's markers
+
 try:
     runner = CliRunner(mix_stderr=False)
 except TypeError:

@@ -29,6 +29,8 @@ from adopter.executor import LocalExecutor, Task  # noqa: E402
 from adopter.executor.ray_cluster import RayExecutor  # noqa: E402
 from adopter.verify import verify_factories  # noqa: E402
 
+pytestmark = pytest.mark.slow  # see pyproject.toml's markers
+
 ROOT = Path(__file__).resolve().parents[2]
 FACTORIES = ROOT / "tests" / "verify" / "factories.py"
 GUARDED = ROOT / "tests" / "verify" / "guarded" / "modeling_guarded.py"

@@ -23,7 +23,10 @@ from adopter.rewrite import rewrite_text
 from adopter.rules import load_rule_set
 
 _SPEC = importlib.util.find_spec("transformers")
-pytestmark = pytest.mark.skipif(_SPEC is None, reason="transformers is not installed")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(_SPEC is None, reason="transformers is not installed"),
+]
 
 FAMILIES = ("bert", "gpt2", "t5", "roberta", "albert", "distilbert", "gpt_neo", "resnet", "vit")
 WORKER = Path(__file__).with_name("trace_models_worker.py")

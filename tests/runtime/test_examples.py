@@ -10,6 +10,8 @@ import pytest
 
 from tests.runtime.example_runs import compare_with_and_without_adopter
 
+pytestmark = pytest.mark.slow  # see pyproject.toml's markers
+
 
 def test_the_llama_example_on_the_test_environment(tmp_path):
     pytest.importorskip("transformers")

@@ -8,6 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from adopter.cli import app
@@ -50,6 +51,7 @@ def _package(make_package, tmp_path) -> tuple[Path, Path]:
     return package.parent, script
 
 
+@pytest.mark.slow  # a fresh interpreter per run
 def test_import_adopter_auto_patches_the_packages_it_is_told(make_package, tmp_path):
     root, script = _package(make_package, tmp_path)
     env = _environment(tmp_path, root) | {"ADOPTER_LOG": "DEBUG"}  # every module's line
@@ -67,6 +69,7 @@ def test_import_adopter_auto_patches_the_packages_it_is_told(make_package, tmp_p
     assert done.stdout.splitlines()[0] == "original"  # user code only when asked
 
 
+@pytest.mark.slow  # a fresh interpreter per run
 def test_adopter_run_keeps_argv_and_exit_code(make_package, tmp_path):
     root, script = _package(make_package, tmp_path)
     env = _environment(tmp_path, root)
@@ -96,6 +99,7 @@ def test_adopter_run_keeps_argv_and_exit_code(make_package, tmp_path):
     )
 
 
+@pytest.mark.slow  # a fresh interpreter per run
 def test_adopter_run_quiet_and_a_missing_command(make_package, tmp_path):
     root, script = _package(make_package, tmp_path)
     env = _environment(tmp_path, root)
@@ -112,6 +116,7 @@ def test_adopter_run_quiet_and_a_missing_command(make_package, tmp_path):
     assert "command not found" in missing.stderr
 
 
+@pytest.mark.slow  # a fresh interpreter per run
 def test_the_bootstrap_runs_the_sitecustomize_it_shadows(make_package, tmp_path):
     root, script = _package(make_package, tmp_path)
     other = tmp_path / "other"

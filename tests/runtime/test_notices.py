@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import adopter
 from adopter.runtime import log
 
@@ -76,6 +78,7 @@ def _run(root: Path, tmp_path: Path, *options: str) -> subprocess.CompletedProce
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # a fresh interpreter per run
 def test_adopter_run_prints_the_notice_once_and_exclude_drops_it(make_package, tmp_path):
     package = make_package("rt_notice_run", {"first.py": HEAD, "second.py": HEAD})
     done = _run(package.parent, tmp_path, "-v")  # -v: the line of each patched module

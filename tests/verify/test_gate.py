@@ -13,9 +13,12 @@ from adopter.rewrite import rewrite_text
 from adopter.rules import load_rule_set
 from adopter.verify.gate import describe, gate_rewrites
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("transformers") is None, reason="needs transformers"
-)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("transformers") is None, reason="needs transformers"
+    ),
+]
 
 # Softmax over the wrong dimension: a plausible-looking but wrong rule.
 WRONG_SOFTMAX = """

@@ -23,6 +23,8 @@ from adopter.rules import load_rule_set
 from adopter.verify import FileVerification, PatchedFile, find_sites, verify_patched_files
 from adopter.verify.coverage import SiteRecorder
 
+pytestmark = pytest.mark.slow  # see pyproject.toml's markers
+
 FIXTURE = Path(__file__).with_name("guarded") / "modeling_guarded.py"
 GUARDED = "weights = softmax(self.pool_query(hidden).squeeze(-1), dim=-1)"
 UNREACHABLE = "weights = softmax(hidden.sum(-1), dim=-1)"

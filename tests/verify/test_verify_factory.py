@@ -14,6 +14,8 @@ import pytest
 
 from adopter.verify import ClassVerification, verify_factories, verify_factory
 
+pytestmark = pytest.mark.slow  # see pyproject.toml's markers
+
 FACTORIES = Path(__file__).with_name("factories.py")
 ORIGINAL = f"{FACTORIES}:make_original"
 

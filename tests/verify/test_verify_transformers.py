@@ -27,7 +27,10 @@ from adopter.verify import (
 )
 
 _SPEC = importlib.util.find_spec("transformers")
-pytestmark = pytest.mark.skipif(_SPEC is None, reason="transformers is not installed")
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(_SPEC is None, reason="transformers is not installed"),
+]
 
 KERNEL_IMPORT = "from adopter.kernels import dropout_add_layer_norm\n"
 UNFUSED = """        hidden_states = self.dropout(hidden_states)
