@@ -34,7 +34,8 @@ from ..dsl.syntax import Literal, Name, Var
 from ..dsl.syntax import Step as PatternStep
 from ..extract.model import Operand
 from ..match.matcher import Site
-from .source import Blocks, assigned_names, contains, read_names
+from .checks import Refusal, step_expression
+from .source import Blocks, assigned_names, contains, is_plain_assignment, read_names
 
 if TYPE_CHECKING:
     from .plan import Plan, Planner
@@ -60,7 +61,7 @@ class AlreadyPatched(Exception):
 
 
 def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: tuple) -> Plan:
-    from .plan import Plan, Refusal, _is_plain_assignment, _step_expression
+    from .plan import Plan
 
     steps = site.steps
     pattern = site.rule.forward.steps  # type: ignore[union-attr]
@@ -86,7 +87,7 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
 
     # The range must do nothing but the matched work (and the calls of helpers that do only
     # matched work); a ``return`` may end it when it returns the replacement's value.
-    matched_nodes = [_step_expression(s) for s in steps] + helper_calls
+    matched_nodes = [step_expression(s) for s in steps] + helper_calls
     final_return = wrapped[-1] if isinstance(wrapped[-1], ast.Return) else None
     for statement in wrapped:
         for node in ast.walk(statement):
@@ -114,13 +115,13 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
         names = []
         for target in new_step.targets:
             pattern_step, step = producer[target.name]
-            node = _step_expression(step)
+            node = step_expression(step)
             statement = step.statement
             assert statement is not None
             if statement is final_return and final_return.value is node:
                 names.append("return")
                 continue
-            if not _is_plain_assignment(statement, node):
+            if not is_plain_assignment(statement, node):
                 raise Refusal(f"line {step.line}: the value is not assigned to a plain name")
             names.append(
                 statement.targets[0].id  # type: ignore[union-attr]
@@ -133,7 +134,7 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
         if isinstance(new_step.callee, Literal):
             value = repr(new_step.callee.value)
         elif isinstance(new_step.callee, Name):
-            value = planner.render_call(new_step, site, plan, pattern_step, step)
+            value = planner.render.call(new_step, site, plan, pattern_step, step)
         else:
             raise Refusal(f"cannot render replacement step {new_step}")
         lines.append(f"return {value}" if names == ["return"] else f"{name} = {value}")
@@ -141,9 +142,9 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
     if final_return is not None and not lines[-1].startswith("return "):
         raise Refusal(f"line {final_return.lineno}: the matched statements end in a `return`")
     guard_text = (
-        planner.render_call(guard, site, plan, last_pattern, last_step) if guard else "True"
+        planner.render.call(guard, site, plan, last_pattern, last_step) if guard else "True"
     )
-    planner._moved_calls = []  # arguments are evaluated where the range began: the same point
+    planner.render.moved_calls = []  # arguments are evaluated where the range began: the same point
 
     assigned = set().union(*(assigned_names(s) for s in wrapped))
     elsewhere = read_names(function) - set().union(*(read_names(s) for s in wrapped))
@@ -179,8 +180,6 @@ def _check_whole_lines(planner: Planner, block: list[ast.stmt], first: int, last
     """The replaced statements must be whole lines: the kernel arm takes their place, so a
     statement sharing a line with them (``a; b``) or a one-line body (``if c: a; b``) would be
     wrapped or dropped with them."""
-    from .plan import Refusal
-
     start, end = block[first], block[last]
     prefix = planner.source.lines[start.lineno - 1].encode("utf-8")[: start.col_offset]
     joined = (first > 0 and block[first - 1].end_lineno == start.lineno) or (
@@ -203,8 +202,6 @@ def _root_and_holders(
     the steps inlined least deep, and for a step in a helper it calls (``self._norm(x)``), the
     statement holding the one call of that helper; a helper must be called once there, lie one
     call deeper, and do nothing but matched work (so the replacement may skip its call)."""
-    from .plan import Refusal, _step_expression
-
     why = "the matched calls span functions in a way not rewritten"
     shallow = min(len(s.inline_chain) for s in steps)
     roots = {id(s.function): s.function for s in steps if len(s.inline_chain) == shallow}
@@ -212,7 +209,7 @@ def _root_and_holders(
         raise Refusal(why)
     (function,) = roots.values()
     chain = next(s.inline_chain for s in steps if s.function is function)
-    matched = [_step_expression(s) for s in steps]
+    matched = [step_expression(s) for s in steps]
     holders: list[ast.stmt] = []
     calls: dict[int, ast.expr] = {}
     for step in steps:

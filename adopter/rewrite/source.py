@@ -113,3 +113,16 @@ def read_names(node: ast.AST) -> set[str]:
 
 def has_call(node: ast.AST) -> bool:
     return any(isinstance(child, (ast.Call, ast.Await, ast.Yield)) for child in ast.walk(node))
+
+
+def is_plain_assignment(statement: ast.stmt, value: ast.expr) -> bool:
+    """``name = value`` (annotated or not), with ``value`` that very node."""
+    if isinstance(statement, ast.Assign):
+        return (
+            statement.value is value
+            and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name)
+        )
+    if isinstance(statement, ast.AnnAssign):
+        return statement.value is value and isinstance(statement.target, ast.Name)
+    return False
