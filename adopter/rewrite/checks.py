@@ -22,6 +22,7 @@ from ..dsl.syntax import (
     Expr,
     Index,
     Keyword,
+    Literal,
     Name,
     Positional,
     Rest,
@@ -732,6 +733,275 @@ def check_inputs_stay(
     if any(owner is not insert_at for owner in moved_calls):
         return Refusal(f"{helper.name}(): an input with a call would move")
     return None
+
+
+# -- a replacement of whole statements (guarded.py) -------------------------------------------
+# Statements after which the kernel arm could not stand in for the range.
+_CONTROL = (
+    ast.Return,
+    ast.Raise,
+    ast.Break,
+    ast.Continue,
+    ast.Global,
+    ast.Nonlocal,
+    ast.Yield,
+    ast.YieldFrom,
+    ast.Await,
+    ast.Delete,
+)
+# Shared by the checks that find matched calls spread over functions in another way.
+SPANS_FUNCTIONS = "the matched calls span functions in a way not rewritten"
+
+
+@check
+def check_statements_matched(steps: list[FlowStep]) -> Refusal | None:
+    if any(s.synthetic or s.statement is None or s.function is None for s in steps):
+        return Refusal("a replacement of statements needs each matched call in a statement")
+    return None
+
+
+@check
+def check_one_root(roots: dict[int, ast.FunctionDef]) -> Refusal | None:
+    """The steps inlined least deep run in one function (``roots``), the one edited."""
+    if len(roots) != 1:
+        return Refusal(SPANS_FUNCTIONS)
+    return None
+
+
+@check
+def check_inlined_alike(
+    step: FlowStep, function: ast.FunctionDef, shallow: int, chain: tuple[str, ...]
+) -> Refusal | None:
+    """A step runs in the edited ``function`` (inlined along its ``chain``, ``shallow`` deep) or
+    in a helper it calls directly."""
+    if step.function is function:
+        if step.inline_chain != chain:
+            return Refusal(SPANS_FUNCTIONS)
+        return None
+    if len(step.inline_chain) != shallow + 1 or step.inline_chain[:shallow] != chain:
+        return Refusal(SPANS_FUNCTIONS)
+    return None
+
+
+@check
+def check_helper_called_once(
+    helper: ast.FunctionDef, calls: list[ast.Call], matched: list[ast.expr]
+) -> Refusal | None:
+    """The replacement may skip a helper's one call (``calls``: its calls in the edited
+    function) when the helper does only matched work."""
+    if len(calls) != 1 or not _only_matched_work(helper, matched):
+        return Refusal(f"{helper.name}(): called more than once or does other work")
+    return None
+
+
+def _only_matched_work(helper: ast.FunctionDef, matched: list[ast.expr]) -> bool:
+    """A helper whose statements only compute matched values and return one."""
+    body = list(helper.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring
+    if not body or not isinstance(body[-1], ast.Return):
+        return False
+    if any(not isinstance(statement, (ast.Assign, ast.Return)) for statement in body):
+        return False
+    return all(
+        any(contains(m, node) for m in matched)
+        for statement in body
+        for node in ast.walk(statement)
+        if isinstance(node, ast.Call)
+    )
+
+
+@check
+def check_in_block(step: FlowStep, holder: int | None, first: int) -> Refusal | None:
+    """Each matched call is held by a statement of the first one's block, from the first on
+    (``holder``: that statement's index, ``first``: the first one's)."""
+    if holder is None or holder < first:
+        return Refusal(f"line {step.line}: the matched calls are not in one block")
+    return None
+
+
+@check
+def check_whole_lines(
+    source: SourceText, block: list[ast.stmt], first: int, last: int
+) -> Refusal | None:
+    """The replaced statements must be whole lines: the kernel arm takes their place, so a
+    statement sharing a line with them (``a; b``) or a one-line body (``if c: a; b``) would be
+    wrapped or dropped with them."""
+    start, end = block[first], block[last]
+    prefix = source.lines[start.lineno - 1].encode("utf-8")[: start.col_offset]
+    joined = (first > 0 and block[first - 1].end_lineno == start.lineno) or (
+        last + 1 < len(block) and block[last + 1].lineno == end.end_lineno
+    )
+    if joined or prefix.strip():
+        return Refusal(
+            f"line {start.lineno}: the matched statements share a line with other code "
+            "(joined statements or a one-line body); not rewritten"
+        )
+    return None
+
+
+@check
+def check_only_matched_work(
+    source: SourceText,
+    wrapped: list[ast.stmt],
+    matched: list[ast.expr],
+    final_return: ast.Return | None,
+) -> Refusal | None:
+    """The range does nothing but the matched work (and the calls of helpers that do only
+    matched work); a ``return`` may end it (``final_return``) when it returns the
+    replacement's value."""
+    for statement in wrapped:
+        for node in ast.walk(statement):
+            if node is final_return:
+                continue
+            if isinstance(node, _CONTROL) or isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                return Refusal(
+                    f"line {node.lineno}: the matched statements also hold "  # type: ignore[attr-defined]
+                    f"`{type(node).__name__.lower()}`; not rewritten"
+                )
+            if isinstance(node, ast.Call) and not any(contains(m, node) for m in matched):
+                return Refusal(
+                    f"line {node.lineno}: `{source.segment(node)}` runs among the "
+                    "matched statements; not rewritten"
+                )
+    return None
+
+
+@check
+def check_targets_named(new_step: PatternStep, producer: dict[str, object]) -> Refusal | None:
+    """Each step of the kernel arm binds values of the pattern (``producer``: by name)."""
+    if not new_step.targets or any(t.name not in producer for t in new_step.targets):
+        return Refusal("a replacement step must name values of the pattern")
+    return None
+
+
+@check
+def check_assigned_plainly(step: FlowStep) -> Refusal | None:
+    """The kernel arm binds a value under the name its matched statement assigned it to."""
+    if not is_plain_assignment(step.statement, step.node):  # type: ignore[arg-type]
+        return Refusal(f"line {step.line}: the value is not assigned to a plain name")
+    return None
+
+
+@check
+def check_return_last(
+    names: list[str], new_step: PatternStep, body: tuple[PatternStep, ...]
+) -> Refusal | None:
+    """Only the last step of the kernel arm (``body``) may give the returned value."""
+    if "return" in names and (len(names) > 1 or new_step is not body[-1]):
+        return Refusal("only the last replacement step may give the returned value")
+    return None
+
+
+@check
+def check_renderable_step(new_step: PatternStep) -> Refusal | None:
+    if not isinstance(new_step.callee, (Literal, Name)):
+        return Refusal(f"cannot render replacement step {new_step}")
+    return None
+
+
+@check
+def check_return_kept(final_return: ast.Return | None, lines: list[str]) -> Refusal | None:
+    """A range that ends in a ``return`` is replaced by a kernel arm that returns too."""
+    if final_return is not None and not lines[-1].startswith("return "):
+        return Refusal(f"line {final_return.lineno}: the matched statements end in a `return`")
+    return None
+
+
+@check
+def check_arm_sets_what_is_read(
+    function: ast.FunctionDef, wrapped: list[ast.stmt], bound: set[str], blocks: Blocks
+) -> Refusal | None:
+    """Every name the range binds that is read anywhere else in the function (or again by a
+    loop around it) is bound by the kernel arm (``bound``)."""
+    assigned = set().union(*(assigned_names(s) for s in wrapped))
+    elsewhere = read_names(function) - set().union(*(read_names(s) for s in wrapped))
+    unset = (assigned - bound) & (elsewhere | _read_in_range_loops(blocks, wrapped))
+    if unset:
+        return Refusal(
+            "the matched statements also set "
+            + ", ".join(f"`{n}`" for n in sorted(unset))
+            + ", which the kernel arm would leave unset"
+        )
+    return None
+
+
+def _read_in_range_loops(blocks: Blocks, wrapped: list[ast.stmt]) -> set[str]:
+    """Names read by a loop around the range (a later iteration reads them again)."""
+    found: set[str] = set()
+    parent = blocks.block_of(wrapped[0])[2]
+    while parent is not None:
+        if isinstance(parent, (ast.For, ast.AsyncFor, ast.While)):
+            found |= read_names(parent)
+        parent = blocks.block_of(parent)[2] if id(parent) in blocks.where else None
+    return found
+
+
+@check
+def check_arm_reads_unchanged(
+    site: Site,
+    holders: list[ast.stmt],
+    wrapped: list[ast.stmt],
+    guard: PatternStep | None,
+    body: tuple[PatternStep, ...],
+) -> Refusal | None:
+    """The kernel arm runs where the range starts: each value it reads must be the one the
+    matched call that read it saw (no statement of the range assigns it before that call)."""
+    changed = _changed_before_read(site, site.steps, holders, wrapped, guard, body)
+    if changed:
+        return Refusal(
+            "the kernel arm reads "
+            + ", ".join(f"`{n}`" for n in sorted(changed))
+            + ", which the matched statements assign before it is read"
+        )
+    return None
+
+
+def _changed_before_read(
+    site: Site,
+    steps: list[FlowStep],
+    holders: list[ast.stmt],
+    wrapped: list[ast.stmt],
+    guard: PatternStep | None,
+    body: tuple[PatternStep, ...],
+) -> set[str]:
+    """Names the kernel arm reads whose value the range changes before its matched call reads
+    them (a name of the rule's text, ``self``, must not change anywhere in the range)."""
+    used = {
+        value.name
+        for step in (*([guard] if guard else []), *body)
+        for arg in step.args
+        if isinstance(value := getattr(arg, "value", None), Var)
+    }
+    changed: set[str] = set()
+    for name in used:
+        bound = site.bindings.get(name)
+        if not isinstance(bound, Operand) or bound.node is None:
+            continue
+        index = next(
+            (i for i, s in enumerate(steps) if any(op is bound for op in s.operands())), None
+        )
+        if index is None:
+            continue
+        read_at = steps[index].statement
+        holder = next(i for i, s in enumerate(wrapped) if contains(s, holders[index]))
+        assigned: set[str] = set()
+        for statement in wrapped[: holder + 1]:
+            for node in ast.walk(statement):
+                if (
+                    isinstance(node, ast.Name)
+                    and isinstance(node.ctx, ast.Store)
+                    and (statement is not wrapped[holder] or node.lineno < read_at.lineno)
+                ):
+                    assigned.add(node.id)
+        changed |= read_names(bound.node) & assigned
+    literal_names = {
+        value.dotted.split(".")[0]
+        for step in (*([guard] if guard else []), *body)
+        for value in [step.callee, *(getattr(arg, "value", None) for arg in step.args)]
+        if isinstance(value, Name) and not value.dotted.startswith("adopter.")
+    }
+    return changed | (literal_names & set().union(*(assigned_names(s) for s in wrapped)))
 
 
 # -- the edit ---------------------------------------------------------------------------------
