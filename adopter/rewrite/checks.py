@@ -1,12 +1,13 @@
 """The safety checks of the rewrite: each a named, pure function that returns ``None`` when a
 site passes it, or a :class:`Refusal` with the reason the site is skipped.
 
-Every reason a site can be skipped for comes from exactly one check here: :func:`check` stamps
-the refusal with the name of the check that made it, so a skip can be traced back to the rule
-of safety it broke (as torch.fx's ``match_filters`` name the filters a match must pass). The
-planner (``plan.py``), the renderer (``render.py``) and the guarded planner (``guarded.py``)
-call them in order with :func:`require`; a check never edits a plan, so calling one twice, or
-one more, changes nothing but the answer.
+Every refusal of the planner comes from exactly one check here: :func:`check` stamps it with
+the name of the check that made it, so a skip can be traced back to the rule of safety it broke
+(as torch.fx's ``match_filters`` name the filters a match must pass). A few checks share a
+reason's text (:data:`SPANS_METHODS`, which reports pin); the stamped name tells them apart. The
+planner (``plan.py``, ``across.py``, ``guarded.py``) and the renderer (``render.py``) call
+them in order with :func:`require`; a check never edits a plan, so calling one twice, or one
+more, changes nothing but the answer.
 """
 
 from __future__ import annotations

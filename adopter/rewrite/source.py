@@ -111,6 +111,12 @@ def read_names(node: ast.AST) -> set[str]:
     }
 
 
+def names_in(function: ast.FunctionDef) -> set[str]:
+    """Every name a function reads, binds or takes as a parameter."""
+    taken = {a.arg for a in ast.walk(function.args) if isinstance(a, ast.arg)}
+    return taken | read_names(function) | assigned_names(function)
+
+
 def has_call(node: ast.AST) -> bool:
     return any(isinstance(child, (ast.Call, ast.Await, ast.Yield)) for child in ast.walk(node))
 

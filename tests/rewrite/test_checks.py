@@ -271,7 +271,7 @@ def test_every_check_is_registered_and_named_check():
     assert len(CHECKS) > 40
 
 
-@pytest.mark.parametrize("module", ["plan.py", "render.py", "guarded.py"])
+@pytest.mark.parametrize("module", ["plan.py", "across.py", "render.py", "guarded.py"])
 def test_the_planner_refuses_only_through_checks(module):
     """No refusal is made outside checks.py: each reason has exactly one check to look at."""
     tree = ast.parse((REWRITE / module).read_text(encoding="utf-8"))
