@@ -20,7 +20,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ..extract.source import split_lines
 from ..match.matcher import Site
-from .checks import check_edit
+from .checks import KERNEL_PACKAGE, Refusal, check_edit, require
 from .guarded import AlreadyPatched
 from .names import (
     STAR,
@@ -29,7 +29,8 @@ from .names import (
     visible_bindings,
 )
 from .outcome import SiteStatus, SkipReason
-from .plan import KERNEL_PACKAGE, Plan, Planner, Refusal, edit_location, sequential_expression
+from .plan import Plan, Planner, edit_location
+from .render import sequential_expression
 from .source import SourceText, function_start
 
 WRAPPER = "if True:"  # + the file's line ending
@@ -833,7 +834,7 @@ def rewrite_source(
     for start, end, group in sorted(_spans(plans, planner), key=lambda span: -span[0]):
         try:
             new_lines = _edit_span(source, start, end, group)
-            check_edit(source, start, end, new_lines, group)
+            require(check_edit(source, start, end, new_lines, group))
         except (cst.ParserSyntaxError, Refusal, AssertionError, KeyError) as error:
             if any(p.companions or p.instance_of is p.site for p in group):
                 # Half of a two-function edit cannot stand alone: plan again without the site.

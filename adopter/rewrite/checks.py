@@ -1,15 +1,1013 @@
-"""Safety checks of the rewrite, each a named function that raises :class:`Refusal` with the
-reason a site is skipped. For now it holds the post-condition every edit passes before it is
-written; the planner's checks (``rewrite/plan.py``) are to move here one by one (issue 21,
-item 9)."""
+"""The safety checks of the rewrite: each a named, pure function that returns ``None`` when a
+site passes it, or a :class:`Refusal` with the reason the site is skipped.
+
+Every refusal of the planner comes from exactly one check here: :func:`check` stamps it with
+the name of the check that made it, so a skip can be traced back to the rule of safety it broke
+(as torch.fx's ``match_filters`` name the filters a match must pass). A few checks share a
+reason's text (:data:`SPANS_METHODS`, which reports pin); the stamped name tells them apart. The
+planner (``plan.py``, ``across.py``, ``guarded.py``) and the renderer (``render.py``) call
+them in order with :func:`require`; a check never edits a plan, so calling one twice, or one
+more, changes nothing but the answer.
+"""
 
 from __future__ import annotations
 
 import ast
+import functools
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, ParamSpec
 
-from .plan import Plan, Refusal
-from .source import SourceText
+from ..dsl.syntax import (
+    DETECT_ONLY,
+    Call,
+    Expr,
+    Index,
+    Keyword,
+    Literal,
+    Name,
+    Positional,
+    Rest,
+    Var,
+    Wildcard,
+)
+from ..dsl.syntax import Step as PatternStep
+from ..extract.model import Construction, Operand
+from ..extract.model import Step as FlowStep
+from ..extract.names import DROPOUT_FUNCTION
+from ..match.matcher import BoundModule, BoundOutput, Site
+from .source import (
+    Blocks,
+    SourceText,
+    assigned_names,
+    contains,
+    has_call,
+    is_plain_assignment,
+    read_names,
+)
 
+if TYPE_CHECKING:
+    from .plan import Plan
+
+KERNEL_PACKAGE = "adopter.kernels"
+# Shared by the checks that find a match running in more than one method.
+SPANS_METHODS = "the match spans several methods or classes; not rewritten"
+
+
+class Refusal(Exception):
+    """A site that cannot be rewritten safely; the message says why and ``check`` names the
+    check that refused (empty for a refusal made outside this module)."""
+
+    def __init__(self, reason: str, check: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.check = check
+
+
+Params = ParamSpec("Params")
+Check = Callable[..., Refusal | None]
+# Every check, by name: what a refusal's ``check`` can be.
+CHECKS: dict[str, Check] = {}
+
+
+def check(function: Callable[Params, Refusal | None]) -> Callable[Params, Refusal | None]:
+    """Register a check and stamp each refusal it returns with its name."""
+
+    @functools.wraps(function)
+    def named(*args: Params.args, **kwargs: Params.kwargs) -> Refusal | None:
+        refusal = function(*args, **kwargs)
+        if refusal is not None:
+            refusal.check = function.__name__
+        return refusal
+
+    CHECKS[function.__name__] = named
+    return named
+
+
+def require(refusal: Refusal | None) -> None:
+    """Stop planning with the refusal a check returned, if it returned one."""
+    if refusal is not None:
+        raise refusal
+
+
+def step_expression(step: FlowStep) -> ast.expr:
+    """The expression a matched computation is (refused when it is not one)."""
+    require(check_expression(step))
+    return step.node  # type: ignore[return-value]
+
+
+def input_names(site: Site) -> set[str]:
+    """Every name the matched input values read."""
+    names: set[str] = set()
+    for value in site.bindings.values():
+        if isinstance(value, Operand) and value.node is not None:
+            names |= read_names(value.node)
+    return names
+
+
+# -- the rule and the match ------------------------------------------------------------------
+@check
+def check_rewrites(init_replacement: object, forward_replacement: object) -> Refusal | None:
+    """A rule rewrites only when it has steps to write instead of the matched ones."""
+    if isinstance(init_replacement, tuple) and init_replacement:
+        return None
+    if isinstance(forward_replacement, tuple) and forward_replacement:
+        return None
+    if DETECT_ONLY in (init_replacement, forward_replacement):
+        return Refusal("the rule only detects (no replacement)")
+    return Refusal("the rule has no replacement")
+
+
+@check
+def check_single_step(replacement: tuple[PatternStep, ...], where: str) -> Refusal | None:
+    """The planner writes one call in place of a match (``where``: construction or forward)."""
+    if len(replacement) != 1:
+        return Refusal(f"only single-step {where} replacements are supported")
+    return None
+
+
+@check
+def check_steps_line_up(site: Site) -> Refusal | None:
+    """One matched computation per pattern step."""
+    if len(site.steps) != len(site.rule.forward.steps):  # type: ignore[union-attr]
+        return Refusal("internal: matched steps do not line up with the pattern")
+    return None
+
+
+@check
+def check_in_function(steps: list[FlowStep]) -> Refusal | None:
+    if steps[0].function is None:
+        return Refusal("a matched computation is not inside a function")
+    return None
+
+
+@check
+def check_in_statements(steps: list[FlowStep]) -> Refusal | None:
+    if any(step.statement is None for step in steps):
+        return Refusal("a matched computation is not inside a statement")
+    return None
+
+
+@check
+def check_expression(step: FlowStep) -> Refusal | None:
+    if not isinstance(step.node, ast.expr):
+        return Refusal(f"line {step.line}: matched computation is not an expression")
+    return None
+
+
+@check
+def check_statement_holds(statement: ast.stmt | None, node: ast.AST) -> Refusal | None:
+    """An edit lies inside a statement of its function (``statement``: the one found)."""
+    if statement is None:
+        return Refusal(f"line {node.lineno}: no statement holds the edit")  # type: ignore[attr-defined]
+    return None
+
+
+@check
+def check_outputs_of_pattern(targets: list[str], producer_of: dict[str, int]) -> Refusal | None:
+    """The replacement's outputs are values the pattern computes."""
+    if not targets or any(t not in producer_of for t in targets):
+        return Refusal("the replacement's outputs are not values of the pattern")
+    return None
+
+
+@check
+def check_final_outputs(site: Site, new_step: PatternStep) -> Refusal | None:
+    """A kernel that takes over computations other code runs must produce exactly what the
+    pattern's last computation did."""
+    pattern = site.rule.forward.steps  # type: ignore[union-attr]
+    if [t.name for t in new_step.targets] != [t.name for t in pattern[-1].targets]:
+        return Refusal("the replacement's outputs are not values of the pattern")
+    return None
+
+
+@check
+def check_no_extra_arguments(site: Site, rest: list[str]) -> Refusal | None:
+    """... from the arguments the pattern names (``rest``: the final call's other arguments)."""
+    if rest:
+        return Refusal(f"line {site.steps[-1].line}: the final call passes extra arguments")
+    return None
+
+
+@check
+def check_one_spelling(site: Site) -> Refusal | None:
+    """A value the kernel reads once must be one expression in the code: projections of
+    ``hidden_states`` and of ``current_states`` (``kv if cross else hidden_states``), or of
+    three parameters a caller fills with one tensor, are one input on some paths only."""
+    pattern = site.rule.forward.steps  # type: ignore[union-attr]
+    texts: dict[str, list[str]] = {}
+    for pattern_step, step in zip(pattern, site.steps, strict=True):
+        positional = [a for a in pattern_step.args if isinstance(a, Positional)]
+        for position, arg in enumerate(positional):
+            if not isinstance(arg.value, Var) or position >= len(step.positional):
+                continue
+            if not isinstance(site.bindings.get(arg.value.name), Operand):
+                continue
+            operands = step.positional
+            if step.id in site.swapped:
+                operands = list(reversed(operands))
+            operand = operands[position]
+            spelled = texts.setdefault(arg.value.name, [])
+            if operand.node is not None and operand.text not in spelled:
+                spelled.append(operand.text)
+    for name, spellings in texts.items():
+        if len(spellings) > 1:
+            shown = ", ".join(f"`{text}`" for text in spellings)
+            return Refusal(
+                f"${name} is read as {shown}: one tensor on some paths only; not rewritten"
+            )
+    return None
+
+
+@check
+def check_dropped_arguments(
+    source: SourceText,
+    site: Site,
+    pattern: tuple[PatternStep, ...],
+    new_step: PatternStep,
+    final_index: int,
+) -> Refusal | None:
+    """A matched call may not pass an argument the replacement would silently drop."""
+    forwards_rest = any(isinstance(a, Rest) for a in new_step.args)
+    for index, (pattern_step, step) in enumerate(zip(pattern, site.steps, strict=True)):
+        if index == final_index and forwards_rest:
+            continue
+        call = step.node
+        if not isinstance(call, ast.Call):
+            continue
+        if step.construction is not None and step.construction.kind == DROPOUT_FUNCTION:
+            continue  # its settings are handed over (render.Renderer.functional_dropout)
+        if step.kind == "getitem":
+            continue  # ``first, second = torch.chunk(...)``: an element of the call's result
+        wanted = sum(isinstance(a, Positional) for a in pattern_step.args) + sum(
+            isinstance(a, Keyword) for a in pattern_step.args
+        )
+        given = len(call.args) + len(call.keywords)
+        if given > wanted:
+            return Refusal(
+                f"line {step.line}: `{source.segment(call)}` passes arguments the "
+                "replacement would drop"
+            )
+    return None
+
+
+@check
+def check_read_before_changed(site: Site, steps: list[FlowStep]) -> Refusal | None:
+    """The kernel reads every input where the first matched statement stood: no matched
+    statement before the one that reads an input may assign a name that input reads."""
+    for index, step in enumerate(steps):
+        for value in site.bindings.values():
+            if not isinstance(value, Operand) or value.node is None:
+                continue
+            if not any(operand is value for operand in step.operands()):
+                continue
+            names = read_names(value.node)
+            for earlier in steps[:index]:
+                if earlier.statement is not None and assigned_names(earlier.statement) & names:
+                    return Refusal(f"line {earlier.line} changes an input of the fused call")
+    return None
+
+
+# -- __init__ constructions -------------------------------------------------------------------
+@check
+def check_construction_site(construction: Construction | None) -> Refusal | None:
+    """The matched construction is a call of this file, with its source."""
+    if construction is None or construction.node is None or construction.function is None:
+        return Refusal("the matched construction has no source location")
+    call = construction.node
+    if not isinstance(call, ast.Call):
+        return Refusal("the matched construction is not a call")
+    if construction.via is not None:
+        return Refusal(
+            f"line {call.lineno}: the module is built inside {construction.via}() in another "
+            "file; not rewritten"
+        )
+    return None
+
+
+@check
+def check_construction_rest_kept(
+    call: ast.Call, rest: list[str], new_step: PatternStep
+) -> Refusal | None:
+    """Arguments the pattern did not name (``rest``) go on only through a ``...``."""
+    if rest and not any(isinstance(arg, Rest) for arg in new_step.args):
+        return Refusal(
+            f"line {call.lineno}: the construction also passes {', '.join(rest)}, which the "
+            "replacement would drop"
+        )
+    return None
+
+
+# -- rendering the replacement ----------------------------------------------------------------
+@check
+def check_kernel_package(dotted: str) -> Refusal | None:
+    if dotted.rpartition(".")[0] != KERNEL_PACKAGE:
+        return Refusal(f"replacement calls {dotted}, which is not in {KERNEL_PACKAGE}")
+    return None
+
+
+@check
+def check_renderable_callee(callee: Expr) -> Refusal | None:
+    if not isinstance(callee, (Name, Call)):
+        return Refusal(f"cannot render replacement callee {callee}")
+    return None
+
+
+@check
+def check_renderable_value(value: Expr) -> Refusal | None:
+    if isinstance(value, Wildcard):
+        return Refusal("a replacement cannot pass `_`")
+    if isinstance(value, (Index, Call)):
+        return Refusal(f"cannot render replacement argument {value}")
+    return None
+
+
+@check
+def check_bound(name: str, bound: object) -> Refusal | None:
+    """A replacement argument names a module, an input or a constant of the match."""
+    if isinstance(bound, (BoundModule, Operand, str)):
+        return None
+    if isinstance(bound, BoundOutput):
+        return Refusal(f"${name} is an intermediate value; the kernel must recompute it")
+    return Refusal(f"${name} is not bound by the match")
+
+
+@check
+def check_module_call_in_source(name: str, step: FlowStep | None) -> Refusal | None:
+    """``step``: the matched call of the module ``$name`` stands for."""
+    if step is None or not isinstance(step.node, ast.Call):
+        return Refusal(f"${name}: the module call is not in the source")
+    return None
+
+
+@check
+def check_operand_has_text(name: str, operand: Operand) -> Refusal | None:
+    if operand.node is None:
+        return Refusal(f"${name} has no source text")
+    return None
+
+
+@check
+def check_evaluated_in_place(name: str, text: str, owner: FlowStep | None) -> Refusal | None:
+    """An input with a call moves to the kernel call with the statement that evaluated it
+    (``owner``: the matched computation that reads it)."""
+    if owner is None or owner.statement is None:
+        return Refusal(f"${name} (`{text}`) would be evaluated at another point")
+    return None
+
+
+@check
+def check_dropout_handed_over(call: ast.Call, given: dict[str, ast.expr]) -> Refusal | None:
+    """``F.dropout``'s arguments (``given``, by parameter) can be handed to a kernel."""
+    names = ["input", "p", "training", "inplace"]
+    if any(k.arg is None for k in call.keywords) or set(given) - set(names):
+        return Refusal(f"line {call.lineno}: dropout arguments that cannot be handed over")
+    inplace = given.get("inplace")
+    if inplace is not None and not (isinstance(inplace, ast.Constant) and inplace.value is False):
+        return Refusal(f"line {call.lineno}: an in-place dropout changes its input")
+    return None
+
+
+@check
+def check_argument_named(step: FlowStep, index: int, name: str | None) -> Refusal | None:
+    """A positional argument handed on as a keyword needs its parameter's name."""
+    if name is None or name.startswith("_"):
+        return Refusal(f"line {step.line}: positional argument {index + 1} has no name")
+    return None
+
+
+# -- where the fused call goes ----------------------------------------------------------------
+@check
+def check_nested_removed(
+    source: SourceText, nested: list[FlowStep], removed_values: list[ast.expr]
+) -> Refusal | None:
+    """A matched computation that is not a statement of its own disappears only inside an
+    expression that does (``nested``: those computations)."""
+    for step in nested:
+        node = step.node
+        if not any(contains(value, node) for value in removed_values):  # type: ignore[arg-type]
+            return Refusal(
+                f"line {step.line}: the matched `{source.segment(node)}` shares its "  # type: ignore[arg-type]
+                "statement with other work"
+            )
+    return None
+
+
+@check
+def check_last_of_arm(arm_body: list[ast.stmt], last: ast.stmt) -> Refusal | None:
+    """The fused call may end an arm of an ``if`` only where the matched statement does."""
+    if arm_body[-1] is not last:
+        return Refusal(f"line {last.lineno}: the fused statement is not the last of its branch")
+    return None
+
+
+@check
+def check_sinkable(final_statement: ast.stmt, final_node: ast.expr) -> Refusal | None:
+    """A statement copied into the other arms does nothing but return or assign its value."""
+    if isinstance(final_statement, ast.Return) and final_statement.value is final_node:
+        return None
+    if is_plain_assignment(final_statement, final_node):
+        return None
+    return Refusal(f"line {final_statement.lineno}: the statement after the branch does more")
+
+
+@check
+def check_no_elif(source: SourceText, branch: ast.If) -> Refusal | None:
+    if (
+        len(branch.orelse) == 1
+        and isinstance(branch.orelse[0], ast.If)
+        and source.lines[branch.orelse[0].lineno - 1].lstrip().startswith("elif")
+    ):
+        return Refusal("the branch continues with `elif`; not rewritten")
+    return None
+
+
+@check
+def check_feeds_later(blocks: Blocks, statement: ast.stmt, final: ast.stmt) -> Refusal | None:
+    """A fused statement of the final one's block comes before it."""
+    if blocks.block_of(statement)[1] > blocks.block_of(final)[1]:
+        return Refusal("a fused computation comes after the statement it feeds")
+    return None
+
+
+@check
+def check_between(
+    first: ast.stmt,
+    last: ast.stmt,
+    deleted: list[ast.stmt],
+    inputs: set[str],
+    blocks: Blocks,
+) -> Refusal | None:
+    """Nothing between a fused statement and where its work now happens (``last``: the fused
+    statement, or the ``if`` it moves into) changes the values involved."""
+    produced = assigned_names(first)
+    for statement in blocks.between(first, last):
+        if any(statement is d for d in deleted):
+            continue
+        if assigned_names(statement) & inputs:
+            return Refusal(f"line {statement.lineno} reassigns an input of the fused call")
+        if read_names(statement) & produced and not isinstance(last, ast.If):
+            return Refusal(f"line {statement.lineno} reads a name the fused statement sets")
+        if isinstance(last, ast.If) and (read_names(statement) | assigned_names(statement)) & (
+            produced | read_names(first)
+        ):
+            return Refusal(f"line {statement.lineno} depends on the statement to be moved")
+    return None
+
+
+@check
+def check_one_branch(
+    statement: ast.stmt,
+    branch: tuple[ast.If, int] | None,
+    hoist: tuple[list[ast.stmt], ast.If, int] | None,
+) -> Refusal | None:
+    """A fused statement outside the final one's block sits just before the ``if`` whose arm
+    holds it (``branch``), the same ``if`` as any other moved statement."""
+    if branch is None or (hoist is not None and hoist[1] is not branch[0]):
+        return Refusal(f"line {statement.lineno}: the fused statements sit in different blocks")
+    return None
+
+
+@check
+def check_arm_keeps_values(
+    arm_body: list[ast.stmt], final: ast.stmt, inputs: set[str], moved: ast.stmt
+) -> Refusal | None:
+    """The statements of the arm before the fused one change neither an input nor what the
+    statement moved into the arm sets."""
+    if arm_body and arm_body[0] is not final:
+        for between in arm_body[: arm_body.index(final)]:
+            if assigned_names(between) & (inputs | assigned_names(moved)):
+                return Refusal(f"line {between.lineno} changes a value the fused call reads")
+    return None
+
+
+@check
+def check_condition_stays(branch: ast.If, moved: ast.stmt) -> Refusal | None:
+    """A statement moved after an ``if``'s test must not change what the test computes."""
+    if read_names(branch.test) & assigned_names(moved):
+        return Refusal(f"line {branch.lineno}: the condition reads what would move")
+    if has_call(branch.test):
+        return Refusal(f"line {branch.lineno}: the condition calls something")
+    return None
+
+
+@check
+def check_moved_calls(
+    plan: Plan,
+    moved_calls: Sequence[ast.stmt],
+    deleted: list[ast.stmt],
+    final: ast.stmt,
+    blocks: Blocks,
+) -> Refusal | None:
+    """An input that calls something is now evaluated at the kernel call (``moved_calls``: the
+    statements of those inputs): allowed only when nothing else runs in between (its statement
+    is the fused one, or deleted and adjacent)."""
+    for owner in moved_calls:
+        if owner is final:
+            continue
+        if plan.hoist is not None and _moves_whole(plan.hoist, owner, final, blocks):
+            continue
+        if plan.hoist is not None or not any(owner is d for d in deleted):
+            return Refusal(f"line {owner.lineno}: an input with a call would move")
+        if blocks.block_of(owner)[0] is not blocks.block_of(final)[0]:
+            return Refusal(f"line {owner.lineno}: an input with a call would move")
+        for between in blocks.between(owner, final):
+            if not any(between is d for d in deleted):
+                return Refusal(
+                    f"line {between.lineno} runs between an input with a call and the kernel"
+                )
+    return None
+
+
+def _moves_whole(
+    hoist: tuple[list[ast.stmt], ast.If, int], owner: ast.stmt, final: ast.stmt, blocks: Blocks
+) -> bool:
+    """A statement moved into the arms of the ``if`` right after it runs at the same point
+    when the fused statement opens its arm (the condition was checked to call nothing)."""
+    moved, branch, arm = hoist
+    arm_body = branch.body if arm == 0 else branch.orelse
+    return (
+        any(owner is statement for statement in moved)
+        and bool(arm_body)
+        and arm_body[0] is final
+        and not list(blocks.between(owner, branch))
+    )
+
+
+# -- several outputs --------------------------------------------------------------------------
+@check
+def check_one_block(statements: list[ast.stmt], blocks: Blocks, what: str) -> Refusal | None:
+    """The statements one tuple of results replaces (``what`` they are) share one block."""
+    if len({id(blocks.block_of(s)[0]) for s in statements}) != 1:
+        lines = ", ".join(str(s.lineno) for s in statements)
+        return Refusal(f"the fused {what} (lines {lines}) sit in different blocks")
+    return None
+
+
+@check
+def check_between_untouched(
+    blocks: Blocks, ordered: list[ast.stmt], watched: set[str]
+) -> Refusal | None:
+    """No other statement among the fused assignments (``ordered``) uses a name they set or
+    the kernel reads (``watched``)."""
+    for statement in blocks.between(ordered[0], ordered[-1]):
+        if any(statement is s for s in ordered):
+            continue
+        if (read_names(statement) | assigned_names(statement)) & watched:
+            return Refusal(f"line {statement.lineno} uses a name the fused assignment sets")
+    return None
+
+
+@check
+def check_simple_statement(step: FlowStep) -> Refusal | None:
+    """A result read inside a larger statement gets its name in a statement before it: one of
+    a kind that runs once, in order."""
+    if not isinstance(step.statement, (ast.Assign, ast.AnnAssign, ast.Expr, ast.Return)):
+        return Refusal(f"line {step.line}: the projection sits in a compound statement")
+    return None
+
+
+@check
+def check_inputs_kept(blocks: Blocks, ordered: list[ast.stmt], inputs: set[str]) -> Refusal | None:
+    """The kernel runs before the first of ``ordered``: none of them, nor what runs between
+    them, may change an input."""
+    first, last = ordered[0], ordered[-1]
+    for statement in [first, *blocks.between(first, last)]:
+        if assigned_names(statement) & inputs:
+            return Refusal(f"line {statement.lineno} changes an input of the fused call")
+    return None
+
+
+@check
+def check_fresh_name(name: str, taken: set[str], owner: str) -> Refusal | None:
+    """A name the rewrite adds to a function (``owner``: helper or function) is unused there."""
+    if name in taken:
+        return Refusal(f"the {owner} already uses the name `{name}`")
+    return None
+
+
+# -- nn.Sequential ----------------------------------------------------------------------------
+@check
+def check_sequential_call(call: ast.AST, replacement: tuple[PatternStep, ...]) -> Refusal | None:
+    if len(replacement) != 1 or not isinstance(call, ast.Call) or len(call.args) != 1:
+        return Refusal("only a one-argument nn.Sequential call can be split")
+    return None
+
+
+@check
+def check_elements_lead(steps: list[FlowStep], inside: list[FlowStep]) -> Refusal | None:
+    """The matched elements of the container (``inside``) come first in the match."""
+    if steps[: len(inside)] != inside:
+        return Refusal("the match mixes nn.Sequential elements and other calls")
+    return None
+
+
+@check
+def check_rest_outside(outside: list[FlowStep], function: ast.FunctionDef) -> Refusal | None:
+    """After the container's elements the match goes on in the container's caller."""
+    if any(step.synthetic or step.function is not function for step in outside):
+        return Refusal("the match mixes nn.Sequential elements and other calls")
+    return None
+
+
+@check
+def check_one_chain(steps: list[FlowStep]) -> Refusal | None:
+    if len({step.inline_chain for step in steps}) != 1:
+        return Refusal(SPANS_METHODS)
+    return None
+
+
+@check
+def check_sequential_elements(inside: list[FlowStep]) -> Refusal | None:
+    """The matched elements belong to one ``nn.Sequential`` whose indexes are static."""
+    owners = {id(s.construction.owner) for s in inside if s.construction is not None}
+    first = inside[0].construction
+    owner = first.owner if first is not None else None
+    if owner is None or len(owners) != 1 or any(s.construction is None for s in inside):
+        return Refusal("internal: the nn.Sequential of the matched elements is not known")
+    if owner.elements_unknown:
+        return Refusal(
+            f"line {owner.line}: the indexes of this nn.Sequential's elements are not known "
+            f"statically ({owner.elements_unknown}); not rewritten rather than guessed"
+        )
+    if any(s.construction.position is None for s in inside):  # type: ignore[union-attr]
+        return Refusal(f"line {owner.line}: an nn.Sequential element has no static index")
+    return None
+
+
+@check
+def check_consecutive(indices: list[int]) -> Refusal | None:
+    if indices != list(range(indices[0], indices[0] + len(indices))):
+        return Refusal("the fused nn.Sequential elements are not consecutive")
+    return None
+
+
+@check
+def check_last_elements(indices: list[int], count: int) -> Refusal | None:
+    """A match that goes on after the container must take its last elements."""
+    if indices[-1] != count - 1:
+        return Refusal("the matched nn.Sequential elements are not its last ones")
+    return None
+
+
+# -- a match that starts at the end of a helper and ends in its caller ------------------------
+@check
+def check_across_call(
+    steps: list[FlowStep], held: int, replacement: tuple[PatternStep, ...]
+) -> Refusal | None:
+    """The first ``held`` steps end one helper, the others run in the one method that called
+    it, of another class: ``forward``, so no override keeps the old signature."""
+    helper, chain = steps[0].function, steps[0].inline_chain
+    inner, outer = steps[:held], steps[held:]
+    caller = outer[0].function if outer else None
+    if helper is None or caller is None or helper is caller:
+        return Refusal(SPANS_METHODS)
+    if any(s.function is not caller or s.inline_chain != outer[0].inline_chain for s in outer):
+        return Refusal(SPANS_METHODS)
+    if chain[:-1] != outer[0].inline_chain:
+        return Refusal(SPANS_METHODS)
+    if helper.name != "forward" or inner[0].cls == outer[0].cls:
+        # A method called on ``self`` may be overridden with the old signature.
+        return Refusal(f"{helper.name}() is a method of the caller's class; not rewritten")
+    if len(replacement) != 1 or any(s.synthetic for s in steps):
+        return Refusal(SPANS_METHODS)
+    return None
+
+
+@check
+def check_helper_returns(helper: ast.FunctionDef, final: ast.AST | None) -> Refusal | None:
+    """The helper ends by returning the matched value (``final``), and returns only there."""
+    body = helper.body
+    last = body[-1] if body else None
+    if not isinstance(last, ast.Return) or last.value is None:
+        return Refusal(f"{helper.name}() does not end by returning the matched value")
+    if sum(isinstance(n, ast.Return) for n in ast.walk(helper)) != 1:
+        return Refusal(f"{helper.name}() returns in several places")
+    returned = last.value is final
+    if not returned and isinstance(last.value, ast.Name) and len(body) > 1:
+        previous = body[-2]
+        returned = (
+            isinstance(previous, ast.Assign)
+            and is_plain_assignment(previous, final)  # type: ignore[arg-type]
+            and previous.targets[0].id == last.value.id  # type: ignore[attr-defined]
+        )
+    if not returned:
+        return Refusal(f"{helper.name}() does not end by returning the matched value")
+    return None
+
+
+@check
+def check_helper_tail(
+    helper: ast.FunctionDef, statements: list[ast.stmt | None], first: int | None
+) -> Refusal | None:
+    """The matched ``statements`` are the helper's last ones (``first``: the index of the first
+    of them in its body)."""
+    if first is None:
+        return Refusal(f"{helper.name}(): the matched computation sits in a nested block")
+    for statement in helper.body[first:-1]:
+        if not any(statement is s for s in statements):
+            return Refusal(
+                f"line {statement.lineno}: {helper.name}() does more after the matched "
+                "computation starts"
+            )
+    return None
+
+
+@check
+def check_result_followed(found: object) -> Refusal | None:
+    """The call of the helper whose result the caller's matched computation reads was found."""
+    if found is None:
+        return Refusal("the helper's result reaches the caller in a way not followed")
+    return None
+
+
+@check
+def check_hands_over(handed: dict[str, str]) -> Refusal | None:
+    """The caller hands the helper at least one value of its own."""
+    if not handed:
+        return Refusal(SPANS_METHODS)
+    return None
+
+
+@check
+def check_inputs_stay(
+    helper: ast.FunctionDef, moved_calls: Sequence[ast.stmt], insert_at: ast.stmt
+) -> Refusal | None:
+    """An input with a call is evaluated just before its own statement: the same point."""
+    if any(owner is not insert_at for owner in moved_calls):
+        return Refusal(f"{helper.name}(): an input with a call would move")
+    return None
+
+
+# -- a replacement of whole statements (guarded.py) -------------------------------------------
+# Statements after which the kernel arm could not stand in for the range.
+_CONTROL = (
+    ast.Return,
+    ast.Raise,
+    ast.Break,
+    ast.Continue,
+    ast.Global,
+    ast.Nonlocal,
+    ast.Yield,
+    ast.YieldFrom,
+    ast.Await,
+    ast.Delete,
+)
+# Shared by the checks that find matched calls spread over functions in another way.
+SPANS_FUNCTIONS = "the matched calls span functions in a way not rewritten"
+
+
+@check
+def check_statements_matched(steps: list[FlowStep]) -> Refusal | None:
+    if any(s.synthetic or s.statement is None or s.function is None for s in steps):
+        return Refusal("a replacement of statements needs each matched call in a statement")
+    return None
+
+
+@check
+def check_one_root(roots: dict[int, ast.FunctionDef]) -> Refusal | None:
+    """The steps inlined least deep run in one function (``roots``), the one edited."""
+    if len(roots) != 1:
+        return Refusal(SPANS_FUNCTIONS)
+    return None
+
+
+@check
+def check_inlined_alike(
+    step: FlowStep, function: ast.FunctionDef, shallow: int, chain: tuple[str, ...]
+) -> Refusal | None:
+    """A step runs in the edited ``function`` (inlined along its ``chain``, ``shallow`` deep) or
+    in a helper it calls directly."""
+    if step.function is function:
+        if step.inline_chain != chain:
+            return Refusal(SPANS_FUNCTIONS)
+        return None
+    if len(step.inline_chain) != shallow + 1 or step.inline_chain[:shallow] != chain:
+        return Refusal(SPANS_FUNCTIONS)
+    return None
+
+
+@check
+def check_helper_called_once(
+    helper: ast.FunctionDef, calls: list[ast.Call], matched: list[ast.expr]
+) -> Refusal | None:
+    """The replacement may skip a helper's one call (``calls``: its calls in the edited
+    function) when the helper does only matched work."""
+    if len(calls) != 1 or not _only_matched_work(helper, matched):
+        return Refusal(f"{helper.name}(): called more than once or does other work")
+    return None
+
+
+def _only_matched_work(helper: ast.FunctionDef, matched: list[ast.expr]) -> bool:
+    """A helper whose statements only compute matched values and return one."""
+    body = list(helper.body)
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring
+    if not body or not isinstance(body[-1], ast.Return):
+        return False
+    if any(not isinstance(statement, (ast.Assign, ast.Return)) for statement in body):
+        return False
+    return all(
+        any(contains(m, node) for m in matched)
+        for statement in body
+        for node in ast.walk(statement)
+        if isinstance(node, ast.Call)
+    )
+
+
+@check
+def check_in_block(step: FlowStep, holder: int | None, first: int) -> Refusal | None:
+    """Each matched call is held by a statement of the first one's block, from the first on
+    (``holder``: that statement's index, ``first``: the first one's)."""
+    if holder is None or holder < first:
+        return Refusal(f"line {step.line}: the matched calls are not in one block")
+    return None
+
+
+@check
+def check_whole_lines(
+    source: SourceText, block: list[ast.stmt], first: int, last: int
+) -> Refusal | None:
+    """The replaced statements must be whole lines: the kernel arm takes their place, so a
+    statement sharing a line with them (``a; b``) or a one-line body (``if c: a; b``) would be
+    wrapped or dropped with them."""
+    start, end = block[first], block[last]
+    prefix = source.lines[start.lineno - 1].encode("utf-8")[: start.col_offset]
+    joined = (first > 0 and block[first - 1].end_lineno == start.lineno) or (
+        last + 1 < len(block) and block[last + 1].lineno == end.end_lineno
+    )
+    if joined or prefix.strip():
+        return Refusal(
+            f"line {start.lineno}: the matched statements share a line with other code "
+            "(joined statements or a one-line body); not rewritten"
+        )
+    return None
+
+
+@check
+def check_only_matched_work(
+    source: SourceText,
+    wrapped: list[ast.stmt],
+    matched: list[ast.expr],
+    final_return: ast.Return | None,
+) -> Refusal | None:
+    """The range does nothing but the matched work (and the calls of helpers that do only
+    matched work); a ``return`` may end it (``final_return``) when it returns the
+    replacement's value."""
+    for statement in wrapped:
+        for node in ast.walk(statement):
+            if node is final_return:
+                continue
+            if isinstance(node, _CONTROL) or isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                return Refusal(
+                    f"line {node.lineno}: the matched statements also hold "  # type: ignore[attr-defined]
+                    f"`{type(node).__name__.lower()}`; not rewritten"
+                )
+            if isinstance(node, ast.Call) and not any(contains(m, node) for m in matched):
+                return Refusal(
+                    f"line {node.lineno}: `{source.segment(node)}` runs among the "
+                    "matched statements; not rewritten"
+                )
+    return None
+
+
+@check
+def check_targets_named(new_step: PatternStep, producer: dict[str, object]) -> Refusal | None:
+    """Each step of the kernel arm binds values of the pattern (``producer``: by name)."""
+    if not new_step.targets or any(t.name not in producer for t in new_step.targets):
+        return Refusal("a replacement step must name values of the pattern")
+    return None
+
+
+@check
+def check_assigned_plainly(step: FlowStep) -> Refusal | None:
+    """The kernel arm binds a value under the name its matched statement assigned it to."""
+    if not is_plain_assignment(step.statement, step.node):  # type: ignore[arg-type]
+        return Refusal(f"line {step.line}: the value is not assigned to a plain name")
+    return None
+
+
+@check
+def check_return_last(
+    names: list[str], new_step: PatternStep, body: tuple[PatternStep, ...]
+) -> Refusal | None:
+    """Only the last step of the kernel arm (``body``) may give the returned value."""
+    if "return" in names and (len(names) > 1 or new_step is not body[-1]):
+        return Refusal("only the last replacement step may give the returned value")
+    return None
+
+
+@check
+def check_renderable_step(new_step: PatternStep) -> Refusal | None:
+    if not isinstance(new_step.callee, (Literal, Name)):
+        return Refusal(f"cannot render replacement step {new_step}")
+    return None
+
+
+@check
+def check_return_kept(final_return: ast.Return | None, lines: list[str]) -> Refusal | None:
+    """A range that ends in a ``return`` is replaced by a kernel arm that returns too."""
+    if final_return is not None and not lines[-1].startswith("return "):
+        return Refusal(f"line {final_return.lineno}: the matched statements end in a `return`")
+    return None
+
+
+@check
+def check_arm_sets_what_is_read(
+    function: ast.FunctionDef, wrapped: list[ast.stmt], bound: set[str], blocks: Blocks
+) -> Refusal | None:
+    """Every name the range binds that is read anywhere else in the function (or again by a
+    loop around it) is bound by the kernel arm (``bound``)."""
+    assigned = set().union(*(assigned_names(s) for s in wrapped))
+    elsewhere = read_names(function) - set().union(*(read_names(s) for s in wrapped))
+    unset = (assigned - bound) & (elsewhere | _read_in_range_loops(blocks, wrapped))
+    if unset:
+        return Refusal(
+            "the matched statements also set "
+            + ", ".join(f"`{n}`" for n in sorted(unset))
+            + ", which the kernel arm would leave unset"
+        )
+    return None
+
+
+def _read_in_range_loops(blocks: Blocks, wrapped: list[ast.stmt]) -> set[str]:
+    """Names read by a loop around the range (a later iteration reads them again)."""
+    found: set[str] = set()
+    parent = blocks.block_of(wrapped[0])[2]
+    while parent is not None:
+        if isinstance(parent, (ast.For, ast.AsyncFor, ast.While)):
+            found |= read_names(parent)
+        parent = blocks.block_of(parent)[2] if id(parent) in blocks.where else None
+    return found
+
+
+@check
+def check_arm_reads_unchanged(
+    site: Site,
+    holders: list[ast.stmt],
+    wrapped: list[ast.stmt],
+    guard: PatternStep | None,
+    body: tuple[PatternStep, ...],
+) -> Refusal | None:
+    """The kernel arm runs where the range starts: each value it reads must be the one the
+    matched call that read it saw (no statement of the range assigns it before that call)."""
+    changed = _changed_before_read(site, site.steps, holders, wrapped, guard, body)
+    if changed:
+        return Refusal(
+            "the kernel arm reads "
+            + ", ".join(f"`{n}`" for n in sorted(changed))
+            + ", which the matched statements assign before it is read"
+        )
+    return None
+
+
+def _changed_before_read(
+    site: Site,
+    steps: list[FlowStep],
+    holders: list[ast.stmt],
+    wrapped: list[ast.stmt],
+    guard: PatternStep | None,
+    body: tuple[PatternStep, ...],
+) -> set[str]:
+    """Names the kernel arm reads whose value the range changes before its matched call reads
+    them (a name of the rule's text, ``self``, must not change anywhere in the range)."""
+    used = {
+        value.name
+        for step in (*([guard] if guard else []), *body)
+        for arg in step.args
+        if isinstance(value := getattr(arg, "value", None), Var)
+    }
+    changed: set[str] = set()
+    for name in used:
+        bound = site.bindings.get(name)
+        if not isinstance(bound, Operand) or bound.node is None:
+            continue
+        index = next(
+            (i for i, s in enumerate(steps) if any(op is bound for op in s.operands())), None
+        )
+        if index is None:
+            continue
+        read_at = steps[index].statement
+        holder = next(i for i, s in enumerate(wrapped) if contains(s, holders[index]))
+        assigned: set[str] = set()
+        for statement in wrapped[: holder + 1]:
+            for node in ast.walk(statement):
+                if (
+                    isinstance(node, ast.Name)
+                    and isinstance(node.ctx, ast.Store)
+                    and (statement is not wrapped[holder] or node.lineno < read_at.lineno)
+                ):
+                    assigned.add(node.id)
+        changed |= read_names(bound.node) & assigned
+    literal_names = {
+        value.dotted.split(".")[0]
+        for step in (*([guard] if guard else []), *body)
+        for value in [step.callee, *(getattr(arg, "value", None) for arg in step.args)]
+        if isinstance(value, Name) and not value.dotted.startswith("adopter.")
+    }
+    return changed | (literal_names & set().union(*(assigned_names(s) for s in wrapped)))
+
+
+# -- the edit ---------------------------------------------------------------------------------
 WRAPPER = "if True:"  # as apply._edit_span parses an indented span
 
 
@@ -18,9 +1016,10 @@ def _fragment(text: str, indented: bool) -> ast.Module:
     return ast.parse((WRAPPER + "\n" if indented else "") + text)
 
 
+@check
 def check_edit(
     source: SourceText, start: int, end: int, new_lines: list[str], plans: list[Plan]
-) -> None:
+) -> Refusal | None:
     """The post-condition of every edit: the new lines call each planned kernel once more than
     the old ones did, and hold none of the statements and expressions the plans replaced (a
     statement moved into the arms of an ``if`` at most as often as before). Otherwise the
@@ -30,7 +1029,7 @@ def check_edit(
         old = _fragment("".join(source.lines[start - 1 : end]), indented)
         new = _fragment("".join(new_lines), indented)
     except SyntaxError as error:
-        raise Refusal(f"lines {start}-{end}: the edit does not parse ({error.msg})") from None
+        return Refusal(f"lines {start}-{end}: the edit does not parse ({error.msg})")
     done = [part for plan in plans for part in (plan, *plan.also_patched)]
     calls: dict[str, int] = {}
     for plan in done:
@@ -45,7 +1044,7 @@ def check_edit(
 
     for name, count in calls.items():
         if called(new, name) != called(old, name) + count:
-            raise Refusal(f"lines {start}-{end}: the edit does not call {name} as planned")
+            return Refusal(f"lines {start}-{end}: the edit does not call {name} as planned")
     removed: dict[str, int] = {}
     kept: dict[str, int] = {}  # moved or copied into other arms: no more often than before
     for plan in done:
@@ -65,10 +1064,11 @@ def check_edit(
     after = _dump_counts(new, set(removed) | set(kept))
     for dumped, count in removed.items():
         if after[dumped] > before[dumped] - count:
-            raise Refusal(f"lines {start}-{end}: the edit keeps a computation the kernel replaces")
+            return Refusal(f"lines {start}-{end}: the edit keeps a computation the kernel replaces")
     for dumped in kept:
         if after[dumped] > before[dumped]:
-            raise Refusal(f"lines {start}-{end}: the edit runs a moved statement twice")
+            return Refusal(f"lines {start}-{end}: the edit runs a moved statement twice")
+    return None
 
 
 def _dump_counts(tree: ast.AST, wanted: set[str]) -> dict[str, int]:

@@ -111,5 +111,52 @@ def read_names(node: ast.AST) -> set[str]:
     }
 
 
+def names_in(function: ast.FunctionDef) -> set[str]:
+    """Every name a function reads, binds or takes as a parameter."""
+    taken = {a.arg for a in ast.walk(function.args) if isinstance(a, ast.arg)}
+    return taken | read_names(function) | assigned_names(function)
+
+
 def has_call(node: ast.AST) -> bool:
     return any(isinstance(child, (ast.Call, ast.Await, ast.Yield)) for child in ast.walk(node))
+
+
+def is_plain_assignment(statement: ast.stmt, value: ast.expr) -> bool:
+    """``name = value`` (annotated or not), with ``value`` that very node."""
+    if isinstance(statement, ast.Assign):
+        return (
+            statement.value is value
+            and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name)
+        )
+    if isinstance(statement, ast.AnnAssign):
+        return statement.value is value and isinstance(statement.target, ast.Name)
+    return False
+
+
+def is_parallel_assignment(statement: ast.stmt, value: ast.expr, matched: set[int]) -> bool:
+    """``a, b = x[..., ::2], x[..., 1::2]`` where every element on the right is matched: the
+    statement goes with them."""
+    if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1):
+        return False
+    target, values = statement.targets[0], statement.value
+    if not (isinstance(target, ast.Tuple) and isinstance(values, ast.Tuple)):
+        return False
+    if len(target.elts) != len(values.elts) or not all(
+        isinstance(name, ast.Name) for name in target.elts
+    ):
+        return False
+    return any(v is value for v in values.elts) and all(id(v) in matched for v in values.elts)
+
+
+def is_unpacking(statement: ast.stmt, value: ast.expr, matched_elements: int) -> bool:
+    """``first, second = value`` whose every element is a matched value."""
+    if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1):
+        return False
+    target = statement.targets[0]
+    return (
+        statement.value is value
+        and isinstance(target, ast.Tuple)
+        and all(isinstance(name, ast.Name) for name in target.elts)
+        and len(target.elts) == matched_elements
+    )

@@ -1,0 +1,309 @@
+"""The planner's safety checks, called directly on tiny inputs. Each test shows a check both
+passing and refusing (a check that cannot refuse guards nothing), and that the refusal names
+the check it came from; the last tests hold the planner to giving every reason through one."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+
+import adopter.rewrite.apply as apply_module
+from adopter.dsl import load_rule_file
+from adopter.dsl.syntax import DETECT_ONLY, Index, Literal, Name, Positional, Var, Wildcard
+from adopter.dsl.syntax import Step as PatternStep
+from adopter.extract.model import EMPTY_CONTEXT, Operand
+from adopter.extract.model import Step as FlowStep
+from adopter.match import Matcher
+from adopter.match.matcher import BoundOutput
+from adopter.rewrite import checks, rewrite_text
+from adopter.rewrite.checks import CHECKS, Refusal
+from adopter.rewrite.source import Blocks, SourceText
+from adopter.rules import rule_files
+from tests.rules.fixture_cases import fixture_path, read_fixture
+
+REWRITE = Path(checks.__file__).parent
+
+
+def _refused(refusal: Refusal | None, check, text: str) -> None:
+    """``refusal`` came from ``check`` and says ``text``."""
+    assert refusal is not None, f"{check.__name__} did not refuse"
+    assert refusal.check == check.__name__
+    assert text in refusal.reason and str(refusal) == refusal.reason
+
+
+def _function(code: str) -> tuple[SourceText, ast.FunctionDef, Blocks]:
+    function = ast.parse(code).body[0]
+    assert isinstance(function, ast.FunctionDef)
+    return SourceText(code), function, Blocks(function)
+
+
+def _flow_step(node: ast.AST, statement: ast.stmt | None = None, line: int = 1) -> FlowStep:
+    return FlowStep(
+        id=0,
+        kind="f",
+        positional=[],
+        arguments={},
+        output=0,
+        line=line,
+        column=1,
+        context=EMPTY_CONTEXT,
+        cls=None,
+        method="forward",
+        path="m.py",
+        node=node,
+        statement=statement,
+    )
+
+
+def _step(callee: str = "adopter.kernels.k") -> PatternStep:
+    return PatternStep(callee=Name(callee), args=(Positional(Var("x")),), targets=(Var("y"),))
+
+
+def test_single_step():
+    assert checks.check_single_step((_step(),), "forward") is None
+    _refused(
+        checks.check_single_step((_step(), _step()), "forward"),
+        checks.check_single_step,
+        "only single-step forward replacements are supported",
+    )
+
+
+def test_rewrites():
+    assert checks.check_rewrites(None, (_step(),)) is None
+    assert checks.check_rewrites((_step(),), None) is None
+    _refused(checks.check_rewrites(None, DETECT_ONLY), checks.check_rewrites, "only detects")
+    _refused(checks.check_rewrites(None, ()), checks.check_rewrites, "has no replacement")
+
+
+def test_kernel_package():
+    assert checks.check_kernel_package("adopter.kernels.fused_rms_norm") is None
+    _refused(
+        checks.check_kernel_package("torch.nn.functional.gelu"),
+        checks.check_kernel_package,
+        "replacement calls torch.nn.functional.gelu, which is not in adopter.kernels",
+    )
+
+
+def test_renderable_value():
+    for value in (Var("x"), Name("torch.float32"), Literal(1)):
+        assert checks.check_renderable_value(value) is None
+    wildcard = checks.check_renderable_value(Wildcard())
+    _refused(wildcard, checks.check_renderable_value, "cannot pass `_`")
+    index = checks.check_renderable_value(Index(Var("x"), Literal(0)))
+    _refused(index, checks.check_renderable_value, "cannot render replacement argument")
+
+
+def test_bound():
+    assert checks.check_bound("eps", "1e-6") is None
+    assert checks.check_bound("x", Operand(node=ast.Name("x"))) is None
+    produced = BoundOutput(value=3, step=None)  # type: ignore[arg-type]
+    _refused(checks.check_bound("h", produced), checks.check_bound, "$h is an intermediate value")
+    _refused(checks.check_bound("h", None), checks.check_bound, "$h is not bound by the match")
+
+
+def test_dropout_handed_over():
+    def refusal(text: str) -> Refusal | None:
+        call = ast.parse(text).body[0].value  # type: ignore[attr-defined]
+        given = dict(zip(["input", "p", "training", "inplace"], call.args))
+        given.update({k.arg: k.value for k in call.keywords if k.arg is not None})
+        return checks.check_dropout_handed_over(call, given)
+
+    assert refusal("F.dropout(x, 0.1, training=self.training)") is None
+    assert refusal("F.dropout(x, p=0.1, inplace=False)") is None
+    check = checks.check_dropout_handed_over
+    _refused(refusal("F.dropout(x, p=0.1, inplace=True)"), check, "an in-place dropout")
+    _refused(refusal("F.dropout(x, **options)"), check, "cannot be handed over")
+
+
+def test_expression():
+    expression = ast.parse("f(x)\n").body[0]
+    assert isinstance(expression, ast.Expr)
+    assert checks.check_expression(_flow_step(expression.value)) is None
+    _refused(
+        checks.check_expression(_flow_step(expression, line=7)),
+        checks.check_expression,
+        "line 7: matched computation is not an expression",
+    )
+
+
+def test_no_elif():
+    code = "def f(a, b):\n    if a:\n        x = 1\n    elif b:\n        x = 2\n"
+    source, function, _ = _function(code)
+    branch = function.body[0]
+    assert isinstance(branch, ast.If)
+    _refused(checks.check_no_elif(source, branch), checks.check_no_elif, "continues with `elif`")
+    code = "def f(a, b):\n    if a:\n        x = 1\n    else:\n        if b:\n            x = 2\n"
+    source, function, _ = _function(code)
+    assert checks.check_no_elif(source, function.body[0]) is None  # type: ignore[arg-type]
+
+
+def test_condition_stays():
+    _, function, _ = _function("def f(a):\n    y = g(a)\n    if a:\n        pass\n")
+    moved, branch = function.body
+    assert checks.check_condition_stays(branch, moved) is None  # type: ignore[arg-type]
+    _, function, _ = _function("def f(a):\n    a = g(a)\n    if a:\n        pass\n")
+    moved, branch = function.body
+    _refused(
+        checks.check_condition_stays(branch, moved),  # type: ignore[arg-type]
+        checks.check_condition_stays,
+        "line 3: the condition reads what would move",
+    )
+    _, function, _ = _function("def f(a):\n    y = g(a)\n    if h(a):\n        pass\n")
+    moved, branch = function.body
+    _refused(
+        checks.check_condition_stays(branch, moved),  # type: ignore[arg-type]
+        checks.check_condition_stays,
+        "line 3: the condition calls something",
+    )
+
+
+def test_between():
+    code = "def f(x, r):\n    h = drop(x)\n    {}\n    y = norm(h + r)\n"
+    for between, reason in [
+        ("r = r * 2", "line 3 reassigns an input of the fused call"),
+        ("print(h)", "line 3 reads a name the fused statement sets"),
+    ]:
+        _, function, blocks = _function(code.format(between))
+        first, _, last = function.body
+        refusal = checks.check_between(first, last, [first], {"x", "r"}, blocks)
+        _refused(refusal, checks.check_between, reason)
+    _, function, blocks = _function(code.format("z = 1"))
+    first, _, last = function.body
+    assert checks.check_between(first, last, [first], {"x", "r"}, blocks) is None
+
+
+def test_feeds_later():
+    _, function, blocks = _function("def f(x):\n    h = a(x)\n    y = b(h)\n")
+    first, last = function.body
+    assert checks.check_feeds_later(blocks, first, last) is None
+    _refused(
+        checks.check_feeds_later(blocks, last, first),
+        checks.check_feeds_later,
+        "comes after the statement it feeds",
+    )
+
+
+def test_one_block():
+    _, function, blocks = _function("def f(x, c):\n    q = a(x)\n    if c:\n        k = b(x)\n")
+    first, branch = function.body
+    inner = branch.body[0]  # type: ignore[attr-defined]
+    assert checks.check_one_block([first], blocks, "assignments") is None
+    _refused(
+        checks.check_one_block([first, inner], blocks, "assignments"),
+        checks.check_one_block,
+        "the fused assignments (lines 2, 4) sit in different blocks",
+    )
+
+
+def test_sequential_indexes():
+    assert checks.check_consecutive([2, 3, 4]) is None
+    _refused(checks.check_consecutive([1, 3]), checks.check_consecutive, "not consecutive")
+    assert checks.check_last_elements([2, 3], 4) is None
+    _refused(checks.check_last_elements([1, 2], 4), checks.check_last_elements, "not its last")
+
+
+def test_fresh_name():
+    assert checks.check_fresh_name("fused_q", {"q", "x"}, "function") is None
+    _refused(
+        checks.check_fresh_name("q", {"q", "x"}, "helper"),
+        checks.check_fresh_name,
+        "the helper already uses the name `q`",
+    )
+
+
+def test_helper_returns():
+    _, helper, _ = _function("def forward(self, x):\n    h = self.drop(x)\n    return h\n")
+    final = helper.body[0].value  # type: ignore[attr-defined]
+    assert checks.check_helper_returns(helper, final) is None
+    code = "def forward(self, x):\n    if x is None:\n        return x\n    return self.drop(x)\n"
+    _, helper, _ = _function(code)
+    final = helper.body[-1].value  # type: ignore[attr-defined]
+    _refused(
+        checks.check_helper_returns(helper, final),
+        checks.check_helper_returns,
+        "forward() returns in several places",
+    )
+
+
+def test_sinkable():
+    _, function, _ = _function("def f(x):\n    y = norm(x)\n    self.y = norm(x)\n")
+    plain, attribute = function.body
+    assert checks.check_sinkable(plain, plain.value) is None  # type: ignore[attr-defined]
+    _refused(
+        checks.check_sinkable(attribute, attribute.value),  # type: ignore[attr-defined]
+        checks.check_sinkable,
+        "line 3: the statement after the branch does more",
+    )
+
+
+def test_whole_lines():
+    source, function, _ = _function("def f(x):\n    h = a(x)\n    y = b(h); z = 1\n")
+    block = function.body
+    assert checks.check_whole_lines(source, block, 0, 0) is None
+    _refused(
+        checks.check_whole_lines(source, block, 0, 1),
+        checks.check_whole_lines,
+        "line 2: the matched statements share a line with other code",
+    )
+
+
+def test_only_matched_work():
+    source, function, _ = _function("def f(x):\n    h = a(x)\n    log(h)\n    return b(h)\n")
+    first, logged, returned = function.body
+    matched = [first.value, returned.value]  # type: ignore[attr-defined]
+    check = checks.check_only_matched_work
+    assert check(source, [first], matched, None) is None
+    assert check(source, [returned], matched, returned) is None  # type: ignore[arg-type]
+    _refused(check(source, [first, logged], matched, None), check, "`log(h)` runs among")
+    _refused(check(source, [returned], matched, None), check, "also hold `return`")
+
+
+def test_every_check_is_registered_and_named_check():
+    defined = {
+        name
+        for name, value in vars(checks).items()
+        if inspect.isfunction(value) and name.startswith("check_") and name != "check"
+    }
+    assert defined == set(CHECKS)
+    assert len(CHECKS) > 40
+
+
+@pytest.mark.parametrize("module", ["plan.py", "across.py", "render.py", "guarded.py"])
+def test_the_planner_refuses_only_through_checks(module):
+    """No refusal is made outside checks.py: each reason has exactly one check to look at."""
+    tree = ast.parse((REWRITE / module).read_text(encoding="utf-8"))
+    made = [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        if node.func.id == "Refusal"
+    ]
+    assert not made, f"{module} makes refusals at lines {made}"
+
+
+def test_every_skip_of_the_rule_fixtures_names_its_check(monkeypatch):
+    """Each refusal the planner gives on the rule fixtures' cases carries the name of a
+    registered check, and the reason reports print is that refusal's text."""
+    refusals: list[Refusal] = []
+    plan = apply_module.Planner.plan
+
+    def recording(self, site):
+        try:
+            return plan(self, site)
+        except Refusal as refusal:
+            refusals.append(refusal)
+            raise
+
+    monkeypatch.setattr(apply_module.Planner, "plan", recording)
+    reasons: set[str] = set()
+    for rule_file in rule_files("all"):
+        matcher = Matcher(load_rule_file(rule_file))
+        for case in read_fixture(fixture_path(rule_file)):
+            rewrite = rewrite_text(case.source, "fixture.py", matcher)
+            reasons |= {r.reason for r in rewrite.results if r.skip == "unsafe"}
+    assert refusals and reasons
+    assert {refusal.check for refusal in refusals} <= set(CHECKS)
+    assert reasons <= {refusal.reason for refusal in refusals}
