@@ -54,6 +54,14 @@ _CONTROL = (
 )
 
 
+def _computes(node: ast.AST) -> bool:
+    """A call or an arithmetic operator: work the kernel arm would drop if it were not matched
+    (``attn_weights * head_mask`` in an arm the pattern did not take)."""
+    if isinstance(node, ast.UnaryOp):
+        return not isinstance(node.op, ast.Not)
+    return isinstance(node, (ast.Call, ast.BinOp, ast.AugAssign))
+
+
 class AlreadyPatched(Exception):
     """The site is the original code kept in the ``else`` arm of its own guard: nothing to do
     (not a skipped site)."""
@@ -97,7 +105,7 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
                     f"line {node.lineno}: the matched statements also hold "  # type: ignore[attr-defined]
                     f"`{type(node).__name__.lower()}`; not rewritten"
                 )
-            if isinstance(node, ast.Call) and not any(contains(m, node) for m in matched_nodes):
+            if _computes(node) and not any(contains(m, node) for m in matched_nodes):
                 raise Refusal(
                     f"line {node.lineno}: `{planner.source.segment(node)}` runs among the "
                     "matched statements; not rewritten"
