@@ -88,6 +88,8 @@ def attention_function_reference(
     slice_mask: bool = False,
     transpose_last: bool = False,
     position_bias: torch.Tensor | None = None,
+    weights_to_value_dtype: bool = False,
+    contiguous: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' ``eager_attention_forward`` in the spelling the options describe."""
     if scaling is None:
@@ -107,10 +109,12 @@ def attention_function_reference(
         attn_weights = F.softmax(attn_weights, dim=-1)
     else:
         attn_weights = F.softmax(attn_weights, dim=-1, dtype=softmax_dtype).to(query.dtype)
+    if weights_to_value_dtype:
+        attn_weights = attn_weights.type(value.dtype)
     attn_weights = F.dropout(attn_weights, p=dropout, training=module.training)
     attn_output = torch.matmul(attn_weights, value)
-    attn_output = attn_output.transpose(1, 2).contiguous()
-    return attn_output, attn_weights
+    attn_output = attn_output.transpose(1, 2)
+    return (attn_output.contiguous() if contiguous else attn_output), attn_weights
 
 
 def _apply_dropout(
@@ -275,6 +279,8 @@ def attention_function(
     slice_mask: bool = False,
     transpose_last: bool = False,
     position_bias: torch.Tensor | None = None,
+    weights_to_value_dtype: bool = False,
+    contiguous: bool = True,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """transformers 5 ``eager_attention_forward`` through SDPA.
@@ -296,6 +302,10 @@ def attention_function(
             the original runs for any other.
         position_bias: an additive bias added to the scores before the mask (T5), or ``None``.
             SDPA gets ``position_bias + attention_mask`` as its one additive mask.
+        weights_to_value_dtype: the spelling casts the probabilities to the value's dtype
+            (``attn_weights.type(value.dtype)``, GPT-2); SDPA runs only when the two agree.
+        contiguous: the spelling ends with ``.contiguous()`` after the transpose back; without
+            it (GPT-2) the output is the transposed view, with the same values.
         kwargs: the caller's remaining keyword arguments; only ``output_attentions`` is read.
 
     Returns ``(attn_output, attn_weights)``; ``attn_weights`` is ``None`` when SDPA ran.
@@ -306,6 +316,8 @@ def attention_function(
         "slice_mask": slice_mask,
         "transpose_last": transpose_last,
         "position_bias": position_bias,
+        "weights_to_value_dtype": weights_to_value_dtype,
+        "contiguous": contiguous,
     }
 
     def original() -> tuple[torch.Tensor, torch.Tensor]:
@@ -333,7 +345,8 @@ def attention_function(
     out = _sdpa(query, key, value, mask, p, scale, groups)
     if out is None:
         return original()
-    return out.transpose(1, 2).contiguous(), None
+    out = out.transpose(1, 2)
+    return (out.contiguous() if contiguous else out), None
 
 
 def scaled_attention(

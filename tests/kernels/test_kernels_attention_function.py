@@ -579,3 +579,38 @@ def test_diffusers_processor_cases_left_to_the_original(change, monkeypatch):
     monkeypatch.setattr(module_of_kernel.F, "scaled_dot_product_attention", None)
     out = scaled_attention(q, k, v, mask, scores_of=attn)
     assert torch.equal(out, torch.bmm(attn.get_attention_scores(q, k, mask), v))
+
+
+def gpt2_eager(module, query, key, value, attention_mask, scaling, dropout=0.0):
+    attn_weights = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1)
+    attn_weights = attn_weights.type(value.dtype)
+    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value)
+    return attn_output.transpose(1, 2), attn_weights
+
+
+def test_gpt2_spelling_keeps_the_transposed_view():
+    module = Attn()
+    q, k, v = qkv(heads=4, kv_heads=4)
+    mask = causal_mask(2, 7, 7)
+    options = {
+        "repeat_kv": False,
+        "softmax_dtype": None,
+        "transpose_last": True,
+        "weights_to_value_dtype": True,
+        "contiguous": False,
+    }
+    assert_same_function(
+        fused_only(lambda q, k, v: attention_function(module, q, k, v, mask, 0.3, **options)),
+        lambda q, k, v: gpt2_eager(module, q, k, v, mask, 0.3)[0],
+        [q, k, v],
+    )
+    out, _ = attention_function(module, q, k, v, mask, 0.3, **options)
+    assert out.shape == (2, 7, 4, 8) and not out.is_contiguous()
+    # a value of another dtype: the original's cast, computed by the original
+    out, weights = attention_function(module, q, k, v.double(), mask, 0.3, **options)
+    expected = gpt2_eager(module, q, k, v.double(), mask, 0.3)
+    assert torch.equal(out, expected[0]) and torch.equal(weights, expected[1])
