@@ -757,6 +757,12 @@ class FlowBuilder:
                 # ``attn.get_attention_scores(q, k)``: a method of a submodule of ours
                 owner = self.analysis.local_class(owner_ref.constructions[0].kind)
                 method = self.analysis.method(owner, func.attr) if owner else None
+                if method is not None and f"method.{func.attr}" in self.analysis.opaque_methods:
+                    # a rule names this method (``method.get_attention_scores($attn, ...)``): one
+                    # step, the receiver first, so the kernel is handed the module itself
+                    positional, keywords = self.arguments(node)
+                    receiver = Operand(node=func.value, module=owner_ref)
+                    return self.emit(f"method.{func.attr}", node, [receiver, *positional], keywords)
                 if method is not None and frame.class_depth < MAX_CLASS_DEPTH:
                     positional, keywords = self.arguments(node)
                     return self.inline(

@@ -201,7 +201,11 @@ class FileAnalysis:
             self._processor_flows(info)
             if not info.is_module:
                 continue
-            for name in [*self._entry_points(info), *self._method_references(info)]:
+            for name in [
+                *self._entry_points(info),
+                *self._method_references(info),
+                *self._opaque_callees(info),
+            ]:
                 function = self.method(info, name)
                 if isinstance(function, ast.FunctionDef) and name not in info.flows:
                     info.flows[name] = self._flow(info, function)
@@ -221,6 +225,16 @@ class FileAnalysis:
         for owner in [info, *self.local_parents(info)]:
             names += [n for n in owner.methods if n.startswith("forward_") and n not in names]
         return names
+
+    def _opaque_callees(self, info: ClassInfo) -> list[str]:
+        """Methods a rule names as ``method.<name>``: called on a submodule they stay one step
+        of the caller's flow instead of being inlined there, so each is analysed as a root of
+        its own (its own sites are found in it, as when the caller inlined it)."""
+        return [
+            name
+            for name in info.methods
+            if f"method.{name}" in self.opaque_methods and name != "forward"
+        ]
 
     def _processor_flows(self, info: ClassInfo) -> None:
         """A class whose ``__call__`` receives a module of this file as a parameter (diffusers'

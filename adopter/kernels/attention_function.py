@@ -86,6 +86,10 @@ def attention_function_reference(
     repeat_kv: bool = True,
     softmax_dtype: torch.dtype | None = torch.float32,
     slice_mask: bool = False,
+    transpose_last: bool = False,
+    position_bias: torch.Tensor | None = None,
+    weights_to_value_dtype: bool = False,
+    contiguous: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' ``eager_attention_forward`` in the spelling the options describe."""
     if scaling is None:
@@ -93,7 +97,10 @@ def attention_function_reference(
     if repeat_kv:
         key = _repeat_kv(key, module.num_key_value_groups)
         value = _repeat_kv(value, module.num_key_value_groups)
-    attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    key_t = key.transpose(-1, -2) if transpose_last else key.transpose(2, 3)
+    attn_weights = torch.matmul(query, key_t) * scaling
+    if position_bias is not None:
+        attn_weights = attn_weights + position_bias
     if attention_mask is not None:
         if slice_mask:
             attention_mask = attention_mask[:, :, :, : key.shape[-2]]
@@ -102,10 +109,12 @@ def attention_function_reference(
         attn_weights = F.softmax(attn_weights, dim=-1)
     else:
         attn_weights = F.softmax(attn_weights, dim=-1, dtype=softmax_dtype).to(query.dtype)
+    if weights_to_value_dtype:
+        attn_weights = attn_weights.type(value.dtype)
     attn_weights = F.dropout(attn_weights, p=dropout, training=module.training)
     attn_output = torch.matmul(attn_weights, value)
-    attn_output = attn_output.transpose(1, 2).contiguous()
-    return attn_output, attn_weights
+    attn_output = attn_output.transpose(1, 2)
+    return (attn_output.contiguous() if contiguous else attn_output), attn_weights
 
 
 def _apply_dropout(
@@ -268,6 +277,10 @@ def attention_function(
     repeat_kv: bool = True,
     softmax_dtype: torch.dtype | None = torch.float32,
     slice_mask: bool = False,
+    transpose_last: bool = False,
+    position_bias: torch.Tensor | None = None,
+    weights_to_value_dtype: bool = False,
+    contiguous: bool = True,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """transformers 5 ``eager_attention_forward`` through SDPA.
@@ -284,11 +297,28 @@ def attention_function(
         softmax_dtype: ``torch.float32`` for ``softmax(..., dtype=float32).to(query.dtype)``,
             ``None`` for a softmax in the scores' dtype.
         slice_mask: the spelling slices the mask to the key length first.
+        transpose_last: the spelling transposes the key as ``key.transpose(-1, -2)`` (CLIP)
+            rather than ``key.transpose(2, 3)``; the same for the 4-D inputs SDPA takes, and
+            the original runs for any other.
+        position_bias: an additive bias added to the scores before the mask (T5), or ``None``.
+            SDPA gets ``position_bias + attention_mask`` as its one additive mask.
+        weights_to_value_dtype: the spelling casts the probabilities to the value's dtype
+            (``attn_weights.type(value.dtype)``, GPT-2); SDPA runs only when the two agree.
+        contiguous: the spelling ends with ``.contiguous()`` after the transpose back; without
+            it (GPT-2) the output is the transposed view, with the same values.
         kwargs: the caller's remaining keyword arguments; only ``output_attentions`` is read.
 
     Returns ``(attn_output, attn_weights)``; ``attn_weights`` is ``None`` when SDPA ran.
     """
-    options = {"repeat_kv": repeat_kv, "softmax_dtype": softmax_dtype, "slice_mask": slice_mask}
+    options = {
+        "repeat_kv": repeat_kv,
+        "softmax_dtype": softmax_dtype,
+        "slice_mask": slice_mask,
+        "transpose_last": transpose_last,
+        "position_bias": position_bias,
+        "weights_to_value_dtype": weights_to_value_dtype,
+        "contiguous": contiguous,
+    }
 
     def original() -> tuple[torch.Tensor, torch.Tensor]:
         return attention_function_reference(
@@ -306,11 +336,17 @@ def attention_function(
     mask = attention_mask
     if mask is not None and slice_mask:
         mask = mask[:, :, :, : key.shape[-2]]
+    if position_bias is not None:
+        if not _sdpa_inputs_ok(query, key, value, position_bias, p, 4):
+            return original()
+        # one additive mask: the bias first, as the original adds it first
+        mask = position_bias if mask is None else position_bias + mask
     scale = query.size(-1) ** -0.5 if scaling is None else float(scaling)
     out = _sdpa(query, key, value, mask, p, scale, groups)
     if out is None:
         return original()
-    return out.transpose(1, 2).contiguous(), None
+    out = out.transpose(1, 2)
+    return (out.contiguous() if contiguous else out), None
 
 
 def scaled_attention(
@@ -325,6 +361,7 @@ def scaled_attention(
     scale_query: bool = False,
     upcast_qk: bool = False,
     softmax_dtype: torch.dtype | None = None,
+    scores_of: nn.Module | None = None,
 ) -> torch.Tensor:
     """``softmax(q @ k^T * scale + attn_mask) @ v`` through SDPA (timm, diffusers).
 
@@ -339,7 +376,18 @@ def scaled_attention(
         upcast_qk: query and key are cast to float32 first (diffusers' ``upcast_attention``).
         softmax_dtype: ``torch.float32`` when the scores are upcast for the softmax
             (diffusers' ``upcast_softmax``); the probabilities return to the query's dtype.
+        scores_of: the spelling is ``torch.bmm(scores_of.get_attention_scores(query, key,
+            attn_mask), value)`` (diffusers' eager processors: ``AttnProcessor``, the sliced,
+            added-KV, IP-adapter and custom-diffusion ones), over ``(batch * heads, len,
+            head_dim)`` inputs. That method computes ``softmax(baddbmm(mask, q, k^T,
+            alpha=scale))`` with the module's ``scale``, ``upcast_attention`` and
+            ``upcast_softmax``, which the kernel reads (the other settings are not used); the
+            original is the module's own method, run whenever SDPA cannot reproduce it (as
+            above), and also when the method is replaced on the instance (attention-map tools
+            patch it), the settings are not a number and two flags, or the module has hooks.
     """
+    if scores_of is not None:
+        return _processor_attention(scores_of, query, key, value, attn_mask)
     options = {
         "scale": scale,
         "dropout": dropout,
@@ -355,20 +403,77 @@ def scaled_attention(
     if tracing(query, key, value, attn_mask):
         return original()
     p = _dropout_probability(dropout, training)
+    out = _scaled_sdpa(query, key, value, attn_mask, scale, p, upcast_qk)
+    return original() if out is None else out
+
+
+def _scaled_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    scale: float | None,
+    p: float | None,
+    upcast_qk: bool,
+) -> torch.Tensor | None:
+    """SDPA over 3-D or 4-D ``(..., len, head_dim)`` inputs, ``None`` where it cannot
+    reproduce ``softmax(q @ k^T * scale + attn_mask) @ v``."""
     dims = query.dim() if isinstance(query, torch.Tensor) else 0
     if dims not in (3, 4) or not _sdpa_inputs_ok(query, key, value, attn_mask, p, dims):
-        return original()
+        return None
     if upcast_qk and query.dtype != torch.float32:
-        return original()  # the upcast product would be rounded back to the query dtype
+        return None  # the upcast product would be rounded back to the query dtype
     lift = dims == 3  # SDPA's CPU flash kernel wants (batch, heads, len, dim)
     q, k, v = (t.unsqueeze(0) if lift else t for t in (query, key, value))
     mask = attn_mask
     if lift and mask is not None:
         if mask.dim() > 3:
-            return original()
+            return None
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
     scale_value = query.size(-1) ** -0.5 if scale is None else float(scale)
-    out = _sdpa(q, k, v, mask, float(p), scale_value, 1)
+    out = _sdpa(q, k, v, mask, float(p or 0.0), scale_value, 1)
     if out is None:
-        return original()
+        return None
     return out.squeeze(0) if lift else out
+
+
+def _scores_settings(attn: object) -> tuple[float, bool, bool] | None:
+    """``(scale, upcast_attention, upcast_softmax)`` of a diffusers-style attention module whose
+    ``get_attention_scores`` the kernel may compute itself, ``None`` otherwise: the method
+    replaced on the instance (attention-map tools patch it), settings that are not plain
+    numbers and flags, or hooks on the module."""
+    if not isinstance(attn, nn.Module) or "get_attention_scores" in vars(attn):
+        return None
+    scale = getattr(attn, "scale", None)
+    upcast_qk = getattr(attn, "upcast_attention", None)
+    upcast_softmax = getattr(attn, "upcast_softmax", None)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        return None
+    if not isinstance(upcast_qk, bool) or not isinstance(upcast_softmax, bool):
+        return None
+    if has_hooks(attn):
+        return None
+    return float(scale), upcast_qk, upcast_softmax
+
+
+def _processor_attention(
+    attn: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+) -> torch.Tensor:
+    """``torch.bmm(attn.get_attention_scores(query, key, attention_mask), value)``."""
+
+    def original() -> torch.Tensor:
+        return torch.bmm(attn.get_attention_scores(query, key, attention_mask), value)
+
+    if tracing(query, key, value, attention_mask):
+        return original()
+    settings = _scores_settings(attn)
+    if settings is None:
+        return original()
+    # upcast_softmax: SDPA's softmax already accumulates in float32
+    scale, upcast_qk, _ = settings
+    out = _scaled_sdpa(query, key, value, attention_mask, scale, 0.0, upcast_qk)
+    return original() if out is None else out

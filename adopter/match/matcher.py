@@ -209,12 +209,16 @@ class Matcher:
 
     @property
     def opaque_methods(self) -> set[str]:
-        """Callees like ``self._split_heads`` that rules name, so extraction must not inline."""
+        """Callees like ``self._split_heads`` that rules name, so extraction must not inline;
+        ``method.get_attention_scores`` names a method called on a submodule of a known class
+        (the receiver is the step's first argument)."""
         names: set[str] = set()
         for compiled in self.rules:
             for step in compiled.forward + compiled.where:
                 if isinstance(step.callee, Name) and step.callee.dotted.startswith("self."):
                     names.add(step.callee.dotted[len("self.") :])
+                elif isinstance(step.callee, Name) and step.callee.dotted.startswith("method."):
+                    names.add(step.callee.dotted)
         return names
 
     # -- driver ------------------------------------------------------------------------------
@@ -230,6 +234,17 @@ class Matcher:
                     previous = found.get(site.key)
                     if previous is None:
                         found[site.key] = site
+                    elif _part_of(previous, site) or _part_of(site, previous):
+                        # another spelling of the rule matched more of the same code (a
+                        # variant with the mask added where the other took the path without):
+                        # one site, the longer match, not applicable if either is not
+                        whole, part = (
+                            (site, previous) if _part_of(previous, site) else (previous, site)
+                        )
+                        whole.instances = previous.instances
+                        if not part.applicable and whole.applicable:
+                            whole.applicable, whole.reason = False, part.reason
+                        found[site.key] = whole
                     elif not _same_instance(previous, site):
                         # One site reached through another call (an nn.Sequential called twice).
                         if all(not _same_instance(other, site) for other in previous.instances):
@@ -882,6 +897,13 @@ def _without_overlaps(sites: list[Site]) -> list[Site]:
         taken |= nodes
         kept.append(site)
     return kept
+
+
+def _part_of(part: Site, whole: Site) -> bool:
+    """``part`` matched some of the calls ``whole`` matched, and nothing else."""
+    calls = {id(step.node) for step in whole.steps}
+    own = {id(step.node) for step in part.steps}
+    return own < calls
 
 
 def _same_instance(first: Site, second: Site) -> bool:

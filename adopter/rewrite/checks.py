@@ -843,6 +843,14 @@ def check_whole_lines(
     return None
 
 
+def _computes(node: ast.AST) -> bool:
+    """A call or an arithmetic operator: work the kernel arm would drop if it were not matched
+    (``attn_weights * head_mask`` in an arm the pattern did not take)."""
+    if isinstance(node, ast.UnaryOp):
+        return not isinstance(node.op, ast.Not)
+    return isinstance(node, (ast.Call, ast.BinOp, ast.AugAssign))
+
+
 @check
 def check_only_matched_work(
     source: SourceText,
@@ -862,7 +870,7 @@ def check_only_matched_work(
                     f"line {node.lineno}: the matched statements also hold "  # type: ignore[attr-defined]
                     f"`{type(node).__name__.lower()}`; not rewritten"
                 )
-            if isinstance(node, ast.Call) and not any(contains(m, node) for m in matched):
+            if _computes(node) and not any(contains(m, node) for m in matched):
                 return Refusal(
                     f"line {node.lineno}: `{source.segment(node)}` runs among the "
                     "matched statements; not rewritten"

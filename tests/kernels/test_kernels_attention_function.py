@@ -401,3 +401,216 @@ def test_scaled_attention_unknown_dropout_module_runs_the_original(monkeypatch):
     monkeypatch.setattr(module_of_kernel.F, "scaled_dot_product_attention", None)
     out = scaled_attention(q, k, v, scale=0.3, dropout=Drop())
     assert_close(out, scaled_attention_reference(q, k, v, scale=0.3, dropout=Drop()))
+
+
+# --- issue 22: the spellings without grouped-query heads, T5's bias, diffusers' module -------
+
+
+def t5_eager(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, position_bias=None
+):
+    if scaling is None:
+        scaling = query.size(-1) ** -0.5
+    attn_weights = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if position_bias is not None:
+        attn_weights = attn_weights + position_bias
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1)
+    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value)
+    return attn_output.transpose(1, 2).contiguous(), attn_weights
+
+
+def clip_eager(module, query, key, value, attention_mask, scaling, dropout=0.0):
+    attn_weights = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value)
+    return attn_output.transpose(1, 2).contiguous(), attn_weights
+
+
+@pytest.mark.parametrize("train", [False, True])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_bert_spelling_eval_and_train(train, with_mask):
+    module = Attn().train(train)
+    q, k, v = qkv(heads=4, kv_heads=4)
+    mask = causal_mask(2, 7, 7, pad=2) if with_mask else None
+    torch.manual_seed(5)
+    ours = attention_function(module, q, k, v, mask, 0.4, 0.2, repeat_kv=False, softmax_dtype=None)
+    torch.manual_seed(5)
+    theirs = bert_eager(module, q, k, v, mask, 0.4, 0.2)
+    assert_close(ours[0], theirs[0])
+    if train:  # dropout on a CPU: the original ran, with its random draws and its weights
+        assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_t5_spelling_with_position_bias(with_mask, with_bias):
+    module = Attn()
+    q, k, v = qkv(heads=4, kv_heads=4)
+    bias = torch.randn(1, 4, 7, 7) if with_bias else None
+    mask = causal_mask(2, 7, 7) if with_mask else None
+
+    def kernel(q, k, v):
+        return attention_function(
+            module, q, k, v, mask, 1.0, repeat_kv=False, softmax_dtype=None, position_bias=bias
+        )
+
+    assert_same_function(
+        fused_only(kernel),
+        lambda q, k, v: t5_eager(module, q, k, v, mask, 1.0, position_bias=bias)[0],
+        [q, k, v],
+    )
+
+
+def test_t5_bias_that_needs_a_gradient_on_a_cpu_runs_the_original():
+    module = Attn()
+    q, k, v = qkv(heads=4, kv_heads=4)
+    bias = torch.randn(1, 4, 7, 7, requires_grad=True)
+    out, weights = attention_function(
+        module, q, k, v, None, 1.0, repeat_kv=False, softmax_dtype=None, position_bias=bias
+    )
+    assert weights is not None
+    assert torch.equal(out, t5_eager(module, q, k, v, None, 1.0, position_bias=bias)[0])
+
+
+def test_clip_spelling_and_other_than_4d_inputs():
+    module = Attn()
+    q, k, v = qkv(heads=4, kv_heads=4)
+    mask = causal_mask(2, 7, 7)
+    assert_same_function(
+        fused_only(
+            lambda q, k, v: attention_function(
+                module, q, k, v, mask, 0.3, repeat_kv=False, transpose_last=True
+            )
+        ),
+        lambda q, k, v: clip_eager(module, q, k, v, mask, 0.3)[0],
+        [q, k, v],
+    )
+    # 3-D inputs: only ``transpose(-1, -2)`` computes; the kernel runs that original
+    q3, k3, v3 = (t[0] for t in (q, k, v))
+    ours = attention_function(module, q3, k3, v3, None, 0.3, repeat_kv=False, transpose_last=True)
+    assert torch.equal(ours[0], clip_eager(module, q3, k3, v3, None, 0.3)[0])
+
+
+class ScoresModule(nn.Module):
+    """A module with a diffusers-style ``get_attention_scores``, written as the processors
+    expect it."""
+
+    def __init__(self, scale=0.3, upcast_attention=False, upcast_softmax=False):
+        super().__init__()
+        self.scale = scale
+        self.upcast_attention = upcast_attention
+        self.upcast_softmax = upcast_softmax
+
+    def get_attention_scores(self, query, key, attention_mask=None):
+        return diffusers_scores(
+            query, key, attention_mask, self.scale, self.upcast_attention, self.upcast_softmax
+        )
+
+
+def _bmm_inputs(seed=4, with_mask=True):
+    generator = torch.Generator().manual_seed(seed)
+    q = torch.randn(6, 9, 8, generator=generator)
+    k = torch.randn(6, 11, 8, generator=generator)
+    v = torch.randn(6, 11, 8, generator=generator)
+    mask = torch.randn(6, 1, 11, generator=generator) if with_mask else None
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("train", [False, True])
+@pytest.mark.parametrize("with_mask", [False, True])
+@pytest.mark.parametrize("upcast", [False, True])
+def test_diffusers_processor_spelling_through_the_module(train, with_mask, upcast):
+    attn = ScoresModule(0.3, upcast, upcast).train(train)
+    q, k, v, mask = _bmm_inputs(with_mask=with_mask)
+    original_method = attn.get_attention_scores
+
+    def kernel(q, k, v):
+        return scaled_attention(q, k, v, mask, scores_of=attn)
+
+    assert_same_function(
+        kernel,
+        lambda q, k, v: torch.bmm(original_method(q, k, mask), v),
+        [q, k, v],
+    )
+
+
+def test_diffusers_processor_method_replaced_on_the_instance_runs_it():
+    attn = ScoresModule()
+    q, k, v, mask = _bmm_inputs()
+    seen = []
+
+    def recording(query, key, attention_mask=None):  # an attention-map tool's patch
+        probs = diffusers_scores(query, key, attention_mask, 0.3, False, False)
+        seen.append(probs)
+        return probs
+
+    attn.get_attention_scores = recording
+    out = scaled_attention(q, k, v, mask, scores_of=attn)
+    assert len(seen) == 1 and torch.equal(out, torch.bmm(seen[0], v))
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["hook", "tensor scale", "no flags", "bool mask", "half query upcast"],
+)
+def test_diffusers_processor_cases_left_to_the_original(change, monkeypatch):
+    attn = ScoresModule()
+    q, k, v, mask = _bmm_inputs()
+    if change == "hook":
+        attn.register_forward_hook(lambda *args: None)
+    elif change == "tensor scale":
+        attn.scale = torch.tensor(0.3)
+    elif change == "no flags":
+        del attn.upcast_softmax
+        attn.get_attention_scores = lambda q, k, m=None: diffusers_scores(q, k, m, 0.3, 0, 0)
+    elif change == "bool mask":
+        mask = torch.ones(6, 1, 11, dtype=torch.bool)
+        attn.get_attention_scores = lambda q, k, m=None: torch.softmax(q @ k.transpose(-1, -2), -1)
+    elif change == "half query upcast":
+        attn.upcast_attention = True
+        q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+        mask = None  # an upcast query and a half mask do not go into one baddbmm
+    monkeypatch.setattr(module_of_kernel.F, "scaled_dot_product_attention", None)
+    out = scaled_attention(q, k, v, mask, scores_of=attn)
+    assert torch.equal(out, torch.bmm(attn.get_attention_scores(q, k, mask), v))
+
+
+def gpt2_eager(module, query, key, value, attention_mask, scaling, dropout=0.0):
+    attn_weights = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1)
+    attn_weights = attn_weights.type(value.dtype)
+    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value)
+    return attn_output.transpose(1, 2), attn_weights
+
+
+def test_gpt2_spelling_keeps_the_transposed_view():
+    module = Attn()
+    q, k, v = qkv(heads=4, kv_heads=4)
+    mask = causal_mask(2, 7, 7)
+    options = {
+        "repeat_kv": False,
+        "softmax_dtype": None,
+        "transpose_last": True,
+        "weights_to_value_dtype": True,
+        "contiguous": False,
+    }
+    assert_same_function(
+        fused_only(lambda q, k, v: attention_function(module, q, k, v, mask, 0.3, **options)),
+        lambda q, k, v: gpt2_eager(module, q, k, v, mask, 0.3)[0],
+        [q, k, v],
+    )
+    out, _ = attention_function(module, q, k, v, mask, 0.3, **options)
+    assert out.shape == (2, 7, 4, 8) and not out.is_contiguous()
+    # a value of another dtype: the original's cast, computed by the original
+    out, weights = attention_function(module, q, k, v.double(), mask, 0.3, **options)
+    expected = gpt2_eager(module, q, k, v.double(), mask, 0.3)
+    assert torch.equal(out, expected[0]) and torch.equal(weights, expected[1])

@@ -218,6 +218,17 @@ class _Heads(nn.Module):
     num_key_value_groups = 2
 
 
+class _Scores(nn.Module):
+    """A diffusers-style attention module: ``get_attention_scores`` and its settings."""
+
+    scale = 0.5
+    upcast_attention = False
+    upcast_softmax = False
+
+    def get_attention_scores(self, query, key, attention_mask=None):
+        return (torch.bmm(query, key.transpose(-1, -2)) * self.scale).softmax(dim=-1)
+
+
 MODERN_CASES = [
     Case(
         "rms_norm",
@@ -325,6 +336,24 @@ MODERN_CASES = [
         lambda m, q, k: kernels.scaled_attention(m.q(q), k, k, scale=0.5),
         lambda m, q, k: scaled_attention_reference(m.q(q), k, k, scale=0.5),
         lambda: {"q": nn.Linear(4, 4)},
+        lambda: (torch.randn(2, 5, 4), torch.randn(2, 5, 4)),
+    ),
+    Case(
+        "attention_function",
+        lambda m, q, k: kernels.attention_function(
+            m.heads, m.q(q), k, k, None, 1.0, repeat_kv=False, softmax_dtype=None, position_bias=k
+        )[0],
+        lambda m, q, k: attention_function_reference(
+            m.heads, m.q(q), k, k, None, 1.0, repeat_kv=False, softmax_dtype=None, position_bias=k
+        )[0],
+        lambda: {"heads": _Heads(), "q": nn.Linear(4, 4)},
+        lambda: (torch.randn(1, 2, 4, 4), torch.randn(1, 2, 4, 4)),
+    ),
+    Case(
+        "scaled_attention",
+        lambda m, q, k: kernels.scaled_attention(m.q(q), k, k, scores_of=m.attn),
+        lambda m, q, k: torch.bmm(m.attn.get_attention_scores(m.q(q), k), k),
+        lambda: {"q": nn.Linear(4, 4), "attn": _Scores()},
         lambda: (torch.randn(2, 5, 4), torch.randn(2, 5, 4)),
     ),
     Case(
