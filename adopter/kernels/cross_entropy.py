@@ -109,17 +109,31 @@ def causal_lm_loss_reference(
     hidden_states: torch.Tensor,
     lm_head: nn.Module,
     labels: torch.Tensor,
-    vocab_size: int,
+    vocab_size: int | None,
     num_items_in_batch: Any = None,
     ignore_index: int = -100,
     shift_labels: torch.Tensor | None = None,
     *,
     final_logit_softcapping: float | None = None,
+    logit_bias: torch.Tensor | None = None,
+    shift: bool = True,
+    upcast: bool = True,
     **kwargs: Any,
 ) -> torch.Tensor:
-    """``ForCausalLMLoss(softcap(lm_head(hidden_states)), labels, vocab_size, ...)``."""
-    logits = _softcap(lm_head(hidden_states), final_logit_softcapping).float()
-    if shift_labels is None:
+    """``ForCausalLMLoss(softcap(lm_head(hidden_states) + logit_bias), labels, vocab_size,
+    ...)``; with ``shift=False, upcast=False`` the ``CrossEntropyLoss()(logits.view(-1, V),
+    labels.view(-1))`` of models that compute their loss themselves."""
+    logits = lm_head(hidden_states)
+    if logit_bias is not None:
+        logits = logits + logit_bias.to(logits.device)
+    logits = _softcap(logits, final_logit_softcapping)
+    if upcast:
+        logits = logits.float()
+    if vocab_size is None:
+        vocab_size = logits.size(-1)
+    if not shift:
+        shift_labels = labels.reshape(-1)
+    elif shift_labels is None:
         shift_labels = _shifted(labels, ignore_index)
     logits = logits.view(-1, vocab_size)
     shift_labels = shift_labels.view(-1).to(logits.device)
@@ -408,16 +422,32 @@ def linear_cross_entropy(
 # transformers' ForCausalLMLoss
 
 
+def _fold_logit_bias(bias: torch.Tensor | None, logit_bias: Any, vocab: int) -> Any:
+    """The head's bias with a logit bias added after the head (BART's ``final_logits_bias``,
+    ``(1, vocab)``) as one ``(vocab,)`` bias, or ``False`` when that is not the original's
+    broadcast (or both are given: their sum would round once more)."""
+    if logit_bias is None:
+        return bias
+    if bias is not None or not isinstance(logit_bias, torch.Tensor) or logit_bias.dim() == 0:
+        return False
+    if logit_bias.shape[-1] != vocab or logit_bias.numel() != vocab:
+        return False
+    return logit_bias.reshape(vocab)
+
+
 def causal_lm_loss(
     hidden_states: torch.Tensor,
     lm_head: nn.Module,
     labels: torch.Tensor,
-    vocab_size: int,
+    vocab_size: int | None,
     num_items_in_batch: Any = None,
     ignore_index: int = -100,
     shift_labels: torch.Tensor | None = None,
     *,
     final_logit_softcapping: float | None = None,
+    logit_bias: torch.Tensor | None = None,
+    shift: bool = True,
+    upcast: bool = True,
     chunk_size: int | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
@@ -427,6 +457,14 @@ def causal_lm_loss(
     ``hidden_states`` are the head's inputs (after ``logits_to_keep`` slicing); the remaining
     arguments are ``ForCausalLMLoss``'s, so a rewrite can pass the model's ``**kwargs``
     through (unknown keywords are ignored, as ``ForCausalLMLoss`` ignores them).
+
+    The spellings of models that compute the loss themselves: ``logit_bias`` is added to the
+    logits after the head (BART's ``lm_logits + self.final_logits_bias``); ``shift=False``
+    takes ``labels`` as the targets as they are (``CrossEntropyLoss()(logits.view(-1, V),
+    labels.view(-1))``, mean over the tokens not ``ignore_index``); ``upcast=False`` computes in
+    the logits' dtype, as ``CrossEntropyLoss`` on them does (the chunked path then runs for
+    float32 heads only, the original for others); ``vocab_size=None`` is the head's width
+    (``logits.view(-1, logits.size(-1))``).
     """
 
     def original() -> torch.Tensor:
@@ -439,28 +477,44 @@ def causal_lm_loss(
             ignore_index,
             shift_labels,
             final_logit_softcapping=final_logit_softcapping,
+            logit_bias=logit_bias,
+            shift=shift,
+            upcast=upcast,
         )
 
-    if runs_original(hidden_states, labels, shift_labels) or not is_plain(lm_head, nn.Linear):
+    if runs_original(hidden_states, labels, shift_labels, logit_bias):
         return original()
-    weight, bias = lm_head.weight, lm_head.bias
+    if not is_plain(lm_head, nn.Linear):
+        return original()
+    weight = lm_head.weight
+    if vocab_size is None:
+        vocab_size = weight.shape[0]
     if not isinstance(hidden_states, torch.Tensor) or weight.shape[0] != vocab_size:
         return original()
+    if not upcast and weight.dtype != torch.float32:
+        return original()  # the original's loss is computed and returned in half precision
+    bias = _fold_logit_bias(lm_head.bias, logit_bias, vocab_size)
+    if bias is False:
+        return original()
+    if not shift:
+        shift_labels = None
     targets = shift_labels if shift_labels is not None else labels
     if not isinstance(targets, torch.Tensor) or targets.dtype != torch.long:
         return original()
-    if shift_labels is None:
+    if shift_labels is None and shift:
         if labels.dim() == 0:
             return original()
         targets = _shifted(labels, ignore_index)
     try:
-        targets = targets.view(-1).to(hidden_states.device)
+        targets = (targets.view(-1) if shift else targets.reshape(-1)).to(hidden_states.device)
     except RuntimeError:
         return original()  # the original's ``view`` raises for this layout
     hidden = hidden_states.reshape(-1, hidden_states.shape[-1]) if hidden_states.dim() else None
     if hidden is None or targets.numel() != hidden.shape[0]:
         return original()
     reduction = "sum" if num_items_in_batch is not None else "mean"
+    if bias is not None and bias.device != hidden.device:
+        return original()
     return linear_cross_entropy(
         hidden,
         weight,

@@ -47,6 +47,8 @@ def _weighted(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return m.proj(x)
 
 
+UNSHIFTED = torch.tensor([[1, 4, -100], [0, 7, 2]])  # targets as they are (no label shift)
+
 EXTRA_CASES = [
     Case(
         "rms_norm",  # Gemma: (1 + weight) in float32 after normalising
@@ -104,6 +106,31 @@ EXTRA_CASES = [
             "down": nn.Linear(16, 8, bias=False),
             "act": nn.SiLU(),
         },
+        _x(2, 3, 8),
+    ),
+    Case(
+        "gated_mlp",  # Phi-3: one gate/up projection, chunked, the gate first
+        lambda m, x: kernels.gated_mlp(m.proj(x), None, None, m.down, m.act, halves="first"),
+        lambda m, x: m.down(m.proj(x).chunk(2, dim=-1)[1] * m.act(m.proj(x).chunk(2, dim=-1)[0])),
+        lambda: {"proj": nn.Linear(8, 32), "down": nn.Linear(16, 8), "act": nn.SiLU()},
+        _x(2, 3, 8),
+    ),
+    Case(
+        "causal_lm_loss",  # BART: a logit bias, CrossEntropyLoss() without the label shift
+        lambda m, h: kernels.causal_lm_loss(
+            h, m.head, UNSHIFTED, 10, logit_bias=m.bias.weight, shift=False, upcast=False
+        ),
+        lambda m, h: nn.CrossEntropyLoss()(
+            (m.head(h) + m.bias.weight).view(-1, 10), UNSHIFTED.view(-1)
+        ),
+        lambda: {"head": nn.Linear(8, 10, bias=False), "bias": nn.Linear(10, 1, bias=False)},
+        _x(2, 3, 8),
+    ),
+    Case(
+        "gated_mlp",  # T5 / timm SwiGLU: the gated product alone (a dropout follows)
+        lambda m, x: kernels.gated_mlp(x, m.gate, m.up, None, m.act),
+        lambda m, x: m.act(m.gate(x)) * m.up(x),
+        lambda: {"gate": nn.Linear(8, 16), "up": nn.Linear(8, 16), "act": nn.GELU()},
         _x(2, 3, 8),
     ),
 ]
