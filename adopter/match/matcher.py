@@ -229,6 +229,11 @@ class Matcher:
                     previous = found.get(site.key)
                     if previous is None:
                         found[site.key] = site
+                    elif previous.rule is not site.rule:
+                        # Two spellings of one rule at one place (a Llama MLP is also a gated
+                        # product): the applicable one that accounts for more of the code.
+                        if _preferred(site, previous):
+                            found[site.key] = site
                     elif not _same_instance(previous, site):
                         # One site reached through another call (an nn.Sequential called twice).
                         if all(not _same_instance(other, site) for other in previous.instances):
@@ -868,6 +873,11 @@ def _without_overlaps(sites: list[Site]) -> list[Site]:
         taken |= nodes
         kept.append(site)
     return kept
+
+
+def _preferred(site: Site, other: Site) -> bool:
+    """Whether ``site`` rather than ``other``, another spelling's match at the same place."""
+    return (site.applicable, len(site.steps)) > (other.applicable, len(other.steps))
 
 
 def _same_instance(first: Site, second: Site) -> bool:

@@ -87,6 +87,8 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
     # The range must do nothing but the matched work (and the calls of helpers that do only
     # matched work); a ``return`` may end it when it returns the replacement's value.
     matched_nodes = [_step_expression(s) for s in steps] + helper_calls
+    # ``loss_fct = CrossEntropyLoss()`` among them: a matched module built where it is used.
+    allowed = matched_nodes + _modules_built_in(site, function)
     final_return = wrapped[-1] if isinstance(wrapped[-1], ast.Return) else None
     for statement in wrapped:
         for node in ast.walk(statement):
@@ -97,7 +99,14 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
                     f"line {node.lineno}: the matched statements also hold "  # type: ignore[attr-defined]
                     f"`{type(node).__name__.lower()}`; not rewritten"
                 )
-            if isinstance(node, ast.Call) and not any(contains(m, node) for m in matched_nodes):
+            if guard is not None and _unmatched_value(node, allowed):
+                # ``if cond: logits = logits * scale`` between head and loss: the kernel arm
+                # would skip the scale (a match reached the loss through the unscaled path).
+                raise Refusal(
+                    f"line {node.lineno}: `{planner.source.segment(node)}` computes among the "  # type: ignore[attr-defined]
+                    "matched statements; not rewritten"
+                )
+            if isinstance(node, ast.Call) and not any(contains(m, node) for m in allowed):
                 raise Refusal(
                     f"line {node.lineno}: `{planner.source.segment(node)}` runs among the "
                     "matched statements; not rewritten"
@@ -173,6 +182,28 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
         f"if {guard_text}: ..." if guard else "; ".join(lines)
     )
     return plan
+
+
+def _modules_built_in(site: Site, function: ast.FunctionDef) -> list[ast.expr]:
+    """The constructor calls, in ``function``, of modules the match calls (built in forward)."""
+    built = []
+    for bound in site.bindings.values():
+        construction = getattr(bound, "construction", None)
+        node = getattr(construction, "node", None)
+        if isinstance(node, ast.Call) and construction.function is function:  # type: ignore[union-attr]
+            if construction.method != "__init__":  # type: ignore[union-attr]
+                built.append(node)
+    return built
+
+
+def _unmatched_value(node: ast.AST, matched: list[ast.expr]) -> bool:
+    """An assignment of a value that is neither a constant nor one of the matched calls."""
+    if not isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) or node.value is None:
+        return False
+    value = node.value
+    if isinstance(value, ast.Constant) or isinstance(node, ast.AugAssign):
+        return isinstance(node, ast.AugAssign)
+    return not any(contains(m, value) for m in matched)
 
 
 def _check_whole_lines(planner: Planner, block: list[ast.stmt], first: int, last: int) -> None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 
 from ..dsl.syntax import (
     DETECT_ONLY,
+    Attribute,
     Call,
     Expr,
     Index,
@@ -348,7 +349,11 @@ class Planner:
             assert statement is not None
             if any(contains(value, node) for value in removed_values):
                 continue
-            if _is_plain_assignment(statement, node):
+            # ``gate, up = proj(x).chunk(2, dim=-1)``: the halves are matched intermediates.
+            unpacking = _is_unpacking(statement, node)
+            if unpacking:
+                self.check_unpacked_reads(plan.function, statement, steps)
+            if _is_plain_assignment(statement, node) or unpacking:
                 if statement not in deleted:
                     deleted.append(statement)
                 removed_values.append(node)
@@ -372,6 +377,32 @@ class Planner:
             plan.statements.append(plan.hoist[1])
         plan.summary = f"{self.source.segment(final_node)} -> {call_text}"
         return plan
+
+    def check_unpacked_reads(
+        self, function: ast.FunctionDef, statement: ast.stmt, steps: list[FlowStep]
+    ) -> None:
+        """The names a deleted ``a, b = value`` binds may be read only by the matched
+        computations: another arm (``a * act(b) if c else act(a) * b``) would lose them."""
+        assert isinstance(statement, ast.Assign)
+        names = {e.id for e in statement.targets[0].elts if isinstance(e, ast.Name)}  # type: ignore[union-attr]
+        matched = [_step_expression(step) for step in steps]
+        end = (statement.end_lineno, statement.end_col_offset)
+        # Reads that may see the binding: after it, or anywhere in a loop around it.
+        loops = [
+            n
+            for n in ast.walk(function)
+            if isinstance(n, (ast.For, ast.AsyncFor, ast.While)) and contains(n, statement)
+        ]
+        for node in ast.walk(function):
+            if isinstance(node, ast.Name) and node.id in names and isinstance(node.ctx, ast.Load):
+                later = (node.lineno, node.col_offset) >= end
+                if not later and not any(contains(loop, node) for loop in loops):
+                    continue
+                if not any(contains(m, node) for m in matched):
+                    raise Refusal(
+                        f"line {node.lineno}: `{node.id}`, unpacked at line {statement.lineno}, "
+                        "is also read where the match does not run"
+                    )
 
     # -- a match that starts at the end of a helper and ends in its caller ---------------------
     def plan_across_call(self, site: Site, replacement: tuple[PatternStep, ...]) -> Plan:
@@ -1049,6 +1080,9 @@ class Planner:
             raise Refusal("a replacement cannot pass `_`")
         if isinstance(value, (Index, Call)):
             raise Refusal(f"cannot render replacement argument {value}")
+        if isinstance(value, Attribute):  # ``$owner.vocab_size``: the attribute of what it binds
+            base = self.render_value(value.base, site, plan, module_text)
+            return f"{base}.{value.name}"
         assert isinstance(value, Var)
         if value.name in self._var_text:
             return self._var_text[value.name]
@@ -1178,6 +1212,15 @@ def _is_plain_assignment(statement: ast.stmt, value: ast.expr) -> bool:
     if isinstance(statement, ast.AnnAssign):
         return statement.value is value and isinstance(statement.target, ast.Name)
     return False
+
+
+def _is_unpacking(statement: ast.stmt, value: ast.expr) -> bool:
+    """``a, b = value``: one tuple of plain names bound to the value."""
+    if not isinstance(statement, ast.Assign) or statement.value is not value:
+        return False
+    if len(statement.targets) != 1 or not isinstance(statement.targets[0], (ast.Tuple, ast.List)):
+        return False
+    return all(isinstance(element, ast.Name) for element in statement.targets[0].elts)
 
 
 def _dotted(expr: Expr) -> str:
