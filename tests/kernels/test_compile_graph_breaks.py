@@ -30,6 +30,7 @@ from torch import nn
 import adopter.kernels as kernels
 from adopter.kernels import registry
 from adopter.kernels._util import compiling, runs_original, tracing
+from adopter.kernels.cross_entropy import causal_lm_loss_reference
 from adopter.kernels.rms_norm import rms_norm_reference
 from adopter.kernels.rotary import rotary_reference
 from tests.kernels.conftest import assert_close
@@ -124,6 +125,13 @@ EXTRA_CASES = [
             (m.head(h) + m.bias.weight).view(-1, 10), UNSHIFTED.view(-1)
         ),
         lambda: {"head": nn.Linear(8, 10, bias=False), "bias": nn.Linear(10, 1, bias=False)},
+        _x(2, 3, 8),
+    ),
+    Case(
+        "causal_lm_loss",  # Granite: the logits divided by logits_scaling
+        lambda m, h: kernels.causal_lm_loss(h, m.head, UNSHIFTED, 10, logit_divisor=8.0),
+        lambda m, h: causal_lm_loss_reference(h, m.head, UNSHIFTED, 10, logit_divisor=8.0),
+        lambda: {"head": nn.Linear(8, 10, bias=False)},
         _x(2, 3, 8),
     ),
     Case(

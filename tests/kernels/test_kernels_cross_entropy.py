@@ -473,3 +473,38 @@ def test_logit_bias_with_a_head_bias_runs_the_original():
     wrong = torch.randn(2, 50)  # not the (1, vocab) broadcast of a bias: the original raises
     with pytest.raises(RuntimeError):
         causal_lm_loss(hidden, head(), labels, 50, logit_bias=wrong, shift=False, upcast=False)
+
+
+@pytest.mark.parametrize("factor", ["logit_scale", "logit_divisor"])
+@pytest.mark.parametrize("num_items", [None, 13])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logit_scale_between_head_and_loss(factor, num_items, dtype):
+    """Cohere's ``logits * self.logit_scale`` and Granite's ``logits / logits_scaling``."""
+    lm_head = head(dtype=dtype)
+    hidden = torch.randn(3, 11, 16, dtype=dtype)
+    labels = labels_for(3, 11, 50, 5)
+    value = 0.0625 if factor == "logit_scale" else 8.0
+
+    def scaled(h):
+        logits = lm_head(h)
+        logits = logits * value if factor == "logit_scale" else logits / value
+        return for_causal_lm_loss(logits, labels, 50, num_items)
+
+    compare_head_losses(
+        lambda h: causal_lm_loss(
+            h, lm_head, labels, 50, num_items, chunk_size=6, **{factor: value}
+        ),
+        scaled,
+        lm_head,
+        hidden,
+    )
+
+
+@pytest.mark.parametrize("value", [torch.tensor(0.5), 0.0, float("inf")])
+def test_logit_scale_other_than_a_number_runs_the_original(value):
+    lm_head = head()
+    hidden = torch.randn(2, 5, 16)
+    labels = labels_for(2, 5, 50)
+    got = causal_lm_loss(hidden, lm_head, labels, 50, logit_scale=value)
+    expected = for_causal_lm_loss(lm_head(hidden) * value, labels, 50)
+    assert torch.equal(got, expected) or (got.isnan() and expected.isnan())
