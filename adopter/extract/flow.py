@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -50,6 +51,7 @@ MODULE_FUNCTIONS = {"torch.nn.Softmax": "torch.nn.functional.softmax"}
 if TYPE_CHECKING:
     from .structure import FileAnalysis
 
+_LOSS_MODULE = re.compile(r"torch\.nn\.[A-Z]\w*Loss")  # torch.nn.CrossEntropyLoss, ...
 MAX_CALL_DEPTH = 4  # nested inlined methods / functions
 MAX_CLASS_DEPTH = 1  # nested inlined submodule classes
 MAX_STEPS = 20000  # per analysed root; beyond it the flow is marked truncated
@@ -796,6 +798,11 @@ class FlowBuilder:
         if kind is None:
             callee = self.expr(func)
             return self.emit("call", node, [callee, *positional], keywords)
+        if _LOSS_MODULE.fullmatch(kind):
+            # ``loss_fct = CrossEntropyLoss()`` in forward, then ``loss_fct(logits, labels)``: a
+            # module without parameters built where it is used, as ``CrossEntropyLoss()(...)``.
+            construction = self.pseudo_construction(kind, node, positional, keywords)
+            return Operand(node=node, module=ModuleRef(ast.unparse(node), [construction]))
         if isinstance(func, ast.Name) and func.id in self.frame.functions:
             function = self.frame.functions[func.id]
             return self.inline(function, None, None, positional, keywords, node)

@@ -66,6 +66,14 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
         "dtype=None",
     ),  # fmt: skip
     "torch.nn.Dropout": ("p=0.5", "inplace=False"),
+    "torch.nn.CrossEntropyLoss": (
+        "weight=None",
+        "size_average=None",
+        "ignore_index=-100",
+        "reduce=None",
+        "reduction='mean'",
+        "label_smoothing=0.0",
+    ),
     "torch.nn.Softmax": ("dim=None",),
     "torch.special.softmax": ("input", "dim", "dtype=None"),
     "add": ("input", "other"),

@@ -76,6 +76,16 @@ def _softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
     return logits * cap
 
 
+def _scale(logits: torch.Tensor, scaling: tuple[Any, Any]) -> torch.Tensor:
+    """``logits * logit_scale`` (Cohere), ``logits / logit_divisor`` (Granite), in that order."""
+    multiplier, divisor = scaling
+    if multiplier is not None:
+        logits = logits * multiplier
+    if divisor is not None:
+        logits = logits / divisor
+    return logits
+
+
 def _divide(loss: torch.Tensor, divisor: Any) -> torch.Tensor:
     if torch.is_tensor(divisor):
         divisor = divisor.to(loss.device)
@@ -92,9 +102,13 @@ def linear_cross_entropy_reference(
     reduction: str = "mean",
     divisor: Any = None,
     softcap: float | None = None,
+    logit_scale: float | None = None,
+    logit_divisor: float | None = None,
 ) -> torch.Tensor:
-    """``cross_entropy(softcap(linear(hidden)).float(), targets)`` with the logits in memory."""
-    logits = _softcap(F.linear(hidden, weight, bias), softcap).float()
+    """``cross_entropy(softcap(linear(hidden) * scale / divisor).float(), targets)`` with the
+    logits in memory."""
+    logits = F.linear(hidden, weight, bias)
+    logits = _softcap(_scale(logits, (logit_scale, logit_divisor)), softcap).float()
     logits = logits.view(-1, logits.shape[-1])
     loss = F.cross_entropy(logits, targets.view(-1), ignore_index=ignore_index, reduction=reduction)
     return loss if divisor is None else _divide(loss, divisor)
@@ -109,17 +123,34 @@ def causal_lm_loss_reference(
     hidden_states: torch.Tensor,
     lm_head: nn.Module,
     labels: torch.Tensor,
-    vocab_size: int,
+    vocab_size: int | None,
     num_items_in_batch: Any = None,
     ignore_index: int = -100,
     shift_labels: torch.Tensor | None = None,
     *,
     final_logit_softcapping: float | None = None,
+    logit_bias: torch.Tensor | None = None,
+    logit_scale: float | None = None,
+    logit_divisor: float | None = None,
+    shift: bool = True,
+    upcast: bool = True,
     **kwargs: Any,
 ) -> torch.Tensor:
-    """``ForCausalLMLoss(softcap(lm_head(hidden_states)), labels, vocab_size, ...)``."""
-    logits = _softcap(lm_head(hidden_states), final_logit_softcapping).float()
-    if shift_labels is None:
+    """``ForCausalLMLoss(softcap(lm_head(hidden_states) + logit_bias), labels, vocab_size,
+    ...)``; with ``shift=False, upcast=False`` the ``CrossEntropyLoss()(logits.view(-1, V),
+    labels.view(-1))`` of models that compute their loss themselves."""
+    logits = lm_head(hidden_states)
+    if logit_bias is not None:
+        logits = logits + logit_bias.to(logits.device)
+    logits = _scale(logits, (logit_scale, logit_divisor))
+    logits = _softcap(logits, final_logit_softcapping)
+    if upcast:
+        logits = logits.float()
+    if vocab_size is None:
+        vocab_size = logits.size(-1)
+    if not shift:
+        shift_labels = labels.reshape(-1)
+    elif shift_labels is None:
         shift_labels = _shifted(labels, ignore_index)
     logits = logits.view(-1, vocab_size)
     shift_labels = shift_labels.view(-1).to(logits.device)
@@ -155,6 +186,7 @@ def _logit_grad(
     dtype: torch.dtype,
     softcap: float | None,
     capped: torch.Tensor | None,
+    scaling: tuple[Any, Any] = (None, None),
 ) -> torch.Tensor:
     """dLoss/dlogits for one chunk from its log-probabilities (overwritten), as autograd
     forms it: ``exp(logp) * s`` everywhere, ``- s`` added at the target, cast to the logits'
@@ -165,6 +197,11 @@ def _logit_grad(
     grad = grad.to(dtype)
     if softcap is not None:
         grad = torch.ops.aten.tanh_backward(grad * softcap, capped) / softcap
+    multiplier, divisor = scaling  # the scale's backward, in the reverse order
+    if divisor is not None:
+        grad = grad / divisor
+    if multiplier is not None:
+        grad = grad * multiplier
     return grad
 
 
@@ -197,6 +234,7 @@ def _forward_chunks(
     scale: torch.Tensor | None,
     chunk: int,
     grads: tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None],
+    scaling: tuple[Any, Any] = (None, None),
 ) -> torch.Tensor:
     """Sum of the per-token losses over ``hidden``'s rows (all counted); with ``scale`` the
     gradients go into ``grads = (hidden rows, weight, bias)`` buffers (``None``: not wanted)."""
@@ -205,7 +243,7 @@ def _forward_chunks(
     for start in range(0, hidden.shape[0], chunk):
         h = hidden[start : start + chunk]
         y = targets[start : start + chunk]
-        logits = F.linear(h, weight, bias)
+        logits = _scale(F.linear(h, weight, bias), scaling)
         capped = None
         if softcap is not None:
             capped = torch.tanh(logits / softcap)
@@ -215,7 +253,7 @@ def _forward_chunks(
         total -= logp.gather(1, y[:, None]).sum()
         if scale is None:
             continue
-        grad = _logit_grad(logp, y, scale, h.dtype, softcap, capped)
+        grad = _logit_grad(logp, y, scale, h.dtype, softcap, capped, scaling)
         del logp, capped
         if grad_h is not None:
             torch.mm(grad, weight, out=grad_h[start : start + chunk])
@@ -241,6 +279,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         softcap: float | None,
         chunk_size: int | None,
         recording: bool,
+        scaling: tuple[Any, Any],
     ) -> torch.Tensor:
         ctx.recording = recording
         # ``needs_input_grad`` ignores the grad mode: the caller says whether autograd records.
@@ -285,6 +324,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             scale if wanted else None,
             chunk,
             (grad_rows, grad_w, grad_b),
+            scaling,
         )
         if want_h and not full:
             grad_h = torch.zeros_like(hidden)
@@ -312,7 +352,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         if bool(grad_loss.ne(1).item()):
             grads = tuple(None if g is None else g.mul_(grad_loss) for g in grads)
         grad_h, grad_w, grad_b = grads
-        return grad_h, grad_w, grad_b, None, None, None, None, None, None, None
+        return grad_h, grad_w, grad_b, None, None, None, None, None, None, None, None
 
 
 _REDUCTIONS = ("mean", "sum")
@@ -354,6 +394,8 @@ def linear_cross_entropy(
     divisor: Any = None,
     softcap: float | None = None,
     chunk_size: int | None = None,
+    logit_scale: float | None = None,
+    logit_divisor: float | None = None,
 ) -> torch.Tensor:
     """``cross_entropy(softcap(linear(hidden, weight, bias)).float(), targets)``, chunked.
 
@@ -365,10 +407,19 @@ def linear_cross_entropy(
         reduction: ``"mean"`` (over counted tokens) or ``"sum"``.
         divisor: with ``reduction="sum"``, the sum is divided by it (a number or a tensor).
         softcap: ``c`` of ``tanh(logits / c) * c``, or ``None``.
+        logit_scale, logit_divisor: the logits are ``linear(...) * logit_scale /
+            logit_divisor`` before the soft-cap (Cohere's ``logit_scale``, Granite's
+            ``logits_scaling``); plain numbers, ``None`` for none.
         chunk_size: tokens per chunk (default: a chunk's float32 logits take half the
             weight's bytes, at least :data:`CHUNK_BYTES`).
     """
-    options = {"ignore_index": ignore_index, "reduction": reduction, "softcap": softcap}
+    options = {
+        "ignore_index": ignore_index,
+        "reduction": reduction,
+        "softcap": softcap,
+        "logit_scale": logit_scale,
+        "logit_divisor": logit_divisor,
+    }
 
     def original() -> torch.Tensor:
         return linear_cross_entropy_reference(
@@ -389,6 +440,8 @@ def linear_cross_entropy(
         softcap = float(softcap)
         if softcap == 0.0 or not math.isfinite(softcap):
             return original()
+    if not all(_plain_factor(f) for f in (logit_scale, logit_divisor)):
+        return original()  # a tensor factor (it may need a gradient) or 0, inf, nan
     recording = grad_needed(hidden, weight, bias)
     return _LinearCrossEntropy.apply(
         hidden,
@@ -401,23 +454,51 @@ def linear_cross_entropy(
         softcap,
         chunk_size,
         recording,
+        (logit_scale, logit_divisor),
     )
+
+
+def _plain_factor(factor: Any) -> bool:
+    """``None`` or a finite, non-zero Python number."""
+    if factor is None:
+        return True
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+        return False
+    return factor != 0 and math.isfinite(factor)
 
 
 # --------------------------------------------------------------------------------------------
 # transformers' ForCausalLMLoss
 
 
+def _fold_logit_bias(bias: torch.Tensor | None, logit_bias: Any, vocab: int) -> Any:
+    """The head's bias with a logit bias added after the head (BART's ``final_logits_bias``,
+    ``(1, vocab)``) as one ``(vocab,)`` bias, or ``False`` when that is not the original's
+    broadcast (or both are given: their sum would round once more)."""
+    if logit_bias is None:
+        return bias
+    if bias is not None or not isinstance(logit_bias, torch.Tensor) or logit_bias.dim() == 0:
+        return False
+    if logit_bias.shape[-1] != vocab or logit_bias.numel() != vocab:
+        return False
+    return logit_bias.reshape(vocab)
+
+
 def causal_lm_loss(
     hidden_states: torch.Tensor,
     lm_head: nn.Module,
     labels: torch.Tensor,
-    vocab_size: int,
+    vocab_size: int | None,
     num_items_in_batch: Any = None,
     ignore_index: int = -100,
     shift_labels: torch.Tensor | None = None,
     *,
     final_logit_softcapping: float | None = None,
+    logit_bias: torch.Tensor | None = None,
+    logit_scale: float | None = None,
+    logit_divisor: float | None = None,
+    shift: bool = True,
+    upcast: bool = True,
     chunk_size: int | None = None,
     **kwargs: Any,
 ) -> torch.Tensor:
@@ -427,6 +508,16 @@ def causal_lm_loss(
     ``hidden_states`` are the head's inputs (after ``logits_to_keep`` slicing); the remaining
     arguments are ``ForCausalLMLoss``'s, so a rewrite can pass the model's ``**kwargs``
     through (unknown keywords are ignored, as ``ForCausalLMLoss`` ignores them).
+
+    The spellings of models that compute the loss themselves: ``logit_bias`` is added to the
+    logits after the head (BART's ``lm_logits + self.final_logits_bias``), then multiplied by
+    ``logit_scale`` (Cohere) and divided by ``logit_divisor`` (Granite's ``logits_scaling``);
+    ``shift=False``
+    takes ``labels`` as the targets as they are (``CrossEntropyLoss()(logits.view(-1, V),
+    labels.view(-1))``, mean over the tokens not ``ignore_index``); ``upcast=False`` computes in
+    the logits' dtype, as ``CrossEntropyLoss`` on them does (the chunked path then runs for
+    float32 heads only, the original for others); ``vocab_size=None`` is the head's width
+    (``logits.view(-1, logits.size(-1))``).
     """
 
     def original() -> torch.Tensor:
@@ -439,28 +530,46 @@ def causal_lm_loss(
             ignore_index,
             shift_labels,
             final_logit_softcapping=final_logit_softcapping,
+            logit_bias=logit_bias,
+            logit_scale=logit_scale,
+            logit_divisor=logit_divisor,
+            shift=shift,
+            upcast=upcast,
         )
 
-    if runs_original(hidden_states, labels, shift_labels) or not is_plain(lm_head, nn.Linear):
+    if runs_original(hidden_states, labels, shift_labels, logit_bias):
         return original()
-    weight, bias = lm_head.weight, lm_head.bias
+    if not is_plain(lm_head, nn.Linear):
+        return original()
+    weight = lm_head.weight
+    if vocab_size is None:
+        vocab_size = weight.shape[0]
     if not isinstance(hidden_states, torch.Tensor) or weight.shape[0] != vocab_size:
         return original()
+    if not upcast and weight.dtype != torch.float32:
+        return original()  # the original's loss is computed and returned in half precision
+    bias = _fold_logit_bias(lm_head.bias, logit_bias, vocab_size)
+    if bias is False:
+        return original()
+    if not shift:
+        shift_labels = None
     targets = shift_labels if shift_labels is not None else labels
     if not isinstance(targets, torch.Tensor) or targets.dtype != torch.long:
         return original()
-    if shift_labels is None:
+    if shift_labels is None and shift:
         if labels.dim() == 0:
             return original()
         targets = _shifted(labels, ignore_index)
     try:
-        targets = targets.view(-1).to(hidden_states.device)
+        targets = (targets.view(-1) if shift else targets.reshape(-1)).to(hidden_states.device)
     except RuntimeError:
         return original()  # the original's ``view`` raises for this layout
     hidden = hidden_states.reshape(-1, hidden_states.shape[-1]) if hidden_states.dim() else None
     if hidden is None or targets.numel() != hidden.shape[0]:
         return original()
     reduction = "sum" if num_items_in_batch is not None else "mean"
+    if bias is not None and bias.device != hidden.device:
+        return original()
     return linear_cross_entropy(
         hidden,
         weight,
@@ -471,6 +580,8 @@ def causal_lm_loss(
         divisor=num_items_in_batch,
         softcap=final_logit_softcapping,
         chunk_size=chunk_size,
+        logit_scale=logit_scale,
+        logit_divisor=logit_divisor,
     )
 
 

@@ -400,12 +400,37 @@ def _down_fusable(down: object, hidden_like: torch.Tensor) -> bool:
     )
 
 
+def _chunked_mlp(
+    both: torch.Tensor,
+    down_proj: Callable[[torch.Tensor], torch.Tensor] | None,
+    act: object,
+    halves: str,
+    dim: int,
+) -> torch.Tensor:
+    """``gate, up = halves of both``; ``down_proj(act(gate) * up)`` (no ``down_proj``: the
+    product)."""
+    if halves not in ("first", "second"):
+        raise ValueError(f"halves must be 'first' or 'second', got {halves!r}")
+    if down_proj is None:
+        return gated_activation_chunked(both, act, gate=halves, dim=dim)
+    fn = None if runs_original(both) else pure_activation(act)
+    if fn is not None and isinstance(both, torch.Tensor) and grad_needed(both):
+        gate, up = _chunks(both, halves, dim)
+        if _pair_handled(gate, up) and _down_fusable(down_proj, gate):
+            # The halves are views of ``both``: keeping them keeps nothing more than it.
+            return _GatedDown.apply(gate, up, down_proj.weight, down_proj.bias, fn)  # type: ignore[union-attr]
+    return down_proj(gated_activation_chunked(both, act, gate=halves, dim=dim))
+
+
 def gated_mlp(
     x: torch.Tensor,
-    gate_proj: Callable[[torch.Tensor], torch.Tensor],
-    up_proj: Callable[[torch.Tensor], torch.Tensor],
-    down_proj: Callable[[torch.Tensor], torch.Tensor],
+    gate_proj: Callable[[torch.Tensor], torch.Tensor] | None,
+    up_proj: Callable[[torch.Tensor], torch.Tensor] | None,
+    down_proj: Callable[[torch.Tensor], torch.Tensor] | None,
     act: object,
+    *,
+    halves: str | None = None,
+    dim: int = -1,
 ) -> torch.Tensor:
     """``down_proj(act(gate_proj(x)) * up_proj(x))`` with the model's own modules.
 
@@ -413,7 +438,22 @@ def gated_mlp(
     working); only the gated product - and, for a stock ``nn.Linear`` down projection, the
     down projection with it - is fused. Keeps ``gate`` and ``up`` for backward instead of the
     four intermediate tensors of the original.
+
+    The other spellings of the same block:
+
+    * ``down_proj=None``: the gated product alone, ``act(gate_proj(x)) * up_proj(x)`` (a
+      dropout or norm follows before the down projection: T5, timm's ``SwiGLU``).
+    * ``halves="first"`` / ``"second"``: ``x`` is the output of one fused gate/up projection,
+      ``first, second = x.chunk(2, dim=dim)``, the activation applied to the named half
+      (Phi-3, diffusers' ``GEGLU``/``SwiGLU``, MoE experts over indexed weights);
+      ``gate_proj`` and ``up_proj`` are ``None``. ``down_proj`` may be ``None`` here too.
     """
+    if halves is not None:
+        return _chunked_mlp(x, down_proj, act, halves, dim)
+    assert gate_proj is not None and up_proj is not None
+    if down_proj is None:
+        # The original's order: the gate's activation, then the up projection.
+        return gated_activation(gate_proj(x), up_proj(x), act)
     if runs_original(x):  # as gated_activation()
         return down_proj(act(gate_proj(x)) * up_proj(x))  # type: ignore[operator]
     gate = gate_proj(x)

@@ -234,17 +234,17 @@ class Matcher:
                     previous = found.get(site.key)
                     if previous is None:
                         found[site.key] = site
-                    elif _part_of(previous, site) or _part_of(site, previous):
-                        # another spelling of the rule matched more of the same code (a
-                        # variant with the mask added where the other took the path without):
-                        # one site, the longer match, not applicable if either is not
-                        whole, part = (
-                            (site, previous) if _part_of(previous, site) else (previous, site)
-                        )
-                        whole.instances = previous.instances
-                        if not part.applicable and whole.applicable:
-                            whole.applicable, whole.reason = False, part.reason
-                        found[site.key] = whole
+                    elif (
+                        previous.rule is not site.rule
+                        or _part_of(previous, site)
+                        or _part_of(site, previous)
+                    ):
+                        # Two spellings of one rule at one place (a Llama MLP is also a gated
+                        # product; a variant with the mask added where the other took the path
+                        # without): one site, the applicable one that accounts for more code.
+                        if _preferred(site, previous):
+                            site.instances = previous.instances
+                            found[site.key] = site
                     elif not _same_instance(previous, site):
                         # One site reached through another call (an nn.Sequential called twice).
                         if all(not _same_instance(other, site) for other in previous.instances):
@@ -904,6 +904,11 @@ def _part_of(part: Site, whole: Site) -> bool:
     calls = {id(step.node) for step in whole.steps}
     own = {id(step.node) for step in part.steps}
     return own < calls
+
+
+def _preferred(site: Site, other: Site) -> bool:
+    """Whether ``site`` rather than ``other``, another spelling's match at the same place."""
+    return (site.applicable, len(site.steps)) > (other.applicable, len(other.steps))
 
 
 def _same_instance(first: Site, second: Site) -> bool:

@@ -852,15 +852,59 @@ def _computes(node: ast.AST) -> bool:
 
 
 @check
+def check_unpacked_reads(
+    function: ast.FunctionDef, statement: ast.stmt, steps: list[FlowStep]
+) -> Refusal | None:
+    """The names a deleted ``a, b = value`` binds may be read only by the matched
+    computations: another arm (``a * act(b) if c else act(a) * b``) would lose them."""
+    assert isinstance(statement, ast.Assign)
+    target = statement.targets[0]
+    assert isinstance(target, (ast.Tuple, ast.List))
+    names = {element.id for element in target.elts if isinstance(element, ast.Name)}
+    matched = [step_expression(step) for step in steps]
+    end = (statement.end_lineno or statement.lineno, statement.end_col_offset or 0)
+    # Reads that may see the binding: after it, or anywhere in a loop around it.
+    loops = [
+        node
+        for node in ast.walk(function)
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and contains(node, statement)
+    ]
+    for node in ast.walk(function):
+        if isinstance(node, ast.Name) and node.id in names and isinstance(node.ctx, ast.Load):
+            later = (node.lineno, node.col_offset) >= end
+            if not later and not any(contains(loop, node) for loop in loops):
+                continue
+            if not any(contains(m, node) for m in matched):
+                return Refusal(
+                    f"line {node.lineno}: `{node.id}`, unpacked at line {statement.lineno}, "
+                    "is also read where the match does not run"
+                )
+    return None
+
+
+def _unmatched_value(node: ast.AST, matched: list[ast.expr]) -> bool:
+    """An assignment of a value that is neither a constant nor one of the matched calls."""
+    if not isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) or node.value is None:
+        return False
+    value = node.value
+    if isinstance(value, ast.Constant) or isinstance(node, ast.AugAssign):
+        return isinstance(node, ast.AugAssign)
+    return not any(contains(m, value) for m in matched)
+
+
+@check
 def check_only_matched_work(
     source: SourceText,
     wrapped: list[ast.stmt],
     matched: list[ast.expr],
     final_return: ast.Return | None,
+    *,
+    guarded: bool = False,
 ) -> Refusal | None:
     """The range does nothing but the matched work (and the calls of helpers that do only
     matched work); a ``return`` may end it (``final_return``) when it returns the
-    replacement's value."""
+    replacement's value. In a guarded range (``guarded``) no statement assigns a value the
+    match did not compute either."""
     for statement in wrapped:
         for node in ast.walk(statement):
             if node is final_return:
@@ -869,6 +913,13 @@ def check_only_matched_work(
                 return Refusal(
                     f"line {node.lineno}: the matched statements also hold "  # type: ignore[attr-defined]
                     f"`{type(node).__name__.lower()}`; not rewritten"
+                )
+            if guarded and _unmatched_value(node, matched):
+                # ``if cond: logits = logits * scale`` between head and loss: the kernel arm
+                # would skip the scale (a match reached the loss through the unscaled path).
+                return Refusal(
+                    f"line {node.lineno}: `{source.segment(node)}` computes among the "  # type: ignore[attr-defined]
+                    "matched statements; not rewritten"
                 )
             if _computes(node) and not any(contains(m, node) for m in matched):
                 return Refusal(

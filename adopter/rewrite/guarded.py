@@ -74,8 +74,14 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
     blocks = planner.blocks(function)
     wrapped = _wrapped_range(planner, blocks, steps, holders, guard)
     matched_nodes = [step_expression(s) for s in steps] + helper_calls
+    # ``loss_fct = CrossEntropyLoss()`` among them: a matched module built where it is used.
+    allowed = matched_nodes + _modules_built_in(site, function)
     final_return = wrapped[-1] if isinstance(wrapped[-1], ast.Return) else None
-    require(check_only_matched_work(planner.source, wrapped, matched_nodes, final_return))
+    require(
+        check_only_matched_work(
+            planner.source, wrapped, allowed, final_return, guarded=guard is not None
+        )
+    )
     lines, bound = _kernel_arm(planner, site, plan, body, final_return)
     guard_text = planner.render.call(guard, site, plan, pattern[-1], steps[-1]) if guard else "True"
     planner.render.moved_calls = []  # arguments are evaluated where the range began: the same
@@ -112,6 +118,18 @@ def _wrapped_range(
     if guard is not None and _inside_own_guard(planner, parent, field, guard):
         raise AlreadyPatched("already guarded by its kernel (patched before)")
     return block[first_index : last_index + 1]
+
+
+def _modules_built_in(site: Site, function: ast.FunctionDef) -> list[ast.expr]:
+    """The constructor calls, in ``function``, of modules the match calls (built in forward)."""
+    built = []
+    for bound in site.bindings.values():
+        construction = getattr(bound, "construction", None)
+        node = getattr(construction, "node", None)
+        if isinstance(node, ast.Call) and construction.function is function:  # type: ignore[union-attr]
+            if construction.method != "__init__":  # type: ignore[union-attr]
+                built.append(node)
+    return built
 
 
 def _kernel_arm(

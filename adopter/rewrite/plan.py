@@ -68,6 +68,7 @@ from .checks import (
     check_sinkable,
     check_statement_holds,
     check_steps_line_up,
+    check_unpacked_reads,
     input_names,
     require,
     step_expression,
@@ -89,6 +90,7 @@ from .source import (
     contains,
     is_parallel_assignment,
     is_plain_assignment,
+    is_tuple_unpacking,
     is_unpacking,
     names_in,
     read_names,
@@ -260,7 +262,7 @@ class Planner:
         final_node = step_expression(steps[final_index])
         plan.replace_expressions.append((final_node, call_text))
         plan.touched.append(final_node)
-        deleted = self.removed_statements(steps, final_index, final_node)
+        deleted = self.removed_statements(plan.function, steps, final_index, final_node)
         anchor = self.sink_into_branch(plan, deleted, final_statement, final_node, blocks)
         self.place(plan, site, deleted, anchor, blocks, extra_inputs)
         require(check_moved_calls(plan, self.render.moved_calls, deleted, anchor, blocks))
@@ -273,7 +275,11 @@ class Planner:
         return plan
 
     def removed_statements(
-        self, steps: list[FlowStep], final_index: int, final_node: ast.expr
+        self,
+        function: ast.FunctionDef,
+        steps: list[FlowStep],
+        final_index: int,
+        final_node: ast.expr,
     ) -> list[ast.stmt]:
         """The statements that go with the matched computations, in source order.
 
@@ -297,10 +303,16 @@ class Planner:
             assert statement is not None
             if any(contains(value, node) for value in removed_values):
                 continue
+            # ``gate, up = proj(x).chunk(2, dim=-1)``: the halves are matched intermediates.
+            unpacking = is_unpacking(
+                statement, node, unpacked.get(id(node), 0)
+            ) or is_tuple_unpacking(statement, node)
+            if unpacking:
+                require(check_unpacked_reads(function, statement, steps))
             if (
-                is_plain_assignment(statement, node)
+                unpacking
+                or is_plain_assignment(statement, node)
                 or is_parallel_assignment(statement, node, matched_nodes)
-                or is_unpacking(statement, node, unpacked.get(id(node), 0))
             ):
                 if statement not in deleted:
                     deleted.append(statement)

@@ -12,7 +12,18 @@ import ast
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..dsl.syntax import Call, Expr, Index, Keyword, Literal, Name, Positional, Rest, Var
+from ..dsl.syntax import (
+    Attribute,
+    Call,
+    Expr,
+    Index,
+    Keyword,
+    Literal,
+    Name,
+    Positional,
+    Rest,
+    Var,
+)
 from ..dsl.syntax import Step as PatternStep
 from ..extract.model import Construction, Operand
 from ..extract.model import Step as FlowStep
@@ -258,6 +269,8 @@ class Renderer:
             return repr(value.value)
         if isinstance(value, Name):
             return value.dotted
+        if isinstance(value, Attribute):  # ``$owner.vocab_size``: the attribute of what it binds
+            return f"{self.value(value.base, site, plan, module_text)}.{value.name}"
         assert isinstance(value, Var)
         if value.name in self.var_text:
             return self.var_text[value.name]

@@ -160,3 +160,12 @@ def is_unpacking(statement: ast.stmt, value: ast.expr, matched_elements: int) ->
         and all(isinstance(name, ast.Name) for name in target.elts)
         and len(target.elts) == matched_elements
     )
+
+
+def is_tuple_unpacking(statement: ast.stmt, value: ast.expr) -> bool:
+    """``a, b = value``: one tuple (or list) of plain names bound to the value."""
+    if not isinstance(statement, ast.Assign) or statement.value is not value:
+        return False
+    if len(statement.targets) != 1 or not isinstance(statement.targets[0], (ast.Tuple, ast.List)):
+        return False
+    return all(isinstance(element, ast.Name) for element in statement.targets[0].elts)

@@ -30,6 +30,7 @@ from torch import nn
 import adopter.kernels as kernels
 from adopter.kernels import registry
 from adopter.kernels._util import compiling, runs_original, tracing
+from adopter.kernels.cross_entropy import causal_lm_loss_reference
 from adopter.kernels.rms_norm import rms_norm_reference
 from adopter.kernels.rotary import rotary_reference
 from tests.kernels.conftest import assert_close
@@ -46,6 +47,8 @@ def _weighted(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """A parameter-free norm input whose gradient reaches the norm (``x`` is a plain input)."""
     return m.proj(x)
 
+
+UNSHIFTED = torch.tensor([[1, 4, -100], [0, 7, 2]])  # targets as they are (no label shift)
 
 EXTRA_CASES = [
     Case(
@@ -104,6 +107,38 @@ EXTRA_CASES = [
             "down": nn.Linear(16, 8, bias=False),
             "act": nn.SiLU(),
         },
+        _x(2, 3, 8),
+    ),
+    Case(
+        "gated_mlp",  # Phi-3: one gate/up projection, chunked, the gate first
+        lambda m, x: kernels.gated_mlp(m.proj(x), None, None, m.down, m.act, halves="first"),
+        lambda m, x: m.down(m.proj(x).chunk(2, dim=-1)[1] * m.act(m.proj(x).chunk(2, dim=-1)[0])),
+        lambda: {"proj": nn.Linear(8, 32), "down": nn.Linear(16, 8), "act": nn.SiLU()},
+        _x(2, 3, 8),
+    ),
+    Case(
+        "causal_lm_loss",  # BART: a logit bias, CrossEntropyLoss() without the label shift
+        lambda m, h: kernels.causal_lm_loss(
+            h, m.head, UNSHIFTED, 10, logit_bias=m.bias.weight, shift=False, upcast=False
+        ),
+        lambda m, h: nn.CrossEntropyLoss()(
+            (m.head(h) + m.bias.weight).view(-1, 10), UNSHIFTED.view(-1)
+        ),
+        lambda: {"head": nn.Linear(8, 10, bias=False), "bias": nn.Linear(10, 1, bias=False)},
+        _x(2, 3, 8),
+    ),
+    Case(
+        "causal_lm_loss",  # Granite: the logits divided by logits_scaling
+        lambda m, h: kernels.causal_lm_loss(h, m.head, UNSHIFTED, 10, logit_divisor=8.0),
+        lambda m, h: causal_lm_loss_reference(h, m.head, UNSHIFTED, 10, logit_divisor=8.0),
+        lambda: {"head": nn.Linear(8, 10, bias=False)},
+        _x(2, 3, 8),
+    ),
+    Case(
+        "gated_mlp",  # T5 / timm SwiGLU: the gated product alone (a dropout follows)
+        lambda m, x: kernels.gated_mlp(x, m.gate, m.up, None, m.act),
+        lambda m, x: m.act(m.gate(x)) * m.up(x),
+        lambda: {"gate": nn.Linear(8, 16), "up": nn.Linear(8, 16), "act": nn.GELU()},
         _x(2, 3, 8),
     ),
 ]

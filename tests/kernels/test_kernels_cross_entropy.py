@@ -369,3 +369,142 @@ def test_in_place_log_softmax_equals_the_out_of_place_one():
     expected = F.log_softmax(logits, dim=-1)
     assert torch.equal(_log_softmax(logits.clone()), expected)
     assert torch.equal(_log_softmax(logits[:, :-1]), F.log_softmax(logits[:, :-1], dim=-1))
+
+
+# -- the spellings of models that compute their loss themselves (issue 22) -------------------
+
+
+def _explicit_loss(logits, labels, vocab=None, ignore_index=-100):
+    """``CrossEntropyLoss(ignore_index=...)(logits.view(-1, V), labels.view(-1))``."""
+    loss_fct = nn.CrossEntropyLoss(ignore_index=ignore_index)
+    vocab = logits.size(-1) if vocab is None else vocab
+    return loss_fct(logits.view(-1, vocab), labels.view(-1))
+
+
+@pytest.mark.parametrize("ignore_every", [0, 3])
+@pytest.mark.parametrize("vocab", [50, None])
+@pytest.mark.parametrize("bias", [False, True])
+def test_unshifted_cross_entropy_matches_cross_entropy_loss(ignore_every, vocab, bias):
+    lm_head = head(bias=bias)
+    hidden = torch.randn(3, 11, 16)
+    labels = labels_for(3, 11, 50, ignore_every)
+    compare_head_losses(
+        lambda h: causal_lm_loss(
+            h, lm_head, labels, vocab, shift=False, upcast=False, chunk_size=7
+        ),
+        lambda h: _explicit_loss(lm_head(h), labels, vocab),
+        lm_head,
+        hidden,
+    )
+
+
+def test_unshifted_cross_entropy_never_materialises_the_logits():
+    tokens, vocab, width = 64, 300, 8
+    lm_head = head(vocab=vocab, hidden=width)
+    hidden = torch.randn(2, tokens // 2, width, requires_grad=True)
+    labels = labels_for(2, tokens // 2, vocab)
+    with _LargestTensor() as probe:
+        loss = causal_lm_loss(
+            hidden, lm_head, labels, vocab, shift=False, upcast=False, chunk_size=8
+        )
+        loss.backward()
+    assert probe.largest == vocab * width  # the weight gradient; a chunk is 8 x vocab
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_unshifted_half_precision_runs_the_original(dtype):
+    lm_head = head(dtype=dtype)
+    hidden = torch.randn(2, 5, 16, dtype=dtype)
+    labels = labels_for(2, 5, 50)
+    got = causal_lm_loss(hidden, lm_head, labels, 50, shift=False, upcast=False)
+    expected = _explicit_loss(lm_head(hidden), labels, 50)
+    assert got.dtype == expected.dtype == dtype
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("cap", [None, 5.0])
+@pytest.mark.parametrize("shape", [(1, 50), (50,)])
+@pytest.mark.parametrize("trainable", [False, True])
+def test_logit_bias_after_the_head(cap, shape, trainable):
+    lm_head = head()
+    bias = torch.randn(*shape, requires_grad=trainable)
+    hidden = torch.randn(3, 11, 16)
+    labels = labels_for(3, 11, 50, 4)
+
+    def bart(h):
+        logits = gemma_head(h, lambda x: lm_head(x) + bias, cap)
+        return _explicit_loss(logits, labels, 50)
+
+    results = []
+    for fn in (
+        lambda h: causal_lm_loss(
+            h,
+            lm_head,
+            labels,
+            50,
+            logit_bias=bias,
+            final_logit_softcapping=cap,
+            shift=False,
+            upcast=False,
+            chunk_size=5,
+        ),
+        bart,
+    ):
+        bias.grad = None
+        lm_head.zero_grad(set_to_none=True)
+        h = hidden.detach().clone().requires_grad_()
+        loss = fn(h)
+        loss.backward()
+        results.append([loss.detach(), h.grad, lm_head.weight.grad, bias.grad])
+    for a, b in zip(*results, strict=True):
+        if a is None or b is None:
+            assert a is None and b is None
+        else:
+            assert_close(a, b, scale=4)
+
+
+def test_logit_bias_with_a_head_bias_runs_the_original():
+    lm_head = head(bias=True)
+    bias = torch.randn(1, 50)
+    hidden = torch.randn(2, 5, 16)
+    labels = labels_for(2, 5, 50)
+    got = causal_lm_loss(hidden, lm_head, labels, 50, logit_bias=bias, shift=False, upcast=False)
+    assert torch.equal(got, _explicit_loss(lm_head(hidden) + bias, labels, 50))
+    wrong = torch.randn(2, 50)  # not the (1, vocab) broadcast of a bias: the original raises
+    with pytest.raises(RuntimeError):
+        causal_lm_loss(hidden, head(), labels, 50, logit_bias=wrong, shift=False, upcast=False)
+
+
+@pytest.mark.parametrize("factor", ["logit_scale", "logit_divisor"])
+@pytest.mark.parametrize("num_items", [None, 13])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logit_scale_between_head_and_loss(factor, num_items, dtype):
+    """Cohere's ``logits * self.logit_scale`` and Granite's ``logits / logits_scaling``."""
+    lm_head = head(dtype=dtype)
+    hidden = torch.randn(3, 11, 16, dtype=dtype)
+    labels = labels_for(3, 11, 50, 5)
+    value = 0.0625 if factor == "logit_scale" else 8.0
+
+    def scaled(h):
+        logits = lm_head(h)
+        logits = logits * value if factor == "logit_scale" else logits / value
+        return for_causal_lm_loss(logits, labels, 50, num_items)
+
+    compare_head_losses(
+        lambda h: causal_lm_loss(
+            h, lm_head, labels, 50, num_items, chunk_size=6, **{factor: value}
+        ),
+        scaled,
+        lm_head,
+        hidden,
+    )
+
+
+@pytest.mark.parametrize("value", [torch.tensor(0.5), 0.0, float("inf")])
+def test_logit_scale_other_than_a_number_runs_the_original(value):
+    lm_head = head()
+    hidden = torch.randn(2, 5, 16)
+    labels = labels_for(2, 5, 50)
+    got = causal_lm_loss(hidden, lm_head, labels, 50, logit_scale=value)
+    expected = for_causal_lm_loss(lm_head(hidden) * value, labels, 50)
+    assert torch.equal(got, expected) or (got.isnan() and expected.isnan())

@@ -236,3 +236,96 @@ def test_traces_record_the_original_operations():
 def test_rejects_unknown_gate_name():
     with pytest.raises(ValueError, match="gate"):
         gated_activation_chunked(torch.randn(2, 4), F.silu, gate="left")
+
+
+class ChunkedMlp(nn.Module):
+    """Phi-3's MLP: one gate/up projection, ``chunk``, the activation on one half, down."""
+
+    def __init__(self, act, halves="first", dim=-1, bias=False, down=True, fused=False):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(12, 40, bias=bias)
+        self.down_proj = nn.Linear(20, 12, bias=bias) if down else None
+        self.act_fn = act
+        self.halves, self.dim, self.fused = halves, dim, fused
+
+    def forward(self, x):
+        both = self.gate_up_proj(x)
+        if self.fused:
+            return gated_mlp(
+                both, None, None, self.down_proj, self.act_fn, halves=self.halves, dim=self.dim
+            )
+        first, second = both.chunk(2, dim=self.dim)
+        if self.halves == "first":
+            product = second * self.act_fn(first)
+        else:
+            product = first * self.act_fn(second)
+        return product if self.down_proj is None else self.down_proj(product)
+
+
+class ProductMlp(Mlp):
+    """T5's gated block up to the product (a dropout follows before the down projection)."""
+
+    def forward(self, x):
+        if self.fused:
+            return gated_mlp(x, self.gate_proj, self.up_proj, None, self.act_fn)
+        return self.act_fn(self.gate_proj(x)) * self.up_proj(x)
+
+
+@pytest.mark.parametrize("halves", ["first", "second"])
+@pytest.mark.parametrize("down", [True, False])
+@pytest.mark.parametrize("name", ["nn.SiLU", "nn.GELU(tanh)", "ACT2FN[gelu_new]"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gated_mlp_chunked_matches_original(halves, down, name, bias):
+    torch.manual_seed(0)
+    original = ChunkedMlp(ACTIVATIONS[name](), halves=halves, bias=bias, down=down)
+    fused = copy.deepcopy(original)
+    fused.fused = True
+    x = torch.randn(3, 5, 12)
+    compare_modules(original, fused, x)  # training, with gradients
+    assert torch.equal(original(x), fused(x))
+    original.eval()
+    fused.eval()
+    with torch.no_grad():
+        assert torch.equal(original(x), fused(x))
+
+
+def test_gated_mlp_chunked_keeps_the_projection_output_only():
+    torch.manual_seed(0)
+    original = ChunkedMlp(nn.SiLU())
+    fused = copy.deepcopy(original)
+    fused.fused = True
+    x = torch.randn(2, 8, 12)
+    inner_bytes = 2 * 8 * 20 * 4
+    kept_original = saved_bytes(original, [x], original.parameters())
+    kept_fused = saved_bytes(fused, [x], fused.parameters())
+    assert kept_fused < kept_original
+    assert kept_fused == 2 * inner_bytes  # the two halves: the projection's output
+
+
+def test_gated_mlp_chunked_odd_width_and_unknown_activation_run_the_original():
+    torch.manual_seed(0)
+    both = torch.randn(2, 7)
+    with pytest.raises(RuntimeError):
+        a, b = both.chunk(2, dim=-1)
+        _ = F.silu(a) * b  # 4 and 3 columns: the original fails, so does the kernel
+    with pytest.raises(RuntimeError):
+        gated_mlp(both, None, None, None, F.silu, halves="first")
+    scaled = _Scaled()
+    x = torch.randn(2, 8)
+    a, b = x.chunk(2, dim=-1)
+    assert torch.equal(gated_mlp(x, None, None, None, scaled, halves="first"), scaled(a) * b)
+    with pytest.raises(ValueError):
+        gated_mlp(x, None, None, None, F.silu, halves="middle")
+
+
+@pytest.mark.parametrize("name", ["nn.SiLU", "ACT2FN[gelu_new]", "nn.ReLU(inplace)"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_gated_mlp_product_only_matches_original(name, bias):
+    torch.manual_seed(0)
+    original = ProductMlp(ACTIVATIONS[name](), bias=bias)
+    fused = copy.deepcopy(original)
+    fused.fused = True
+    x = torch.randn(3, 5, 12)
+    compare_modules(original, fused, x)
+    with torch.no_grad():
+        assert torch.equal(original(x), fused(x))
