@@ -51,6 +51,7 @@ def test_run_bench_bert_original_patched_and_ablation(tmp_path: Path) -> None:
     json_out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     result = run_bench(
         "bert",
+        rules=load_rule_set("paper"),  # the paper's rules: what the figures below count
         config_overrides=TINY_BERT,
         layers=1,
         seq_len=16,

@@ -2,8 +2,8 @@
 
 Two toy model types written here (no third-party source): one whose RMSNorm, rotary, a gated
 MLP and LM head + loss are the stock spellings, next to an MLP with a fused ``gate_up_proj``
-(a miss); and a second type with a gated MLP and an RMSNorm that scales by the weight before
-the cast back (another miss). One apply and one explained scan, no network.
+with a multiplier inside its activation (a miss); and a second type with a gated MLP and an
+RMSNorm that takes ``pow(..., -0.5)`` instead of ``rsqrt`` (another miss). One apply and one explained scan, no network.
 """
 
 from __future__ import annotations
@@ -72,11 +72,12 @@ class ToyFusedMLP(nn.Module):
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
         self.activation_fn = ACT2FN[config.hidden_act]
+        self.gate_multiplier = config.gate_multiplier
 
     def forward(self, hidden_states):
         up_states = self.gate_up_proj(hidden_states)
         gate, up_states = up_states.chunk(2, dim=-1)
-        up_states = up_states * self.activation_fn(gate)
+        up_states = up_states * self.activation_fn(gate * self.gate_multiplier)
         return self.down_proj(up_states)
 
 
@@ -108,7 +109,7 @@ class OtherRMSNorm(nn.Module):
         input_dtype = hidden_states.dtype
         hidden_states = hidden_states.to(torch.float32)
         variance = hidden_states.pow(2).mean(-1, keepdim=True)
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        hidden_states = hidden_states * torch.pow(variance + self.variance_epsilon, -0.5)
         return (self.weight * hidden_states).to(input_dtype)
 
 
@@ -208,7 +209,7 @@ def test_each_cell_is_judged_at_liger_s_target(parity: lp.Parity) -> None:
     # no Liger name exists in the file: the file as a whole is judged, and Liger does nothing
     gone = found["toy_vision.fused_linear_cross_entropy"]
     assert gone.status == lp.PATCHED and gone.targets == [] and gone.liger_noop
-    # the weight applied before the cast back: no modern.1 site in that file at all
+    # pow(..., -0.5) instead of rsqrt: no modern.1 site in that file at all
     assert found["other.rms_norm"].status == lp.MISSING
     assert found["other.rms_norm"].file_status == lp.MISSING
     imported = found["toy_import.rms_norm"]
