@@ -203,6 +203,43 @@ def test_conv_bn_act_runs_the_original_for_unknown_parts():
         assert torch.equal(conv_bn_act(x, conv, bn, Odd()), bn(conv(x)) * 2)
 
 
+@pytest.mark.parametrize("drop_name", ["identity", "eval_dropout"])
+def test_conv_bn_act_with_an_inactive_drop_folds(drop_name):
+    conv, bn = conv_pair()
+    conv.eval(), bn.eval()
+    drop = nn.Identity() if drop_name == "identity" else nn.Dropout(0.5).eval()
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        out = conv_bn_act(x, conv, bn, nn.ReLU(), drop=drop)
+        assert_close(out, F.relu(drop(bn(conv(x)))))
+    for train in (False, True):
+        conv.train(train), bn.train(train)
+        expected = run(lambda x: F.relu(drop(bn(conv(x)))), x, train, True)
+        got = run(lambda x: conv_bn_act(x, conv, bn, nn.ReLU(), drop=drop), x, train, True)
+        for a, b in zip(got, expected, strict=True):
+            assert torch.equal(a, b)
+
+
+def test_conv_bn_act_with_an_active_or_unknown_drop_runs_the_original():
+    class DropBlock(nn.Module):  # timm's DropBlock2d is not recognised: the original runs
+        def forward(self, x):
+            return x * 0.5
+
+    conv, bn = conv_pair()
+    conv.eval(), bn.eval()
+    x = torch.randn(1, 3, 4, 4)
+    with torch.no_grad():
+        block = DropBlock()
+        assert torch.equal(
+            conv_bn_act(x, conv, bn, nn.ReLU(), drop=block), F.relu(block(bn(conv(x))))
+        )
+        active = nn.Dropout(0.5).train()
+        torch.manual_seed(1)
+        out = conv_bn_act(x, conv, bn, nn.ReLU(), drop=active)
+        torch.manual_seed(1)
+        assert torch.equal(out, F.relu(active(bn(conv(x)))))
+
+
 def test_timm_active_dropout_is_not_folded():
     conv, bn = conv_pair(nn.ReLU(), timm=True)
     bn.drop = nn.Dropout(0.5)
