@@ -229,6 +229,11 @@ class Matcher:
                     previous = found.get(site.key)
                     if previous is None:
                         found[site.key] = site
+                    elif flow.report_only or _report_only(previous):
+                        # An nn.Sequential's own flow only reports what no call expands: a
+                        # call that runs the same elements is the site (and its edit).
+                        if not flow.report_only:
+                            found[site.key] = site
                     elif not _same_instance(previous, site):
                         # One site reached through another call (an nn.Sequential called twice).
                         if all(not _same_instance(other, site) for other in previous.instances):
@@ -868,6 +873,10 @@ def _without_overlaps(sites: list[Site]) -> list[Site]:
         taken |= nodes
         kept.append(site)
     return kept
+
+
+def _report_only(site: Site) -> bool:
+    return site.flow is not None and bool(site.flow.report_only)
 
 
 def _same_instance(first: Site, second: Site) -> bool:

@@ -199,6 +199,8 @@ class Planner:
     def plan(self, site: Site) -> Plan:
         self._moved_calls = []
         self._var_text = {}
+        if site.flow is not None and site.flow.report_only:
+            raise Refusal(site.flow.report_only)
         rule = site.rule
         init_replacement = rule.init.replacement if rule.init else None
         forward_replacement = rule.forward.replacement if rule.forward else None
