@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from adopter.kernels import conv_bn_act, group_norm_activation
+from adopter.kernels import conv_batch_norm, conv_bn_act, group_norm_activation
 from tests.kernels.conftest import assert_close, assert_traces_like_reference
 
 
@@ -238,6 +238,21 @@ def test_conv_bn_act_with_an_active_or_unknown_drop_runs_the_original():
         out = conv_bn_act(x, conv, bn, nn.ReLU(), drop=active)
         torch.manual_seed(1)
         assert torch.equal(out, F.relu(active(bn(conv(x)))))
+
+
+@pytest.mark.parametrize("act", [nn.ReLU(inplace=True), nn.Identity(), nn.Hardswish()])
+def test_conv_batch_norm_folds_timm_batch_norm_act_with_its_activation(act):
+    # paper.7 takes timm's BatchNormAct2d too (apply_act=False leaves an nn.Identity)
+    conv, bn = conv_pair(act, timm=True)
+    conv.eval(), bn.eval()
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        assert_close(conv_batch_norm(x, conv, bn), bn(conv(x)))
+    for train in (False, True):
+        conv.train(train), bn.train(train)
+        expected = run(lambda x: bn(conv(x)), x, train, True)
+        for a, b in zip(run(lambda x: conv_batch_norm(x, conv, bn), x, train, True), expected):
+            assert torch.equal(a, b)
 
 
 def test_timm_active_dropout_is_not_folded():
