@@ -489,6 +489,29 @@ class InitAnalyzer:
             if listed.unknown:
                 elements.mark_unknown(listed.unknown)
             elements.items.extend(listed.items)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "filter"
+            and len(node.args) == 2
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value is None
+            and isinstance(node.args[1], (ast.List, ast.Tuple))
+            and not pairs
+        ):
+            # ``filter(None, [conv, aa if aa_layer else None, norm, act])``: an element that is
+            # ``None`` on some path is dropped; the elements are those of the path without the
+            # optional ones, and their indexes are not static (the rewrite refuses them).
+            elements.mark_unknown(f"line {node.lineno}: `filter(None, ...)` drops elements")
+            for item in node.args[1].elts:
+                if isinstance(item, ast.IfExp) and any(
+                    isinstance(arm, ast.Constant) and arm.value is None
+                    for arm in (item.body, item.orelse)
+                ):
+                    continue
+                if isinstance(item, ast.Constant) and item.value is None:
+                    continue
+                self.add_item(elements, item, depth)
         elif isinstance(node, (ast.ListComp, ast.GeneratorExp)) and not pairs:
             # One element stands for all the comprehension builds (zero or more of them).
             elements.mark_unknown(f"line {node.lineno}: elements built by a comprehension")
