@@ -234,6 +234,14 @@ class Matcher:
                         # call that runs the same elements is the site (and its edit).
                         if not flow.report_only:
                             found[site.key] = site
+                    elif len(site.steps) != len(previous.steps) and (
+                        site.applicable != previous.applicable
+                    ):
+                        # Two variants of the rule at one place (conv-bn-drop-act and
+                        # conv-bn-act): the one that applies is the site; the other's extra use
+                        # of a value does not concern it.
+                        if site.applicable:
+                            found[site.key] = site
                     elif not _same_instance(previous, site):
                         # One site reached through another call (an nn.Sequential called twice).
                         if all(not _same_instance(other, site) for other in previous.instances):
