@@ -116,7 +116,9 @@ def _fold_timm(x: torch.Tensor, conv: nn.Module, bn: Any) -> torch.Tensor | None
     weight, bias = conv.weight, conv.bias
     if spec is None or not is_plain(conv, nn.Conv2d) or x.dim() != 4:
         return None
-    if not plain_tensors(x, weight, bias) or grad_needed(x, *conv.parameters()):
+    # the batch norm's own parameters too: the in-place activation below must not run where
+    # autograd records through the folded weights (frozen conv, trainable norm)
+    if not plain_tensors(x, weight, bias) or grad_needed(x, *conv.parameters(), *bn.parameters()):
         return None
     if not stats_foldable(bn, weight, conv.out_channels):  # a BatchNormAct2d is not stock
         return None

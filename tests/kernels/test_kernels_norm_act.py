@@ -255,6 +255,19 @@ def test_conv_batch_norm_folds_timm_batch_norm_act_with_its_activation(act):
             assert torch.equal(a, b)
 
 
+def test_timm_trainable_norm_with_a_frozen_conv_runs_the_original():
+    conv, bn = conv_pair(nn.SiLU(inplace=True), timm=True)
+    conv.eval(), bn.eval()
+    conv.requires_grad_(False)
+    x = torch.randn(1, 3, 4, 4)
+    out = conv_bn_act(x, conv, bn)
+    out.sum().backward()  # no in-place activation on a tensor autograd still needs
+    grad = bn.weight.grad.clone()
+    bn.weight.grad = None
+    bn(conv(x)).sum().backward()
+    assert torch.equal(grad, bn.weight.grad)
+
+
 def test_timm_active_dropout_is_not_folded():
     conv, bn = conv_pair(nn.ReLU(), timm=True)
     bn.drop = nn.Dropout(0.5)
