@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .evaluate import UNKNOWN, Undecided, evaluate_factory, package_signature
 from .model import EMPTY_CONTEXT, NOT_CONSTANT, BranchPoint, Construction, Context, Operand
 from .names import ImportTable, activation_family, construction_family, parameter_names
 from .project import Definition, Project
@@ -201,6 +202,9 @@ class InitAnalyzer:
             # ``act_layer or nn.GELU``: whichever is set
             return [r for sub in value.values for r in self.class_refs(sub, depth + 1)]
         if isinstance(value, ast.Call) and (external := self.external_factory(value)):
+            evaluated = self.evaluated(external, value, depth)
+            if evaluated is not None:
+                return [replace(r, context=self.context) for r in evaluated]
             _, refs = self.summary(external, value, depth)
             return self.fresh_alternatives(refs, f"{external.name}()")
         if (
@@ -485,6 +489,29 @@ class InitAnalyzer:
             if listed.unknown:
                 elements.mark_unknown(listed.unknown)
             elements.items.extend(listed.items)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "filter"
+            and len(node.args) == 2
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value is None
+            and isinstance(node.args[1], (ast.List, ast.Tuple))
+            and not pairs
+        ):
+            # ``filter(None, [conv, aa if aa_layer else None, norm, act])``: an element that is
+            # ``None`` on some path is dropped; the elements are those of the path without the
+            # optional ones, and their indexes are not static (the rewrite refuses them).
+            elements.mark_unknown(f"line {node.lineno}: `filter(None, ...)` drops elements")
+            for item in node.args[1].elts:
+                if isinstance(item, ast.IfExp) and any(
+                    isinstance(arm, ast.Constant) and arm.value is None
+                    for arm in (item.body, item.orelse)
+                ):
+                    continue
+                if isinstance(item, ast.Constant) and item.value is None:
+                    continue
+                self.add_item(elements, item, depth)
         elif isinstance(node, (ast.ListComp, ast.GeneratorExp)) and not pairs:
             # One element stands for all the comprehension builds (zero or more of them).
             elements.mark_unknown(f"line {node.lineno}: elements built by a comprehension")
@@ -687,6 +714,41 @@ class InitAnalyzer:
         _SUMMARIES[key] = result
         return result
 
+    def evaluated(
+        self, external: Definition, call: ast.Call, depth: int
+    ) -> tuple[ClassRef, ...] | None:
+        """The layer class the factory returns for this call's arguments, run statically
+        (:mod:`adopter.extract.evaluate`); ``None`` when that is undecided. Each argument must
+        be one layer class, a literal, or is unknown to the run."""
+        function = external.node
+        assert isinstance(function, ast.FunctionDef)
+        if any(isinstance(a, ast.Starred) for a in call.args):
+            return None
+        values: list[object] = []
+        for argument in [*call.args, *(k.value for k in call.keywords)]:
+            refs = self.class_refs(argument, depth + 1)
+            if len(refs) > 1:
+                return None
+            if refs:
+                if not refs[0].context <= self.context:  # a class on some paths only
+                    return None
+                values.append(ClassRef(refs[0].kind, refs[0].positional, refs[0].keywords))
+                continue
+            constant = constant_value(argument)
+            values.append(UNKNOWN if constant is NOT_CONSTANT else constant)
+        if any(k.arg is None for k in call.keywords):
+            return None
+        names = [str(k.arg) for k in call.keywords]
+        positional = values[: len(call.args)]
+        keywords = dict(zip(names, values[len(call.args) :]))
+        try:
+            result = evaluate_factory(
+                ClassRef, function, external.module, self.ctx.project, positional, keywords
+            )
+        except (Undecided, RecursionError):
+            return None
+        return (result,) if isinstance(result, ClassRef) else ()
+
     def fresh_alternatives(self, refs: tuple[ClassRef, ...], label: str) -> list[ClassRef]:
         """The factory's results as alternatives of one new branch point of this file."""
         if len(refs) <= 1:
@@ -735,9 +797,17 @@ class InitAnalyzer:
         positional: list[Operand],
         keywords: dict[str, Operand],
     ) -> Construction:
+        arguments = normalise_arguments(kind, positional, keywords)
+        if (signature := package_signature(kind)) is not None:
+            # a package class the factory evaluation returned: its own ``__init__`` defaults
+            names, defaults = signature
+            for name, operand in zip(names, positional):
+                arguments.setdefault(name, operand)
+            for name, default in defaults.items():
+                arguments.setdefault(name, Operand(constant=default, label=repr(default)))
         return Construction(
             kind=kind,
-            arguments=normalise_arguments(kind, positional, keywords),
+            arguments=arguments,
             positional=positional,
             path=self.ctx.path,
             line=node.lineno,

@@ -173,7 +173,7 @@ class FlowBuilder:
         self,
         cls: ClassInfo | None,
         function: ast.FunctionDef,
-        modules: dict[str, ClassInfo] | None = None,
+        modules: dict[str, ClassInfo | ModuleRef] | None = None,
     ) -> FunctionFlow:
         """Analyse ``function``; ``modules`` binds parameters to instances of module classes
         of this file (an attention processor's ``attn``)."""
@@ -189,6 +189,9 @@ class FlowBuilder:
             if cls is not None and arg is (arguments.posonlyargs + arguments.args)[:1][0]:
                 continue
             owner = (modules or {}).get(arg.arg)
+            if isinstance(owner, ModuleRef):  # a module given as it is (an nn.Sequential)
+                frame.modules[arg.arg] = owner
+                continue
             if owner is not None:
                 instance = Construction(
                     kind=owner.name, arguments={}, positional=[], path=self.flow.path,

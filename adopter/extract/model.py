@@ -200,6 +200,9 @@ class FunctionFlow:
     branch_labels: dict[int, BranchPoint] = field(default_factory=dict)
     value_names: dict[int, str] = field(default_factory=dict)
     truncated: bool = False
+    # Why the sites of this flow are reported but not rewritten ("" when they may be): the
+    # flow of an nn.Sequential container that no call of the file runs alone.
+    report_only: str = ""
 
     def consumers(self, value: int) -> list[Use]:
         return self.uses.get(value, [])

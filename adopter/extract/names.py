@@ -45,6 +45,13 @@ _BATCH_NORM = (
     "num_features", "eps=1e-05", "momentum=0.1", "affine=True", "track_running_stats=True",
     "device=None", "dtype=None",
 )  # fmt: skip
+# timm's batch norm with its activation inside (``apply_act=True`` unless told otherwise), under
+# the names a model file imports it by
+_BATCH_NORM_ACT = (
+    "num_features", "eps=1e-05", "momentum=0.1", "affine=True", "track_running_stats=True",
+    "apply_act=True", "act_layer", "act_kwargs=None", "inplace=True", "drop_layer=None",
+    "device=None", "dtype=None",
+)  # fmt: skip
 SIGNATURES: dict[str, tuple[str, ...]] = {
     "torch.nn.functional.softmax": ("input", "dim=None", "_stacklevel=3", "dtype=None"),
     "torch.softmax": ("input", "dim", "dtype=None"),
@@ -57,6 +64,8 @@ SIGNATURES: dict[str, tuple[str, ...]] = {
     "torch.nn.BatchNorm1d": _BATCH_NORM,
     "torch.nn.BatchNorm2d": _BATCH_NORM,
     "torch.nn.BatchNorm3d": _BATCH_NORM,
+    "timm.layers.BatchNormAct2d": _BATCH_NORM_ACT,
+    "timm.layers.norm_act.BatchNormAct2d": _BATCH_NORM_ACT,
     "torch.nn.LayerNorm": (
         "normalized_shape",
         "eps=1e-05",

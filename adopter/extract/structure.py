@@ -10,7 +10,14 @@ from collections.abc import Iterable
 from .constructions import InitAnalyzer, InitContext
 from .flow import FlowBuilder
 from .helpers import canonical_helper
-from .model import BranchPoint, ClassInfo, Construction, FileStructure, FunctionFlow
+from .model import (
+    BranchPoint,
+    ClassInfo,
+    Construction,
+    FileStructure,
+    FunctionFlow,
+    ModuleRef,
+)
 from .names import ImportTable
 from .project import project_for
 from .source import parse_source, read_source, split_lines
@@ -214,7 +221,129 @@ class FileAnalysis:
         # are reported in the function, whoever calls it.
         for name, function in self.functions.items():
             structure.functions[name] = self._flow(None, function)
+        self._container_flows(structure)
         return structure
+
+    # -- nn.Sequential containers no forward call expands ----------------------------------------
+    def _container_flows(self, structure: FileStructure) -> None:
+        """``nn.Sequential.forward`` runs the elements in order, whoever calls it. A forward
+        call expands a container's elements only where the attribute holds that one container;
+        a container that is one of several modules an attribute may hold (timm ResNet's
+        ``self.conv1``: a deep-stem ``nn.Sequential`` or one ``nn.Conv2d``), or that a
+        module-level function builds and returns (``downsample_conv``), is analysed as a flow
+        of its own: input, element 0, element 1, ... Its sites are reported at the elements;
+        they are not rewritten (no call in this file runs that container alone)."""
+        for info in self.classes.values():
+            if not info.is_module:
+                continue
+            for attr, alternatives in list(info.bindings.items()):
+                if len(alternatives) < 2:
+                    continue
+                for construction in alternatives:
+                    if construction.container == "sequential" and construction.elements:
+                        key = f"{attr} = nn.Sequential (line {construction.line})"
+                        reason = (
+                            f"`self.{attr}` may hold this nn.Sequential (line "
+                            f"{construction.line}) or another module; only that container's "
+                            "own elements fuse, and no call runs it alone: not rewritten"
+                        )
+                        info.flows[key] = self._container_flow(
+                            info.name, construction, f"self.{attr}", reason
+                        )
+        # A factory a class of this file calls is analysed through that class's calls.
+        called_by_classes = {
+            node.func.id
+            for cls in self.class_nodes.values()
+            for node in ast.walk(cls)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        }
+        for name, function in self.functions.items():
+            if name in called_by_classes:
+                continue
+            for construction in self._returned_sequentials(function):
+                reason = (
+                    f"`{name}` builds this nn.Sequential (line {construction.line}) for its "
+                    "caller; the call that runs it is elsewhere: not rewritten"
+                )
+                structure.functions[f"{name} (nn.Sequential, line {construction.line})"] = (
+                    self._container_flow(None, construction, f"{name}()", reason, name)
+                )
+
+    def _returned_sequentials(self, function: ast.FunctionDef) -> list[Construction]:
+        """The ``nn.Sequential`` containers a module-level function returns (cheap pre-check:
+        a ``return nn.Sequential(...)`` statement)."""
+        returned = [
+            node.value
+            for node in ast.walk(function)
+            if isinstance(node, ast.Return) and isinstance(node.value, ast.Call)
+        ]
+        if not any(self.imports.resolve(v.func) == "torch.nn.Sequential" for v in returned):
+            return []
+        context = InitContext(
+            imports=self.imports,
+            path=self.path,
+            functions=self.functions,
+            methods=lambda name: None,
+            next_branch=self.next_branch,
+            branch_labels=self.branch_labels,
+            class_nodes=self.class_nodes,
+            project=self.project if self.project.enabled else None,
+            module_path=self.project.file,
+        )
+        analyzer = InitAnalyzer(context, {})
+        analyzer.run(function)
+        analyzer.method_stack.append(function.name)
+        analyzer.function_stack.append(function)
+        found = []
+        for value in returned:
+            if self.imports.resolve(value.func) != "torch.nn.Sequential":
+                continue
+            for construction in analyzer.construct(value):
+                if construction.container == "sequential" and construction.elements:
+                    found.append(construction)
+        return found
+
+    def _container_flow(
+        self,
+        cls: str | None,
+        container: Construction,
+        path: str,
+        reason: str,
+        method: str | None = None,
+    ) -> FunctionFlow:
+        """The flow of ``container``'s own ``forward``, built from a two-line stand-in
+        ``def forward(container, x): return container(x)`` located at the container."""
+        call = ast.Call(ast.Name("container", ast.Load()), [ast.Name("x", ast.Load())], [])
+        function = ast.FunctionDef(
+            name=method or container.method,
+            args=ast.arguments(
+                posonlyargs=[],
+                args=[ast.arg("container"), ast.arg("x")],
+                kwonlyargs=[],
+                kw_defaults=[],
+                defaults=[],
+            ),
+            body=[ast.Return(call)],
+            decorator_list=[],
+            returns=None,
+            type_params=[],
+        )
+        anchor = container.node if container.node is not None else ast.Pass(lineno=container.line)
+        for node in ast.walk(function):
+            ast.copy_location(node, anchor)
+        flow = FunctionFlow(
+            cls=cls,
+            method=function.name,
+            path=self.path,
+            line=container.line,
+            branch_labels=self.branch_labels,
+            report_only=reason,
+        )
+        ref = ModuleRef(path, [container])
+        built = FlowBuilder(self, flow).build_root(None, function, {"container": ref})
+        for step in built.steps:  # reported in the class whose ``__init__`` built it
+            step.cls = cls
+        return built
 
     def _entry_points(self, info: ClassInfo) -> list[str]:
         """``forward`` and the other methods that run a module's computation from outside:

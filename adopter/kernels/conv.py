@@ -13,7 +13,9 @@ When it falls back (runs ``batch_norm(conv(x))`` unchanged):
   modules run, which keeps running-stat updates (momentum, cumulative average with
   ``momentum=None``, ``num_batches_tracked``) exactly as before;
 * anything other than a stock ``nn.Conv1d/2d/3d`` followed by a stock ``_BatchNorm`` subclass
-  (overridden ``forward`` such as ``SyncBatchNorm``, hooks, tensor-subclass parameters);
+  (overridden ``forward`` such as ``SyncBatchNorm``, hooks, tensor-subclass parameters) - except
+  timm's ``BatchNormAct2d``, folded with its activation as :func:`adopter.kernels.conv_bn_act`
+  does (and under the same conditions);
 * unbatched input (``Conv1d`` on ``(C, L)`` would hand BatchNorm1d a 2-D tensor whose meaning
   differs) or mismatched channel counts / dtypes / devices;
 * under ``torch.compile``: a compiled graph cannot keep the folded weights between calls, so
@@ -49,6 +51,13 @@ def conv_batch_norm(x: torch.Tensor, conv: nn.Module, batch_norm: nn.Module) -> 
     """
     if tracing() or not is_plain(conv, *_CONVS) or torch.compiler.is_compiling():
         return batch_norm(conv(x))
+    # timm's BatchNormAct2d (a BatchNorm2d subclass with its activation, identity when built
+    # with ``apply_act=False``): folded with its activation by the conv + BN + act kernel.
+    from .norm_act import _fold_timm, _timm_norm_act  # norm_act imports this module
+
+    if _timm_norm_act(batch_norm, "BatchNormAct2d"):
+        fused = _fold_timm(x, conv, batch_norm)
+        return batch_norm(conv(x)) if fused is None else fused
     weight, bias = conv.weight, conv.bias
     spatial = _SPATIAL[type(conv).forward]
     if x.dim() != spatial + 2 or not plain_tensors(x, weight, bias):

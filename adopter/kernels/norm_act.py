@@ -6,10 +6,11 @@
     applied in place on the group-norm output, so the block allocates and writes one tensor
     instead of two.
 
-``conv_bn_act(x, conv, bn, act=None)`` == ``act(bn(conv(x)))``
+``conv_bn_act(x, conv, bn, act=None, drop=None)`` == ``act(drop(bn(conv(x))))``
     torchvision-style ``Conv2dNormActivation`` (conv, plain BatchNorm, activation module) and
     timm's ``ConvNormAct`` (``bn`` is a ``BatchNormAct2d`` holding the activation; pass
-    ``act=None``). In inference the eval-mode BatchNorm is folded into the convolution
+    ``act=None``); ``drop`` is timm's ``drop_block`` slot between norm and activation (an
+    ``nn.Identity`` by default). In inference the eval-mode BatchNorm is folded into the convolution
     (:mod:`adopter.kernels._fold`, cached while the parameters are unchanged) and the
     activation runs in place on the convolution output: one convolution and one in-place
     activation instead of a convolution, a normalisation pass and an activation pass.
@@ -115,7 +116,9 @@ def _fold_timm(x: torch.Tensor, conv: nn.Module, bn: Any) -> torch.Tensor | None
     weight, bias = conv.weight, conv.bias
     if spec is None or not is_plain(conv, nn.Conv2d) or x.dim() != 4:
         return None
-    if not plain_tensors(x, weight, bias) or grad_needed(x, *conv.parameters()):
+    # the batch norm's own parameters too: the in-place activation below must not run where
+    # autograd records through the folded weights (frozen conv, trainable norm)
+    if not plain_tensors(x, weight, bias) or grad_needed(x, *conv.parameters(), *bn.parameters()):
         return None
     if not stats_foldable(bn, weight, conv.out_channels):  # a BatchNormAct2d is not stock
         return None
@@ -123,18 +126,36 @@ def _fold_timm(x: torch.Tensor, conv: nn.Module, bn: Any) -> torch.Tensor | None
     return _inplace(conv._conv_forward(x, new_weight, new_bias), spec)
 
 
+def _inactive(drop: object) -> bool:
+    """``drop`` passes its input through unchanged: an ``nn.Identity`` or an eval-mode
+    ``nn.Dropout`` (stock, unhooked). timm's ``DropBlock2d`` and the like are not recognised."""
+    if is_plain(drop, nn.Identity):
+        return True
+    return is_plain(drop, nn.Dropout) and not drop.training  # type: ignore[union-attr]
+
+
 def conv_bn_act(
-    x: torch.Tensor, conv: nn.Module, bn: nn.Module, act: Module | None = None
+    x: torch.Tensor,
+    conv: nn.Module,
+    bn: nn.Module,
+    act: Module | None = None,
+    drop: Module | None = None,
 ) -> torch.Tensor:
-    """``act(bn(conv(x)))``; in inference the BatchNorm is folded and the activation runs in
-    place. ``act=None`` with timm's ``BatchNormAct2d`` uses its activation; with a plain
-    BatchNorm it means no activation."""
+    """``act(drop(bn(conv(x))))``; in inference the BatchNorm is folded and the activation runs
+    in place. ``act=None`` with timm's ``BatchNormAct2d`` uses its activation; with a plain
+    BatchNorm it means no activation. ``drop`` is the module between the norm and the
+    activation (timm's ``drop_block``, ``nn.Identity`` unless a drop block is configured): the
+    fold is taken only while it passes values through unchanged, else the original runs."""
 
     def original() -> torch.Tensor:
         y = bn(conv(x))
+        if drop is not None:
+            y = drop(y)
         return y if act is None else act(y)
 
     if tracing(x) or torch.compiler.is_compiling() or not isinstance(x, torch.Tensor):
+        return original()
+    if drop is not None and not _inactive(drop):
         return original()
     if act is None and _timm_norm_act(bn, "BatchNormAct2d"):
         fused = _fold_timm(x, conv, bn)

@@ -234,6 +234,11 @@ class Matcher:
                     previous = found.get(site.key)
                     if previous is None:
                         found[site.key] = site
+                    elif flow.report_only or _report_only(previous):
+                        # An nn.Sequential's own flow only reports what no call expands: a
+                        # call that runs the same elements is the site (and its edit).
+                        if not flow.report_only:
+                            found[site.key] = site
                     elif (
                         previous.rule is not site.rule
                         or _part_of(previous, site)
@@ -909,6 +914,10 @@ def _part_of(part: Site, whole: Site) -> bool:
 def _preferred(site: Site, other: Site) -> bool:
     """Whether ``site`` rather than ``other``, another spelling's match at the same place."""
     return (site.applicable, len(site.steps)) > (other.applicable, len(other.steps))
+
+
+def _report_only(site: Site) -> bool:
+    return site.flow is not None and bool(site.flow.report_only)
 
 
 def _same_instance(first: Site, second: Site) -> bool:

@@ -313,6 +313,15 @@ def check_renderable_callee(callee: Expr) -> Refusal | None:
 
 
 @check
+def check_expanded_by_a_call(site: Site) -> Refusal | None:
+    """An ``nn.Sequential`` whose elements no forward call expands has a flow of its own that
+    only reports its sites: which module the attribute holds is known at run time only."""
+    if site.flow is not None and site.flow.report_only:
+        return Refusal(site.flow.report_only)
+    return None
+
+
+@check
 def check_renderable_value(value: Expr) -> Refusal | None:
     if isinstance(value, Wildcard):
         return Refusal("a replacement cannot pass `_`")

@@ -42,6 +42,7 @@ from .checks import (
     check_construction_site,
     check_dropped_arguments,
     check_elements_lead,
+    check_expanded_by_a_call,
     check_feeds_later,
     check_final_outputs,
     check_fresh_name,
@@ -181,6 +182,7 @@ class Planner:
     def plan(self, site: Site) -> Plan:
         self.render.moved_calls = []
         self.render.var_text = {}
+        require(check_expanded_by_a_call(site))
         rule = site.rule
         init_replacement = rule.init.replacement if rule.init else None
         forward_replacement = rule.forward.replacement if rule.forward else None

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from adopter.kernels import conv_bn_act, group_norm_activation
+from adopter.kernels import conv_batch_norm, conv_bn_act, group_norm_activation
 from tests.kernels.conftest import assert_close, assert_traces_like_reference
 
 
@@ -201,6 +201,71 @@ def test_conv_bn_act_runs_the_original_for_unknown_parts():
     bn.eval()
     with torch.no_grad():
         assert torch.equal(conv_bn_act(x, conv, bn, Odd()), bn(conv(x)) * 2)
+
+
+@pytest.mark.parametrize("drop_name", ["identity", "eval_dropout"])
+def test_conv_bn_act_with_an_inactive_drop_folds(drop_name):
+    conv, bn = conv_pair()
+    conv.eval(), bn.eval()
+    drop = nn.Identity() if drop_name == "identity" else nn.Dropout(0.5).eval()
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        out = conv_bn_act(x, conv, bn, nn.ReLU(), drop=drop)
+        assert_close(out, F.relu(drop(bn(conv(x)))))
+    for train in (False, True):
+        conv.train(train), bn.train(train)
+        expected = run(lambda x: F.relu(drop(bn(conv(x)))), x, train, True)
+        got = run(lambda x: conv_bn_act(x, conv, bn, nn.ReLU(), drop=drop), x, train, True)
+        for a, b in zip(got, expected, strict=True):
+            assert torch.equal(a, b)
+
+
+def test_conv_bn_act_with_an_active_or_unknown_drop_runs_the_original():
+    class DropBlock(nn.Module):  # timm's DropBlock2d is not recognised: the original runs
+        def forward(self, x):
+            return x * 0.5
+
+    conv, bn = conv_pair()
+    conv.eval(), bn.eval()
+    x = torch.randn(1, 3, 4, 4)
+    with torch.no_grad():
+        block = DropBlock()
+        assert torch.equal(
+            conv_bn_act(x, conv, bn, nn.ReLU(), drop=block), F.relu(block(bn(conv(x))))
+        )
+        active = nn.Dropout(0.5).train()
+        torch.manual_seed(1)
+        out = conv_bn_act(x, conv, bn, nn.ReLU(), drop=active)
+        torch.manual_seed(1)
+        assert torch.equal(out, F.relu(active(bn(conv(x)))))
+
+
+@pytest.mark.parametrize("act", [nn.ReLU(inplace=True), nn.Identity(), nn.Hardswish()])
+def test_conv_batch_norm_folds_timm_batch_norm_act_with_its_activation(act):
+    # paper.7 takes timm's BatchNormAct2d too (apply_act=False leaves an nn.Identity)
+    conv, bn = conv_pair(act, timm=True)
+    conv.eval(), bn.eval()
+    x = torch.randn(2, 3, 6, 6)
+    with torch.no_grad():
+        assert_close(conv_batch_norm(x, conv, bn), bn(conv(x)))
+    for train in (False, True):
+        conv.train(train), bn.train(train)
+        expected = run(lambda x: bn(conv(x)), x, train, True)
+        for a, b in zip(run(lambda x: conv_batch_norm(x, conv, bn), x, train, True), expected):
+            assert torch.equal(a, b)
+
+
+def test_timm_trainable_norm_with_a_frozen_conv_runs_the_original():
+    conv, bn = conv_pair(nn.SiLU(inplace=True), timm=True)
+    conv.eval(), bn.eval()
+    conv.requires_grad_(False)
+    x = torch.randn(1, 3, 4, 4)
+    out = conv_bn_act(x, conv, bn)
+    out.sum().backward()  # no in-place activation on a tensor autograd still needs
+    grad = bn.weight.grad.clone()
+    bn.weight.grad = None
+    bn(conv(x)).sum().backward()
+    assert torch.equal(grad, bn.weight.grad)
 
 
 def test_timm_active_dropout_is_not_folded():
