@@ -12,9 +12,12 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 EXAMPLES = ("train_tiny_diffusers.py", "train_tiny_llama.py", "train_tiny_timm.py")
 
 
-def run_example(command: list[str], tmp_path: Path, name: str) -> tuple[dict, str]:
+def run_example(
+    command: list[str], tmp_path: Path, name: str, cache: Path | None = None
+) -> tuple[dict, str]:
     out = tmp_path / f"{name}.json"
-    env = dict(os.environ, ADOPTER_CACHE_DIR=str(tmp_path / "cache"), PYTHONWARNINGS="ignore")
+    cache = cache or tmp_path / "cache"
+    env = dict(os.environ, ADOPTER_CACHE_DIR=str(cache), PYTHONWARNINGS="ignore")
     done = subprocess.run(
         [*command, "--steps", "2", "--json", str(out)],
         cwd=REPOSITORY,
@@ -27,11 +30,17 @@ def run_example(command: list[str], tmp_path: Path, name: str) -> tuple[dict, st
     return json.loads(out.read_text()), done.stderr
 
 
-def compare_with_and_without_adopter(python: Path | str, example: str, tmp_path: Path) -> str:
+def compare_with_and_without_adopter(
+    python: Path | str, example: str, tmp_path: Path, cache: Path | None = None
+) -> str:
+    """``cache``: the runtime cache folder (default: one of this test's own, a first run)."""
     script = str(REPOSITORY / "examples" / example)
     plain, _ = run_example([str(python), script], tmp_path, "plain")
     adopted, log = run_example(
-        [str(python), "-m", "adopter", "run", "-v", "--", "python", script], tmp_path, "adopted"
+        [str(python), "-m", "adopter", "run", "-v", "--", "python", script],
+        tmp_path,
+        "adopted",
+        cache,
     )
     assert len(plain["losses"]) == len(adopted["losses"]) == 2
     for a, b in zip(plain["losses"], adopted["losses"]):
