@@ -92,7 +92,6 @@ from .source import (
     is_parallel_assignment,
     is_plain_assignment,
     is_tuple_unpacking,
-    is_unpacking,
     names_in,
     read_names,
 )
@@ -291,12 +290,6 @@ class Planner:
         deleted: list[ast.stmt] = []
         nested: list[FlowStep] = []
         matched_nodes = {id(step_expression(step)) for step in steps}
-        # ``first, second = torch.chunk(...)``: the call is gone with its statement when every
-        # element it is unpacked into is matched
-        unpacked: dict[int, int] = {}
-        for step in steps:
-            if step.kind == "getitem" and step.statement is not None:
-                unpacked[id(step.node)] = unpacked.get(id(step.node), 0) + 1
         for index, step in enumerate(steps):
             if index == final_index:
                 continue
@@ -305,10 +298,9 @@ class Planner:
             assert statement is not None
             if any(contains(value, node) for value in removed_values):
                 continue
-            # ``gate, up = proj(x).chunk(2, dim=-1)``: the halves are matched intermediates.
-            unpacking = is_unpacking(
-                statement, node, unpacked.get(id(node), 0)
-            ) or is_tuple_unpacking(statement, node)
+            # ``gate, up = proj(x).chunk(2, dim=-1)``: the halves are matched intermediates,
+            # and the statement goes when nothing else reads them (check_unpacked_reads).
+            unpacking = is_tuple_unpacking(statement, node)
             if unpacking:
                 require(check_unpacked_reads(function, statement, steps))
             if (

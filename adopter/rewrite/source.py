@@ -149,19 +149,6 @@ def is_parallel_assignment(statement: ast.stmt, value: ast.expr, matched: set[in
     return any(v is value for v in values.elts) and all(id(v) in matched for v in values.elts)
 
 
-def is_unpacking(statement: ast.stmt, value: ast.expr, matched_elements: int) -> bool:
-    """``first, second = value`` whose every element is a matched value."""
-    if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1):
-        return False
-    target = statement.targets[0]
-    return (
-        statement.value is value
-        and isinstance(target, ast.Tuple)
-        and all(isinstance(name, ast.Name) for name in target.elts)
-        and len(target.elts) == matched_elements
-    )
-
-
 def is_tuple_unpacking(statement: ast.stmt, value: ast.expr) -> bool:
     """``a, b = value``: one tuple (or list) of plain names bound to the value."""
     if not isinstance(statement, ast.Assign) or statement.value is not value:
