@@ -69,10 +69,8 @@ def summary_line(package: str, counts: Counter[str]) -> str:
         parts.append(f"{counts['unpatched']} module(s) left unpatched")
     if counts["partial"]:
         parts.append(f"{counts['partial']} module(s) with sites not patched")
-    more = (
-        " (adopter run -v says which and why)" if counts["unpatched"] or counts["partial"] else ""
-    )
-    return ", ".join(parts) + more
+    held_back = counts["unpatched"] or counts["partial"]
+    return ", ".join(parts) + (" (adopter run -v says which and why)" if held_back else "")
 
 
 def summarise() -> None:
