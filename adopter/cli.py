@@ -23,8 +23,8 @@ from .files import FileRefused, max_file_bytes
 from .match import Matcher
 from .match.report import json_records, sarif_log
 from .match.scan import collect_python_files, scan_paths
+from .models.factories import FACTORY_HELP, parse_factory
 from .rules import DEFAULT_RULE_SET, RULE_SETS, load_rule_set
-from .verify.factory_spec import FACTORY_HELP, parse_factory
 
 app = typer.Typer(
     help="Find (and patch) the places in deep-learning model source where optimized kernels fit.",

@@ -31,8 +31,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from ..models.factories import load_factory, parse_factory
 from .contain import die_with_parent
-from .factory_spec import load_factory, parse_factory
 from .sites import PER_ELEMENT
 
 __all__ = ["main"]
@@ -178,7 +178,7 @@ def _has_dropout(model: Any) -> bool:
     dropout-like configuration value (many models call ``F.dropout(x, p=self.dropout)``)."""
     from torch import nn
 
-    from .shrink import zero_dropout_dict
+    from ..models.transformers.shrink import zero_dropout_dict
 
     for module in model.modules():
         if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
@@ -371,6 +371,15 @@ def _check_transformers_class(
 ) -> dict[str, Any]:
     import torch
 
+    from ..models.transformers.hf import (
+        build_config,
+        layout_fix,
+        make_inputs,
+        recipes,
+        size_fixes,
+        split_fixes,
+        token_id_fixes,
+    )
     from .differential import (
         ModelSource,
         ModeOutcome,
@@ -380,15 +389,6 @@ def _check_transformers_class(
         pristine_copies,
         snapshot_state,
         zero_dropout_modules,
-    )
-    from .hf import (
-        build_config,
-        layout_fix,
-        make_inputs,
-        recipes,
-        size_fixes,
-        split_fixes,
-        token_id_fixes,
     )
     from .results import NOT_CHECKABLE, REFUTED, ClassVerification
 
@@ -895,8 +895,8 @@ def _documented_values(doc: str) -> dict[str, list[str]]:
 def run_transformers_job(job: dict[str, Any], writer: ResultWriter) -> None:
     """Import both sides, choose the classes and check them one by one; then, while a patched
     site has not run, try other classes and configurations that may reach it."""
+    from ..models.transformers.hf import find_model_classes, select_classes
     from .coverage import SiteRecorder
-    from .hf import find_model_classes, select_classes
     from .results import NOT_CHECKABLE, ClassVerification
     from .sites import PatchedSite
 
@@ -980,7 +980,7 @@ def run_transformers_job(job: dict[str, Any], writer: ResultWriter) -> None:
 
 def _resolve_factory(spec: str, alias: str) -> tuple[Any, ModuleType]:
     """``module:function`` or ``path/to/file.py:function`` -> (function, module); the syntax is
-    :func:`adopter.verify.factory_spec.parse_factory`'s, shared with ``adopter bench``."""
+    :func:`adopter.models.factories.parse_factory`'s, shared with ``adopter bench``."""
     return load_factory(parse_factory(spec), alias)
 
 

@@ -15,7 +15,7 @@ from adopter.bench.measure import MemoryStats, _summarise
 from adopter.bench.report import noise_warnings, render_table
 from adopter.bench.results import BenchResult, ModeResult, Speedup, TimingStats
 from adopter.cli import app
-from adopter.verify.factory_spec import FACTORY_HELP, FactoryRef, parse_factory
+from adopter.models.factories import FACTORY_HELP, FactoryRef, parse_factory
 from adopter.verify.worker import _resolve_factory
 
 try:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from adopter.verify.config_repair import construct_repaired, error_text, shrunk_paths
+from adopter.models.transformers.config_repair import construct_repaired, error_text, shrunk_paths
 
 DEFAULTS: dict[str, Any] = {
     "hidden_size": 512,

@@ -24,10 +24,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .config_names import DROPOUT_NAME
-from .config_names import LAYER_COUNT_NAME as _LAYER_COUNT
-from .config_names import LAYER_LIST_NAME as _LAYER_LISTS
-from .config_names import is_sub_config as _is_sub_config
+from ..config_names import DROPOUT_NAME
+from ..config_names import LAYER_COUNT_NAME as _LAYER_COUNT
+from ..config_names import LAYER_LIST_NAME as _LAYER_LISTS
+from ..config_names import is_sub_config as _is_sub_config
 
 __all__ = [
     "DROPOUT_NAME",
@@ -120,7 +120,7 @@ SHRINK_SETTINGS: tuple[ShrinkSetting | None, ...] = (
 )
 
 # Exact names and suffixes; ``_shrink_value`` tries them in a fixed order, first match decides.
-# (Layer counts and dropout names are shared with ``bench``: :mod:`adopter.verify.config_names`.)
+# (Layer counts and dropout names are shared with ``bench``: :mod:`adopter.models.config_names`.)
 _HEAD_COUNT = re.compile(
     r"^(n_heads?|num_heads|num_attention_heads|num_.*_heads|.*_attention_heads|.*_n_heads|"
     r"n_.*_heads)$"

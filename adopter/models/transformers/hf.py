@@ -2,9 +2,9 @@
 
 A modeling file names everything needed: its ``PreTrainedModel`` subclasses carry
 ``config_class`` (build a configuration, shrink it by attribute names, see
-:mod:`adopter.verify.shrink`) and ``main_input_name``; their ``forward`` signatures say which
-inputs exist. This module turns that into models and seeded inputs. It imports torch and is only
-ever imported inside the worker subprocess.
+:mod:`adopter.models.transformers.shrink`) and ``main_input_name``; their ``forward``
+signatures say which inputs exist. This module turns that into models and seeded inputs. It
+imports torch and is only ever imported inside the worker subprocess.
 """
 
 from __future__ import annotations
