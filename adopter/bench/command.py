@@ -58,8 +58,8 @@ from ..models.config_names import (
     is_sub_config,
 )
 from ..models.factories import make_importable, parse_factory
+from ..models.loading import load_sibling
 from ..rewrite import ApplyResult, FileRewrite, SiteStatus, rewrite_text
-from ..verify.worker import load_sibling
 from .measure import (
     MODES,
     RSS_RESOLUTION,

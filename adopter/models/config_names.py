@@ -24,6 +24,7 @@ __all__ = [
     "STACK_DEPTH_LIST_NAMES",
     "STACK_DEPTH_NAMES",
     "is_sub_config",
+    "zero_dropout_dict",
 ]
 
 
@@ -79,3 +80,25 @@ ATTENTION_DROPOUT_NAME = re.compile(
 to take their fast path in training)."""
 SHARED_DROPOUT_NAMES = frozenset({"dropout_rate"})
 """One rate for attention and everything else (T5), where there is no attention-only rate."""
+
+
+def zero_dropout_dict(config: dict[str, Any]) -> dict[str, Any]:
+    """Overrides that set every dropout-like probability (and LayerDrop) in ``config`` to 0.
+
+    Train mode with all dropout at 0 makes a training-time forward deterministic, so it can be
+    compared exactly while still running every ``self.training`` branch of the model.
+    """
+    overrides: dict[str, Any] = {}
+    for key, value in config.items():
+        if is_sub_config(key, value):
+            nested = zero_dropout_dict(value)
+            if nested:
+                overrides[key] = {**value, **nested}
+        elif (
+            isinstance(key, str)
+            and DROPOUT_NAME.search(key)
+            and isinstance(value, float)
+            and value != 0.0
+        ):
+            overrides[key] = 0.0
+    return overrides

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..config_names import DROPOUT_NAME
+from ..config_names import DROPOUT_NAME, zero_dropout_dict
 from ..config_names import LAYER_COUNT_NAME as _LAYER_COUNT
 from ..config_names import LAYER_LIST_NAME as _LAYER_LISTS
 from ..config_names import is_sub_config as _is_sub_config
@@ -843,25 +843,3 @@ def _clamp_token_id(value: Any, vocab: int) -> Any:
     if isinstance(value, list):
         return [_clamp_token_id(v, vocab) for v in value]
     return value
-
-
-def zero_dropout_dict(config: dict[str, Any]) -> dict[str, Any]:
-    """Overrides that set every dropout-like probability (and LayerDrop) in ``config`` to 0.
-
-    Train mode with all dropout at 0 makes a training-time forward deterministic, so it can be
-    compared exactly while still running every ``self.training`` branch of the model.
-    """
-    overrides: dict[str, Any] = {}
-    for key, value in config.items():
-        if _is_sub_config(key, value):
-            nested = zero_dropout_dict(value)
-            if nested:
-                overrides[key] = {**value, **nested}
-        elif (
-            isinstance(key, str)
-            and DROPOUT_NAME.search(key)
-            and isinstance(value, float)
-            and value != 0.0
-        ):
-            overrides[key] = 0.0
-    return overrides
