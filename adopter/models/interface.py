@@ -31,6 +31,7 @@ __all__ = [
     "BUILD_FAILED",
     "DEFAULT_ADAPTER",
     "PER_ELEMENT",
+    "WORKER_ENVIRONMENT",
     "BuildSettings",
     "Subject",
     "Unbuildable",
@@ -44,6 +45,14 @@ of a per-layer list (``config.layer_types[i] == "sparse"``): the field name with
 
 BUILD_FAILED = "could not build and run the original model"
 """How an :class:`Unbuildable` reason starts when no recipe gave a model that runs."""
+
+WORKER_ENVIRONMENT = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+"""Environment defaults of verify's worker for the adapters' libraries: no downloads (a check
+builds models from configurations, never from a hub), no tokenizer threads."""
 
 # The library whose conventions a modeling file outside any known package is read by.
 DEFAULT_ADAPTER = "adopter.models.transformers"

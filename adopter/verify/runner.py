@@ -6,7 +6,7 @@ interpreter or poison global state, and a verify run must survive all of that an
 started in its own session and with a mark in its environment, so that when it ends - done,
 crashed or timed out - everything it started is killed with it, including processes that left
 its session (see :mod:`adopter.verify.contain`).
-Several files go to one worker in a batch (importing torch and transformers takes seconds, the
+Several files go to one worker in a batch (importing torch and a model library takes seconds, the
 check of a shrunk model a fraction of that); each file still has its own timeout.
 
 Where the batches run is an :class:`~adopter.executor.Executor`'s business: the default runs them
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..executor import Executor, LocalExecutor, Task, TaskResult
-from ..models.interface import adapter_for
+from ..models.interface import WORKER_ENVIRONMENT, adapter_for
 from .contain import MARK_VARIABLE, PARENT_VARIABLE, end_worker, new_mark, resident_bytes
 from .job import FACTORY, FILE, WorkerJob
 from .options import VerifyOptions
@@ -69,9 +69,9 @@ def module_name_for(path: Path) -> tuple[str, Path]:
     """The dotted module name of ``path`` and the directory it is importable from.
 
     Walks up while the directory is a package (has ``__init__.py``): for
-    ``.../site-packages/transformers/models/bert/modeling_bert.py`` and equally for the unpacked
-    wheel ``.cache/corpus/4.34.0/transformers/models/bert/modeling_bert.py`` this gives
-    ``transformers.models.bert.modeling_bert``; the worker then imports the installed package of
+    ``.../site-packages/<library>/models/bert/modeling_bert.py`` and equally for the unpacked
+    wheel ``.cache/corpus/<version>/<library>/models/bert/modeling_bert.py`` this gives
+    ``<library>.models.bert.modeling_bert``; the worker then imports the installed package of
     that name (and only falls back to the given directory when nothing is installed).
     """
     path = path.resolve()
@@ -106,9 +106,8 @@ def _worker_env(mark: str) -> dict[str, str]:
     adopter_root = str(Path(__file__).resolve().parents[2])
     existing = env.get("PYTHONPATH")
     env["PYTHONPATH"] = adopter_root + (os.pathsep + existing if existing else "")
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for name, value in WORKER_ENVIRONMENT.items():  # what the adapters' libraries read
+        env.setdefault(name, value)
     env.setdefault("PYTHONHASHSEED", "0")
     env["OMP_NUM_THREADS"] = "1"  # see the worker: tiny models run fastest on one thread
     return env
