@@ -23,8 +23,8 @@ from .files import FileRefused, max_file_bytes
 from .match import Matcher
 from .match.report import json_records, sarif_log
 from .match.scan import collect_python_files, scan_paths
+from .models.factories import FACTORY_HELP, parse_factory
 from .rules import DEFAULT_RULE_SET, RULE_SETS, load_rule_set
-from .verify.factory_spec import FACTORY_HELP, parse_factory
 
 app = typer.Typer(
     help="Find (and patch) the places in deep-learning model source where optimized kernels fit.",
@@ -759,16 +759,15 @@ def verify_command(
     patched file is not verified), 2 on bad input.
     """
     from .rewrite import rewrite_paths
-    from .verify import PatchedFile, verify_factories, verify_patched_files
+    from .verify import PatchedFile, VerifyOptions, verify_factories, verify_patched_files
     from .verify.report import class_row, unchanged_row, verification_rows
     from .verify.results import REFUTED
 
     if output_format not in ("table", "json", "jsonl"):
         raise _fail(f"--format {output_format!r}: use table, json or jsonl")
     mode_list = _comma_list(modes, "--modes")
-    limit = memory_limit * 1024**3 if memory_limit else None
-    try:  # checks the options (modes, timeout) before any work; verifies nothing
-        verify_patched_files([], timeout=timeout, modes=mode_list, memory_limit=limit)
+    try:  # checks the options (modes, timeout) before any work
+        options = VerifyOptions.of(timeout=timeout, modes=mode_list, memory_limit_gib=memory_limit)
     except ValueError as error:
         raise _fail(str(error)) from None
     wanted = [c.strip() for c in classes.split(",")] if classes else None
@@ -779,13 +778,7 @@ def verify_command(
         _check_factory("--factory", factory)
         _check_factory("--patched-factory", patched_factory)
         with _open_executor(executor_spec, jobs, runtime_env) as executor:
-            (verdict,) = verify_factories(
-                [(factory, patched_factory)],
-                timeout=timeout,
-                modes=mode_list,
-                memory_limit=limit,
-                executor=executor,
-            )
+            (verdict,) = verify_factories([(factory, patched_factory)], options, executor=executor)
         rows.append({**class_row(factory, verdict), "kind": "file"})
         if output_format == "jsonl":
             _print_rows(rows)
@@ -805,14 +798,7 @@ def verify_command(
         watched = _stderr().is_terminal or executor_spec != "local" or (jobs or 1) > 1
         heard = _verdict_stream(items, output_format, watched)
         with _open_executor(executor_spec, jobs, runtime_env) as executor:
-            verdicts = verify_patched_files(
-                items,
-                timeout=timeout,
-                modes=mode_list,
-                memory_limit=limit,
-                executor=executor,
-                on_result=heard,
-            )
+            verdicts = verify_patched_files(items, options, executor=executor, on_result=heard)
         for item, verification in zip(items, verdicts, strict=True):
             rows += verification_rows(item.original_path, verification)
         if result.errors:

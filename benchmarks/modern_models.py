@@ -44,8 +44,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from adopter.bench.command import patch_text, patched_source_file  # noqa: E402
+from adopter.models.loading import load_sibling  # noqa: E402
 from adopter.rules import RULE_SETS, load_rule_set  # noqa: E402
-from adopter.verify.worker import load_sibling  # noqa: E402
 
 PACKAGES = ("timm", "diffusers", "transformers")
 """Library code the rules rewrite; everything else (torch, adopter) is left alone."""

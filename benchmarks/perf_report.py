@@ -161,7 +161,7 @@ class Settings:
 
 def quick_overrides(name: str) -> dict[str, Any]:
     """Tiny configuration for ``--quick`` (shrunk generically, as adopter verify does)."""
-    from adopter.verify.shrink import SHRINK_SETTINGS, shrink_config_dict
+    from adopter.models.transformers.shrink import SHRINK_SETTINGS, shrink_config_dict
 
     return shrink_config_dict(_config_class(name)().to_dict(), SHRINK_SETTINGS[0])
 

@@ -31,7 +31,7 @@ from adopter.executor import EXECUTOR_HELP, make_executor  # noqa: E402
 from adopter.match import Matcher  # noqa: E402
 from adopter.rewrite import rewrite_text  # noqa: E402
 from adopter.rules import load_rule_set  # noqa: E402
-from adopter.verify import PatchedFile, verify_patched_files  # noqa: E402
+from adopter.verify import PatchedFile, VerifyOptions, verify_patched_files  # noqa: E402
 from adopter.verify.gate import file_status  # noqa: E402
 
 
@@ -111,8 +111,7 @@ def main() -> int:
     with make_executor(args.executor, workers=args.jobs) as executor:
         verify_patched_files(
             [item for _, item, _ in items],
-            timeout=args.timeout,
-            max_heads=args.heads,
+            VerifyOptions(timeout=args.timeout, max_heads=args.heads),
             executor=executor,
             on_result=heard,
         )

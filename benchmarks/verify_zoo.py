@@ -45,7 +45,12 @@ from adopter.corpus import fetch_wheel  # noqa: E402
 from adopter.executor import EXECUTOR_HELP, Executor, make_executor  # noqa: E402
 from adopter.rewrite import rewrite_paths  # noqa: E402
 from adopter.rules import load_rule_set  # noqa: E402
-from adopter.verify import FileVerification, PatchedFile, verify_patched_files  # noqa: E402
+from adopter.verify import (  # noqa: E402
+    FileVerification,
+    PatchedFile,
+    VerifyOptions,
+    verify_patched_files,
+)
 from adopter.verify.report import verification_rows  # noqa: E402
 
 EAGER = """\
@@ -123,9 +128,7 @@ def verify_zoo(
     started = time.perf_counter()
     verdicts = verify_patched_files(
         items,
-        timeout=timeout,
-        python=python,
-        memory_limit=memory_limit,
+        VerifyOptions(timeout=timeout, python=python, memory_limit=memory_limit),
         executor=executor,
         on_result=heard,
     )

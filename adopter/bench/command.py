@@ -49,8 +49,7 @@ from torch import nn
 
 from ..dsl.syntax import Rule
 from ..match.matcher import Matcher
-from ..rewrite import ApplyResult, FileRewrite, SiteStatus, rewrite_text
-from ..verify.config_names import (
+from ..models.config_names import (
     ATTENTION_DROPOUT_NAME,
     DROPOUT_NAME,
     SHARED_DROPOUT_NAMES,
@@ -58,8 +57,9 @@ from ..verify.config_names import (
     STACK_DEPTH_NAMES,
     is_sub_config,
 )
-from ..verify.factory_spec import make_importable, parse_factory
-from ..verify.worker import load_sibling
+from ..models.factories import make_importable, parse_factory
+from ..models.loading import load_sibling
+from ..rewrite import ApplyResult, FileRewrite, SiteStatus, rewrite_text
 from .measure import (
     MODES,
     RSS_RESOLUTION,
@@ -104,7 +104,7 @@ DROPOUT_MODES = ("config", "no-attention", "none")
 fused-attention kernels then take their fast path in training too; other dropout stays). Where
 a configuration has no separate attention-dropout setting (T5's ``dropout_rate`` covers every
 dropout) that shared rate is set to 0. ``none``: every dropout probability set to 0, drop path
-and LayerDrop included (the names :data:`adopter.verify.config_names.DROPOUT_NAME` matches):
+and LayerDrop included (the names :data:`adopter.models.config_names.DROPOUT_NAME` matches):
 a step that skips a random set of layers does a different amount of work in every variant.
 """
 
@@ -439,10 +439,11 @@ def make_bench_inputs(
     (77 tokens). ``use_cache=False`` where accepted (training does not keep a KV cache) and
     ``return_loss=True`` for contrastive models (their real training loss).
 
-    Deliberately not :func:`adopter.verify.hf.make_inputs`: that one builds a *test* for a shrunk
-    model - 7 tokens, the second sequence's last two masked out so that mask handling runs,
-    special tokens kept out of the ids, every input modality the signature accepts, audio and
-    video inputs, ``output_hidden_states=True`` so that a difference can be traced to a layer.
+    Deliberately not :func:`adopter.models.transformers.hf.make_inputs`: that one builds a
+    *test* for a shrunk model - 7 tokens, the second sequence's last two masked out so that mask
+    handling runs, special tokens kept out of the ids, every input modality the signature accepts,
+    audio and video inputs, ``output_hidden_states=True`` so that a difference can be traced to a
+    layer.
     A benchmark needs the *workload* instead: the sizes asked for, no padding, only the inputs a
     training or inference step takes (every layer's hidden states would add time and memory
     that no real step spends) and the model's own loss. Both draw from a seeded generator.
@@ -573,7 +574,7 @@ def build_from_factory(spec: FactoryBuild) -> tuple[nn.Module, Any]:
 def _factory_target(spec: str) -> tuple[FactoryBuild, Path]:
     """What builds the original from a factory spec, and the file holding the factory.
 
-    The syntax is :func:`adopter.verify.factory_spec.parse_factory`'s (shared with ``verify``).
+    The syntax is :func:`adopter.models.factories.parse_factory`'s (shared with ``verify``).
     A module name is imported with the current folder on ``sys.path``; a file is run under a
     name of its own (so ``code.py:build`` never picks up the standard library's ``code``), with
     its folder on ``sys.path`` for its own imports (the memory-probe child, which inherits

@@ -166,8 +166,8 @@ class ModelVariant:
 
 def resolve_factory(spec: str) -> Factory:
     """Import ``"package.module:function"`` or ``"path/to/file.py:function"`` (the syntax of
-    :func:`adopter.verify.factory_spec.parse_factory`; the function may be a dotted path)."""
-    from ..verify.factory_spec import load_factory, parse_factory
+    :func:`adopter.models.factories.parse_factory`; the function may be a dotted path)."""
+    from ..models.factories import load_factory, parse_factory
 
     ref = parse_factory(spec)
     alias = f"_adopter_factory_{Path(ref.path).stem}" if ref.path else ""

@@ -1,6 +1,6 @@
 """Differential testing of patched model code: prove every patch before it is kept.
 
-``verify_patched_file`` builds each model class of a patched transformers modeling file twice -
+``verify_patched_file`` builds each model class of a patched modeling file twice -
 from the original source and from the patched source - with the same small configuration, loads
 the original's ``state_dict`` strictly into the patched model, feeds both the same seeded inputs
 and compares outputs, parameter gradients and buffers in eval mode and in train mode. The
@@ -13,6 +13,7 @@ Importing this package imports neither torch nor the code under test: all of tha
 worker subprocess (:mod:`adopter.verify.worker`) under a timeout.
 """
 
+from .options import VerifyOptions
 from .results import (
     NOT_CHECKABLE,
     NOT_EXERCISED,
@@ -44,6 +45,7 @@ __all__ = [
     "PatchedSite",
     "SiteCoverage",
     "Status",
+    "VerifyOptions",
     "find_sites",
     "module_name_for",
     "verify_factories",

@@ -38,9 +38,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..models.config_names import DROPOUT_NAME
 from .compare import Difference, RefereeFigures, Tolerance, compare_values, referee_value
 from .results import NOT_CHECKABLE, REFUTED, VERIFIED, ClassVerification
-from .shrink import DROPOUT_NAME
 
 __all__ = [
     "ModeOutcome",

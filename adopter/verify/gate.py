@@ -12,6 +12,7 @@ from ..dsl.syntax import Rule
 from ..match.matcher import Matcher
 from ..rewrite.apply import FileRewrite
 from ..rewrite.driver import ApplyResult, rewrite_text
+from .options import VerifyOptions
 from .results import NOT_EXERCISED, REFUTED, VERIFIED, FileVerification
 from .runner import PatchedFile, verify_patched_files
 
@@ -42,7 +43,8 @@ class GatedFile:
 
 def _verify(items: Sequence[tuple[str, str]], timeout: float, modes: Sequence[str], heads: int):
     files = [PatchedFile(path, text) for path, text in items]
-    return verify_patched_files(files, timeout=timeout, modes=modes, max_heads=heads)
+    options = VerifyOptions(modes=tuple(modes), max_heads=heads, timeout=timeout)
+    return verify_patched_files(files, options)
 
 
 def gate_rewrites(

@@ -6,7 +6,7 @@ interpreter or poison global state, and a verify run must survive all of that an
 started in its own session and with a mark in its environment, so that when it ends - done,
 crashed or timed out - everything it started is killed with it, including processes that left
 its session (see :mod:`adopter.verify.contain`).
-Several files go to one worker in a batch (importing torch and transformers takes seconds, the
+Several files go to one worker in a batch (importing torch and a model library takes seconds, the
 check of a shrunk model a fraction of that); each file still has its own timeout.
 
 Where the batches run is an :class:`~adopter.executor.Executor`'s business: the default runs them
@@ -26,12 +26,15 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..executor import Executor, LocalExecutor, Task, TaskResult
+from ..models.interface import WORKER_ENVIRONMENT, adapter_for
 from .contain import MARK_VARIABLE, PARENT_VARIABLE, end_worker, new_mark, resident_bytes
+from .job import FACTORY, FILE, WorkerJob
+from .options import VerifyOptions
 from .results import (
     NOT_CHECKABLE,
     NOT_EXERCISED,
@@ -44,6 +47,7 @@ from .sites import PatchedSite, find_sites
 
 __all__ = [
     "PatchedFile",
+    "VerifyOptions",
     "VerifyJob",
     "module_name_for",
     "run_verify_jobs",
@@ -53,8 +57,6 @@ __all__ = [
     "verify_patched_files",
 ]
 
-_MODES = ("eval", "train")
-_DTYPES = ("float32", "float64", "float16", "bfloat16")
 _OUTPUT_TAIL = 2000
 _POLL_SECONDS = 0.05
 _MEMORY_POLL_SECONDS = 0.5
@@ -67,9 +69,9 @@ def module_name_for(path: Path) -> tuple[str, Path]:
     """The dotted module name of ``path`` and the directory it is importable from.
 
     Walks up while the directory is a package (has ``__init__.py``): for
-    ``.../site-packages/transformers/models/bert/modeling_bert.py`` and equally for the unpacked
-    wheel ``.cache/corpus/4.34.0/transformers/models/bert/modeling_bert.py`` this gives
-    ``transformers.models.bert.modeling_bert``; the worker then imports the installed package of
+    ``.../site-packages/<library>/models/bert/modeling_bert.py`` and equally for the unpacked
+    wheel ``.cache/corpus/<version>/<library>/models/bert/modeling_bert.py`` this gives
+    ``<library>.models.bert.modeling_bert``; the worker then imports the installed package of
     that name (and only falls back to the given directory when nothing is installed).
     """
     path = path.resolve()
@@ -95,22 +97,6 @@ def _root_for(path: Path, module_name: str) -> Path | None:
     return root
 
 
-def _check_options(
-    modes: Sequence[str], dtype: str, timeout: float, memory_limit: float | None = None
-) -> list[str]:
-    chosen = list(dict.fromkeys(modes))
-    unknown = [m for m in chosen if m not in _MODES]
-    if unknown or not chosen:
-        raise ValueError(f"modes must be a non-empty subset of {_MODES}, got {tuple(modes)}")
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
-    if timeout <= 0:
-        raise ValueError("timeout must be positive")
-    if memory_limit is not None and memory_limit <= 0:
-        raise ValueError("memory limit must be positive")
-    return chosen
-
-
 def _worker_env(mark: str) -> dict[str, str]:
     """The worker's environment: this ``adopter`` importable, hubs offline, no stray threads,
     and the mark that finds every process the worker starts."""
@@ -120,9 +106,8 @@ def _worker_env(mark: str) -> dict[str, str]:
     adopter_root = str(Path(__file__).resolve().parents[2])
     existing = env.get("PYTHONPATH")
     env["PYTHONPATH"] = adopter_root + (os.pathsep + existing if existing else "")
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for name, value in WORKER_ENVIRONMENT.items():  # what the adapters' libraries read
+        env.setdefault(name, value)
     env.setdefault("PYTHONHASHSEED", "0")
     env["OMP_NUM_THREADS"] = "1"  # see the worker: tiny models run fastest on one thread
     return env
@@ -163,7 +148,7 @@ class _JobOutcome:
 
 
 def _iter_batch(
-    jobs: list[dict[str, Any]],
+    jobs: list[WorkerJob],
     workdir: Path,
     timeout: float,
     python: str | None,
@@ -183,70 +168,109 @@ def _iter_batch(
     Whatever ends this generator early - ``stop`` set, ``KeyboardInterrupt`` (also the one
     ``ray.cancel`` raises), the caller closing it - kills the worker and all it started.
     """
-    for index, job in enumerate(jobs):
-        job["tag"] = index
-        job["result_path"] = str(workdir / f"result-{index}.json")
+    jobs = [
+        replace(job, tag=index, result_path=str(workdir / f"result-{index}.json"))
+        for index, job in enumerate(jobs)
+    ]
     done = 0
     launch = 0
     while done < len(jobs):
-        batch_path = workdir / f"batch-{launch}.json"
         log_path = workdir / f"worker-{launch}.log"
-        batch_path.write_text(json.dumps({"jobs": jobs[done:]}, indent=1), encoding="utf-8")
-        command = [python or sys.executable, "-m", "adopter.verify.worker", str(batch_path)]
         mark = new_mark()
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                command,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=_worker_env(mark),
-                start_new_session=True,
-            )
-        clock, trouble = time.monotonic(), None
-        weighed = clock
+        batch_path = workdir / f"batch-{launch}.json"
+        process = _start_worker(jobs[done:], batch_path, log_path, mark, python)
+        watch = _Watch(process, mark, timeout, memory_limit, stop)
         try:
-            while True:
-                returncode = process.poll()
-                while done < len(jobs):
-                    result_path = Path(jobs[done]["result_path"])
-                    if not _is_done(result_path):
-                        break
-                    now = time.monotonic()
-                    yield _JobOutcome(_read_result(result_path), None, now - clock)
-                    done, clock = done + 1, now
-                if returncode is not None or done == len(jobs):
-                    break
-                now = time.monotonic()
-                if stop is not None and stop.is_set():
-                    return
-                if now - clock > timeout:
-                    trouble = f"timed out after {timeout:g} s"
-                    break
-                if memory_limit and now - weighed > _MEMORY_POLL_SECONDS:
-                    weighed = now
-                    resident = resident_bytes(process.pid, mark)
-                    if resident > memory_limit:
-                        trouble = (
-                            f"exceeded the memory limit of {memory_limit / _GIB:.2f} GiB "
-                            f"({resident / _GIB:.2f} GiB resident)"
-                        )
-                        break
-                time.sleep(_POLL_SECONDS)
+            for outcome in watch.outcomes(jobs, done):
+                done += 1
+                yield outcome
         finally:
             _end(process, mark)  # what the model code left running goes too
+        if watch.stopped:
+            return
         if done < len(jobs):
+            trouble = watch.trouble
             if trouble is None:
                 output = log_path.read_text(encoding="utf-8", errors="replace")
                 trouble = f"the worker exited with code {process.returncode}: {_tail(output)}"
-            result = _read_result(Path(jobs[done]["result_path"]))
-            yield _JobOutcome(result, trouble, time.monotonic() - clock)
+            result = _read_result(Path(jobs[done].result_path))
+            yield _JobOutcome(result, trouble, time.monotonic() - watch.clock)
             done += 1
         launch += 1
 
 
+def _start_worker(
+    jobs: list[WorkerJob], batch_path: Path, log_path: Path, mark: str, python: str | None
+) -> subprocess.Popen[bytes]:
+    """A worker for ``jobs``, in its own session, its output in ``log_path``."""
+    batch = {"jobs": [job.to_json() for job in jobs]}
+    batch_path.write_text(json.dumps(batch, indent=1), encoding="utf-8")
+    command = [python or sys.executable, "-m", "adopter.verify.worker", str(batch_path)]
+    with log_path.open("wb") as log:
+        return subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=_worker_env(mark),
+            start_new_session=True,
+        )
+
+
+class _Watch:
+    """Watches one worker: yields each job's outcome as its result file says it is done, and
+    stops at the worker's end, a timeout, the memory limit or ``stop`` (``trouble`` then says
+    why, ``stopped`` whether ``stop`` ended it)."""
+
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        mark: str,
+        timeout: float,
+        memory_limit: int | None,
+        stop: threading.Event | None,
+    ) -> None:
+        self.process, self.mark, self.timeout = process, mark, timeout
+        self.memory_limit, self.stop = memory_limit, stop
+        self.clock = self.weighed = time.monotonic()
+        self.trouble: str | None = None
+        self.stopped = False
+
+    def outcomes(self, jobs: list[WorkerJob], done: int) -> Iterator[_JobOutcome]:
+        while True:
+            returncode = self.process.poll()
+            while done < len(jobs) and _is_done(Path(jobs[done].result_path)):
+                now = time.monotonic()
+                result = _read_result(Path(jobs[done].result_path))
+                yield _JobOutcome(result, None, now - self.clock)
+                done, self.clock = done + 1, now
+            if returncode is not None or done == len(jobs):
+                return
+            if self.stop is not None and self.stop.is_set():
+                self.stopped = True
+                return
+            self.trouble = self._trouble(time.monotonic())
+            if self.trouble is not None:
+                return
+            time.sleep(_POLL_SECONDS)
+
+    def _trouble(self, now: float) -> str | None:
+        """Why the worker must stop now: its job timed out or it holds too much memory."""
+        if now - self.clock > self.timeout:
+            return f"timed out after {self.timeout:g} s"
+        if self.memory_limit and now - self.weighed > _MEMORY_POLL_SECONDS:
+            self.weighed = now
+            resident = resident_bytes(self.process.pid, self.mark)
+            if resident > self.memory_limit:
+                return (
+                    f"exceeded the memory limit of {self.memory_limit / _GIB:.2f} GiB "
+                    f"({resident / _GIB:.2f} GiB resident)"
+                )
+        return None
+
+
 def _run_batch(
-    jobs: list[dict[str, Any]], workdir: Path, timeout: float, python: str | None
+    jobs: list[WorkerJob], workdir: Path, timeout: float, python: str | None
 ) -> list[_JobOutcome]:
     """Every outcome of :func:`_iter_batch`, in order."""
     return list(_iter_batch(jobs, workdir, timeout, python))
@@ -271,19 +295,8 @@ def _file_verification(
         ]
         return FileVerification(path, classes, error=trouble or "no result", seconds=seconds)
     classes = [ClassVerification.from_json(c) for c in result.get("classes", [])]
-    done = {c.label for c in classes}
     planned = result.get("planned") or requested or []
-    current = result.get("current")
-    for name in planned:
-        if name in done:
-            continue
-        if trouble is None:
-            reason = "the worker stopped before checking it"
-        elif name == current:
-            reason = f"{trouble} while checking it"
-        else:
-            reason = f"{trouble} before it was checked"
-        classes.append(ClassVerification(name, NOT_CHECKABLE, reason))
+    classes += _unfinished(planned, {c.label for c in classes}, result.get("current"), trouble)
     error = result.get("error")
     if trouble is not None and not planned:
         error = f"{error}; {trouble}" if error else trouble
@@ -297,6 +310,25 @@ def _file_verification(
         seconds=seconds,
         sites=site_coverage(sites, classes),
     )
+
+
+def _unfinished(
+    planned: list[str], done: set[str], current: str | None, trouble: str | None
+) -> list[ClassVerification]:
+    """The planned classes without a verdict, not checkable with the reason the worker
+    stopped."""
+    missing = []
+    for name in planned:
+        if name in done:
+            continue
+        if trouble is None:
+            reason = "the worker stopped before checking it"
+        elif name == current:
+            reason = f"{trouble} while checking it"
+        else:
+            reason = f"{trouble} before it was checked"
+        missing.append(ClassVerification(name, NOT_CHECKABLE, reason))
+    return missing
 
 
 @dataclass
@@ -317,7 +349,7 @@ class PatchedFile:
 class VerifyJob:
     """One file (or factory pair) to verify, with everything a machine needs to do it.
 
-    ``worker_job`` is the worker's JSON job less what only the running machine knows (its tag,
+    ``worker_job`` is the worker's job less what only the running machine knows (its tag,
     result and patched paths). The patched text and the original's text travel here, so a
     machine without the caller's files (a Ray node) writes its own copies; a machine that has
     the original file with the same text uses it in place, exactly as without an executor.
@@ -325,31 +357,40 @@ class VerifyJob:
     """
 
     label: str
-    worker_job: dict[str, Any]
+    worker_job: WorkerJob
     requested: list[str] | None
-    timeout: float
-    python: str | None = None
-    memory_limit: int | None = None
     patched_source: str | None = None
     original_text: str | None = None
 
+    @property
+    def timeout(self) -> float:
+        return self.worker_job.options.timeout
 
-def _materialize(job: VerifyJob, scratch: Path, index: int) -> dict[str, Any]:
+    @property
+    def python(self) -> str | None:
+        return self.worker_job.options.python
+
+    @property
+    def memory_limit(self) -> int | None:
+        return self.worker_job.options.memory_limit
+
+
+def _materialize(job: VerifyJob, scratch: Path, index: int) -> WorkerJob:
     """The worker's job for ``job`` on this machine, its files written under ``scratch``."""
-    worker_job = dict(job.worker_job)
+    worker_job = job.worker_job
     if job.patched_source is None:
         return worker_job
     folder = scratch / f"patched-{index}"
     folder.mkdir(parents=True)
-    original = Path(worker_job["original_path"])
+    original = Path(worker_job.original_path)
     patched_path = folder / original.name
     patched_path.write_text(job.patched_source, encoding="utf-8")
-    worker_job["patched_path"] = str(patched_path)
+    worker_job = replace(worker_job, patched_path=str(patched_path))
     if job.original_text is not None and _text_of(original) != job.original_text:
         copy = scratch / f"original-{index}" / original.name  # not here, or not the same text
         copy.parent.mkdir(parents=True)
         copy.write_text(job.original_text, encoding="utf-8")
-        worker_job["original_path"] = str(copy)
+        worker_job = replace(worker_job, original_path=str(copy))
     return worker_job
 
 
@@ -385,51 +426,39 @@ def run_verify_jobs(
         try:
             for job, outcome in zip(jobs, outcomes):
                 verdict = _file_verification(Path(job.label), outcome, job.requested)
-                verdict.kernel_calls_expected = bool(job.worker_job.get("kernel_calls_expected"))
+                verdict.kernel_calls_expected = job.worker_job.kernel_calls_expected
                 yield verdict
         finally:
             outcomes.close()  # ends the worker now, before its folder goes
 
 
-def _transformers_job(item: PatchedFile, options: dict[str, Any]) -> VerifyJob:
+def file_job(item: PatchedFile, options: VerifyOptions) -> VerifyJob:
+    """The job that verifies ``item``: its module, the adapter of its library, its sites."""
     path = Path(item.original_path)
     if item.module_name is None:
         module_name, root = module_name_for(path)
     else:
         module_name, root = item.module_name, _root_for(path, item.module_name)
     original = _text_of(path)
-    limits = _limits(options)
     try:
         sites = find_sites(item.patched_source, original)
     except (SyntaxError, ValueError):  # the worker reports the import failure
         sites = []
-    worker_job = {
-        "sites": [site.to_json() for site in sites],
+    worker_job = WorkerJob(
+        FILE,
+        options,
+        original_path=str(path.resolve()),
+        module_name=module_name,
+        adapter=adapter_for(module_name),
+        classes=tuple(item.classes) if item.classes else None,
+        sites=tuple(site.to_json() for site in sites),
         # A changed text is a patch: it must call kernels that verify can see running.
-        "kernel_calls_expected": item.patched_source != original,
-        "kind": "transformers",
-        "original_path": str(path.resolve()),
-        "module_name": module_name,
-        "classes": list(item.classes) if item.classes else None,
+        kernel_calls_expected=item.patched_source != original,
         # Appended, not prepended: an installed package of the same name wins.
-        "sys_path_append": [str(root)] if root is not None else [],
-        # the file's timeout, so that the worker stops trying to reach sites in time
-        "time_budget": limits["timeout"],
-        **options,
-    }
-    return VerifyJob(
-        str(item.original_path),
-        worker_job,
-        list(item.classes) if item.classes else None,
-        patched_source=item.patched_source,
-        original_text=original,
-        **limits,
+        sys_path_append=(str(root),) if root is not None else (),
     )
-
-
-def _limits(options: dict[str, Any]) -> dict[str, Any]:
-    """Take the settings of the worker process (not of its job) out of ``options``."""
-    return {key: options.pop(key) for key in ("timeout", "python", "memory_limit")}
+    requested = list(item.classes) if item.classes else None
+    return VerifyJob(str(item.original_path), worker_job, requested, item.patched_source, original)
 
 
 def _run_jobs(
@@ -460,30 +489,23 @@ def _verdict_of(result: TaskResult, job: VerifyJob) -> FileVerification:
 
 def verify_patched_files(
     files: Sequence[PatchedFile],
+    options: VerifyOptions | None = None,
     *,
-    timeout: float = 300,
-    modes: Sequence[str] = ("eval", "train"),
-    dtype: str = "float32",
-    seed: int = 0,
-    max_heads: int = 2,
-    python: str | None = None,
-    memory_limit: float | None = None,
     executor: Executor | None = None,
     on_result: OnResult | None = None,
 ) -> list[FileVerification]:
     """Verify several patched files; by default in one worker process (torch imported once).
 
-    ``timeout`` applies to each file (the first file's includes the worker's start-up); a file
-    that exceeds it, or crashes the worker, or whose worker holds more than ``memory_limit``
-    bytes resident, is reported as not checkable and the remaining files continue in a fresh
-    worker. The files of one worker share an interpreter, so a patch with global side effects
-    could influence the files after it; use :func:`verify_patched_file` per file where that
-    matters. ``executor`` runs the work elsewhere or in parallel (see
-    :mod:`adopter.executor`); ``on_result(index, verdict)`` hears of each file as it is done.
-    Other arguments as for :func:`verify_patched_file`. Verdicts come back in ``files``' order.
+    ``options.timeout`` applies to each file (the first file's includes the worker's start-up);
+    a file that exceeds it, or crashes the worker, or whose worker holds more than
+    ``options.memory_limit`` bytes resident, is reported as not checkable and the remaining
+    files continue in a fresh worker. The files of one worker share an interpreter, so a patch
+    with global side effects could influence the files after it; use
+    :func:`verify_patched_file` per file where that matters. ``executor`` runs the work
+    elsewhere or in parallel (see :mod:`adopter.executor`); ``on_result(index, verdict)`` hears
+    of each file as it is done. Verdicts come back in ``files``' order.
     """
-    chosen_modes = _check_options(modes, dtype, timeout, memory_limit)
-    limit = int(memory_limit) if memory_limit else None
+    options = options or VerifyOptions()
     verdicts: list[FileVerification | None] = [None] * len(files)
     jobs, positions = [], []
     for index, item in enumerate(files):
@@ -493,16 +515,7 @@ def verify_patched_files(
             if on_result is not None:
                 on_result(index, verdicts[index])
             continue
-        options = {
-            "modes": chosen_modes,
-            "dtype": dtype,
-            "seed": seed,
-            "max_heads": max_heads,
-            "timeout": timeout,
-            "python": python,
-            "memory_limit": limit,
-        }
-        jobs.append(_transformers_job(item, options))
+        jobs.append(file_job(item, options))
         positions.append(index)
 
     def heard(position: int, verdict: FileVerification) -> None:
@@ -517,86 +530,51 @@ def verify_patched_files(
 def verify_patched_file(
     original_path: Path | str,
     patched_source: str,
+    options: VerifyOptions | None = None,
     *,
     module_name: str | None = None,
     classes: list[str] | None = None,
-    timeout: float = 300,
-    modes: Sequence[str] = ("eval", "train"),
-    dtype: str = "float32",
-    seed: int = 0,
-    max_heads: int = 2,
-    python: str | None = None,
-    memory_limit: float | None = None,
 ) -> FileVerification:
-    """Differentially test a patched transformers modeling file against the original.
+    """Differentially test a patched modeling file against the original.
 
     Args:
-        original_path: the original file, inside an importable package: the installed
-            ``transformers`` or a copy of it (an unpacked wheel), mapped to the installed module
-            of the same dotted name.
+        original_path: the original file, inside an importable package: the installed model
+            library or a copy of it (an unpacked wheel), mapped to the installed module of the
+            same dotted name; its models are built by the adapter of that library.
         patched_source: the full text of the patched file.
+        options: how to verify (:class:`VerifyOptions`: modes, dtype, seed, heads, timeout,
+            interpreter, memory limit); default: its defaults.
         module_name: the dotted module name, when it cannot be derived from the path.
         classes: model classes to check; default: the base model plus ``max_heads`` heads.
-        timeout: seconds for the file, the worker's start-up (importing torch and the model
-            library) included; classes not finished by then are reported as not checkable.
-        modes: ``eval`` and/or ``train``. ``train`` compares with every dropout probability at
-            0 and additionally (as mode ``train-dropout``) with the configured dropout where the
-            kernels draw random numbers like the original code.
-        dtype: the floating-point type the models run in (tolerances follow it).
-        seed: seeds weights, inputs and dropout.
-        python: the interpreter for the worker (default: this one).
-        memory_limit: bytes the worker and everything it started may hold resident (checked
-            twice a second); above it the worker is killed and the file is not checkable.
     """
     item = PatchedFile(original_path, patched_source, module_name, classes)
-    return verify_patched_files(
-        [item],
-        timeout=timeout,
-        modes=modes,
-        dtype=dtype,
-        seed=seed,
-        max_heads=max_heads,
-        python=python,
-        memory_limit=memory_limit,
-    )[0]
+    return verify_patched_files([item], options)[0]
 
 
 def verify_factories(
     pairs: Sequence[tuple[str, str]],
+    options: VerifyOptions | None = None,
     *,
-    timeout: float = 300,
-    modes: Sequence[str] = ("eval", "train"),
-    dtype: str = "float32",
-    seed: int = 0,
-    sys_path: Sequence[str | Path] = (),
-    python: str | None = None,
-    memory_limit: float | None = None,
     executor: Executor | None = None,
     on_result: OnResult | None = None,
 ) -> list[ClassVerification]:
     """:func:`verify_factory` for several ``(original, patched)`` pairs, by default in one
-    worker; ``executor``, ``memory_limit`` and ``on_result`` as for
-    :func:`verify_patched_files` (``on_result`` hears each pair's :class:`ClassVerification`).
-    A factory file given by a relative path is found from the working directory of the
-    machine that runs it."""
-    chosen_modes = _check_options(modes, dtype, timeout, memory_limit)
-    search = [str(Path(p).resolve()) for p in sys_path] + [os.getcwd()]
+    worker; ``executor`` and ``on_result`` as for :func:`verify_patched_files` (``on_result``
+    hears each pair's :class:`ClassVerification`). A factory file given by a relative path is
+    found from the working directory of the machine that runs it."""
+    options = options or VerifyOptions()
+    search = tuple(str(Path(p).resolve()) for p in options.sys_path) + (os.getcwd(),)
     jobs = [
         VerifyJob(
             original,
-            {
-                "kind": "factory",
-                "original_factory": original,
-                "patched_factory": patched,
-                "modes": chosen_modes,
-                "dtype": dtype,
-                "seed": seed,
-                "sys_path_append": search,
-            },
+            WorkerJob(
+                FACTORY,
+                options,
+                original_factory=original,
+                patched_factory=patched,
+                sys_path_append=search,
+            ),
             [original],
-            timeout,
-            python,
-            int(memory_limit) if memory_limit else None,
         )
         for original, patched in pairs
     ]
@@ -635,34 +613,15 @@ def _factory_verdict(original: str, file_verdict: FileVerification) -> ClassVeri
 
 
 def verify_factory(
-    original_factory: str,
-    patched_factory: str,
-    *,
-    timeout: float = 300,
-    modes: Sequence[str] = ("eval", "train"),
-    dtype: str = "float32",
-    seed: int = 0,
-    sys_path: Sequence[str | Path] = (),
-    python: str | None = None,
-    memory_limit: float | None = None,
+    original_factory: str, patched_factory: str, options: VerifyOptions | None = None
 ) -> ClassVerification:
     """Differentially test a plain ``nn.Module`` built by two factories.
 
     Each factory is ``"package.module:function"`` or ``"path/to/file.py:function"`` and returns
     ``(model, example_inputs)``, the inputs a tuple (positional) or a dict (keyword arguments).
     Both are called under the same seed; the original's inputs feed both models and its
-    ``state_dict`` is loaded strictly into the patched model. ``sys_path`` entries are added to
-    the worker's import path (the current directory already is). Modes as for
-    :func:`verify_patched_file`; dropout modules are set to ``p = 0`` for the ``train`` mode,
-    and ``memory_limit`` is as there.
+    ``state_dict`` is loaded strictly into the patched model. ``options.sys_path`` entries are
+    added to the worker's import path (the current directory already is). Modes as for
+    :func:`verify_patched_file`; dropout modules are set to ``p = 0`` for the ``train`` mode.
     """
-    return verify_factories(
-        [(original_factory, patched_factory)],
-        timeout=timeout,
-        modes=modes,
-        dtype=dtype,
-        seed=seed,
-        sys_path=sys_path,
-        python=python,
-        memory_limit=memory_limit,
-    )[0]
+    return verify_factories([(original_factory, patched_factory)], options)[0]

@@ -18,12 +18,11 @@ import difflib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..models.interface import PER_ELEMENT
+
 __all__ = ["KERNEL_PACKAGE", "PER_ELEMENT", "PatchedSite", "find_sites"]
 
 KERNEL_PACKAGE = "adopter.kernels"
-# Marks a configuration field whose *elements* a condition compares (``config.layer_types[i] ==
-# "sliding_attention"``): ``"layer_types[]"`` in ``config_fields``.
-PER_ELEMENT = "[]"
 
 
 @dataclass

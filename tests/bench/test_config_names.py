@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from adopter.verify.config_names import (
+from adopter.models.config_names import (
     ATTENTION_DROPOUT_NAME,
     DROPOUT_NAME,
     LAYER_COUNT_NAME,

@@ -15,8 +15,7 @@ from adopter.bench.measure import MemoryStats, _summarise
 from adopter.bench.report import noise_warnings, render_table
 from adopter.bench.results import BenchResult, ModeResult, Speedup, TimingStats
 from adopter.cli import app
-from adopter.verify.factory_spec import FACTORY_HELP, FactoryRef, parse_factory
-from adopter.verify.worker import _resolve_factory
+from adopter.models.factories import FACTORY_HELP, FactoryRef, parse_factory, resolve_factory
 
 try:
     runner = CliRunner(mix_stderr=False)
@@ -79,7 +78,7 @@ def test_a_factory_pair_accepts_files_too(tmp_path):
 def test_verify_and_bench_resolve_the_same_spec(tmp_path):
     (tmp_path / "code.py").write_text(PLAIN_MODEL)
     spec = f"{tmp_path / 'code.py'}:build"
-    function, module = _resolve_factory(spec, "_adopter_test_code")
+    function, module = resolve_factory(spec, "_adopter_test_code")
     assert module.__file__ == str(tmp_path / "code.py")
     model, _ = function()
     assert type(model).__name__ == "TinyNet"

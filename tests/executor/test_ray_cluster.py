@@ -27,7 +27,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from adopter.executor import LocalExecutor, Task  # noqa: E402
 from adopter.executor.ray_cluster import RayExecutor  # noqa: E402
-from adopter.verify import verify_factories  # noqa: E402
+from adopter.verify import VerifyOptions, verify_factories  # noqa: E402
 
 pytestmark = pytest.mark.slow  # see pyproject.toml's markers
 
@@ -125,12 +125,12 @@ def test_factories_give_the_same_verdicts_on_the_cluster_as_here(cluster: Cluste
     # A generous timeout: on a loaded machine a worker's first torch import alone can take
     # seconds, and a verdict that depends on the load is not the one under test. The timeout
     # path on the cluster is test_a_task_past_its_timeout_is_cancelled's.
-    options = {"timeout": 120.0, "modes": ("eval",)}
-    here = verify_factories(_pairs(), executor=LocalExecutor(1), **options)
+    options = VerifyOptions(timeout=120.0, modes=("eval",))
+    here = verify_factories(_pairs(), options, executor=LocalExecutor(1))
     heard: list[int] = []
     with RayExecutor(cluster.address) as executor:
         there = verify_factories(
-            _pairs(), executor=executor, on_result=lambda i, _: heard.append(i), **options
+            _pairs(), options, executor=executor, on_result=lambda i, _: heard.append(i)
         )
     statuses = [v.status for v in here]
     assert statuses == ["verified", "refuted", "not checkable"]

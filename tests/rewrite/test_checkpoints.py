@@ -39,7 +39,7 @@ def _installed_modeling_file(model: str) -> Path:
 
 
 def test_paper_models_load_original_checkpoints_and_agree():
-    from adopter.verify import PatchedFile, verify_patched_files
+    from adopter.verify import PatchedFile, VerifyOptions, verify_patched_files
 
     matcher = Matcher(load_rule_set("paper"))
     items = []
@@ -48,7 +48,7 @@ def test_paper_models_load_original_checkpoints_and_agree():
         rewrite = rewrite_text(path.read_text(encoding="utf-8"), str(path), matcher)
         assert rewrite.changed, f"{model}: nothing was patched"
         items.append(PatchedFile(path, rewrite.patched, classes=[base_class]))
-    verdicts = verify_patched_files(items, timeout=600, modes=("eval",))
+    verdicts = verify_patched_files(items, VerifyOptions(timeout=600, modes=("eval",)))
     for (model, base_class), verification in zip(PAPER_MODELS.items(), verdicts, strict=True):
         # further checks (flipped options reaching other sites) may follow the default one
         verdict = verification.classes[0]

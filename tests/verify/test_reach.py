@@ -9,19 +9,18 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from adopter.verify import find_sites
-from adopter.verify.results import ClassVerification, site_coverage
-from adopter.verify.worker import (
+from adopter.models.transformers.reach import (
     EveryLayer,
-    ResultWriter,
     SubConfig,
-    _documented_values,
-    _flips,
-    _reach,
-    _reach_attempts,
-    _reach_time_left,
-    _resolve_deferred,
+    documented_values,
+    flips,
+    reach_attempts,
+    resolve_deferred,
 )
+from adopter.verify import find_sites
+from adopter.verify.job import ResultWriter
+from adopter.verify.reach import Reach, reach, reach_time_left
+from adopter.verify.results import ClassVerification, site_coverage
 
 SOURCE = textwrap.dedent(
     """\
@@ -100,14 +99,14 @@ def test_caller_fields_are_the_options_guarding_where_a_site_is_built() -> None:
 def test_flips_set_the_caller_options_to_the_constants_compared_with() -> None:
     sparse = _sites()["SparseAttention.forward"]
     defaults = {"attention_type": "full", "hidden_size": 8}
-    assert _flips(sparse, defaults) == [{"attention_type": "block_sparse"}]
+    assert flips(sparse, defaults) == [{"attention_type": "block_sparse"}]
 
 
 def test_reach_tries_unchecked_host_classes_before_flipping_unrelated_ones() -> None:
     pooler = _sites()["Pooler.forward"]
     available = ["Model", "ForMasking", "Unrelated"]
     # only Unrelated was checked: it cannot reach the pooler, so Model goes first, as it is
-    attempts = _reach_attempts(pooler, ["Unrelated"], available, False, {})
+    attempts = reach_attempts(pooler, ["Unrelated"], available, False, {})
     assert attempts[0] == ("Model", {})
     assert ("Unrelated", {}) not in attempts
 
@@ -115,21 +114,21 @@ def test_reach_tries_unchecked_host_classes_before_flipping_unrelated_ones() -> 
 def test_reach_flips_the_checked_host_and_falls_back_to_checked_classes() -> None:
     sparse = _sites()["SparseAttention.forward"]
     defaults = {name: {"attention_type": "full"} for name in ("Model", "ForMasking", "Other")}
-    attempts = _reach_attempts(sparse, ["Model"], ["Model", "ForMasking"], False, defaults)
+    attempts = reach_attempts(sparse, ["Model"], ["Model", "ForMasking"], False, defaults)
     assert attempts[0] == ("Model", {"attention_type": "block_sparse"})
     assert attempts[-1] == ("ForMasking", {})
     # not worked out: the checked classes stand in as hosts, then the unchecked classes
     sparse.hosts = None
-    attempts = _reach_attempts(sparse, ["Model"], ["Model", "Other"], False, defaults)
+    attempts = reach_attempts(sparse, ["Model"], ["Model", "Other"], False, defaults)
     assert attempts == [("Model", {"attention_type": "block_sparse"}), ("Other", {})]
-    assert _reach_attempts(sparse, ["Model"], ["Model", "Other"], True, {}) == []
+    assert reach_attempts(sparse, ["Model"], ["Model", "Other"], True, {}) == []
 
 
 def test_flips_skip_hosts_whose_model_could_not_be_built() -> None:
     sparse = _sites()["SparseAttention.forward"]
     defaults = {name: {"attention_type": "full"} for name in ("Model", "ForMasking")}
     available = ["Model", "ForMasking"]
-    attempts = _reach_attempts(sparse, ["Model"], available, False, defaults, frozenset({"Model"}))
+    attempts = reach_attempts(sparse, ["Model"], available, False, defaults, frozenset({"Model"}))
     # the only checked host is broken: the other host first, as it is, then flipped
     assert attempts[:2] == [("ForMasking", {}), ("ForMasking", {"attention_type": "block_sparse"})]
     assert all(name != "Model" for name, _ in attempts)
@@ -138,15 +137,15 @@ def test_flips_skip_hosts_whose_model_could_not_be_built() -> None:
 def test_a_site_no_model_class_reaches_gets_no_checks_and_says_so() -> None:
     dead = find_sites("from adopter.kernels import softmax\ndef f(x):\n    return softmax(x)\n")[0]
     assert dead.hosts == []
-    assert _reach_attempts(dead, ["Model"], ["Model", "Other"], False, {}) == []
+    assert reach_attempts(dead, ["Model"], ["Model", "Other"], False, {}) == []
     (entry,) = site_coverage([dead], [])
     assert "no model class of the file builds or calls its code" in entry.reason
 
 
 def test_reach_stops_when_one_more_check_would_run_past_the_time_share() -> None:
-    assert _reach_time_left(0.0, 10.0, None, now=1000.0)
-    assert _reach_time_left(0.0, 10.0, 150.0, now=90.0)  # 100 s <= 0.7 * 150
-    assert not _reach_time_left(0.0, 20.0, 150.0, now=90.0)
+    assert reach_time_left(0.0, 10.0, None, now=1000.0)
+    assert reach_time_left(0.0, 10.0, 150.0, now=90.0)  # 100 s <= 0.7 * 150
+    assert not reach_time_left(0.0, 20.0, 150.0, now=90.0)
 
 
 def test_per_layer_kinds_are_flipped_to_every_layer_of_the_shrunk_length() -> None:
@@ -166,7 +165,7 @@ def test_per_layer_kinds_are_flipped_to_every_layer_of_the_shrunk_length() -> No
     (site,) = find_sites(text)
     assert site.caller_fields["mlp_layer_types[]"] == ["sparse"]
     defaults = {"mlp_layer_types": ["dense", "sparse", "sparse"]}
-    (flip,) = _flips(site, defaults)
+    (flip,) = flips(site, defaults)
     assert flip == {"mlp_layer_types": EveryLayer("sparse")}
     assert repr(flip["mlp_layer_types"]) == "every layer 'sparse'"
 
@@ -174,10 +173,10 @@ def test_per_layer_kinds_are_flipped_to_every_layer_of_the_shrunk_length() -> No
         mlp_layer_types = ["dense", "dense"]
 
     built = []
-    resolved = _resolve_deferred({**flip, "x": 1}, lambda plain: built.append(plain) or Shrunk)
+    resolved = resolve_deferred({**flip, "x": 1}, lambda plain: built.append(plain) or Shrunk)
     assert resolved == {"x": 1, "mlp_layer_types": ["sparse", "sparse"]} and built == [{"x": 1}]
-    assert _resolve_deferred({"x": 1}, lambda plain: 1 / 0) == {"x": 1}  # nothing to resolve
-    assert _flips(site, {"mlp_layer_types": [1, 2]}) == []  # constants of another element type
+    assert resolve_deferred({"x": 1}, lambda plain: 1 / 0) == {"x": 1}  # nothing to resolve
+    assert flips(site, {"mlp_layer_types": [1, 2]}) == []  # constants of another element type
 
 
 def test_guards_of_self_method_calls_and_of_locals_set_from_config_count() -> None:
@@ -217,8 +216,8 @@ def test_guards_of_self_method_calls_and_of_locals_set_from_config_count() -> No
     assert loss.caller_fields == {"output_router_logits": []}
     assert reordered.hosts == ["Attention", "ForCausalLM"]
     assert "reorder_and_upcast_attn" in reordered.caller_fields
-    flips = _flips(loss, {"output_router_logits": False})
-    assert flips == [{"output_router_logits": True}]
+    found = flips(loss, {"output_router_logits": False})
+    assert found == [{"output_router_logits": True}]
 
 
 def test_a_field_only_a_sub_configuration_has_is_flipped_there() -> None:
@@ -235,7 +234,7 @@ def test_a_field_only_a_sub_configuration_has_is_flipped_there() -> None:
     )
     (site,) = find_sites(text)
     defaults = {"text_config": {"use_gated_mlp": False, "hidden_size": 8}, "hidden_size": 8}
-    assert _flips(site, defaults) == [{"text_config": SubConfig({"use_gated_mlp": True})}]
+    assert flips(site, defaults) == [{"text_config": SubConfig({"use_gated_mlp": True})}]
 
     class Sub:
         def to_dict(self) -> dict:
@@ -245,7 +244,7 @@ def test_a_field_only_a_sub_configuration_has_is_flipped_there() -> None:
         text_config = Sub()
 
     fixes = {"text_config": SubConfig({"use_gated_mlp": True, "layer_types": EveryLayer("b")})}
-    resolved = _resolve_deferred(fixes, lambda plain: Built)
+    resolved = resolve_deferred(fixes, lambda plain: Built)
     assert resolved == {
         "text_config": {"use_gated_mlp": True, "hidden_size": 2, "layer_types": ["b", "b", "b"]}
     }
@@ -270,22 +269,26 @@ def test_reach_runs_the_flipped_host_until_the_site_ran_then_stops(tmp_path: Pat
     verdicts = [check("Model", {})]
     defaults = {"Model": {"attention_type": "full"}, "ForMasking": {"attention_type": "full"}}
     available = ["Model", "ForMasking"]
-    _reach(["Model"], verdicts, [sparse], check, available, False, defaults, writer, 150.0, 1.0)
+
+    def plan(budget: float | None = None, slowest: float = 0.0) -> Reach:
+        return Reach(["Model"], available, False, defaults, reach_attempts, budget, slowest)
+
+    reach(plan(150.0, 1.0), verdicts, [sparse], check, writer)
     assert calls == [("Model", {}), ("Model", {"attention_type": "block_sparse"})]
     # no time left for even one more check: none is started, and the result says why
     calls.clear()
     writer.started -= 200
-    _reach(["Model"], [check("Model", {})], [sparse], check, available, False, defaults, writer)
+    reach(plan(), [check("Model", {})], [sparse], check, writer)
     assert len(calls) == 2  # without a time budget, reach goes on
     calls.clear()
-    _reach(["Model"], [], [sparse], check, available, False, defaults, writer, 150.0, 1.0)
+    reach(plan(150.0, 1.0), [], [sparse], check, writer)
     assert calls == [] and "time is short" in writer.data["notes"][-1]
 
 
 def test_a_guard_on_a_field_alias_flips_the_field_it_names() -> None:
     qwen = _sites()["SparseAttention.forward"]
     defaults = {"attention_kind": "full", "_aliases": {"attention_type": "attention_kind"}}
-    assert _flips(qwen, defaults) == [{"attention_kind": "block_sparse"}]
+    assert flips(qwen, defaults) == [{"attention_kind": "block_sparse"}]
 
 
 def test_per_layer_kinds_the_docstring_names_are_tried_absent_ones_first() -> None:
@@ -296,7 +299,7 @@ def test_per_layer_kinds_the_docstring_names_are_tried_absent_ones_first() -> No
         hidden_act (`str`, *optional*, defaults to `"silu"`):
             The activation.
     """
-    documented = _documented_values(doc)
+    documented = documented_values(doc)
     assert documented == {"mlp_layer_types": ["dense", "sparse"]}  # not the default named
     text = textwrap.dedent(
         """\
@@ -313,7 +316,7 @@ def test_per_layer_kinds_the_docstring_names_are_tried_absent_ones_first() -> No
     )
     (site,) = find_sites(text)
     defaults = {"mlp_layer_types": ["sparse"] * 4, "_documented": documented}
-    assert _flips(site, defaults)[0] == {"mlp_layer_types": EveryLayer("dense")}
+    assert flips(site, defaults)[0] == {"mlp_layer_types": EveryLayer("dense")}
 
 
 def test_integer_comparisons_also_try_the_neighbours_of_the_constant() -> None:
@@ -336,7 +339,7 @@ def test_integer_comparisons_also_try_the_neighbours_of_the_constant() -> None:
     assert site.config_fields == {"sparse_step": [1, 2, 0]}
     assert site.caller_fields == {"num_experts": [1, 2]}
     defaults = {"sparse_step": 1, "num_experts": 1}
-    assert _flips(site, defaults)[:3] == [
+    assert flips(site, defaults)[:3] == [
         {"sparse_step": 2},
         {"sparse_step": 0},
         {"num_experts": 2},

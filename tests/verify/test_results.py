@@ -35,17 +35,17 @@ def test_a_changed_text_without_located_kernel_calls_is_not_verified() -> None:
 
 
 def test_verify_expects_kernel_calls_exactly_when_the_text_changed(tmp_path: Path) -> None:
-    from adopter.verify.runner import PatchedFile, _transformers_job
+    from adopter.verify.runner import PatchedFile, VerifyOptions, file_job
 
-    def _options() -> dict[str, object]:
-        return {"timeout": 60.0, "python": None, "memory_limit": None}
+    def _options() -> VerifyOptions:
+        return VerifyOptions(timeout=60.0)
 
     model = tmp_path / "modeling_x.py"
     model.write_text("x = 1\n", encoding="utf-8")
-    same = _transformers_job(PatchedFile(model, "x = 1\n"), _options())
-    changed = _transformers_job(PatchedFile(model, "x = 2\n"), _options())
-    assert same.worker_job["kernel_calls_expected"] is False
-    assert changed.worker_job["kernel_calls_expected"] is True
+    same = file_job(PatchedFile(model, "x = 1\n"), _options())
+    changed = file_job(PatchedFile(model, "x = 2\n"), _options())
+    assert same.worker_job.kernel_calls_expected is False
+    assert changed.worker_job.kernel_calls_expected is True
 
 
 def test_class_verdict_json_round_trip() -> None:

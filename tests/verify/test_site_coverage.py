@@ -20,7 +20,13 @@ import pytest
 from adopter.match import Matcher
 from adopter.rewrite import rewrite_text
 from adopter.rules import load_rule_set
-from adopter.verify import FileVerification, PatchedFile, find_sites, verify_patched_files
+from adopter.verify import (
+    FileVerification,
+    PatchedFile,
+    VerifyOptions,
+    find_sites,
+    verify_patched_files,
+)
 from adopter.verify.coverage import SiteRecorder
 
 pytestmark = pytest.mark.slow  # see pyproject.toml's markers
@@ -161,7 +167,7 @@ def verdicts() -> dict[str, FileVerification]:
         "unreachable": patched,
     }
     files = [PatchedFile(FIXTURE, text) for text in cases.values()]
-    return dict(zip(cases, verify_patched_files(files, max_heads=1, timeout=240)))
+    return dict(zip(cases, verify_patched_files(files, VerifyOptions(max_heads=1, timeout=240))))
 
 
 def test_a_wrong_patch_under_a_config_flag_in_an_unchecked_head_is_refuted(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from adopter.verify import ClassVerification, verify_factories, verify_factory
+from adopter.verify import ClassVerification, VerifyOptions, verify_factories, verify_factory
 
 pytestmark = pytest.mark.slow  # see pyproject.toml's markers
 
@@ -38,7 +38,9 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def verdicts() -> dict[str, ClassVerification]:
-    results = verify_factories([(ORIGINAL, patched) for patched in CASES.values()], timeout=120)
+    results = verify_factories(
+        [(ORIGINAL, patched) for patched in CASES.values()], VerifyOptions(timeout=120)
+    )
     return dict(zip(CASES, results))
 
 
@@ -120,13 +122,15 @@ def test_unimportable_factory_is_not_checkable(
 
 
 def test_timeout_is_not_checkable() -> None:
-    verdict = verify_factory(ORIGINAL, factory("make_slowly"), timeout=3)
+    verdict = verify_factory(ORIGINAL, factory("make_slowly"), VerifyOptions(timeout=3))
     assert verdict.status == "not checkable"
     assert "timed out after 3 s" in verdict.reason
 
 
 def test_float64_runs_in_double_with_tighter_tolerance() -> None:
-    verdict = verify_factory(ORIGINAL, factory("make_patched"), dtype="float64", modes=("eval",))
+    verdict = verify_factory(
+        ORIGINAL, factory("make_patched"), VerifyOptions(dtype="float64", modes=("eval",))
+    )
     assert verdict.status == "verified", verdict
     # Batch-norm folding in double precision: differences near float64 rounding, not float32's.
     assert verdict.max_abs_diff is not None and verdict.max_abs_diff < 1e-12
@@ -134,9 +138,9 @@ def test_float64_runs_in_double_with_tighter_tolerance() -> None:
 
 def test_bad_options_are_rejected_before_any_work() -> None:
     with pytest.raises(ValueError, match="modes"):
-        verify_factory(ORIGINAL, ORIGINAL, modes=("inference",))
+        verify_factory(ORIGINAL, ORIGINAL, VerifyOptions(modes=("inference",)))
     with pytest.raises(ValueError, match="dtype"):
-        verify_factory(ORIGINAL, ORIGINAL, dtype="int8")
+        verify_factory(ORIGINAL, ORIGINAL, VerifyOptions(dtype="int8"))
 
 
 def _alive(pid: int) -> bool:
@@ -169,7 +173,9 @@ def test_processes_that_leave_the_session_do_not_survive(
     pid_file = tmp_path / "pids"
     pid_file.touch()
     monkeypatch.setenv("ADOPTER_TEST_PIDFILE", str(pid_file))
-    verdict = verify_factory(ORIGINAL, factory(patched), timeout=timeout, modes=("eval",))
+    verdict = verify_factory(
+        ORIGINAL, factory(patched), VerifyOptions(timeout=timeout, modes=("eval",))
+    )
     if patched == "make_escaping_then_hanging":
         assert "timed out" in verdict.reason, verdict
     else:

@@ -12,8 +12,8 @@ import pytest
 from adopter.match import Matcher
 from adopter.rewrite import rewrite_text
 from adopter.rules import load_rule_set
-from adopter.verify import NOT_CHECKABLE, PatchedFile, verify_factory
-from adopter.verify.runner import _transformers_job, run_verify_jobs
+from adopter.verify import NOT_CHECKABLE, PatchedFile, VerifyOptions, verify_factory
+from adopter.verify.runner import file_job, run_verify_jobs
 
 GUARDED = Path(__file__).with_name("guarded") / "modeling_guarded.py"
 FACTORIES = Path(__file__).with_name("factories.py")
@@ -22,16 +22,8 @@ FACTORIES = Path(__file__).with_name("factories.py")
 def _job(original: Path):
     text = original.read_text(encoding="utf-8")
     patched = rewrite_text(text, str(original), Matcher(load_rule_set("paper"))).patched
-    options = {
-        "modes": ["eval"],
-        "dtype": "float32",
-        "seed": 0,
-        "max_heads": 1,
-        "timeout": 120.0,
-        "python": None,
-        "memory_limit": None,
-    }
-    return _transformers_job(PatchedFile(original, patched), options)
+    options = VerifyOptions(modes=("eval",), max_heads=1, timeout=120.0)
+    return file_job(PatchedFile(original, patched), options)
 
 
 def test_a_machine_without_the_file_verifies_from_the_shipped_text() -> None:
@@ -39,7 +31,10 @@ def test_a_machine_without_the_file_verifies_from_the_shipped_text() -> None:
         pytest.skip("needs transformers")
     job = _job(GUARDED)
     elsewhere = dataclasses.replace(
-        job, worker_job={**job.worker_job, "original_path": "/nonexistent/modeling_guarded.py"}
+        job,
+        worker_job=dataclasses.replace(
+            job.worker_job, original_path="/nonexistent/modeling_guarded.py"
+        ),
     )
     here, there = list(run_verify_jobs([job, elsewhere]))
     assert there.status == here.status
@@ -53,6 +48,8 @@ def test_a_machine_without_the_file_verifies_from_the_shipped_text() -> None:
 
 def test_a_worker_over_its_memory_limit_is_stopped() -> None:
     factory = f"{FACTORIES}:make_original"
-    verdict = verify_factory(factory, factory, timeout=120, memory_limit=32 * 1024**2)
+    verdict = verify_factory(
+        factory, factory, VerifyOptions(timeout=120, memory_limit=32 * 1024**2)
+    )
     assert verdict.status == NOT_CHECKABLE
     assert "exceeded the memory limit of 0.03 GiB" in verdict.reason

@@ -21,6 +21,7 @@ import pytest
 from adopter.verify import (
     FileVerification,
     PatchedFile,
+    VerifyOptions,
     module_name_for,
     verify_patched_file,
     verify_patched_files,
@@ -148,7 +149,7 @@ def patched_cases(corpus_copy: Path) -> dict[str, PatchedFile]:
 def batch(corpus_copy: Path) -> dict[str, FileVerification]:
     """All cases in one worker process: torch and transformers are imported once."""
     cases = patched_cases(corpus_copy)
-    results = verify_patched_files(list(cases.values()), timeout=240)
+    results = verify_patched_files(list(cases.values()), VerifyOptions(timeout=240))
     return dict(zip(cases, results))
 
 
@@ -241,7 +242,9 @@ def test_import_error_of_patched_source_is_not_checkable(
 
 def test_timeout_is_not_checkable() -> None:
     hanging = bert_source().replace("import math\n", "import math\nimport time\ntime.sleep(600)\n")
-    result = verify_patched_file(modeling_file("bert"), hanging, classes=["BertModel"], timeout=3)
+    result = verify_patched_file(
+        modeling_file("bert"), hanging, VerifyOptions(timeout=3), classes=["BertModel"]
+    )
     (verdict,) = result.classes
     assert verdict.status == "not checkable"
     assert "timed out after 3 s" in verdict.reason

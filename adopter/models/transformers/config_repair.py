@@ -1,7 +1,7 @@
 """Give back shrunk configuration entries that a configuration's own validation rejects.
 
-The name rules of :mod:`adopter.verify.shrink` cannot know every constraint a configuration
-class enforces (transformers 5 configurations validate themselves on construction: a
+The name rules of :mod:`adopter.models.transformers.shrink` cannot know every constraint a
+configuration class enforces (transformers 5 configurations validate themselves on construction: a
 ``codebook_size`` must be a power of two, ``n_input_layers + n_recurrent_layers +
 n_output_layers`` must equal the layer count, a count of convolution layers must match the
 length of its per-layer lists). Rather than teach each one, a rejected set of overrides is
@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .config_names import is_sub_config
+from ..config_names import is_sub_config
 
 __all__ = [
     "MAX_TRIES",

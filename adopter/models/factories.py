@@ -93,3 +93,9 @@ def load_factory(ref: FactoryRef, alias: str) -> tuple[Any, ModuleType]:
     for part in ref.function.split("."):
         obj = getattr(obj, part)
     return obj, module
+
+
+def resolve_factory(spec: str, alias: str) -> tuple[Any, ModuleType]:
+    """``module:function`` or ``path/to/file.py:function`` -> (function, module), the module
+    loaded under ``alias`` where it is a file (so both sides of a pair can be loaded)."""
+    return load_factory(parse_factory(spec), alias)

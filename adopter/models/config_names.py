@@ -1,13 +1,13 @@
-"""Names of model-configuration entries that mean layers or dropout: one vocabulary for two stages.
+"""Names of model-configuration entries that mean layers or dropout: one vocabulary for all.
 
-``verify`` shrinks a configuration to a tiny model (:mod:`adopter.verify.shrink`) and sets its
-dropout to 0 for an exact comparison; ``bench`` cuts a configuration's depth while keeping its
-widths and sets the dropout a benchmark asks for (:func:`adopter.bench.command.bench_config`).
-Both read a configuration's ``to_dict()`` by entry names, and the names live here, so that a
-model family taught to one stage is known to the other. (``bench`` imports ``verify``, never the
-other way round, hence this module's place.)
+The transformers adapter shrinks a configuration to a tiny model
+(:mod:`adopter.models.transformers.shrink`) and sets its dropout to 0 for an exact comparison;
+``bench`` cuts a configuration's depth while keeping its widths and sets the dropout a benchmark
+asks for (:func:`adopter.bench.command.bench_config`); verify's harness zeroes dropout-like
+module attributes. All read entries by name, and the names live here, so that a model family
+taught to one stage is known to the others.
 
-Pure name matching: no torch, no transformers.
+Pure name matching: no torch, no model library.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ __all__ = [
     "STACK_DEPTH_LIST_NAMES",
     "STACK_DEPTH_NAMES",
     "is_sub_config",
+    "zero_dropout_dict",
 ]
 
 
@@ -41,7 +42,7 @@ LAYER_COUNT_NAME = re.compile(
     r"encoder_layers|decoder_layers|n_blocks)$"
 )
 """Every integer that counts layers of some kind. ``verify`` cuts them all (to a tiny model, with
-the per-layer lists that must follow, see :mod:`adopter.verify.shrink`)."""
+the per-layer lists that must follow, see :mod:`adopter.models.transformers.shrink`)."""
 LAYER_LIST_NAME = re.compile(r"^(depths|num_layers|layers|block_counts|.*_depths)$")
 """Per-stage layer counts (Swin's ``depths``)."""
 
@@ -79,3 +80,25 @@ ATTENTION_DROPOUT_NAME = re.compile(
 to take their fast path in training)."""
 SHARED_DROPOUT_NAMES = frozenset({"dropout_rate"})
 """One rate for attention and everything else (T5), where there is no attention-only rate."""
+
+
+def zero_dropout_dict(config: dict[str, Any]) -> dict[str, Any]:
+    """Overrides that set every dropout-like probability (and LayerDrop) in ``config`` to 0.
+
+    Train mode with all dropout at 0 makes a training-time forward deterministic, so it can be
+    compared exactly while still running every ``self.training`` branch of the model.
+    """
+    overrides: dict[str, Any] = {}
+    for key, value in config.items():
+        if is_sub_config(key, value):
+            nested = zero_dropout_dict(value)
+            if nested:
+                overrides[key] = {**value, **nested}
+        elif (
+            isinstance(key, str)
+            and DROPOUT_NAME.search(key)
+            and isinstance(value, float)
+            and value != 0.0
+        ):
+            overrides[key] = 0.0
+    return overrides

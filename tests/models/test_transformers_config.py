@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from adopter.verify.hf import size_fixes  # noqa: E402
+from adopter.models.transformers.repairs import size_fixes  # noqa: E402
 
 
 class _Config(SimpleNamespace):

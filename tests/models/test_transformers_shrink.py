@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from adopter.verify.shrink import (
+from adopter.models.transformers.shrink import (
     SHRINK_SETTINGS,
     ShrinkSetting,
     shrink_config_dict,

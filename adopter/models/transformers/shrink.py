@@ -24,10 +24,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from .config_names import DROPOUT_NAME
-from .config_names import LAYER_COUNT_NAME as _LAYER_COUNT
-from .config_names import LAYER_LIST_NAME as _LAYER_LISTS
-from .config_names import is_sub_config as _is_sub_config
+from ..config_names import DROPOUT_NAME, zero_dropout_dict
+from ..config_names import LAYER_COUNT_NAME as _LAYER_COUNT
+from ..config_names import LAYER_LIST_NAME as _LAYER_LISTS
+from ..config_names import is_sub_config as _is_sub_config
 
 __all__ = [
     "DROPOUT_NAME",
@@ -120,7 +120,7 @@ SHRINK_SETTINGS: tuple[ShrinkSetting | None, ...] = (
 )
 
 # Exact names and suffixes; ``_shrink_value`` tries them in a fixed order, first match decides.
-# (Layer counts and dropout names are shared with ``bench``: :mod:`adopter.verify.config_names`.)
+# (Layer counts and dropout names are shared with ``bench``: :mod:`adopter.models.config_names`.)
 _HEAD_COUNT = re.compile(
     r"^(n_heads?|num_heads|num_attention_heads|num_.*_heads|.*_attention_heads|.*_n_heads|"
     r"n_.*_heads)$"
@@ -843,25 +843,3 @@ def _clamp_token_id(value: Any, vocab: int) -> Any:
     if isinstance(value, list):
         return [_clamp_token_id(v, vocab) for v in value]
     return value
-
-
-def zero_dropout_dict(config: dict[str, Any]) -> dict[str, Any]:
-    """Overrides that set every dropout-like probability (and LayerDrop) in ``config`` to 0.
-
-    Train mode with all dropout at 0 makes a training-time forward deterministic, so it can be
-    compared exactly while still running every ``self.training`` branch of the model.
-    """
-    overrides: dict[str, Any] = {}
-    for key, value in config.items():
-        if _is_sub_config(key, value):
-            nested = zero_dropout_dict(value)
-            if nested:
-                overrides[key] = {**value, **nested}
-        elif (
-            isinstance(key, str)
-            and DROPOUT_NAME.search(key)
-            and isinstance(value, float)
-            and value != 0.0
-        ):
-            overrides[key] = 0.0
-    return overrides

@@ -9,7 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from adopter.verify.hf import make_inputs, size_fixes, split_fixes  # noqa: E402
+from adopter.models.transformers.inputs import make_inputs  # noqa: E402
+from adopter.models.transformers.repairs import size_fixes, split_fixes  # noqa: E402
 
 
 class _Forward(torch.nn.Module):
@@ -159,7 +160,7 @@ def test_a_grid_tower_takes_the_patches_as_hidden_states() -> None:
 
 
 def test_placeholder_ids_outside_the_text_vocabulary_get_distinct_spare_ids() -> None:
-    from adopter.verify.hf import token_id_fixes
+    from adopter.models.transformers.tokens import token_id_fixes
 
     text = _Config(vocab_size=50, eos_token_id=49)
     config = _Config(text_config=text, image_token_id=151655, video_token_id=151656, bos=1)
@@ -168,7 +169,7 @@ def test_placeholder_ids_outside_the_text_vocabulary_get_distinct_spare_ids() ->
 
 
 def test_shape_errors_ask_for_the_other_layout_of_a_feature_or_waveform_input() -> None:
-    from adopter.verify.hf import layout_fix
+    from adopter.models.transformers.repairs import layout_fix
 
     features = {"input_features": torch.zeros(2, 80, 20)}
     error = "mat1 and mat2 shapes cannot be multiplied (20x768 and 2560x16)"
@@ -194,7 +195,7 @@ def test_the_requested_layouts_are_applied_to_the_generated_inputs() -> None:
 
 
 def test_an_error_that_spells_out_a_shape_with_a_literal_size_gets_image_pairs() -> None:
-    from adopter.verify.hf import layout_fix
+    from adopter.models.transformers.repairs import layout_fix
 
     images = {"pixel_values": torch.randn(2, 3, 8, 8)}
     error = "Input must be a 5D tensor of shape (batch_size, 2, num_channels, height, width)"
@@ -230,7 +231,7 @@ def test_forecasters_get_a_horizon_channels_paddings_and_categorical_frequencies
 
 
 def test_an_image_too_small_for_the_downsampling_stack_is_resampled_twice_as_large() -> None:
-    from adopter.verify.hf import layout_fix
+    from adopter.models.transformers.repairs import layout_fix
 
     images = {"pixel_values": torch.randn(2, 3, 32, 32)}
     error = (
@@ -249,7 +250,7 @@ def test_an_image_too_small_for_the_downsampling_stack_is_resampled_twice_as_lar
 
 
 def test_an_optional_input_used_unchecked_is_named_from_the_failing_line() -> None:
-    from adopter.verify.worker import _named_parameters
+    from adopter.models.transformers.repairs import named_parameters
 
     def centres(bbox: Any, visual_bbox: Any) -> Any:
         return bbox[:, :, 0] + 1
@@ -263,6 +264,6 @@ def test_an_optional_input_used_unchecked_is_named_from_the_failing_line() -> No
         model(input_ids=torch.zeros(2, 3))
     except TypeError as exc:
         # visual_bbox is None as well, but the failing line does not use it
-        assert _named_parameters(exc, model, {"input_ids": None}) == ("bbox",)
+        assert named_parameters(exc, model, {"input_ids": None}) == ("bbox",)
     else:
         raise AssertionError("expected a TypeError")

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from adopter.verify.config_repair import construct_repaired, error_text, shrunk_paths
+from adopter.models.transformers.config_repair import construct_repaired, error_text, shrunk_paths
 
 DEFAULTS: dict[str, Any] = {
     "hidden_size": 512,
@@ -95,16 +95,16 @@ def test_gives_up_within_the_bound() -> None:
 
 
 def test_reasons_carry_the_validators_complaint() -> None:
-    from adopter.verify.worker import _error_line
+    from adopter.models.common import error_line
 
     try:
         _validating([lambda c: "`codebook_size` must be a power of 2"])({})
     except Rejected as exc:
-        assert _error_line(exc) == (
+        assert error_line(exc) == (
             "Rejected: Class validation error for validator 'check': "
             "ValueError: `codebook_size` must be a power of 2"
         )
-    assert _error_line(ValueError("first\nsecond")) == "ValueError: first"
+    assert error_line(ValueError("first\nsecond")) == "ValueError: first"
 
 
 def test_sub_configurations_are_repaired_each_on_its_own() -> None:

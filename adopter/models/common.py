@@ -1,0 +1,86 @@
+"""Helpers that every side of a check shares: dtypes, inputs, error texts, module sources.
+
+Used inside verify's worker by the harness and by the adapters alike; imports torch only
+inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+__all__ = [
+    "cast_inputs",
+    "error_line",
+    "module_sources",
+    "module_text",
+    "short_traceback",
+    "torch_dtype",
+]
+
+
+def torch_dtype(name: str) -> Any:
+    """The floating-point torch dtype called ``name`` (``float32``)."""
+    import torch
+
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f"not a floating-point torch dtype: {name!r}")
+    return dtype
+
+
+def cast_inputs(inputs: Any, dtype: Any) -> Any:
+    """``inputs`` with every floating-point tensor in it cast to ``dtype``."""
+    import torch
+
+    if isinstance(inputs, torch.Tensor):
+        return inputs.to(dtype) if inputs.is_floating_point() else inputs
+    if isinstance(inputs, dict):
+        return {k: cast_inputs(v, dtype) for k, v in inputs.items()}
+    if isinstance(inputs, (tuple, list)):
+        return type(inputs)(cast_inputs(v, dtype) for v in inputs)
+    return inputs
+
+
+def short_traceback(exc: BaseException, limit: int = 1500) -> str:
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return text if len(text) <= limit else "..." + text[-limit:]
+
+
+def error_line(exc: BaseException) -> str:
+    """The error's type and first line; where that line only introduces the complaint
+    (``Class validation error for validator 'validate_architecture':``), the next one too."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    text = lines[0] if lines else ""
+    if text.endswith(":") and len(lines) > 1:
+        text = f"{text} {lines[1]}"
+    elif text.endswith(":") and exc.__cause__ is not None:
+        text = f"{text} {type(exc.__cause__).__name__}: {str(exc.__cause__).strip()}"
+    return f"{type(exc).__name__}: {text}"[:300]
+
+
+def module_text(module: ModuleType) -> str:
+    """The source text of ``module`` ('' where it has none on disk)."""
+    file = getattr(module, "__file__", None)
+    try:
+        return Path(file).read_text(encoding="utf-8") if file else ""
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def module_sources(model: Any, extra: list[str]) -> list[str]:
+    """Texts of the modules defining ``model``'s submodule classes (outside torch), plus extra."""
+    texts = list(extra)
+    seen: set[str] = set()
+    for module in model.modules():
+        name = type(module).__module__
+        if name in seen or name.split(".")[0] == "torch":
+            continue
+        seen.add(name)
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if file and file.endswith(".py") and Path(file).exists():
+            texts.append(Path(file).read_text(encoding="utf-8", errors="replace"))
+    return texts

@@ -1,0 +1,134 @@
+"""One patched modeling file in the worker: its model classes, each proven, then reach.
+
+The adapter named in the job (:mod:`adopter.models.interface`) says which classes the file
+defines, which to check first and how to build each small with inputs that run; this module
+imports both sides, proves each class (:func:`adopter.verify.prove.prove`) and, while a
+patched site has not run, runs the further checks the adapter proposes (:mod:`.reach`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ..models.common import error_line, short_traceback
+from ..models.interface import BuildSettings, Unbuildable, setting_label
+from .coverage import SiteRecorder
+from .job import WorkerJob
+from .prove import prove
+from .reach import Reach, reach
+from .results import NOT_CHECKABLE, REFUTED, ClassVerification
+from .sites import PatchedSite
+from .worker import PATCHED_PREFIX, ResultWriter, import_original, load_sibling
+
+__all__ = ["check_class", "run_file_job"]
+
+
+def check_class(
+    adapter: ModuleType,
+    name: str,
+    modules: tuple[ModuleType, ModuleType],
+    job: WorkerJob,
+    recorder: Any = None,
+    overrides: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The verdict (as JSON) for one model class of the original and patched ``modules``,
+    built by ``adapter`` with ``overrides`` on its configuration; ``recorder`` (a
+    :class:`SiteRecorder`) counts which patched sites run in each mode."""
+    overrides = overrides or {}
+    options = job.options
+    settings = BuildSettings(options.seed, options.dtype)
+    found = adapter.subject(name, modules[0], modules[1], overrides, settings)
+    if isinstance(found, Unbuildable):
+        status = REFUTED if found.refuted else NOT_CHECKABLE
+        verdict = ClassVerification(name, status, found.reason).to_json()
+    else:
+        verdict = prove(found, recorder, options.modes, options.seed, options.dtype).to_json()
+    verdict["setting"] = setting_label(overrides)
+    return verdict
+
+
+def _classes_to_check(
+    adapter: ModuleType, module: ModuleType, job: WorkerJob, sites: list[PatchedSite]
+) -> tuple[list[str], list[str]]:
+    """Every model class of the file, and those to check first: the requested ones, else the
+    adapter's plan plus every model class whose own code holds a patched site."""
+    available = list(adapter.model_classes(module))
+    if job.classes:
+        return available, list(job.classes)
+    names = list(adapter.planned(module, available, job.options.max_heads))
+    names += [n for n in available if n not in names and any(s.cls == n for s in sites)]
+    return available, names
+
+
+def _patched_module(
+    job: WorkerJob, recorder: SiteRecorder, names: list[str], writer: ResultWriter
+) -> ModuleType | None:
+    """The patched text imported beside the original (``None``, each class not checkable,
+    where it fails to import)."""
+    try:
+        with recorder.intercepting():
+            module = load_sibling(
+                job.module_name, f"{PATCHED_PREFIX}{job.tag}_", Path(job.patched_path)
+            )
+    except BaseException as exc:
+        reason = f"the patched source failed to import: {error_line(exc)}"
+        writer.note(short_traceback(exc))
+        for name in names:
+            writer.add(ClassVerification(name, NOT_CHECKABLE, reason).to_json())
+        return None
+    recorder.install(module)
+    return module
+
+
+def run_file_job(job: WorkerJob, writer: ResultWriter) -> None:
+    """Import both sides, choose the classes and check them one by one; then, while a patched
+    site has not run, try other classes and configurations that may reach it."""
+    adapter = importlib.import_module(job.adapter)
+    try:
+        original = import_original(job, writer)
+    except BaseException as exc:
+        writer.error(f"importing the original {job.module_name} failed:\n{short_traceback(exc)}")
+        return
+    sites = [PatchedSite.from_json(site) for site in job.sites]
+    available, names = _classes_to_check(adapter, original, job, sites)
+    for site in sites:
+        if site.hosts is not None:  # the classes a check can start from
+            site.hosts = [name for name in site.hosts if name in available]
+    writer.data["sites"] = [site.to_json() for site in sites]
+    if not names:
+        writer.error(adapter.NO_MODELS)
+        return
+    writer.plan(names)
+    recorder = SiteRecorder(sites, files=[job.patched_path])
+    patched = _patched_module(job, recorder, names, writer)
+    if patched is None:
+        return
+
+    def check(name: str, overrides: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return check_class(adapter, name, (original, patched), job, recorder, overrides)
+        except Exception as exc:
+            reason = f"verify itself failed: {short_traceback(exc)}"
+            verdict = ClassVerification(name, NOT_CHECKABLE, reason).to_json()
+            verdict["setting"] = setting_label(overrides)
+            return verdict
+
+    verdicts: list[dict[str, Any]] = []
+    slowest = 0.0
+    for name in names:
+        writer.start(name)
+        began = time.perf_counter()
+        verdicts.append(check(name, {}))
+        slowest = max(slowest, time.perf_counter() - began)
+        writer.add(verdicts[-1])
+    if sites:
+        context = adapter.reach_context(original, available)
+        plan = Reach(
+            names, available, bool(job.classes), context, adapter.reach_attempts,
+            job.options.timeout, slowest,
+        )  # fmt: skip
+        reach(plan, verdicts, sites, check, writer)
