@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from ..executor import Executor, LocalExecutor, Task, TaskResult
+from ..models.registry import library_of
 from .contain import MARK_VARIABLE, PARENT_VARIABLE, end_worker, new_mark, resident_bytes
+from .origin import LIBRARIES, find_origin
 from .results import (
     NOT_CHECKABLE,
     NOT_EXERCISED,
@@ -305,12 +307,17 @@ class PatchedFile:
 
     ``module_name`` is only needed when it cannot be derived from the path; ``classes`` picks
     the model classes to check (default: the base model plus up to ``max_heads`` heads).
+    ``original_text`` is the original where it is not the file's text (a file ``apply
+    --write`` patched, compared with its pristine source); ``label`` names the file in the
+    verdict where that is not ``original_path``.
     """
 
     original_path: Path | str
     patched_source: str
     module_name: str | None = None
     classes: list[str] | None = None
+    original_text: str | None = None
+    label: str | None = None
 
 
 @dataclass(frozen=True)
@@ -391,13 +398,30 @@ def run_verify_jobs(
             outcomes.close()  # ends the worker now, before its folder goes
 
 
+def _module_of(path: Path, given: str | None) -> tuple[str, Path | None]:
+    """The module ``path`` runs as, and the import root to add for it: its package tree's
+    name, or, for a copy outside any library's tree, the installed module it is a copy of."""
+    if given is not None:
+        return given, _root_for(path, given)
+    module_name, root = module_name_for(path)
+    if module_name.split(".")[0] not in LIBRARIES:
+        origin = find_origin(path)
+        if origin is not None:
+            return origin.module_name, None
+    return module_name, root
+
+
+def _library_fields(module_name: str) -> dict[str, Any]:
+    """A file of a library with an adapter (timm, diffusers) is checked through the library's
+    models that use it (:mod:`adopter.verify.library`)."""
+    library = library_of(module_name)
+    return {} if library is None else {"kind": "library", "library": library}
+
+
 def _transformers_job(item: PatchedFile, options: dict[str, Any]) -> VerifyJob:
     path = Path(item.original_path)
-    if item.module_name is None:
-        module_name, root = module_name_for(path)
-    else:
-        module_name, root = item.module_name, _root_for(path, item.module_name)
-    original = _text_of(path)
+    module_name, root = _module_of(path, item.module_name)
+    original = item.original_text if item.original_text is not None else _text_of(path)
     limits = _limits(options)
     try:
         sites = find_sites(item.patched_source, original)
@@ -416,9 +440,10 @@ def _transformers_job(item: PatchedFile, options: dict[str, Any]) -> VerifyJob:
         # the file's timeout, so that the worker stops trying to reach sites in time
         "time_budget": limits["timeout"],
         **options,
+        **_library_fields(module_name),
     }
     return VerifyJob(
-        str(item.original_path),
+        item.label or str(item.original_path),
         worker_job,
         list(item.classes) if item.classes else None,
         patched_source=item.patched_source,

@@ -1172,6 +1172,10 @@ def run_job(job: dict[str, Any]) -> None:
             run_transformers_job(job, writer)
         elif job["kind"] == "factory":
             run_factory_job(job, writer)
+        elif job["kind"] == "library":
+            from .library import run_library_job
+
+            run_library_job(job, writer)
         else:
             writer.error(f"unknown job kind {job['kind']!r}")
     except BaseException as exc:  # SystemExit from code under test must not end the batch

@@ -1,0 +1,240 @@
+"""Worker side of verifying a patched file of a model library with an adapter (timm, diffusers):
+the models that use the file, each built twice through the adapter, compared.
+
+The adapter (:mod:`adopter.models`) says which of the library's models may run the file's code
+and builds a small one with inputs; the proof is this module's: the second build gets the
+classes of the patched text (:func:`~adopter.models.base.adopt_patched_classes`), the
+original's ``state_dict`` is loaded strictly into it, and both run in eval and train mode
+(dropout off) under the same seed. Models are tried until every patched site has run in a
+comparison, the time budget is spent or ``max_models`` were checked; a model whose cheap survey
+shows it builds none of the classes that host a site still to reach is passed over unbuilt.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ..models.base import MAX_SMALL_PARAMETERS, NotSmallError, adopt_patched_classes
+from ..models.registry import adapter_for
+from .results import NOT_CHECKABLE, REFUTED, ClassVerification
+from .sites import PatchedSite
+
+__all__ = ["run_library_job"]
+
+_PATCHED_PREFIX = "_adopter_patched_"
+_ORIGINAL_PREFIX = "_adopter_original_"
+MAX_MODELS = 6
+"""Models compared per file at most (each costs seconds to a minute on a CPU)."""
+
+
+def _error_line(exc: BaseException) -> str:
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first}"[:300]
+
+
+def _hosts(site: PatchedSite) -> set[str]:
+    """The file's classes whose code reaches ``site`` (its own class, and the static hosts)."""
+    return {*(site.hosts or []), *([site.cls] if site.cls else [])}
+
+
+def _names_of(sites: list[PatchedSite]) -> set[str]:
+    """The classes and functions of the file whose code holds a site or reaches one."""
+    names = {name for site in sites for name in _hosts(site)}
+    names |= {site.function.split(".")[0] for site in sites if site.cls is None}
+    return names
+
+
+class _Sides:
+    """How to build each side of one model: the library's build, then the patched text's
+    classes (and the given original's, where that text is not the installed one)."""
+
+    def __init__(
+        self,
+        adapter: Any,
+        job: dict[str, Any],
+        original: ModuleType | None,
+        patched: ModuleType,
+    ) -> None:
+        self.adapter, self.job = adapter, job
+        self.module_name = job["module_name"]
+        self.original, self.patched = original, patched
+        self.settings: dict[str, Any] = {}
+
+    def build(self, name: str, patched: bool, entry: str = "forward") -> tuple[Any, Any]:
+        import torch
+
+        built = self.adapter.build(name, seed=self.job["seed"], entry=entry)
+        self.settings = built.settings
+        replacement = self.patched if patched else self.original
+        if replacement is not None:
+            adopt_patched_classes(built.model, self.module_name, replacement)
+        dtype = getattr(torch, self.job["dtype"])
+        return built.model.to(dtype), _cast(built.inputs, dtype)
+
+
+def _cast(inputs: Any, dtype: Any) -> Any:
+    import torch
+
+    if isinstance(inputs, torch.Tensor):
+        return inputs.to(dtype) if inputs.is_floating_point() else inputs
+    if isinstance(inputs, dict):
+        return {key: _cast(value, dtype) for key, value in inputs.items()}
+    if isinstance(inputs, (tuple, list)):
+        return type(inputs)(_cast(value, dtype) for value in inputs)
+    return inputs
+
+
+def _compare(
+    name: str, sides: _Sides, recorder: Any, job: dict[str, Any], entry: str = "forward"
+) -> ClassVerification:
+    """One model of the library, original against patched, in the job's modes; ``entry``
+    the method the comparison calls (its label then names it)."""
+    from .compare import tolerance_for
+    from .differential import (
+        check_mode,
+        conclude,
+        load_strictly,
+        pristine_copies,
+        snapshot_state,
+        zero_dropout_modules,
+    )
+
+    label = name if entry == "forward" else f"{name}.{entry}"
+    try:
+        original, inputs = sides.build(name, False, entry)
+    except NotSmallError as exc:
+        return ClassVerification(label, NOT_CHECKABLE, f"skipped: {exc}")
+    except Exception as exc:
+        return ClassVerification(label, NOT_CHECKABLE, f"could not build it: {_error_line(exc)}")
+    try:
+        patched, _ = sides.build(name, True, entry)
+    except Exception as exc:
+        reason = f"the patched build raised {_error_line(exc)}"
+        return ClassVerification(label, REFUTED, reason, where="construction")
+    state = snapshot_state(original)
+    problem = load_strictly(patched, state)
+    if problem is not None:
+        return ClassVerification(label, REFUTED, problem, where="state_dict")
+    original_source = pristine_copies(original, lambda: sides.build(name, False, entry)[0])
+    patched_source = pristine_copies(patched, lambda: sides.build(name, True, entry)[0])
+    tol = tolerance_for(original_dtype(original))
+    outcomes, runs = {}, {}
+    for mode in job["modes"]:
+        training = mode == "train"
+        before = recorder.snapshot()
+        outcomes[mode] = check_mode(
+            original_source,
+            patched_source,
+            state,
+            inputs,
+            training=training,
+            seed=job["seed"],
+            tol=tol,
+            prepare=zero_dropout_modules if training else None,
+        )
+        ran = recorder.since(before)
+        if ran:
+            runs[mode] = ran
+    verdict = conclude(label, outcomes)
+    verdict.runs = runs
+    built = ", ".join(f"{key}={value}" for key, value in sides.settings.items())
+    verdict.reason = f"{verdict.reason} (built with {built or 'the defaults'})"
+    return verdict
+
+
+def original_dtype(model: Any) -> Any:
+    import torch
+
+    return next((p.dtype for p in model.parameters()), torch.float32)
+
+
+def _load_sides(job: dict[str, Any], writer: Any, adapter: Any, recorder: Any) -> _Sides:
+    from .worker import import_original, load_sibling
+
+    with adapter.keeping_registries():
+        original = import_original(job, writer)
+        with recorder.intercepting():
+            patched = load_sibling(
+                job["module_name"], f"{_PATCHED_PREFIX}{job['tag']}_", Path(job["patched_path"])
+            )
+    recorder.install(patched)
+    given = original if original.__name__ != job["module_name"] else None
+    return _Sides(adapter, job, given, patched)
+
+
+def _wanted(
+    candidate: Any, adapter: Any, module_name: str, remaining: list[PatchedSite]
+) -> tuple[bool, str]:
+    """Whether to build ``candidate``: its survey shows a class hosting a site still to reach,
+    or it cannot be surveyed (then only building it tells)."""
+    survey = adapter.survey(candidate.name, module_name)
+    if survey is None:
+        return True, "could not be surveyed"
+    if survey.parameters > MAX_SMALL_PARAMETERS:
+        return False, ""
+    hosts = {name for site in remaining for name in _hosts(site)}
+    if hosts and not survey.classes & hosts:
+        return False, ""
+    return True, f"builds {', '.join(sorted(survey.classes & hosts)) or 'the module'}"
+
+
+def run_library_job(job: dict[str, Any], writer: Any) -> None:
+    """Verify one patched library file (``job["library"]`` names the adapter)."""
+    from .coverage import SiteRecorder
+
+    adapter = adapter_for(job["library"])
+    sites = [PatchedSite.from_json(site) for site in job.get("sites", [])]
+    writer.data["sites"] = [site.to_json() for site in sites]
+    recorder = SiteRecorder(sites, files=[job["patched_path"]])
+    try:
+        sides = _load_sides(job, writer, adapter, recorder)
+    except BaseException as exc:
+        writer.error(f"importing {job['module_name']} or its patch failed: {_error_line(exc)}")
+        return
+    candidates = adapter.candidates(job["module_name"], _names_of(sites))
+    if not candidates:
+        writer.error(f"no {job['library']} model is known to use {job['module_name']}")
+        return
+    began = time.monotonic()
+    budget = float(job.get("time_budget") or 300) * 0.8
+    remaining = list(sites)
+    matched: set[str] = set()
+    checked = 0
+    for candidate in candidates:
+        if not remaining or checked >= job.get("max_models", MAX_MODELS):
+            break
+        if time.monotonic() - began > budget:
+            writer.note(f"time budget spent after {checked} model(s)")
+            break
+        wanted, why = _wanted(candidate, adapter, job["module_name"], remaining)
+        if not wanted:
+            continue
+        for entry in ["forward", *_entries_to_try(adapter, candidate.name, remaining)]:
+            verdict = _checked(candidate, entry, sides, recorder, job, writer)
+            verdict.reason = (
+                f"{verdict.reason}; {'; '.join(x for x in (candidate.reason, why) if x)}"
+            )
+            writer.add(verdict.to_json())
+            for mode, counts in verdict.runs.items():
+                if verdict.matched_in(mode):
+                    matched.update(counts)
+            remaining = [site for site in sites if site.key not in matched]
+        checked += 1
+
+
+def _entries_to_try(adapter: Any, name: str, remaining: list[PatchedSite]) -> list[str]:
+    """The model's other entry points that hold a site still to reach."""
+    methods = {site.function.rpartition(".")[2] for site in remaining}
+    return [entry for entry in adapter.entries(name) if entry in methods]
+
+
+def _checked(
+    candidate: Any, entry: str, sides: _Sides, recorder: Any, job: dict[str, Any], writer: Any
+) -> ClassVerification:
+    label = candidate.name if entry == "forward" else f"{candidate.name}.{entry}"
+    writer.plan([*writer.data["planned"], label])
+    writer.start(label)
+    return _compare(candidate.name, sides, recorder, job, entry)
