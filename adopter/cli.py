@@ -797,7 +797,12 @@ def verify_command(
         for error in result.errors:
             _print_error(_stderr(), error)
         items = [PatchedFile(r.path, r.patched, classes=wanted) for r in result.changed]
-        rows += [unchanged_row(r.path) for r in result.files if r.error is None and not r.changed]
+        unchanged = [r for r in result.files if r.error is None and not r.changed]
+        on_disk, not_found = _patched_on_disk(unchanged, wanted)
+        items += on_disk
+        checked = {item.label for item in on_disk} | set(not_found)
+        rows += [unchanged_row(r.path) for r in unchanged if r.path not in checked]
+        rows += [_no_pristine_row(path) for path in not_found]
         if output_format == "jsonl":
             _print_rows(rows)
         # Progress on stderr where someone watches, or where the run is a long one of many
@@ -814,7 +819,7 @@ def verify_command(
                 on_result=heard,
             )
         for item, verification in zip(items, verdicts, strict=True):
-            rows += verification_rows(item.original_path, verification)
+            rows += verification_rows(item.label or item.original_path, verification)
         if result.errors:
             _print_verdicts(rows, output_format)
             raise typer.Exit(EXIT_ERROR)
@@ -823,6 +828,46 @@ def verify_command(
         raise typer.Exit(1)
     if strict and any(row["kind"] == "file" and _unproven(row["status"]) for row in rows):
         raise typer.Exit(1)
+
+
+def _patched_on_disk(unchanged, classes: list[str] | None) -> tuple[list, list[str]]:
+    """Files no rule changes because ``apply --write`` already patched them: each compared
+    with its pristine source (the installed module it is, or is a copy of; else git's HEAD).
+    Also the paths of patched files with no pristine source found."""
+    from .verify import PatchedFile
+    from .verify.origin import calls_kernels, pristine_of
+
+    items, not_found = [], []
+    for rewrite in unchanged:
+        if not calls_kernels(rewrite.original):
+            continue
+        found = pristine_of(Path(rewrite.path), rewrite.original)
+        if found is None:
+            not_found.append(rewrite.path)
+            continue
+        original_path, original_text, module_name = found
+        items.append(
+            PatchedFile(
+                original_path,
+                rewrite.original,
+                module_name=module_name,
+                classes=classes,
+                original_text=original_text,
+                label=str(rewrite.path),
+            )
+        )
+    return items, not_found
+
+
+def _no_pristine_row(path: str) -> dict[str, object]:
+    from .verify.results import NOT_CHECKABLE
+
+    reason = (
+        "already patched (calls adopter.kernels), and no pristine source was found to compare "
+        "it with: neither an installed module it is a copy of nor a git HEAD without kernels"
+    )
+    return {"kind": "file", "path": str(path), "class": "-", "status": NOT_CHECKABLE,
+            "reason": reason, "max_abs_diff": None, "where": None}  # fmt: skip
 
 
 def _unproven(status: object) -> bool:
@@ -843,7 +888,7 @@ def _verdict_stream(items, output_format: str, progress: bool) -> Callable[[int,
     def heard(index: int, verification) -> None:
         nonlocal done
         done += 1
-        path = items[index].original_path
+        path = items[index].label or items[index].original_path
         if progress:
             console.print(
                 f"[{done}/{len(items)}] {verification.status}: {_display_path(str(path))} "

@@ -70,17 +70,27 @@ def find_origin(path: Path, search: Sequence[str] | None = None) -> Origin | Non
     """The installed module ``path`` is a copy of (or is), by file name and path tail; ``None``
     when no library installed on ``search`` (default ``sys.path``) has a file of that name."""
     resolved = path.resolve()
-    best: tuple[int, Path, Path] | None = None
+    found: list[tuple[int, Path, Path]] = []
     for library in LIBRARIES:
         for root in _package_roots(library, search if search is not None else sys.path):
             for candidate in _files_by_name(root).get(resolved.name, []):
-                tail = _shared_tail(candidate, resolved)
-                if best is None or tail > best[0]:
-                    best = (tail, candidate, root)
-    if best is None:
+                found.append((_shared_tail(candidate, resolved), candidate, root))
+    if not found:
         return None
-    _, candidate, root = best
+    longest = max(tail for tail, _, _ in found)
+    tied = [(candidate, root) for tail, candidate, root in found if tail == longest]
+    if len(tied) > 1:  # ``models/resnet.py`` is in timm and in diffusers: the closer text
+        lines = set(_text(resolved).splitlines())
+        tied.sort(key=lambda pair: -len(lines & set(_text(pair[0]).splitlines())))
+    candidate, root = tied[0]
     return Origin(_module_name(candidate, root), candidate)
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 def calls_kernels(text: str) -> bool:
