@@ -513,7 +513,8 @@ def bench(
     targets: Annotated[
         list[str] | None,
         typer.Argument(
-            help="Transformers model names (bert), modules or modeling files; several are "
+            help="Model names (bert, llama, resnet50, UNet2DConditionModel), modules or modeling "
+            "files; several are "
             "benchmarked one after another here, or one per node with --executor ray.",
             show_default=False,
         ),
@@ -564,6 +565,14 @@ def bench(
     plot_out: Annotated[Path | None, typer.Option("--plot", help="Write a PNG bar chart.")] = None,
     executor_spec: ExecutorOption = "local",
     runtime_env: RuntimeEnvOption = None,
+    full_size: Annotated[
+        bool,
+        typer.Option(
+            "--full-size",
+            help="Build the library's full-size model (default: small - transformers narrowed "
+            "to 768 wide, timm and diffusers at their adapters' small settings).",
+        ),
+    ] = False,
 ) -> None:
     """Measure the payoff: training step time, inference latency and peak memory of the
     original and the patched model (same weights and inputs, interleaved runs, bootstrap
@@ -609,6 +618,7 @@ def bench(
         "repeats": repeats,
         "memory": None if memory is MemoryMethod.none else memory.value,
         "threads": threads,
+        "full_size": full_size,
     }
     if len(targets or []) > 1 or executor_spec != "local":
         _bench_many(targets or [None], options, executor_spec, runtime_env, json_out, plot_out)

@@ -12,6 +12,7 @@ shows it builds none of the classes that host a site still to reach is passed ov
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from types import ModuleType
@@ -47,6 +48,29 @@ def _names_of(sites: list[PatchedSite]) -> set[str]:
     return names
 
 
+_ATTRIBUTE_GUARD = re.compile(r"^(not \()?self\.(\w+)\)?$")
+
+
+def attribute_flips(sites: list[PatchedSite]) -> dict[str, bool]:
+    """``self.<flag>`` guards of ``sites`` and the value that reaches each (``not
+    (self.fused_attn)``: ``fused_attn=False``): a module attribute set at construction from a
+    global option (timm's ``TIMM_FUSED_ATTN``) that a comparison can set on both sides."""
+    flips: dict[str, bool] = {}
+    for site in sites:
+        for guard in site.guards:
+            match = _ATTRIBUTE_GUARD.match(guard.strip())
+            if match:
+                flips[match.group(2)] = match.group(1) is None
+    return flips
+
+
+def _set_flags(model: Any, flags: dict[str, bool]) -> None:
+    for module in model.modules():
+        for name, value in flags.items():
+            if isinstance(getattr(module, name, None), bool):
+                setattr(module, name, value)
+
+
 class _Sides:
     """How to build each side of one model: the library's build, then the patched text's
     classes (and the given original's, where that text is not the installed one)."""
@@ -62,6 +86,7 @@ class _Sides:
         self.module_name = job["module_name"]
         self.original, self.patched = original, patched
         self.settings: dict[str, Any] = {}
+        self.flags: dict[str, bool] = {}
 
     def build(self, name: str, patched: bool, entry: str = "forward") -> tuple[Any, Any]:
         import torch
@@ -71,6 +96,7 @@ class _Sides:
         replacement = self.patched if patched else self.original
         if replacement is not None:
             adopt_patched_classes(built.model, self.module_name, replacement)
+        _set_flags(built.model, self.flags)
         dtype = getattr(torch, self.job["dtype"])
         return built.model.to(dtype), _cast(built.inputs, dtype)
 
@@ -102,7 +128,7 @@ def _compare(
         zero_dropout_modules,
     )
 
-    label = name if entry == "forward" else f"{name}.{entry}"
+    label = _label(name, entry, sides.flags)
     try:
         original, inputs = sides.build(name, False, entry)
     except NotSmallError as exc:
@@ -212,8 +238,18 @@ def run_library_job(job: dict[str, Any], writer: Any) -> None:
         wanted, why = _wanted(candidate, adapter, job["module_name"], remaining)
         if not wanted:
             continue
-        for entry in ["forward", *_entries_to_try(adapter, candidate.name, remaining)]:
+        runs = [
+            ("forward", {}),
+            *[(e, {}) for e in _entries_to_try(adapter, candidate.name, remaining)],
+        ]
+        for entry, flags in runs:
+            if not remaining:
+                break
+            sides.flags = flags
             verdict = _checked(candidate, entry, sides, recorder, job, writer)
+            flips = attribute_flips(remaining)
+            if flips and not flags and verdict.runs and entry == "forward":
+                runs.append((entry, flips))  # the model runs the file: now where guards lead
             verdict.reason = (
                 f"{verdict.reason}; {'; '.join(x for x in (candidate.reason, why) if x)}"
             )
@@ -223,6 +259,20 @@ def run_library_job(job: dict[str, Any], writer: Any) -> None:
                     matched.update(counts)
             remaining = [site for site in sites if site.key not in matched]
         checked += 1
+    if checked == 0:
+        writer.error(
+            f"none of the {len(candidates)} {job['library']} model(s) that may use the file "
+            "builds a class holding a patched site at a small size (tried: "
+            + ", ".join(c.name for c in candidates[:8])
+            + ")"
+        )
+
+
+def _label(name: str, entry: str, flags: dict[str, bool]) -> str:
+    label = name if entry == "forward" else f"{name}.{entry}"
+    if flags:
+        label += " [" + ", ".join(f"{key}={value}" for key, value in flags.items()) + "]"
+    return label
 
 
 def _entries_to_try(adapter: Any, name: str, remaining: list[PatchedSite]) -> list[str]:
@@ -234,7 +284,7 @@ def _entries_to_try(adapter: Any, name: str, remaining: list[PatchedSite]) -> li
 def _checked(
     candidate: Any, entry: str, sides: _Sides, recorder: Any, job: dict[str, Any], writer: Any
 ) -> ClassVerification:
-    label = candidate.name if entry == "forward" else f"{candidate.name}.{entry}"
+    label = _label(candidate.name, entry, sides.flags)
     writer.plan([*writer.data["planned"], label])
     writer.start(label)
     return _compare(candidate.name, sides, recorder, job, entry)
