@@ -513,7 +513,8 @@ def bench(
     targets: Annotated[
         list[str] | None,
         typer.Argument(
-            help="Transformers model names (bert), modules or modeling files; several are "
+            help="Model names (bert, llama, resnet50, UNet2DConditionModel), modules or modeling "
+            "files; several are "
             "benchmarked one after another here, or one per node with --executor ray.",
             show_default=False,
         ),
@@ -564,6 +565,14 @@ def bench(
     plot_out: Annotated[Path | None, typer.Option("--plot", help="Write a PNG bar chart.")] = None,
     executor_spec: ExecutorOption = "local",
     runtime_env: RuntimeEnvOption = None,
+    full_size: Annotated[
+        bool,
+        typer.Option(
+            "--full-size",
+            help="Build the library's full-size model (default: small - transformers narrowed "
+            "to 768 wide, timm and diffusers at their adapters' small settings).",
+        ),
+    ] = False,
 ) -> None:
     """Measure the payoff: training step time, inference latency and peak memory of the
     original and the patched model (same weights and inputs, interleaved runs, bootstrap
@@ -609,6 +618,7 @@ def bench(
         "repeats": repeats,
         "memory": None if memory is MemoryMethod.none else memory.value,
         "threads": threads,
+        "full_size": full_size,
     }
     if len(targets or []) > 1 or executor_spec != "local":
         _bench_many(targets or [None], options, executor_spec, runtime_env, json_out, plot_out)
@@ -790,7 +800,12 @@ def verify_command(
         for error in result.errors:
             _print_error(_stderr(), error)
         items = [PatchedFile(r.path, r.patched, classes=wanted) for r in result.changed]
-        rows += [unchanged_row(r.path) for r in result.files if r.error is None and not r.changed]
+        unchanged = [r for r in result.files if r.error is None and not r.changed]
+        on_disk, not_found = _patched_on_disk(unchanged, wanted)
+        items += on_disk
+        checked = {item.label for item in on_disk} | set(not_found)
+        rows += [unchanged_row(r.path) for r in unchanged if r.path not in checked]
+        rows += [_no_pristine_row(path) for path in not_found]
         if output_format == "jsonl":
             _print_rows(rows)
         # Progress on stderr where someone watches, or where the run is a long one of many
@@ -800,7 +815,7 @@ def verify_command(
         with _open_executor(executor_spec, jobs, runtime_env) as executor:
             verdicts = verify_patched_files(items, options, executor=executor, on_result=heard)
         for item, verification in zip(items, verdicts, strict=True):
-            rows += verification_rows(item.original_path, verification)
+            rows += verification_rows(item.label or item.original_path, verification)
         if result.errors:
             _print_verdicts(rows, output_format)
             raise typer.Exit(EXIT_ERROR)
@@ -809,6 +824,46 @@ def verify_command(
         raise typer.Exit(1)
     if strict and any(row["kind"] == "file" and _unproven(row["status"]) for row in rows):
         raise typer.Exit(1)
+
+
+def _patched_on_disk(unchanged, classes: list[str] | None) -> tuple[list, list[str]]:
+    """Files no rule changes because ``apply --write`` already patched them: each compared
+    with its pristine source (the installed module it is, or is a copy of; else git's HEAD).
+    Also the paths of patched files with no pristine source found."""
+    from .verify import PatchedFile
+    from .verify.origin import calls_kernels, pristine_of
+
+    items, not_found = [], []
+    for rewrite in unchanged:
+        if not calls_kernels(rewrite.original):
+            continue
+        found = pristine_of(Path(rewrite.path), rewrite.original)
+        if found is None:
+            not_found.append(rewrite.path)
+            continue
+        original_path, original_text, module_name = found
+        items.append(
+            PatchedFile(
+                original_path,
+                rewrite.original,
+                module_name=module_name,
+                classes=classes,
+                original_text=original_text,
+                label=str(rewrite.path),
+            )
+        )
+    return items, not_found
+
+
+def _no_pristine_row(path: str) -> dict[str, object]:
+    from .verify.results import NOT_CHECKABLE
+
+    reason = (
+        "already patched (calls adopter.kernels), and no pristine source was found to compare "
+        "it with: neither an installed module it is a copy of nor a git HEAD without kernels"
+    )
+    return {"kind": "file", "path": str(path), "class": "-", "status": NOT_CHECKABLE,
+            "reason": reason, "max_abs_diff": None, "where": None}  # fmt: skip
 
 
 def _unproven(status: object) -> bool:
@@ -829,7 +884,7 @@ def _verdict_stream(items, output_format: str, progress: bool) -> Callable[[int,
     def heard(index: int, verification) -> None:
         nonlocal done
         done += 1
-        path = items[index].original_path
+        path = items[index].label or items[index].original_path
         if progress:
             console.print(
                 f"[{done}/{len(items)}] {verification.status}: {_display_path(str(path))} "

@@ -40,6 +40,8 @@ HARNESS_MAY_IMPORT = {
     "adopter.models.config_names",
     "adopter.models.loading",
     "adopter.models.factories",
+    "adopter.models.base",  # the protocol of the library adapters
+    "adopter.models.registry",  # which adapters there are, by library name
 }
 
 

@@ -386,8 +386,10 @@ def bench_config(
     overrides: Mapping[str, Any] | None = None,
     dropout: str = "config",
     image_size: int | None = None,
+    full_size: bool = False,
 ) -> Any:
-    """The benchmark configuration: defaults, ``layers`` layers, explicit overrides, dropout.
+    """The benchmark configuration: defaults, ``layers`` layers, explicit overrides, dropout;
+    unless ``full_size``, a model wider than :data:`BENCH_WIDTH` is narrowed to it.
 
     Widths, heads and vocabulary stay at the defaults (the sizes people run); only depth is cut,
     because every layer does the same work and the speedup per layer is what a rewrite changes.
@@ -399,6 +401,8 @@ def bench_config(
     changes: dict[str, Any] = {}
     if layers is not None:
         changes.update(_reduce_layers(defaults, layers))
+    if not full_size:
+        changes.update(_bench_widths(defaults))
     if image_size is not None:
         for key, value in defaults.items():
             if key == "image_size" and isinstance(value, int):
@@ -410,6 +414,34 @@ def bench_config(
     merged = {**defaults, **changes}
     changes.update(_dropout_overrides(merged, dropout))
     return config_class(**changes)
+
+
+BENCH_WIDTH = 768
+BENCH_HEADS = 12
+BENCH_INTERMEDIATE = 2048
+"""The widths ``bench`` narrows a wider default configuration to (issue 14's workload): a
+7-billion-parameter default (Llama's 4096 wide) would hold tens of GB; ``--full-size`` keeps it."""
+
+
+def _bench_widths(defaults: dict[str, Any]) -> dict[str, Any]:
+    """Overrides that narrow a configuration wider than :data:`BENCH_WIDTH` (top level only)."""
+    hidden = defaults.get("hidden_size")
+    if not isinstance(hidden, int) or hidden <= BENCH_WIDTH:
+        return {}
+    out: dict[str, Any] = {"hidden_size": BENCH_WIDTH}
+    if isinstance(defaults.get("num_attention_heads"), int):
+        out["num_attention_heads"] = BENCH_HEADS
+    kv = defaults.get("num_key_value_heads")
+    if isinstance(kv, int):
+        out["num_key_value_heads"] = (
+            kv if kv < BENCH_HEADS and BENCH_HEADS % kv == 0 else BENCH_HEADS
+        )
+    if isinstance(defaults.get("head_dim"), int):
+        out["head_dim"] = BENCH_WIDTH // BENCH_HEADS
+    intermediate = defaults.get("intermediate_size")
+    if isinstance(intermediate, int) and intermediate > BENCH_INTERMEDIATE:
+        out["intermediate_size"] = BENCH_INTERMEDIATE
+    return out
 
 
 def _sub_config(config: Any, attribute: str) -> Any:
@@ -500,6 +532,7 @@ class TransformersBuild:
     image_size: int = 224
     decoder_seq_len: int | None = None
     seed: int = 0
+    full_size: bool = False
 
     def module(self) -> ModuleType:
         """The module defining this variant's classes."""
@@ -526,6 +559,7 @@ def build_transformers(spec: TransformersBuild) -> tuple[nn.Module, dict[str, An
         overrides=dict(spec.overrides),
         dropout=spec.dropout,
         image_size=spec.image_size,
+        full_size=spec.full_size,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -600,6 +634,101 @@ def _factory_target(spec: str) -> tuple[FactoryBuild, Path]:
 
 
 # ----------------------------------------------------------------------------------------------
+# library targets (timm, diffusers): a model by the name its library gives it
+
+
+@dataclass(frozen=True)
+class LibraryBuild:
+    """A model of a library with an adapter, built the library's way and small unless
+    ``full_size``; ``patches`` are ``(module, patched file, tag)``: each module's classes in
+    the built model get the patched file's (none: the original)."""
+
+    library: str
+    name: str
+    full_size: bool = False
+    seed: int = 0
+    patches: tuple[tuple[str, str, str], ...] = ()
+
+
+def build_library(spec: LibraryBuild) -> tuple[nn.Module, Any]:
+    """Build ``spec`` (a :class:`~adopter.bench.measure.Factory`)."""
+    from ..models.base import adopt_patched_classes
+    from ..models.registry import adapter_for
+
+    adapter = adapter_for(spec.library)
+    built = adapter.build(spec.name, seed=spec.seed, full_size=spec.full_size)
+    for module_name, file, tag in spec.patches:
+        with adapter.keeping_registries():
+            sibling = _load_sibling(module_name, tag, Path(file))
+        adopt_patched_classes(built.model, module_name, sibling)
+    return built.model, built.inputs
+
+
+def _library_adapter(target: str) -> Any:
+    """The adapter whose library names a model ``target`` (``resnet50``), where ``target`` is
+    neither a file nor a transformers model; ``None`` otherwise."""
+    from ..models.registry import adapter_for_model
+
+    if Path(target).suffix == ".py" or Path(target).exists() or "." in target:
+        return None
+    try:
+        if importlib.util.find_spec(f"transformers.models.{target}.modeling_{target}"):
+            return None
+    except (ImportError, ValueError):
+        pass
+    return adapter_for_model(target)
+
+
+def _plan_library(
+    adapter: Any, name: str, rules: Sequence[Rule], *, full_size: bool, seed: int, ablation: bool
+) -> VariantPlan:
+    """Original, all rules and (with ``ablation``) each rule alone, for a library model: every
+    library file defining a class the model builds is rewritten."""
+    from ..models.base import library_objects
+
+    model = adapter.build(name, seed=seed, full_size=full_size).model
+    modules = sorted(
+        {type(obj).__module__ for obj in library_objects(model, (adapter.library,))} - {"builtins"}
+    )
+    del model
+    base = LibraryBuild(adapter.library, name, full_size, seed)
+    variants = [ModelVariant(BASELINE, functools.partial(build_library, base))]
+    sites: dict[str, dict[str, int]] = {}
+    groups = [(PATCHED, list(rules))]
+    if ablation:
+        groups += [(_ablation_name(rule.id), [rule]) for rule in rules]
+    for label, chosen in groups:
+        patches, counted = _library_patches(modules, chosen, label)
+        if counted:
+            spec = replace(base, patches=tuple(patches))
+            variants.append(ModelVariant(label, functools.partial(build_library, spec)))
+            sites[label] = dict(counted)
+    if PATCHED not in sites:
+        raise NoSiteError(f"no rule patches anything in the files {name} uses: nothing to compare")
+    info = {"target": name, "kind": adapter.library, "modules": modules, "patched_sites": sites,
+            "full_size": full_size, "rules": _rule_ids(rules)}  # fmt: skip
+    return VariantPlan(variants, info=info)
+
+
+def _library_patches(
+    modules: Sequence[str], rules: Sequence[Rule], label: str
+) -> tuple[list[tuple[str, str, str]], Counter[str]]:
+    patches, counted = [], Counter()
+    for module_name in modules:
+        spec = importlib.util.find_spec(module_name)
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            continue
+        path = Path(spec.origin)
+        text = path.read_text(encoding="utf-8")
+        patched, sites = patch_text(text, str(path), rules)
+        if sites:
+            file = patched_source_file(patched, path.name)
+            patches.append((module_name, str(file), _tag(label, patched)))
+            counted.update(sites)
+    return patches, counted
+
+
+# ----------------------------------------------------------------------------------------------
 # planning the variants
 
 
@@ -637,6 +766,7 @@ def plan_variants(
     combined: bool = True,
     rule_groups: Mapping[str, Sequence[Rule]] | None = None,
     seed: int = 0,
+    full_size: bool = False,
 ) -> VariantPlan:
     """The :class:`ModelVariant` list for :func:`run_bench` (see there for the arguments).
 
@@ -653,6 +783,11 @@ def plan_variants(
     rules = list(rules)
     if patched_factory is not None:
         return _plan_two_factories(factory, patched_factory, per_rule=ablation or not combined)
+    adapter = _library_adapter(target) if factory is None and target is not None else None
+    if adapter is not None:
+        return _plan_library(
+            adapter, target, rules, full_size=full_size, seed=seed, ablation=ablation
+        )
     if factory is not None:
         source = _factory_source(factory)
     else:
@@ -671,6 +806,7 @@ def plan_variants(
             image_size=image_size,
             decoder_seq_len=decoder_seq_len,
             seed=seed,
+            full_size=full_size,
         )
         source = _transformers_source(target, build, dict(config_overrides or {}))
     plan = _RewritePlan(source)
@@ -950,6 +1086,7 @@ def run_bench(
     plot_path: str | Path | None = None,
     json_out: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
+    full_size: bool = False,
 ) -> BenchResult:
     """Benchmark the original model against its rewrite (and per-rule rewrites).
 
@@ -1009,6 +1146,7 @@ def run_bench(
         ablation=ablation,
         rule_groups=rule_groups,
         seed=seed,
+        full_size=full_size,
     )
     method = _resolve_memory_method(memory, torch.device(device))
     subset = method == "rss_subprocess" and (

@@ -16,17 +16,19 @@ from typing import Any
 
 from .options import VerifyOptions
 
-__all__ = ["FACTORY", "FILE", "ResultWriter", "WorkerJob"]
+__all__ = ["FACTORY", "FILE", "LIBRARY", "ResultWriter", "WorkerJob"]
 
 FILE = "file"  # a patched source file, its models built by an adapter
 FACTORY = "factory"  # a pair of factories that build the models and their inputs
+LIBRARY = "library"  # a patched file of a library whose registered models use it (by its adapter)
 
 
 @dataclass(frozen=True)
 class WorkerJob:
     """One file (``kind`` :data:`FILE`: the original's path and dotted name, the adapter that
     builds its models, the classes asked for, the patched sites) or one factory pair
-    (:data:`FACTORY`), with the run's options. ``tag``, ``result_path`` and ``patched_path``
+    (:data:`FACTORY`), or a library file (:data:`LIBRARY`: its models found and built by the
+    library's adapter), with the run's options. ``tag``, ``result_path`` and ``patched_path``
     are filled in by the machine that runs it."""
 
     kind: str
@@ -38,6 +40,7 @@ class WorkerJob:
     sites: tuple[dict[str, Any], ...] = ()
     kernel_calls_expected: bool = False
     sys_path_append: tuple[str, ...] = ()
+    library: str = ""  # for LIBRARY: the library whose model adapter builds the models
     original_factory: str = ""
     patched_factory: str = ""
     patched_path: str = ""

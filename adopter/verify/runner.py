@@ -32,9 +32,11 @@ from typing import Any
 
 from ..executor import Executor, LocalExecutor, Task, TaskResult
 from ..models.interface import WORKER_ENVIRONMENT, adapter_for
+from ..models.registry import library_of
 from .contain import MARK_VARIABLE, PARENT_VARIABLE, end_worker, new_mark, resident_bytes
-from .job import FACTORY, FILE, WorkerJob
+from .job import FACTORY, FILE, LIBRARY, WorkerJob
 from .options import VerifyOptions
+from .origin import LIBRARIES, find_origin
 from .results import (
     NOT_CHECKABLE,
     NOT_EXERCISED,
@@ -337,12 +339,17 @@ class PatchedFile:
 
     ``module_name`` is only needed when it cannot be derived from the path; ``classes`` picks
     the model classes to check (default: the base model plus up to ``max_heads`` heads).
+    ``original_text`` is the original where it is not the file's text (a file ``apply
+    --write`` patched, compared with its pristine source); ``label`` names the file in the
+    verdict where that is not ``original_path``.
     """
 
     original_path: Path | str
     patched_source: str
     module_name: str | None = None
     classes: list[str] | None = None
+    original_text: str | None = None
+    label: str | None = None
 
 
 @dataclass(frozen=True)
@@ -432,20 +439,33 @@ def run_verify_jobs(
             outcomes.close()  # ends the worker now, before its folder goes
 
 
+def _module_of(path: Path, given: str | None) -> tuple[str, Path | None]:
+    """The module ``path`` runs as, and the import root to add for it: its package tree's
+    name, or, for a copy outside any library's tree, the installed module it is a copy of."""
+    if given is not None:
+        return given, _root_for(path, given)
+    module_name, root = module_name_for(path)
+    if module_name.split(".")[0] not in LIBRARIES:
+        origin = find_origin(path)
+        if origin is not None:
+            return origin.module_name, None
+    return module_name, root
+
+
 def file_job(item: PatchedFile, options: VerifyOptions) -> VerifyJob:
-    """The job that verifies ``item``: its module, the adapter of its library, its sites."""
+    """The job that verifies ``item``: its module, the adapter of its library, its sites. A
+    file of a library with a model adapter (:mod:`adopter.models.registry`) is checked
+    through the library's models that use it (:mod:`adopter.verify.library`)."""
     path = Path(item.original_path)
-    if item.module_name is None:
-        module_name, root = module_name_for(path)
-    else:
-        module_name, root = item.module_name, _root_for(path, item.module_name)
-    original = _text_of(path)
+    module_name, root = _module_of(path, item.module_name)
+    original = item.original_text if item.original_text is not None else _text_of(path)
+    library = library_of(module_name)
     try:
         sites = find_sites(item.patched_source, original)
     except (SyntaxError, ValueError):  # the worker reports the import failure
         sites = []
     worker_job = WorkerJob(
-        FILE,
+        LIBRARY if library else FILE,
         options,
         original_path=str(path.resolve()),
         module_name=module_name,
@@ -456,9 +476,11 @@ def file_job(item: PatchedFile, options: VerifyOptions) -> VerifyJob:
         kernel_calls_expected=item.patched_source != original,
         # Appended, not prepended: an installed package of the same name wins.
         sys_path_append=(str(root),) if root is not None else (),
+        library=library or "",
     )
     requested = list(item.classes) if item.classes else None
-    return VerifyJob(str(item.original_path), worker_job, requested, item.patched_source, original)
+    label = item.label or str(item.original_path)
+    return VerifyJob(label, worker_job, requested, item.patched_source, original)
 
 
 def _run_jobs(

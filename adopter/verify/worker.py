@@ -28,7 +28,7 @@ from types import ModuleType
 from ..models.common import short_traceback
 from ..models.loading import load_sibling
 from .contain import die_with_parent
-from .job import FACTORY, FILE, ResultWriter, WorkerJob
+from .job import FACTORY, FILE, LIBRARY, ResultWriter, WorkerJob
 
 __all__ = ["PATCHED_PREFIX", "import_original", "load_sibling", "main", "run_job"]
 
@@ -67,6 +67,7 @@ def run_job(job: WorkerJob) -> None:
     """Run one job, recording any failure of verify itself in its result file."""
     from .factory_job import run_factory_job
     from .file_job import run_file_job
+    from .library import run_library_job
 
     writer = ResultWriter(Path(job.result_path), job.original_path or job.original_factory)
     for entry in job.sys_path_append:
@@ -77,6 +78,8 @@ def run_job(job: WorkerJob) -> None:
             run_file_job(job, writer)
         elif job.kind == FACTORY:
             run_factory_job(job, writer)
+        elif job.kind == LIBRARY:
+            run_library_job(job, writer)
         else:
             writer.error(f"unknown job kind {job.kind!r}")
     except BaseException as exc:  # SystemExit from code under test must not end the batch

@@ -1,0 +1,192 @@
+"""What a model library's adapter answers, for ``verify`` and ``bench``: which of the library's
+models use a given file, and how to build a small one with inputs that run.
+
+An adapter holds the knowledge of one library (timm's registry, diffusers' configurations) and
+nothing of the proof: ``verify`` builds each model twice through the adapter, gives the second
+copy the classes of the patched file (:func:`adopt_patched_classes`) and compares the two.
+Adapters import their library only inside their methods, so importing this package needs
+neither torch nor the library; those methods run where model code may run (the verify worker,
+a benchmark), never in a process that only scans.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = [
+    "MAX_SMALL_PARAMETERS",
+    "BuiltModel",
+    "ModelAdapter",
+    "ModelCandidate",
+    "ModelSurvey",
+    "NotSmallError",
+    "adopt_patched_classes",
+    "defined_names",
+    "entry_point",
+    "library_objects",
+]
+
+MAX_SMALL_PARAMETERS = 30_000_000
+"""Above this a model is not "small": a CPU comparison of it (about ten forward and backward
+passes per side) takes minutes. Adapters skip such a model, naming its size."""
+
+
+class NotSmallError(ValueError):
+    """The model cannot be made small enough to check or benchmark by default."""
+
+
+@dataclass(frozen=True)
+class ModelCandidate:
+    """A model of a library that may run the code of a file: its name as the library gives it
+    (``resnet18``, ``UNet2DConditionModel``) and why it is a candidate."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ModelSurvey:
+    """What a cheap look at a model found: the classes of one module it builds, its size."""
+
+    classes: frozenset[str]
+    parameters: int
+
+
+@dataclass
+class BuiltModel:
+    """A built model, its inputs (a tuple of positional or a dict of keyword arguments), and
+    what was chosen to make it small (``{"img_size": 112}``), for reports."""
+
+    model: Any
+    inputs: Any
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class ModelAdapter(Protocol):
+    """One model library, seen from ``verify`` and ``bench``."""
+
+    library: str
+    """The top-level package name (``timm``)."""
+
+    def owns(self, module_name: str) -> bool:
+        """Whether ``module_name`` is a module of this library."""
+        ...
+
+    def knows(self, name: str) -> bool:
+        """Whether ``name`` names a model of this library (``resnet50``)."""
+        ...
+
+    def candidates(self, module_name: str, names: set[str]) -> list[ModelCandidate]:
+        """The library's models that may run code of ``module_name``, those most likely to
+        and smallest first; ``names`` are the classes and functions of the module whose code
+        matters (the patched ones)."""
+        ...
+
+    def survey(self, name: str, module_name: str) -> ModelSurvey | None:
+        """Which classes of ``module_name`` model ``name`` builds and how large it is, found
+        cheaply (no weights allocated); ``None`` when that cannot be told without building."""
+        ...
+
+    def build(
+        self, name: str, *, seed: int = 0, full_size: bool = False, entry: str = "forward"
+    ) -> BuiltModel:
+        """Model ``name``, small unless ``full_size``, with inputs that run; raises
+        :class:`NotSmallError` when it cannot be made small. ``entry``: a method of the model
+        other than ``forward`` (one of :meth:`entries`) that the built model's call runs."""
+        ...
+
+    def entries(self, name: str) -> list[str]:
+        """Methods of model ``name`` besides ``forward`` that run its layers and take the same
+        inputs (timm's ``forward_intermediates``): code only they reach is reached through
+        them."""
+        ...
+
+    def keeping_registries(self) -> AbstractContextManager[None]:
+        """While loading a patched copy of a library module: whatever the copy registers
+        (timm's ``@register_model``) is undone, so the library keeps building the original."""
+        ...
+
+
+_DEFINITION = re.compile(r"^(?:class|def)\s+([A-Za-z_]\w*)", re.MULTILINE)
+
+
+def defined_names(text: str) -> set[str]:
+    """The top-level classes and functions a module's text defines (a cheap static look)."""
+    return set(_DEFINITION.findall(text))
+
+
+def library_objects(model: Any, packages: tuple[str, ...]) -> Iterator[Any]:
+    """Every submodule of ``model``, and the plain objects its submodules hold whose class is
+    one of ``packages``' (diffusers' attention processors live in an attribute, not as a
+    submodule)."""
+    import torch
+    from torch import nn
+
+    for module in model.modules():
+        yield module
+        for value in vars(module).values():
+            if isinstance(value, (nn.Module, torch.Tensor, dict, list, tuple, str)):
+                continue
+            if type(value).__module__.split(".")[0] in packages:
+                yield value
+
+
+def entry_point(model: Any, method: str) -> Any:
+    """``model`` wrapped so that calling it calls ``model.<method>``; the wrapper's parameters
+    are the model's (under ``model.``), so both sides of a comparison wrap alike."""
+    from torch import nn
+
+    class EntryPoint(nn.Module):
+        def __init__(self, inner: nn.Module) -> None:
+            super().__init__()
+            self.model = inner
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return getattr(self.model, method)(*args, **kwargs)
+
+    return EntryPoint(model)
+
+
+def _patched_class(cls: type, patched_module: ModuleType, made: dict[type, type]) -> type | None:
+    """``cls``'s counterpart for ``patched_module``: a class whose methods are those of the
+    patched module's class of the same name, with ``cls`` behind them (so ``isinstance``
+    against the original still holds). ``None`` where the module has no such class."""
+    if "." in cls.__qualname__:
+        return None  # a nested class is not looked up by name
+    rewritten = getattr(patched_module, cls.__qualname__, None)
+    if not isinstance(rewritten, type) or rewritten is cls:
+        return None
+    if cls not in made:
+        made[cls] = type(cls.__name__, (rewritten, cls), {"__module__": patched_module.__name__})
+    return made[cls]
+
+
+def adopt_patched_classes(model: Any, module_name: str, patched_module: ModuleType) -> set[str]:
+    """Give every object of ``model`` whose class the module ``module_name`` defines the class
+    of the same name from ``patched_module`` (a patched copy of that module's text, or the text
+    the caller means by the original where it differs from the installed one); return the
+    names of the classes swapped.
+
+    Construction already ran the original code, so parameters, buffers and ``state_dict``
+    keys are the original's; only the methods change, which is what a rewrite changes. The
+    model is built the library's way (a registry, a configuration) and then adopted, which
+    works however deep in the library the file's classes are used.
+    """
+    packages = (module_name.split(".")[0],)
+    made: dict[type, type] = {}
+    swapped: set[str] = set()
+    for obj in list(library_objects(model, packages)):
+        cls = type(obj)
+        if cls.__module__ != module_name:
+            continue
+        patched = _patched_class(cls, patched_module, made)
+        if patched is not None:
+            obj.__class__ = patched
+            swapped.add(cls.__name__)
+    return swapped

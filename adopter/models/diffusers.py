@@ -1,0 +1,273 @@
+"""diffusers: the model classes (``ModelMixin`` subclasses) that may use a file, each built
+from its ``__init__`` defaults shrunk by name, with inputs from its ``forward`` signature.
+
+Which classes: those the file defines, then those of every ``diffusers.models`` module whose
+text names one of the file's patched classes or functions, then (one step further) of those
+naming a helper module's functions that name them (``get_down_block`` builds
+``CrossAttnDownBlock2D``, which builds ``ResnetBlock2D``).
+
+Small: depths to 1 (``layers_per_block``, ``num_layers``...), channels per block to 32, 64, ...
+(GroupNorm's 32 groups still divide them), heads to 2 of 8 or 16 dimensions, conditioning
+widths (``cross_attention_dim``...) to 32, the sample to 16 x 16. Inputs: ``sample`` or
+``hidden_states`` as a latent image (or, where the model takes a sequence, tokens of
+``in_channels`` features), ``timestep``, and ``encoder_hidden_states`` of the conditioning
+width. A build is tried once at that size, without gradients; what does not run is reported
+with the error, not guessed further.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+from .base import (
+    MAX_SMALL_PARAMETERS,
+    BuiltModel,
+    ModelCandidate,
+    ModelSurvey,
+    NotSmallError,
+    defined_names,
+    entry_point,
+    library_objects,
+)
+
+__all__ = ["DiffusersAdapter", "small_config"]
+
+BATCH = 2
+SAMPLE = 16
+TOKENS = 8
+WIDTH = 32
+MAX_CANDIDATES = 30
+
+_DEPTH = re.compile(r"^(num_(\w+_)?layers|layers_per_block|num_(\w+_)?blocks|depth)$")
+_HEADS = re.compile(r"^(num_(\w+_)?attention_heads|num_heads|heads)$")
+_HEAD_DIM = re.compile(r"^(attention_head_dim|head_dim|dim_head)$")
+_CONDITION = re.compile(
+    r"^(cross_attention_dim|joint_attention_dim|encoder_hid_dim|pooled_projection_dim|"
+    r"caption_channels|text_embed_dim|caption_projection_dim|projection_class_embeddings_input_dim)$"
+)
+
+
+def _int_cap(name: str) -> int | None:
+    """The largest small value of an integer ``__init__`` argument called ``name``."""
+    for pattern, cap in ((_DEPTH, 1), (_HEADS, 2), (_HEAD_DIM, 8), (_CONDITION, WIDTH)):
+        if pattern.match(name):
+            return cap
+    return SAMPLE if name == "sample_size" else None
+
+
+def _list_cap(name: str) -> int | None:
+    """The largest small element of an integer-list ``__init__`` argument called ``name``."""
+    if _HEAD_DIM.match(name):
+        return 8
+    if name == "transformer_layers_per_block" or _HEADS.match(name):
+        return 1
+    return SAMPLE if name == "sample_size" else None
+
+
+def _shrunk(name: str, value: Any) -> Any:
+    """The small value of one ``__init__`` argument (``value`` where no rule applies)."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        cap = _int_cap(name)
+        return value if cap is None else min(value, cap)
+    if isinstance(value, (tuple, list)) and value and all(isinstance(v, int) for v in value):
+        if name == "block_out_channels":
+            return type(value)(WIDTH * (index + 1) for index in range(len(value)))
+        cap = _list_cap(name)
+        return value if cap is None else type(value)(min(v, cap) for v in value)
+    return value
+
+
+def small_config(cls: type) -> dict[str, Any]:
+    """The keyword arguments that build ``cls`` small: its ``__init__`` defaults, shrunk."""
+    parameters = inspect.signature(cls.__init__).parameters
+    config = {}
+    for name, parameter in parameters.items():
+        if name == "self" or parameter.default is inspect.Parameter.empty:
+            continue
+        if parameter.kind in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
+            continue
+        small = _shrunk(name, parameter.default)
+        if small != parameter.default:
+            config[name] = small
+    return config
+
+
+def _mentions(text: str, names: set[str]) -> bool:
+    return any(re.search(rf"\b{re.escape(name)}\b", text) for name in names)
+
+
+class DiffusersAdapter:
+    """The :class:`~adopter.models.base.ModelAdapter` of diffusers."""
+
+    library = "diffusers"
+
+    def owns(self, module_name: str) -> bool:
+        return module_name == "diffusers" or module_name.startswith("diffusers.")
+
+    def _class(self, name: str) -> type | None:
+        """A model class by its name (``UNet2DConditionModel``) or ``module:Class``."""
+        module_name, _, class_name = name.rpartition(":")
+        try:
+            module = importlib.import_module(module_name or "diffusers")
+            found = getattr(module, class_name, None)
+        except Exception:
+            return None
+        from diffusers import ModelMixin
+
+        return found if isinstance(found, type) and issubclass(found, ModelMixin) else None
+
+    def knows(self, name: str) -> bool:
+        return self._class(name) is not None
+
+    # -- which models ------------------------------------------------------------------------
+    @functools.cache  # noqa: B019 - one adapter per process
+    def _texts(self) -> dict[str, str]:
+        import diffusers
+
+        root = Path(diffusers.__file__).parent
+        return {
+            ".".join(("diffusers", *path.relative_to(root).with_suffix("").parts)): path.read_text(
+                encoding="utf-8"
+            )
+            for path in sorted((root / "models").rglob("*.py"))
+        }
+
+    def _model_classes(self, module_name: str, text: str) -> list[str]:
+        """``module:Class`` of the model classes a module's text defines (read statically:
+        a class whose bases name ``ModelMixin``)."""
+        found = re.findall(r"^class\s+(\w+)\(([^)]*ModelMixin[^)]*)\)", text, re.MULTILINE)
+        return [f"{module_name}:{name}" for name, _ in found]
+
+    def candidates(self, module_name: str, names: set[str]) -> list[ModelCandidate]:
+        texts = self._texts()
+        chosen: dict[str, str] = {}
+        own = texts.get(module_name)
+        if own is not None:
+            for model in self._model_classes(module_name, own):
+                chosen.setdefault(model, f"defined in {module_name}")
+        direct = {m for m, text in texts.items() if m != module_name and _mentions(text, names)}
+        helpers = {m for m in direct if not self._model_classes(m, texts[m])}
+        helper_names = {n for m in helpers for n in defined_names(texts[m])}
+        reached = {
+            m
+            for m, text in texts.items()
+            if m not in direct
+            and m != module_name
+            and helper_names
+            and _mentions(text, helper_names)
+        }
+        for modules, why in ((direct, "names"), (reached, "builds through a helper that names")):
+            for module in sorted(modules):
+                for model in self._model_classes(module, texts[module]):
+                    chosen.setdefault(model, f"its module {why} {', '.join(sorted(names))[:80]}")
+        return [ModelCandidate(m, why) for m, why in list(chosen.items())[:MAX_CANDIDATES]]
+
+    def survey(self, name: str, module_name: str) -> ModelSurvey | None:
+        try:
+            model = self._small(name).model
+        except Exception:
+            return None
+        classes = {
+            type(obj).__name__
+            for obj in library_objects(model, ("diffusers",))
+            if type(obj).__module__ == module_name
+        }
+        return ModelSurvey(frozenset(classes), sum(p.numel() for p in model.parameters()))
+
+    # -- building ----------------------------------------------------------------------------
+    @functools.cache  # noqa: B019 - one adapter per process
+    def _small(self, name: str) -> BuiltModel:
+        """The small model with inputs that ran once (built once per process; :meth:`build`
+        builds fresh ones the same way)."""
+        built = self._make(name, seed=0, full_size=False)
+        import torch
+
+        with torch.no_grad():
+            _call(built.model.eval(), built.inputs)
+        return built
+
+    def _make(self, name: str, *, seed: int, full_size: bool) -> BuiltModel:
+        import torch
+
+        cls = self._class(name)
+        if cls is None:
+            raise ValueError(f"no diffusers model class {name!r}")
+        config = {} if full_size else small_config(cls)
+        torch.manual_seed(seed)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = cls(**config)
+        size = sum(p.numel() for p in model.parameters())
+        if not full_size and size > MAX_SMALL_PARAMETERS:
+            raise NotSmallError(f"{name} has {size:,} parameters at the smallest config tried")
+        inputs = make_inputs(model, seed)
+        return BuiltModel(model, inputs, config)
+
+    def build(
+        self, name: str, *, seed: int = 0, full_size: bool = False, entry: str = "forward"
+    ) -> BuiltModel:
+        if not full_size:
+            self._small(name)  # raises what keeps it from running small, once
+        built = self._make(name, seed=seed, full_size=full_size)
+        if entry != "forward":
+            built.model = entry_point(built.model, entry)
+        return built
+
+    def entries(self, name: str) -> list[str]:
+        return []
+
+    def keeping_registries(self) -> Any:
+        """diffusers registers nothing when a module is loaded."""
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+def _call(model: Any, inputs: Any) -> Any:
+    return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
+
+
+def make_inputs(model: Any, seed: int) -> dict[str, Any]:
+    """Inputs for ``model.forward`` from its signature and configuration: a latent image (or a
+    token sequence) of ``in_channels``, a timestep per sample, conditioning states."""
+    import torch
+
+    config = getattr(model, "config", {})
+    get = config.get if hasattr(config, "get") else lambda key, default=None: default
+    parameters = inspect.signature(model.forward).parameters
+    generator = torch.Generator().manual_seed(seed)
+    channels = int(get("in_channels", None) or 4)
+    size = get("sample_size", None) or SAMPLE
+    size = int(size[0] if isinstance(size, (tuple, list)) else size)
+    inputs: dict[str, Any] = {}
+    image = torch.randn(BATCH, channels, size, size, generator=generator)
+    for name in ("sample", "hidden_states", "x"):
+        if name in parameters:
+            inputs[name] = image
+            break
+    if "timestep" in parameters:
+        inputs["timestep"] = torch.tensor([10, 500][:BATCH])
+    if "encoder_hidden_states" in parameters:
+        width = get("cross_attention_dim", None) or get("joint_attention_dim", None) or WIDTH
+        width = int(width[0] if isinstance(width, (tuple, list)) else width)
+        inputs["encoder_hidden_states"] = torch.randn(BATCH, TOKENS, width, generator=generator)
+    missing = [
+        name
+        for name, p in parameters.items()
+        if p.default is inspect.Parameter.empty
+        and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        and name not in inputs
+    ]
+    if missing or not inputs:
+        raise ValueError(f"no inputs known for {type(model).__name__}: {', '.join(missing)}")
+    if "return_dict" in parameters:
+        inputs["return_dict"] = False
+    return inputs

@@ -1,0 +1,319 @@
+"""Worker side of verifying a patched file of a model library with a model adapter:
+the models that use the file, each built twice through the adapter, compared.
+
+The adapter (:mod:`adopter.models`) says which of the library's models may run the file's code
+and builds a small one with inputs; the proof is this module's: the second build gets the
+classes of the patched text (:func:`~adopter.models.base.adopt_patched_classes`), the
+original's ``state_dict`` is loaded strictly into it, and both run in eval and train mode
+(dropout off) under the same seed. Models are tried until every patched site has run in a
+comparison, the time budget is spent or ``max_models`` were checked; a model whose cheap survey
+shows it builds none of the classes that host a site still to reach is passed over unbuilt.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ..models.base import MAX_SMALL_PARAMETERS, NotSmallError, adopt_patched_classes
+from ..models.registry import adapter_for
+from .job import WorkerJob
+from .results import NOT_CHECKABLE, REFUTED, ClassVerification
+from .sites import PatchedSite
+
+__all__ = ["run_library_job"]
+
+_PATCHED_PREFIX = "_adopter_patched_"
+_ORIGINAL_PREFIX = "_adopter_original_"
+MAX_MODELS = 6
+"""Models compared per file at most (each costs seconds to a minute on a CPU)."""
+
+
+def _error_line(exc: BaseException) -> str:
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {first}"[:300]
+
+
+def _hosts(site: PatchedSite) -> set[str]:
+    """The file's classes whose code reaches ``site`` (its own class, and the static hosts)."""
+    return {*(site.hosts or []), *([site.cls] if site.cls else [])}
+
+
+def _names_of(sites: list[PatchedSite]) -> set[str]:
+    """The classes and functions of the file whose code holds a site or reaches one."""
+    names = {name for site in sites for name in _hosts(site)}
+    names |= {site.function.split(".")[0] for site in sites if site.cls is None}
+    return names
+
+
+_ATTRIBUTE_GUARD = re.compile(r"^(not \()?self\.(\w+)\)?$")
+
+
+def attribute_flips(sites: list[PatchedSite]) -> dict[str, bool]:
+    """``self.<flag>`` guards of ``sites`` and the value that reaches each (``not
+    (self.fused_attn)``: ``fused_attn=False``): a module attribute set at construction from a
+    global option (an environment switch of the library) that a comparison can set on both sides."""
+    flips: dict[str, bool] = {}
+    for site in sites:
+        for guard in site.guards:
+            match = _ATTRIBUTE_GUARD.match(guard.strip())
+            if match:
+                flips[match.group(2)] = match.group(1) is None
+    return flips
+
+
+def _set_flags(model: Any, flags: dict[str, bool]) -> None:
+    for module in model.modules():
+        for name, value in flags.items():
+            if isinstance(getattr(module, name, None), bool):
+                setattr(module, name, value)
+
+
+class _Sides:
+    """How to build each side of one model: the library's build, then the patched text's
+    classes (and the given original's, where that text is not the installed one)."""
+
+    def __init__(
+        self,
+        adapter: Any,
+        job: WorkerJob,
+        original: ModuleType | None,
+        patched: ModuleType,
+    ) -> None:
+        self.adapter, self.job = adapter, job
+        self.module_name = job.module_name
+        self.original, self.patched = original, patched
+        self.settings: dict[str, Any] = {}
+        self.flags: dict[str, bool] = {}
+
+    def build(self, name: str, patched: bool, entry: str = "forward") -> tuple[Any, Any]:
+        import torch
+
+        built = self.adapter.build(name, seed=self.job.options.seed, entry=entry)
+        self.settings = built.settings
+        replacement = self.patched if patched else self.original
+        if replacement is not None:
+            adopt_patched_classes(built.model, self.module_name, replacement)
+        _set_flags(built.model, self.flags)
+        dtype = getattr(torch, self.job.options.dtype)
+        return built.model.to(dtype), _cast(built.inputs, dtype)
+
+
+def _cast(inputs: Any, dtype: Any) -> Any:
+    import torch
+
+    if isinstance(inputs, torch.Tensor):
+        return inputs.to(dtype) if inputs.is_floating_point() else inputs
+    if isinstance(inputs, dict):
+        return {key: _cast(value, dtype) for key, value in inputs.items()}
+    if isinstance(inputs, (tuple, list)):
+        return type(inputs)(_cast(value, dtype) for value in inputs)
+    return inputs
+
+
+def _compare(
+    name: str, sides: _Sides, recorder: Any, job: WorkerJob, entry: str = "forward"
+) -> ClassVerification:
+    """One model of the library, original against patched, in the job's modes; ``entry``
+    the method the comparison calls (its label then names it)."""
+    from .compare import tolerance_for
+    from .differential import (
+        check_mode,
+        conclude,
+        load_strictly,
+        pristine_copies,
+        snapshot_state,
+        zero_dropout_modules,
+    )
+
+    label = _label(name, entry, sides.flags)
+    try:
+        original, inputs = sides.build(name, False, entry)
+    except NotSmallError as exc:
+        return ClassVerification(label, NOT_CHECKABLE, f"skipped: {exc}")
+    except Exception as exc:
+        return ClassVerification(label, NOT_CHECKABLE, f"could not build it: {_error_line(exc)}")
+    try:
+        patched, _ = sides.build(name, True, entry)
+    except Exception as exc:
+        reason = f"the patched build raised {_error_line(exc)}"
+        return ClassVerification(label, REFUTED, reason, where="construction")
+    state = snapshot_state(original)
+    problem = load_strictly(patched, state)
+    if problem is not None:
+        return ClassVerification(label, REFUTED, problem, where="state_dict")
+    original_source = pristine_copies(original, lambda: sides.build(name, False, entry)[0])
+    patched_source = pristine_copies(patched, lambda: sides.build(name, True, entry)[0])
+    tol = tolerance_for(original_dtype(original))
+    outcomes, runs = {}, {}
+    for mode in job.options.modes:
+        training = mode == "train"
+        before = recorder.snapshot()
+        outcomes[mode] = check_mode(
+            original_source,
+            patched_source,
+            state,
+            inputs,
+            training=training,
+            seed=job.options.seed,
+            tol=tol,
+            prepare=zero_dropout_modules if training else None,
+        )
+        ran = recorder.since(before)
+        if ran:
+            runs[mode] = ran
+    verdict = conclude(label, outcomes)
+    verdict.runs = runs
+    built = ", ".join(f"{key}={value}" for key, value in sides.settings.items())
+    verdict.reason = f"{verdict.reason} (built with {built or 'the defaults'})"
+    return verdict
+
+
+def original_dtype(model: Any) -> Any:
+    import torch
+
+    return next((p.dtype for p in model.parameters()), torch.float32)
+
+
+def _load_sides(job: WorkerJob, writer: Any, adapter: Any, recorder: Any) -> _Sides:
+    from .worker import import_original, load_sibling
+
+    with adapter.keeping_registries():
+        original = import_original(job, writer)
+        with recorder.intercepting():
+            patched = load_sibling(
+                job.module_name, f"{_PATCHED_PREFIX}{job.tag}_", Path(job.patched_path)
+            )
+    recorder.install(patched)
+    given = original if original.__name__ != job.module_name else None
+    return _Sides(adapter, job, given, patched)
+
+
+def _wanted(
+    candidate: Any, adapter: Any, module_name: str, remaining: list[PatchedSite]
+) -> tuple[bool, str]:
+    """Whether to build ``candidate``: its survey shows a class hosting a site still to reach,
+    or it cannot be surveyed (then only building it tells)."""
+    survey = adapter.survey(candidate.name, module_name)
+    if survey is None:
+        return True, "could not be surveyed"
+    if survey.parameters > MAX_SMALL_PARAMETERS:
+        return False, ""
+    hosts = {name for site in remaining for name in _hosts(site)}
+    if hosts and not survey.classes & hosts:
+        return False, ""
+    return True, f"builds {', '.join(sorted(survey.classes & hosts)) or 'the module'}"
+
+
+def run_library_job(job: WorkerJob, writer: Any) -> None:
+    """Verify one patched library file (``job.library`` names the adapter)."""
+    from .coverage import SiteRecorder
+
+    adapter = adapter_for(job.library)
+    sites = [PatchedSite.from_json(site) for site in job.sites]
+    writer.data["sites"] = [site.to_json() for site in sites]
+    recorder = SiteRecorder(sites, files=[job.patched_path])
+    try:
+        sides = _load_sides(job, writer, adapter, recorder)
+    except BaseException as exc:
+        writer.error(f"importing {job.module_name} or its patch failed: {_error_line(exc)}")
+        return
+    candidates = adapter.candidates(job.module_name, _names_of(sites))
+    if not candidates:
+        writer.error(f"no {job.library} model is known to use {job.module_name}")
+        return
+    checked = _check_candidates(candidates, sites, sides, recorder, job, writer)
+    if checked == 0:
+        writer.error(
+            f"none of the {len(candidates)} {job.library} model(s) that may use the file "
+            "builds a class holding a patched site at a small size (tried: "
+            + ", ".join(c.name for c in candidates[:8])
+            + ")"
+        )
+
+
+def _check_candidates(
+    candidates: list[Any],
+    sites: list[PatchedSite],
+    sides: _Sides,
+    recorder: Any,
+    job: WorkerJob,
+    writer: Any,
+) -> int:
+    """Compare the candidate models in turn until every site ran in a matching comparison, the
+    time budget is spent or :data:`MAX_MODELS` were checked; the number checked."""
+    began = time.monotonic()
+    budget = float(job.options.timeout) * 0.8
+    matched: set[str] = set()
+    checked = 0
+    for candidate in candidates:
+        remaining = [site for site in sites if site.key not in matched]
+        if not remaining or checked >= MAX_MODELS:
+            break
+        if time.monotonic() - began > budget:
+            writer.note(f"time budget spent after {checked} model(s)")
+            break
+        wanted, why = _wanted(candidate, sides.adapter, job.module_name, remaining)
+        if wanted:
+            _check_one(candidate, why, sites, matched, sides, recorder, job, writer)
+            checked += 1
+    return checked
+
+
+def _check_one(
+    candidate: Any,
+    why: str,
+    sites: list[PatchedSite],
+    matched: set[str],
+    sides: _Sides,
+    recorder: Any,
+    job: WorkerJob,
+    writer: Any,
+) -> None:
+    """Compare one model through each entry point that may run a site still to reach, then
+    with the guards' attributes flipped where its forward ran the file; ``matched`` grows by
+    the sites that ran in a matching comparison."""
+    remaining = [site for site in sites if site.key not in matched]
+    runs = [
+        ("forward", {}),
+        *[(e, {}) for e in _entries_to_try(sides.adapter, candidate.name, remaining)],
+    ]
+    for entry, flags in runs:
+        if not remaining:
+            break
+        sides.flags = flags
+        verdict = _checked(candidate, entry, sides, recorder, job, writer)
+        flips = attribute_flips(remaining)
+        if flips and not flags and verdict.runs and entry == "forward":
+            runs.append((entry, flips))  # the model runs the file: now where guards lead
+        verdict.reason = f"{verdict.reason}; {'; '.join(x for x in (candidate.reason, why) if x)}"
+        writer.add(verdict.to_json())
+        for mode, counts in verdict.runs.items():
+            if verdict.matched_in(mode):
+                matched.update(counts)
+        remaining = [site for site in sites if site.key not in matched]
+
+
+def _label(name: str, entry: str, flags: dict[str, bool]) -> str:
+    label = name if entry == "forward" else f"{name}.{entry}"
+    if flags:
+        label += " [" + ", ".join(f"{key}={value}" for key, value in flags.items()) + "]"
+    return label
+
+
+def _entries_to_try(adapter: Any, name: str, remaining: list[PatchedSite]) -> list[str]:
+    """The model's other entry points that hold a site still to reach."""
+    methods = {site.function.rpartition(".")[2] for site in remaining}
+    return [entry for entry in adapter.entries(name) if entry in methods]
+
+
+def _checked(
+    candidate: Any, entry: str, sides: _Sides, recorder: Any, job: WorkerJob, writer: Any
+) -> ClassVerification:
+    label = _label(candidate.name, entry, sides.flags)
+    writer.plan([*writer.data["planned"], label])
+    writer.start(label)
+    return _compare(candidate.name, sides, recorder, job, entry)

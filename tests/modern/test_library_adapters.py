@@ -1,0 +1,80 @@
+"""The timm and diffusers adapters against the installed libraries: the models they name use
+the file, build small and run; a copied, patched timm file is verified through them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from adopter.models.registry import adapter_for
+from tests.environments import ROOT
+
+
+@pytest.mark.slow
+def test_timm_candidates_of_a_model_module_start_with_its_smallest_registered_model():
+    adapter = adapter_for("timm")
+    names = [c.name for c in adapter.candidates("timm.models.resnet", {"BasicBlock"})]
+    assert names[0] == "test_resnet"
+    survey = adapter.survey("resnet18", "timm.models.resnet")
+    assert survey is not None and "BasicBlock" in survey.classes
+    built = adapter.build("resnet18")
+    assert built.inputs[0].shape == (2, 3, 64, 64)
+    with torch.no_grad():
+        assert built.model.eval()(*built.inputs).shape == (2, 10)
+
+
+@pytest.mark.slow
+def test_a_patched_copy_of_a_timm_module_does_not_take_over_the_registry():
+    import timm
+
+    from adopter.bench.command import patch_text, patched_source_file
+    from adopter.rules import load_rule_set
+    from adopter.verify.worker import load_sibling
+
+    adapter = adapter_for("timm")
+    path = (
+        Path(sys.modules["timm.models.dla"].__file__)
+        if "timm.models.dla" in sys.modules
+        else (Path(timm.__file__).parent / "models" / "dla.py")
+    )
+    patched, _ = patch_text(path.read_text(), str(path), load_rule_set("all"))
+    with adapter.keeping_registries():
+        load_sibling("timm.models.dla", "_adopter_test_", patched_source_file(patched, path.name))
+    model = timm.create_model("dla34", pretrained=False)
+    assert type(model).__module__ == "timm.models.dla"
+
+
+@pytest.mark.slow
+def test_diffusers_builds_a_small_unet_with_inputs_that_run():
+    built = adapter_for("diffusers").build("UNet2DConditionModel")
+    assert sum(p.numel() for p in built.model.parameters()) < 10_000_000
+    with torch.no_grad():
+        (out,) = built.model.eval()(**built.inputs)
+    assert out.shape == built.inputs["sample"].shape
+
+
+@pytest.mark.slow
+def test_verify_on_a_copied_folder_after_apply_write_compares_with_the_installed_file(tmp_path):
+    import timm
+
+    folder = tmp_path / "my_models"
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    shutil.copy(Path(timm.__file__).parent / "models" / "dla.py", folder / "dla.py")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = [sys.executable, "-m", "adopter"]
+    subprocess.run([*run, "apply", "--write", str(folder)], env=env, check=True, cwd=tmp_path)
+    done = subprocess.run(
+        [*run, "verify", str(folder / "dla.py"), "-f", "json", "--timeout", "600"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    rows = json.loads(done.stdout)
+    files = [row for row in rows if row["kind"] == "file"]
+    assert [row["status"] for row in files] == ["verified"], files
