@@ -34,7 +34,9 @@ PAPER_FAMILIES = tuple(f"paper.{n}" for n in range(1, 10))
 EXTENDED_FAMILIES = tuple(f"ext.{n}" for n in range(1, 5))
 EXISTING_FAMILIES = PAPER_FAMILIES + EXTENDED_FAMILIES
 ALL_FAMILIES = EXISTING_FAMILIES + MODERN_FAMILIES
-SPLITS = ("dev", "test")
+SPLITS = ("dev", "test", "test2")
+# A label whose note starts with this is a site the labeller judged not clear-cut (test2).
+EDGE_MARK = "[edge]"
 MATCH_KINDS = ("line", "near", "scope")
 
 
@@ -59,6 +61,10 @@ class Label:
     static_reason: str
     note: str
     split: str
+
+    @property
+    def clear_cut(self) -> bool:
+        return not self.note.startswith(EDGE_MARK)
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,8 @@ class Cell:
     found: int = 0
     matched: int = 0
     matched_static: int = 0
+    expected_clear: int = 0
+    matched_clear: int = 0
 
     @property
     def missed(self) -> int:
@@ -112,12 +120,18 @@ class Cell:
     def static_recall(self) -> float | None:
         return self.matched_static / self.expected_static if self.expected_static else None
 
+    @property
+    def clear_recall(self) -> float | None:
+        return self.matched_clear / self.expected_clear if self.expected_clear else None
+
     def add(self, other: Cell) -> None:
         self.expected += other.expected
         self.expected_static += other.expected_static
         self.found += other.found
         self.matched += other.matched
         self.matched_static += other.matched_static
+        self.expected_clear += other.expected_clear
+        self.matched_clear += other.matched_clear
 
 
 def read_tsv(path: Path) -> list[dict[str, str]]:
@@ -282,10 +296,13 @@ def tabulate(
         cell.matched += 1
         cell.expected_static += label.static
         cell.matched_static += label.static
+        cell.expected_clear += label.clear_cut
+        cell.matched_clear += label.clear_cut
     for label in comparison.missed:
         cell = cells[(label.package, label.family, label.split)]
         cell.expected += 1
         cell.expected_static += label.static
+        cell.expected_clear += label.clear_cut
     for record in comparison.extra:
         cells[(record.package, record.family, split_of[(record.package, record.path)])].found += 1
     return dict(cells)

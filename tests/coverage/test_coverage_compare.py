@@ -136,3 +136,19 @@ def test_counts_per_package_family_and_split(tables):
     everything = total(cells, lambda *_: True)
     assert (everything.expected, everything.found, everything.matched) == (5, 3, 2)
     assert everything.expected_static == 4 and everything.matched_static == 1
+
+
+def test_a_test2_split_and_edge_labels_count_apart_in_the_clear_cut_recall(tmp_path: Path):
+    files = FILES + "pkg\t1.0\tpkg/c.py\ttest2\t-\tall\t2\t\n"
+    sites = (
+        SITES
+        + "pkg\t1.0\tpkg/c.py\t7\tgated-mlp\tC.forward\tyes\tplain\n"
+        + "pkg\t1.0\tpkg/c.py\t30\tgated-mlp\tD.forward\tyes\t[edge] conv GLU\n"
+    )
+    (tmp_path / "files.tsv").write_text(files)
+    (tmp_path / "sites.tsv").write_text(sites)
+    loaded_files, labels = load_labels(tmp_path / "sites.tsv", tmp_path / "files.tsv")
+    comparison = compare(labels, [record("pkg/c.py", 30, "gated-mlp", "D.forward")])
+    cell = tabulate(comparison, split_table(loaded_files))[("pkg", "gated-mlp", "test2")]
+    assert (cell.expected, cell.matched) == (2, 1)
+    assert (cell.expected_clear, cell.matched_clear) == (1, 0) and cell.clear_recall == 0.0
