@@ -459,11 +459,20 @@ def check_between(
             return Refusal(f"line {statement.lineno} reassigns an input of the fused call")
         if read_names(statement) & produced and not isinstance(last, ast.If):
             return Refusal(f"line {statement.lineno} reads a name the fused statement sets")
-        if isinstance(last, ast.If) and (read_names(statement) | assigned_names(statement)) & (
-            produced | read_names(first)
-        ):
+        if isinstance(last, ast.If) and _depends(statement, first):
             return Refusal(f"line {statement.lineno} depends on the statement to be moved")
     return None
+
+
+def _depends(statement: ast.stmt, moved: ast.stmt) -> bool:
+    """Whether two statements may not change places: one writes (binds, or changes in place)
+    a name the other reads or writes. Reading the same names is no dependency."""
+    moved_writes = assigned_names(moved) | mutated_names(moved)
+    writes = assigned_names(statement) | mutated_names(statement)
+    return bool(
+        writes & (moved_writes | read_names(moved))
+        or moved_writes & (read_names(statement) | writes)
+    )
 
 
 @check

@@ -379,3 +379,21 @@ def test_inputs_kept_sees_changes_in_place():
         _, function, blocks = _function(code.format(between))
         first, _, last = function.body
         assert checks.check_inputs_kept(blocks, [first, last], {"x"}) is None
+
+
+def test_between_a_moved_statement_and_its_branch_only_dependences_count():
+    """A statement moved past others into the arms of an ``if`` may pass one that reads what it
+    reads; not one that writes (or changes in place) what it reads, or reads what it sets."""
+    code = "def f(x, c):\n    q = a(x)\n    {}\n    if c:\n        k = b(x)\n"
+    for between in ["n = x.size(0)", "m = self.tokens if c else 0"]:
+        _, function, blocks = _function(code.format(between))
+        first, _, branch = function.body
+        assert checks.check_between(first, branch, [first], {"x"}, blocks) is None
+    for between in ["print(q)", "x.mul_(2)", "x = x + 1", "q = 1"]:
+        _, function, blocks = _function(code.format(between))
+        first, _, branch = function.body
+        _refused(
+            checks.check_between(first, branch, [first], set(), blocks),
+            checks.check_between,
+            "line 3 depends on the statement to be moved",
+        )
