@@ -267,16 +267,23 @@ def scan(
 
     Exit code 0 when the scan ran (with or without sites), 2 when any input was bad.
     """
+    from .rewrite.judge import mark_unwritable  # scan says what apply would skip, and why
+
     rules = load_rules(rule_files, rule_set, select)
     files, _ = collect_python_files(paths)
     console = _stderr()
     if len(files) >= PROGRESS_MIN_FILES and console.is_terminal:
         with _progress_bar(console, "scanning", len(files)) as advance:
             result = scan_paths(
-                paths, rules, jobs=jobs, progress=lambda _: advance(), explain=explain
+                paths,
+                rules,
+                jobs=jobs,
+                progress=lambda _: advance(),
+                explain=explain,
+                judge=mark_unwritable,
             )
     else:  # a few files finish before a bar would be drawn
-        result = scan_paths(paths, rules, jobs=jobs, explain=explain)
+        result = scan_paths(paths, rules, jobs=jobs, explain=explain, judge=mark_unwritable)
     for error in result.errors:
         _print_error(console, error)
     misses, never_started = result.explained()
@@ -329,11 +336,12 @@ def _print_table(sites, result, rules) -> None:
     rows = []
     for site in sites:  # Text cells: paths and rule texts are never Rich markup
         owner = f"{site.cls}.{site.method}" if site.cls else site.method
-        message = (
-            Text(site.message)
-            if site.applicable
-            else Text(f"not applicable: {site.reason}", style="dim")
-        )
+        if not site.applicable:
+            message = Text(f"not applicable: {site.reason}", style="dim")
+        elif not site.rewritable:
+            message = Text(f"{site.message}; not rewritable: {site.rewrite_reason}", style="yellow")
+        else:
+            message = Text(site.message)
         location = f"{_display_path(site.path)}:{site.line}:{site.column}"
         rule = site.rule.id
         if site.rule.third_party_kernel:
@@ -341,9 +349,12 @@ def _print_table(sites, result, rules) -> None:
         rows.append([Text(location), Text(rule, style="bold"), Text(owner), message])
     _print_rows_unfolded(console, rows)
     files = len(result.files)
+    unwritable = sum(not site.rewritable for site in result.sites)
     console.print(
         f"{len(result.sites)} site(s) in {files} file(s), {len(rules)} rule(s), "
-        f"{len(result.not_applicable)} not applicable, {len(result.errors)} error(s), "
+        f"{len(result.not_applicable)} not applicable, "
+        + (f"{unwritable} not rewritable, " if unwritable else "")
+        + f"{len(result.errors)} error(s), "
         f"{result.seconds:.2f} s"
     )
 

@@ -59,6 +59,9 @@ from .explain import (
 )
 
 MAX_CANDIDATES = 2000  # per pattern step, a guard against pathological files
+# Matches of one start on other paths kept for a rewrite across the arms of a branch (an
+# ``if``/``elif`` chain of this many arms is far beyond real attention code).
+MAX_ALTERNATIVES = 8
 
 
 @dataclass
@@ -80,9 +83,17 @@ class Site:
     flow: FunctionFlow | None = None
     notes: list[str] = field(default_factory=list)
     instances: list[Site] = field(default_factory=list)  # the same site through other calls
+    # The same start matched on paths that exclude this one's (the key and value projections
+    # of another arm of an ``if``/``elif`` chain): what a rewrite that copies the shared
+    # statement into every arm (paper Fig. 4) fuses in those arms. Never reported as sites.
+    alternatives: list[Site] = field(default_factory=list)
     swapped: tuple[int, ...] = ()  # ids of matched add/mul steps read with operands swapped
     # The character column of ``container_call()``, set where the file's text is known.
     call_column: int | None = None
+    # Set by a scan that also plans the rewrite (the CLI's): ``apply`` would skip this site,
+    # for this reason, given by the same named check that apply's skip gives.
+    rewritable: bool = True
+    rewrite_reason: str = ""
 
     def container_call(self) -> ast.Call | None:
         """The ``nn.Sequential`` call in ``forward`` that a match through the container's
@@ -118,6 +129,9 @@ class Site:
         if not self.applicable:
             record["applicable"] = False
             record["reason"] = self.reason
+        elif not self.rewritable:
+            record["rewritable"] = False
+            record["rewrite_reason"] = self.rewrite_reason
         return record
 
 
@@ -311,8 +325,11 @@ class Matcher:
                     self._miss(compiled, step, numbered(first, 0, False), self._reason)
                 continue
             self._deepest = None
-            fired = False
-            for final in self._search(compiled, compiled.forward, 1, new_state, flow, index):
+            fired: Site | None = None
+            fired_context: Context = EMPTY_CONTEXT
+            alternatives: list[_Alternative] = []
+            finals = self._search(compiled, compiled.forward, 1, new_state, flow, index)
+            for final in finals:
                 where_state = None
                 if compiled.where:
                     checking = final.copy()
@@ -323,11 +340,24 @@ class Matcher:
                 if compiled.where and where_state is None:
                     continue
                 site = self._site(compiled, flow, final, where_state)
+                if fired is not None:
+                    # a further match: kept when it runs on a path no earlier one does
+                    if site.applicable and all(
+                        not consistent(final.context, other)
+                        for other in [fired_context, *(a.context for a in alternatives)]
+                    ):
+                        alternatives.append(_Alternative(site, final.context))
+                    if len(alternatives) == MAX_ALTERNATIVES:
+                        break
+                    continue
                 if self.explain and not site.applicable:
                     self._miss(compiled, step, "", f"matched, but not applicable: {site.reason}")
-                fired = True
-                yield site
-                break
+                fired, fired_context = site, final.context
+                if not site.applicable or not _in_other_arms(final.steps):
+                    break
+            if fired is not None:
+                fired.alternatives = [alternative.site for alternative in alternatives]
+                yield fired
             if self.explain and not fired and self._deepest is not None:
                 self._miss(compiled, step, self._deepest[2], self._deepest[3])
 
@@ -902,6 +932,18 @@ def _without_overlaps(sites: list[Site]) -> list[Site]:
         taken |= nodes
         kept.append(site)
     return kept
+
+
+@dataclass(frozen=True)
+class _Alternative:
+    site: Site
+    context: Context
+
+
+def _in_other_arms(steps: list[FlowStep]) -> bool:
+    """Some matched step sits in a branch arm the first one does not: other arms of that
+    branch may hold the rest of the match too (the paper's Fig. 4)."""
+    return any(not step.context <= steps[0].context for step in steps[1:])
 
 
 def _part_of(part: Site, whole: Site) -> bool:

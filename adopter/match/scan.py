@@ -6,6 +6,7 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -106,11 +107,19 @@ def scan_source(text: str, path: str, matcher: Matcher) -> list[Site]:
     return matcher.match_file(structure)
 
 
-def scan_one(path: str, matcher: Matcher) -> FileResult:
+# Called after matching with (text, path, sites): a later stage's judgement of the sites (the
+# CLI's scan passes the rewrite planner's, which marks what apply could not rewrite).
+Judge = Callable[[str, str, list[Site]], None]
+
+
+def scan_one(path: str, matcher: Matcher, judge: Judge | None = None) -> FileResult:
     """Scan one file. Never raises: whatever goes wrong becomes the file's located error, so a
     worker process always returns a record (and the other files are still scanned)."""
     try:
-        sites = scan_source(read_source(path), path, matcher)
+        text = read_source(path)
+        sites = scan_source(text, path, matcher)
+        if judge is not None:
+            judge(text, path, sites)
         return FileResult(path, sites, misses=list(matcher.misses))
     except Exception as error:  # noqa: BLE001 - see the docstring
         return FileResult(path, error=failure_as_error(path, error))
@@ -119,12 +128,12 @@ def scan_one(path: str, matcher: Matcher) -> FileResult:
 def strip_details(site: Site) -> Site:
     """Drop the analysis graph of a site before it crosses a process boundary."""
     site.flow, site.steps, site.where_steps = None, [], []
-    site.constructions, site.bindings, site.instances = {}, {}, []
+    site.constructions, site.bindings, site.instances, site.alternatives = {}, {}, [], []
     return site
 
 
-def _scan_light(path: str, matcher: Matcher) -> FileResult:
-    result = scan_one(path, matcher)
+def _scan_light(path: str, matcher: Matcher, judge: Judge | None = None) -> FileResult:
+    result = scan_one(path, matcher, judge)
     for site in result.sites:
         strip_details(site)
     return result
@@ -186,9 +195,11 @@ def scan_paths(
     progress: Callable[[FileResult], None] | None = None,
     keep_details: bool = False,
     explain: bool = False,
+    judge: Judge | None = None,
 ) -> ScanResult:
     """Scan files and directories. ``keep_details`` keeps the matched steps for rewriting
-    (forces a single process); ``explain`` records, per file, where rules did not fire and why."""
+    (forces a single process); ``explain`` records, per file, where rules did not fire and why;
+    ``judge`` (a module-level function: workers run it) sees each file's sites after matching."""
     started = time.perf_counter()
     files, errors = collect_python_files(paths)
     results = [FileResult(error.path, error=error) for error in errors]
@@ -196,10 +207,10 @@ def scan_paths(
     results += map_files(
         names,
         rules,
-        scan_one,
+        partial(scan_one, judge=judge),
         jobs=1 if keep_details else jobs,
         progress=progress,
-        parallel_work=_scan_light,
+        parallel_work=partial(_scan_light, judge=judge),
         explain=explain,
     )
     return ScanResult(results, time.perf_counter() - started)

@@ -117,6 +117,16 @@ class _FunctionEditor(cst.CSTTransformer):
         self.hoists: dict[tuple[int, int], tuple[list[tuple[int, int]], int]] = {}
         self.sinks: dict[tuple[int, int], list[str]] = {}
         self.hoisted: dict[tuple[int, int], cst.SimpleStatementLine] = {}
+        # an if/elif chain -> (statements copied into each arm, arm count, the fused arms'
+        # opening statements: (text, statement copied, span of the node the text replaces))
+        self.spreads: dict[
+            tuple[int, int],
+            tuple[
+                list[tuple[int, int]],
+                int,
+                dict[int, list[tuple[str, tuple[int, int] | None, tuple[int, ...] | None]]],
+            ],
+        ] = {}
         self.inserted: dict[tuple[int, int], list[str]] = {}
         self.new_keywords: dict[tuple[int, int], list[str]] = {}
         # first statement -> (statements wrapped, guard, kernel arm, indentation step)
@@ -139,6 +149,30 @@ class _FunctionEditor(cst.CSTTransformer):
                 self.statements[locate(statement)] = text
             for statement in plan.delete_statements:
                 self.statements[locate(statement)] = None
+            if plan.spread is not None:
+                spread = plan.spread
+                for statement in spread.moved:
+                    self.statements[locate(statement)] = None
+                self.spreads[locate(spread.branch)] = (
+                    [locate(s) for s in spread.moved],
+                    spread.arms,
+                    {
+                        arm: [
+                            (
+                                start.text,
+                                locate(start.copy_of) if start.copy_of is not None else None,
+                                (*locate(start.node), *locate_end(start.node))
+                                if start.node is not None
+                                else None,
+                            )
+                            for start in starts
+                        ]
+                        for arm, starts in spread.fused.items()
+                    },
+                )
+                outer = indentation(spread.branch.lineno)
+                inner = indentation(spread.branch.body[0].lineno)
+                self.arm_indents[locate(spread.branch)] = inner[len(outer) :] or "    "
             if plan.hoist is not None:
                 moved, if_statement, arm = plan.hoist
                 for statement in moved:
@@ -214,7 +248,7 @@ class _FunctionEditor(cst.CSTTransformer):
             if key not in self.statements:
                 body.append(after)
                 continue
-            if any(key in targets for targets, _ in self.hoists.values()):
+            if self._moved(key):
                 self.hoisted[key] = cst.SimpleStatementLine(
                     body=[before.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)]
                 )
@@ -243,7 +277,7 @@ class _FunctionEditor(cst.CSTTransformer):
             return updated.with_changes(body=body) if body else _removed_marker(updated)
         if key not in self.statements:
             return updated
-        if any(key in targets for targets, _ in self.hoists.values()):
+        if self._moved(key):
             self.hoisted[key] = original
         text = self.statements[key]
         if text is None:
@@ -272,8 +306,97 @@ class _FunctionEditor(cst.CSTTransformer):
             params=params.with_changes(star_arg=star, kwonly_params=[*params.kwonly_params, *added])
         )
 
+    def _moved(self, key: tuple[int, int]) -> bool:
+        """The statement at ``key`` moves into the arms of an ``if``: kept aside to copy."""
+        return any(key in targets for targets, _ in self.hoists.values()) or any(
+            key in targets for targets, _, _ in self.spreads.values()
+        )
+
+    def _arm_start(
+        self, text: str, copied: tuple[int, int] | None, span: tuple[int, ...] | None
+    ) -> cst.BaseStatement:
+        """A statement opening a fused arm: new, or a moved one with its body or one of its
+        expressions replaced (its comment kept)."""
+        new = cst.parse_statement(text) if span is None else None
+        if copied is None:
+            assert new is not None
+            return new
+        statement = self.hoisted[copied].with_changes(leading_lines=())
+        if new is not None:
+            assert isinstance(new, cst.SimpleStatementLine)
+            return statement.with_changes(body=new.body)
+        found: list[cst.CSTNode] = []
+
+        class Find(cst.CSTVisitor):
+            def on_visit(inner, node: cst.CSTNode) -> bool:  # noqa: N805 - nested visitor
+                kind = self._CST_TO_AST.get(type(node).__name__)
+                if kind is not None and not found:
+                    where = self.get_metadata(PositionProvider, node, None)
+                    if (
+                        where is not None
+                        and (
+                            where.start.line,
+                            where.start.column,
+                            where.end.line,
+                            where.end.column,
+                        )
+                        == span
+                    ):
+                        found.append(node)
+                        return False
+                return not found
+
+        statement.visit(Find())
+        if not found:
+            raise Refusal(f"line {copied[0]}: the copied statement lost its computation")
+        replacement = cst.Name(text).with_changes(
+            lpar=getattr(found[0], "lpar", ()), rpar=getattr(found[0], "rpar", ())
+        )
+        return statement.deep_replace(found[0], replacement)  # type: ignore[return-value]
+
+    def _spread(self, key: tuple[int, int], updated: cst.If) -> cst.If:
+        """Every arm of the chain starts with the moved statements, or with its fused ones."""
+        moved_keys, arms, fused = self.spreads[key]
+        indent = self.arm_indents[key]
+
+        def opening(arm: int) -> list[cst.BaseStatement]:
+            if arm in fused:
+                return [self._arm_start(*start) for start in fused[arm]]
+            return [self.hoisted[k].with_changes(leading_lines=()) for k in moved_keys]
+
+        def extended(block: cst.BaseSuite, arm: int) -> cst.IndentedBlock:
+            if isinstance(block, cst.SimpleStatementSuite):
+                block = _as_block(block, indent)
+            assert isinstance(block, cst.IndentedBlock)
+            body = list(block.body)
+            if len(body) == 1 and _is_pass(body[0]) and arm in fused:
+                body = []  # the arm's statements all went into the fused call
+            head = opening(arm)
+            if body and body[0].leading_lines:  # the arm's opening comment stays on top
+                head[0] = head[0].with_changes(leading_lines=body[0].leading_lines)
+                body[0] = body[0].with_changes(leading_lines=())
+            return block.with_changes(body=[*head, *body])
+
+        def arm_chain(node: cst.If, arm: int) -> cst.If:
+            orelse = node.orelse
+            if isinstance(orelse, cst.If):
+                orelse = arm_chain(orelse, arm + 1)
+            elif isinstance(orelse, cst.Else):
+                orelse = orelse.with_changes(body=extended(orelse.body, arm + 1))
+            else:
+                block = cst.IndentedBlock(body=opening(arm + 1), indent=indent)
+                orelse = cst.Else(body=block)
+            return node.with_changes(body=extended(node.body, arm), orelse=orelse)
+
+        spread = arm_chain(updated, 0)
+        if _chain_length(spread) != arms:
+            raise Refusal(f"line {key[0]}: the branch's arms are not where the plan has them")
+        return spread
+
     def leave_If(self, original: cst.If, updated: cst.If):  # noqa: N802 - LibCST visitor name
         key = self._start(original)
+        if key in self.spreads:
+            return self._spread(key, updated)
         hoist = self.hoists.get(key)
         if hoist is None:
             return updated
@@ -368,6 +491,24 @@ class _FunctionEditor(cst.CSTTransformer):
 
 
 _REMOVED = "__adopter_removed__"
+
+
+def _is_pass(statement: cst.BaseStatement) -> bool:
+    return (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Pass)
+        and not statement.leading_lines
+    )
+
+
+def _chain_length(node: cst.If) -> int:
+    """Arms of an ``if``/``elif``/``else`` chain (its ``else`` counted)."""
+    arms = 1
+    while isinstance(node.orelse, cst.If):
+        node = node.orelse
+        arms += 1
+    return arms + 1
 
 
 def _as_block(suite: cst.SimpleStatementSuite, indent: str) -> cst.IndentedBlock:
@@ -778,12 +919,13 @@ def modular_refusal(text: str, path: str, modular: bool) -> str | None:
     return None
 
 
-def rewrite_source(
+def plan_sites(
     text: str, path: str, sites: Sequence[Site], tree: ast.Module, *, modular: bool = False
-) -> FileRewrite:
-    """Patch ``text`` for the applicable ``sites`` (found on ``tree``, the same text parsed).
-    ``modular``: patch transformers' modular sources rather than the files generated from them
-    (see :func:`generated_pair`)."""
+) -> tuple[Planner | None, list[Plan], list[SiteResult]] | None:
+    """The first, static half of :func:`rewrite_source`, which ``scan`` runs too: every
+    applicable site planned from the named checks, or skipped with the reason a check gave (or
+    the ``modular`` policy gave: then there is no planner). ``None`` when no site applies.
+    Nothing is edited, and no text is rendered to LibCST."""
     refusal = modular_refusal(text, path, modular)
     if refusal is not None:
         skipped = [
@@ -791,10 +933,10 @@ def rewrite_source(
             for site in sites
             if site.applicable
         ]
-        return FileRewrite(path, text, text, _ordered(skipped))
+        return None, [], skipped
     if not any(site.applicable for site in sites):
         # Most modules an import hook sees have nothing to patch: skip the name analysis.
-        return FileRewrite(path, text, text, [])
+        return None
     source = SourceText(text)
     # Kernel names must mean the import inside every function the sites edit (see names.py).
     visible = visible_bindings(tree, _host_lines(tree, sites))
@@ -825,6 +967,22 @@ def rewrite_source(
         for extra in site_plans[1:]:
             extra.instance_of = site
         plans.extend(site_plans)
+    return planner, plans, results
+
+
+def rewrite_source(
+    text: str, path: str, sites: Sequence[Site], tree: ast.Module, *, modular: bool = False
+) -> FileRewrite:
+    """Patch ``text`` for the applicable ``sites`` (found on ``tree``, the same text parsed).
+    ``modular``: patch transformers' modular sources rather than the files generated from them
+    (see :func:`generated_pair`)."""
+    planned = plan_sites(text, path, sites, tree, modular=modular)
+    if planned is None:
+        return FileRewrite(path, text, text, [])
+    planner, plans, results = planned
+    if planner is None:
+        return FileRewrite(path, text, text, _ordered(results))
+    source = planner.source
     plans = resolve_overlaps(plans, results, _already_fused_classes(tree))
     plans = [part for plan in plans for part in (plan, *plan.companions)]
     plans = _merge_sequential(plans, source)

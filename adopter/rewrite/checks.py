@@ -39,9 +39,12 @@ from .source import (
     Blocks,
     SourceText,
     assigned_names,
+    chain_arms,
     contains,
+    encloses,
     has_call,
     is_plain_assignment,
+    mutated_names,
     read_names,
 )
 
@@ -456,11 +459,20 @@ def check_between(
             return Refusal(f"line {statement.lineno} reassigns an input of the fused call")
         if read_names(statement) & produced and not isinstance(last, ast.If):
             return Refusal(f"line {statement.lineno} reads a name the fused statement sets")
-        if isinstance(last, ast.If) and (read_names(statement) | assigned_names(statement)) & (
-            produced | read_names(first)
-        ):
+        if isinstance(last, ast.If) and _depends(statement, first):
             return Refusal(f"line {statement.lineno} depends on the statement to be moved")
     return None
+
+
+def _depends(statement: ast.stmt, moved: ast.stmt) -> bool:
+    """Whether two statements may not change places: one writes (binds, or changes in place)
+    a name the other reads or writes. Reading the same names is no dependency."""
+    moved_writes = assigned_names(moved) | mutated_names(moved)
+    writes = assigned_names(statement) | mutated_names(statement)
+    return bool(
+        writes & (moved_writes | read_names(moved))
+        or moved_writes & (read_names(statement) | writes)
+    )
 
 
 @check
@@ -553,6 +565,69 @@ def check_one_block(statements: list[ast.stmt], blocks: Blocks, what: str) -> Re
 
 
 @check
+def check_arm_chain(
+    source: SourceText, blocks: Blocks, statements_of: list[list[ast.stmt | None]]
+) -> Refusal | None:
+    """Statements of several results that sit in different blocks are rewritten across arms
+    (paper Fig. 4) only in one shape: each match's statements either sit in the block of its
+    first one, before an ``if``/``elif`` chain of that block, each holding one result, the
+    same statements for every match, or directly in one arm of that chain, a different arm
+    for each match."""
+    first_match = statements_of[0]
+    lines = ", ".join(str(s.lineno) for s in first_match if s is not None)
+    different = f"the fused assignments (lines {lines}) sit in different blocks"
+    if any(s is None for match in statements_of for s in match):
+        return Refusal(different)
+    block = blocks.block_of(first_match[0])[0]  # type: ignore[arg-type]
+    shared = [s for s in first_match if blocks.block_of(s)[0] is block]  # type: ignore[arg-type]
+    if len({id(s) for s in shared}) != len(shared):
+        return Refusal(f"{different}, and one statement holds two of them")
+    last_shared = max(blocks.block_of(s)[1] for s in shared)  # type: ignore[arg-type]
+    rest = [s for s in first_match if not any(s is m for m in shared)]
+    after = block[last_shared + 1 :]
+    branch = next((s for s in after if encloses(s, rest[0])), None) if rest else None
+    if not isinstance(branch, ast.If):
+        return Refusal(f"{different}, not in the arms of an `if` after the first")
+    _, bodies = chain_arms(source.lines, branch)
+    used: set[int] = set()
+    for match in statements_of:
+        if [id(s) for s in match if blocks.block_of(s)[0] is block] != [id(s) for s in shared]:  # type: ignore[arg-type]
+            return Refusal(f"{different}, and the matches in other arms share other statements")
+        in_arm = [s for s in match if blocks.block_of(s)[0] is not block]  # type: ignore[arg-type]
+        arms = {
+            index
+            for index, body in enumerate(bodies)
+            for s in in_arm
+            if any(s is statement for statement in body)
+        }
+        held = sum(any(s is statement for body in bodies for statement in body) for s in in_arm)
+        if not in_arm or len(arms) != 1 or held != len(in_arm):
+            return Refusal(
+                f"{different}, not all directly in one arm of the branch at line {branch.lineno}"
+            )
+        if arms & used:
+            return Refusal(f"{different}; two matches share the arm of line {in_arm[0].lineno}")  # type: ignore[union-attr]
+        used |= arms
+    return None
+
+
+@check
+def check_chain_conditions(tests: list[ast.If], moved: list[ast.stmt]) -> Refusal | None:
+    """Statements copied from before an ``if``/``elif`` chain into its arms now run after its
+    conditions: no condition may read what they set, change what they read, or call anything
+    (a call could see or change state the statements touch)."""
+    for branch in tests:
+        for statement in moved:
+            if read_names(branch.test) & assigned_names(statement):
+                return Refusal(f"line {branch.lineno}: the condition reads what would move")
+            if assigned_names(branch.test) & read_names(statement):
+                return Refusal(f"line {branch.lineno}: the condition sets what would move")
+        if has_call(branch.test):
+            return Refusal(f"line {branch.lineno}: the condition calls something")
+    return None
+
+
+@check
 def check_between_untouched(
     blocks: Blocks, ordered: list[ast.stmt], watched: set[str]
 ) -> Refusal | None:
@@ -581,7 +656,7 @@ def check_inputs_kept(blocks: Blocks, ordered: list[ast.stmt], inputs: set[str])
     them, may change an input."""
     first, last = ordered[0], ordered[-1]
     for statement in [first, *blocks.between(first, last)]:
-        if assigned_names(statement) & inputs:
+        if (assigned_names(statement) | mutated_names(statement)) & inputs:
             return Refusal(f"line {statement.lineno} changes an input of the fused call")
     return None
 
@@ -1128,13 +1203,19 @@ def check_edit(
             removed[ast.dump(node)] = removed.get(ast.dump(node), 0) + 1
         for node in moved:
             kept.setdefault(ast.dump(node), 0)
+        if plan.spread is not None:
+            # copied unchanged into each arm that does not fuse: one arm runs on a path
+            copies = plan.spread.arms - len(plan.spread.fused)
+            for node in plan.spread.moved:
+                dumped = ast.dump(node)
+                kept[dumped] = kept.get(dumped, 0) + copies - 1
     before = _dump_counts(old, set(removed) | set(kept))
     after = _dump_counts(new, set(removed) | set(kept))
     for dumped, count in removed.items():
         if after[dumped] > before[dumped] - count:
             return Refusal(f"lines {start}-{end}: the edit keeps a computation the kernel replaces")
-    for dumped in kept:
-        if after[dumped] > before[dumped]:
+    for dumped, extra in kept.items():
+        if after[dumped] > before[dumped] + extra:
             return Refusal(f"lines {start}-{end}: the edit runs a moved statement twice")
     return None
 

@@ -33,6 +33,7 @@ from ..dsl.syntax import Step as PatternStep
 from ..extract.model import Step as FlowStep
 from ..match.matcher import Site
 from .across import plan_across_call
+from .arms import Spread, plan_tuple_across_arms
 from .checks import (
     check_arm_keeps_values,
     check_between,
@@ -122,6 +123,8 @@ class Plan:
     hoist: tuple[list[ast.stmt], ast.If, int] | None = None
     # source text of statements copied to the end of the arms that do not fuse
     sunk: list[str] = field(default_factory=list)
+    # statements copied into every arm of an ``if``/``elif`` chain, fused in some (arms.py)
+    spread: Spread | None = None
     sequential: SequentialPiece | None = None
     # a match that starts inside an nn.Sequential call: (call, first matched element, the
     # text of the elements before it called one by one), so pieces before it can merge in
@@ -413,7 +416,8 @@ class Planner:
                 return self.plan_tuple_nested(site, plan, call_text, targets, producer_of)
             names.append(self.source.segment(statement.targets[0]))  # type: ignore[attr-defined]
             statements.append(statement)
-        require(check_one_block(statements, blocks, "assignments"))
+        if check_one_block(statements, blocks, "assignments") is not None:
+            return plan_tuple_across_arms(self, site, plan, targets, producer_of)
         ordered = sorted(statements, key=lambda s: blocks.block_of(s)[1])
         require(check_between_untouched(blocks, ordered, set(names) | input_names(site)))
         text = tuple_assignment(names, call_text)
@@ -442,7 +446,8 @@ class Planner:
             require(check_simple_statement(step))
             if not any(step.statement is s for s in statements):
                 statements.append(step.statement)  # type: ignore[arg-type]
-        require(check_one_block(statements, blocks, "computations"))
+        if check_one_block(statements, blocks, "computations") is not None:
+            return plan_tuple_across_arms(self, site, plan, targets, producer_of)
         ordered = sorted(statements, key=lambda s: blocks.block_of(s)[1])
         require(check_inputs_kept(blocks, ordered, input_names(site)))
         taken = names_in(plan.function)

@@ -55,6 +55,35 @@ def contains(outer: ast.AST, inner: ast.AST) -> bool:
     return start <= inner_start and inner_end <= end
 
 
+def chain_arms(
+    source_lines: list[str], branch: ast.If
+) -> tuple[list[ast.If], list[list[ast.stmt]]]:
+    """The ``if`` statements of an ``if``/``elif`` chain and the bodies of its arms, in order
+    (the ``else`` body last; empty when the chain has none). ``else: if`` is not an ``elif``:
+    that inner ``if`` belongs to the ``else`` arm."""
+    tests: list[ast.If] = []
+    bodies: list[list[ast.stmt]] = []
+    node = branch
+    while True:
+        tests.append(node)
+        bodies.append(node.body)
+        orelse = node.orelse
+        if (
+            len(orelse) == 1
+            and isinstance(orelse[0], ast.If)
+            and source_lines[orelse[0].lineno - 1].lstrip().startswith("elif")
+        ):
+            node = orelse[0]
+            continue
+        bodies.append(orelse)
+        return tests, bodies
+
+
+def encloses(outer: ast.stmt, statement: ast.stmt) -> bool:
+    """``statement`` is ``outer`` or nested in it (identity, not position)."""
+    return any(node is statement for node in ast.walk(outer))
+
+
 def function_start(function: ast.FunctionDef) -> int:
     """First line of a function including its decorators."""
     return min([function.lineno] + [d.lineno for d in function.decorator_list])
@@ -100,6 +129,29 @@ def assigned_names(statement: ast.AST) -> set[str]:
             names.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def mutated_names(statement: ast.AST) -> set[str]:
+    """Names whose object a statement changes in place without rebinding them: an in-place
+    tensor method (``x.mul_(2)``, torch's trailing-underscore convention), an item or
+    attribute stored into (``x[0] = 0``, ``x.data = y``, ``x[0] += 1``)."""
+    names: set[str] = set()
+    for node in ast.walk(statement):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.attr.endswith("_")
+            and not node.func.attr.startswith("__")
+        ):
+            names.add(node.func.value.id)
+        elif (
+            isinstance(node, (ast.Subscript, ast.Attribute))
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+        ):
+            names.add(node.value.id)
     return names
 
 

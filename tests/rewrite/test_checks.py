@@ -271,7 +271,7 @@ def test_every_check_is_registered_and_named_check():
     assert len(CHECKS) > 40
 
 
-@pytest.mark.parametrize("module", ["plan.py", "across.py", "render.py", "guarded.py"])
+@pytest.mark.parametrize("module", ["plan.py", "across.py", "arms.py", "render.py", "guarded.py"])
 def test_the_planner_refuses_only_through_checks(module):
     """No refusal is made outside checks.py: each reason has exactly one check to look at."""
     tree = ast.parse((REWRITE / module).read_text(encoding="utf-8"))
@@ -307,3 +307,93 @@ def test_every_skip_of_the_rule_fixtures_names_its_check(monkeypatch):
     assert refusals and reasons
     assert {refusal.check for refusal in refusals} <= set(CHECKS)
     assert reasons <= {refusal.reason for refusal in refusals}
+
+
+def test_arm_chain():
+    code = (
+        "def f(x, c, d):\n"
+        "    q = a(x)\n"
+        "    if c:\n"
+        "        k = b(x)\n"
+        "        v = e(x)\n"
+        "    elif d:\n"
+        "        k = b(x)\n"
+        "        v = e(x)\n"
+        "    else:\n"
+        "        k, v = c\n"
+    )
+    source, function, blocks = _function(code)
+    first, branch = function.body
+    inner = branch.orelse[0]  # type: ignore[attr-defined]
+    arm, elif_arm = branch.body, inner.body  # type: ignore[attr-defined]
+    assert checks.check_arm_chain(source, blocks, [[first, *arm], [first, *elif_arm]]) is None
+    _refused(
+        checks.check_arm_chain(source, blocks, [[first, arm[0], elif_arm[1]]]),
+        checks.check_arm_chain,
+        "the fused assignments (lines 2, 4, 8) sit in different blocks, not all directly in one",
+    )
+    _refused(
+        checks.check_arm_chain(source, blocks, [[first, *arm], [first, *arm]]),
+        checks.check_arm_chain,
+        "two matches share the arm of line 4",
+    )
+    _refused(
+        checks.check_arm_chain(source, blocks, [[first, *arm], [arm[0], *elif_arm]]),
+        checks.check_arm_chain,
+        "the matches in other arms share other statements",
+    )
+
+
+def test_chain_conditions():
+    code = "def f(x, c):\n    q = a(x)\n    if {}:\n        pass\n    elif {}:\n        pass\n"
+    _, function, _ = _function(code.format("c", "c is None"))
+    moved, branch = function.body
+    tests = [branch, branch.orelse[0]]  # type: ignore[attr-defined]
+    assert checks.check_chain_conditions(tests, [moved]) is None  # type: ignore[arg-type]
+    for first, second, reason in [
+        ("c", "q is None", "line 5: the condition reads what would move"),
+        ("(x := c)", "c", "line 3: the condition sets what would move"),
+        ("c", "g(c)", "line 5: the condition calls something"),
+    ]:
+        _, function, _ = _function(code.format(first, second))
+        moved, branch = function.body
+        tests = [branch, branch.orelse[0]]  # type: ignore[attr-defined]
+        _refused(
+            checks.check_chain_conditions(tests, [moved]),  # type: ignore[arg-type]
+            checks.check_chain_conditions,
+            reason,
+        )
+
+
+def test_inputs_kept_sees_changes_in_place():
+    code = "def f(x):\n    q = a(x)\n    {}\n    k = b(x)\n"
+    for between in ["x.mul_(2)", "x[0] = 1", "x.data = y", "x = x + 1"]:
+        _, function, blocks = _function(code.format(between))
+        first, _, last = function.body
+        _refused(
+            checks.check_inputs_kept(blocks, [first, last], {"x"}),
+            checks.check_inputs_kept,
+            "line 3 changes an input of the fused call",
+        )
+    for between in ["y = x.sum()", "x.__len__()", "z = x[0]"]:
+        _, function, blocks = _function(code.format(between))
+        first, _, last = function.body
+        assert checks.check_inputs_kept(blocks, [first, last], {"x"}) is None
+
+
+def test_between_a_moved_statement_and_its_branch_only_dependences_count():
+    """A statement moved past others into the arms of an ``if`` may pass one that reads what it
+    reads; not one that writes (or changes in place) what it reads, or reads what it sets."""
+    code = "def f(x, c):\n    q = a(x)\n    {}\n    if c:\n        k = b(x)\n"
+    for between in ["n = x.size(0)", "m = self.tokens if c else 0"]:
+        _, function, blocks = _function(code.format(between))
+        first, _, branch = function.body
+        assert checks.check_between(first, branch, [first], {"x"}, blocks) is None
+    for between in ["print(q)", "x.mul_(2)", "x = x + 1", "q = 1"]:
+        _, function, blocks = _function(code.format(between))
+        first, _, branch = function.body
+        _refused(
+            checks.check_between(first, branch, [first], set(), blocks),
+            checks.check_between,
+            "line 3 depends on the statement to be moved",
+        )

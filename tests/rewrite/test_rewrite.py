@@ -637,7 +637,7 @@ def test_fused_qkv_new_names_avoid_the_functions_own():
     assert "fused_query, key, value = qkv_projection(" in result.patched
 
 
-def test_fused_qkv_in_different_blocks_is_skipped_with_lines():
+def test_fused_qkv_in_different_blocks_moves_the_query_into_each_arm():
     result = rewrite("""
         class BertSelfAttention(nn.Module):
             def __init__(self):
@@ -656,8 +656,40 @@ def test_fused_qkv_in_different_blocks_is_skipped_with_lines():
                     v = self.value(hidden_states).view(2, 3, 2, 4)
                 return q, k, v
         """)
+    assert [r.status for r in result.results] == ["patched"]
+    assert (
+        "        if cross is not None:\n"
+        "            q = self.query(hidden_states).view(2, 3, 2, 4)\n"
+        "            k = self.key(cross).view(2, 3, 2, 4)\n"
+    ) in result.patched
+    assert "            q = query.view(2, 3, 2, 4)\n" in result.patched
+
+
+def test_fused_qkv_nested_deeper_than_an_arm_is_skipped_with_lines():
+    result = rewrite("""
+        class BertSelfAttention(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.query = nn.Linear(8, 8)
+                self.key = nn.Linear(8, 8)
+                self.value = nn.Linear(8, 8)
+
+            def forward(self, hidden_states, cross=None, flag=False):
+                q = self.query(hidden_states).view(2, 3, 2, 4)
+                if cross is not None:
+                    k, v = cross
+                else:
+                    if flag:
+                        k = self.key(hidden_states).view(2, 3, 2, 4)
+                        v = self.value(hidden_states).view(2, 3, 2, 4)
+                    else:
+                        k, v = cross
+                return q, k, v
+        """)
     assert [r.status for r in result.results] == ["skipped"]
-    assert "sit in different blocks" in result.results[0].reason
+    assert "(lines 14, 19, 20) sit in different blocks, not all directly in one arm" in (
+        result.results[0].reason
+    )
     assert not result.changed
 
 

@@ -1,0 +1,160 @@
+"""Synthesis across the arms of a branch (paper Fig. 4) for a kernel with several results.
+
+``q = self.q_proj(h) * s`` before an ``if``/``elif``/``else`` chain whose arms compute
+``k = self.k_proj(h)`` and ``v = self.v_proj(h)`` (or take them from a cache): no single place
+holds the three projections. The statements before the chain that the match shares are copied
+to the start of every arm (an ``else:`` is added when there is none), so each path still runs
+them exactly once, where it did, just after the conditions; in each arm that holds the rest of
+a match, the copy becomes the fused call and the arm's projections read its results. Arms that
+do not reach the match keep the plain copy.
+
+Copying is allowed only when it cannot change what runs: the conditions call nothing and read
+nothing the copied statement sets, nothing between the statement and the chain depends on it,
+and in a fused arm nothing before the last projection changes an input or uses a result.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..match.matcher import Site
+from .checks import (
+    check_arm_chain,
+    check_between,
+    check_between_untouched,
+    check_chain_conditions,
+    check_dropped_arguments,
+    check_fresh_name,
+    check_inputs_kept,
+    check_one_spelling,
+    check_simple_statement,
+    input_names,
+    require,
+    step_expression,
+)
+from .render import tuple_assignment
+from .source import chain_arms, encloses, is_plain_assignment, names_in
+
+if TYPE_CHECKING:
+    from .plan import Plan, Planner
+
+
+@dataclass
+class ArmStart:
+    """A statement that starts a fused arm: ``text`` alone (a new statement), or a copy of
+    ``copy_of`` with its body replaced by ``text`` (``node`` is ``None``) or with ``node``
+    replaced by the name ``text``."""
+
+    text: str
+    copy_of: ast.stmt | None = None
+    node: ast.expr | None = None
+
+
+@dataclass
+class Spread:
+    """Statements moved from before ``branch`` to the start of each arm of its ``if``/``elif``
+    chain (arm 0 is the ``if`` body, the last arm the ``else``, added when missing); the arms in
+    ``fused`` start with their statements instead of the copies."""
+
+    moved: list[ast.stmt]
+    branch: ast.If
+    arms: int
+    has_else: bool
+    fused: dict[int, list[ArmStart]] = field(default_factory=dict)
+
+
+def plan_tuple_across_arms(
+    planner: Planner,
+    site: Site,
+    plan: Plan,
+    targets: list[str],
+    producer_of: dict[str, int],
+) -> Plan:
+    """The Fig. 4 plan of a several-results site whose statements sit in different blocks."""
+    blocks = planner.blocks(plan.function)
+    matches = [site, *site.alternatives]
+    statements_of = [
+        [match.steps[producer_of[target]].statement for target in targets] for match in matches
+    ]
+    require(check_arm_chain(planner.source, blocks, statements_of))
+    first = statements_of[0][0]
+    assert first is not None
+    block, index, _, _ = blocks.block_of(first)
+    shared = [s for s in statements_of[0] if blocks.block_of(s)[0] is block]  # type: ignore[arg-type]
+    rest = [s for s in statements_of[0] if not any(s is m for m in shared)]
+    branch = next(s for s in block[index + 1 :] if encloses(s, rest[0]))  # type: ignore[arg-type]
+    assert isinstance(branch, ast.If)
+    tests, bodies = chain_arms(planner.source.lines, branch)
+    inputs = input_names(site)
+    for statement in shared:
+        require(check_between(statement, branch, shared, inputs, blocks))
+    require(check_chain_conditions(tests, shared))
+    spread = Spread(moved=shared, branch=branch, arms=len(bodies), has_else=bool(bodies[-1]))
+    pattern = site.rule.forward.steps  # type: ignore[union-attr]
+    (new_step,) = site.rule.forward.replacement  # type: ignore[union-attr,misc]
+    final_index = max(producer_of[t] for t in targets)
+    taken = names_in(plan.function)
+    plan.kernel_calls.clear()  # rendered again below, once for each fused arm
+    for match, statements in zip(matches, statements_of, strict=True):
+        if match is not site:
+            require(check_one_spelling(match))
+            require(check_dropped_arguments(planner.source, match, pattern, new_step, final_index))
+        call_text = planner.render.call(
+            new_step, match, plan, pattern[final_index], match.steps[final_index]
+        )
+        in_arm = [s for s in statements if not any(s is m for m in shared)]
+        arm = next(i for i, body in enumerate(bodies) if any(in_arm[0] is s for s in body))
+        body = bodies[arm]
+        ordered = sorted(in_arm, key=lambda s: blocks.block_of(s)[1])  # type: ignore[arg-type]
+        span = [body[0], *(s for s in ordered if s is not body[0])]
+        require(check_inputs_kept(blocks, span, inputs))  # type: ignore[arg-type]
+        steps = [match.steps[producer_of[target]] for target in targets]
+        plain = all(
+            is_plain_assignment(step.statement, step_expression(step))  # type: ignore[arg-type]
+            for step in steps
+        )
+        if plain:
+            names = [planner.source.segment(s.targets[0]) for s in statements]  # type: ignore[union-attr]
+            require(check_between_untouched(blocks, span, set(names) | inputs))  # type: ignore[arg-type]
+            # one statement binds all results: the first copy's line, with its comment
+            spread.fused[arm] = [ArmStart(tuple_assignment(names, call_text), copy_of=shared[0])]
+            plan.delete_statements.extend(ordered)  # type: ignore[arg-type]
+        else:
+            for step in steps:
+                require(check_simple_statement(step))
+            names = []
+            for target in targets:
+                name = target if target not in taken else f"fused_{target}"
+                require(check_fresh_name(name, taken | set(names), "function"))
+                names.append(name)
+            starts = [ArmStart(tuple_assignment(names, call_text))]
+            for step, name in zip(steps, names, strict=True):
+                node = step_expression(step)
+                if any(step.statement is s for s in shared):
+                    starts.append(ArmStart(name, copy_of=step.statement, node=node))
+                else:
+                    plan.replace_expressions.append((node, name))
+            spread.fused[arm] = _in_source_order(starts, shared)
+        plan.touched.extend(in_arm)  # type: ignore[arg-type]
+        plan.statements.extend(in_arm)  # type: ignore[arg-type]
+    plan.spread = spread
+    plan.touched.extend([*shared, branch])
+    plan.statements.extend([*shared, branch])
+    fused = ", ".join(str(tests[a].lineno) if a < len(tests) else "else" for a in spread.fused)
+    plan.summary = (
+        f"lines {', '.join(str(s.lineno) for s in shared)} copied into {spread.arms} arms of "
+        f"the branch at line {branch.lineno}; fused in the arms at {fused}"
+    )
+    return plan
+
+
+def _in_source_order(starts: list[ArmStart], shared: list[ast.stmt]) -> list[ArmStart]:
+    """The new tuple assignment first, then the copies in the order they had."""
+    order = {id(s): i for i, s in enumerate(shared)}
+    head = [s for s in starts if s.copy_of is None]
+    copies = sorted(
+        (s for s in starts if s.copy_of is not None), key=lambda s: order[id(s.copy_of)]
+    )
+    return head + copies

@@ -1,0 +1,151 @@
+"""Paper Fig. 4 for a kernel with several results: the query projected before an
+``if``/``elif``/``else`` chain whose arms project the keys and values. The query statement is
+copied into every arm, the fused call opens each arm that holds a whole match, and the patched
+module computes what the original did on every path, with the same parameter names."""
+
+from __future__ import annotations
+
+import pytest
+
+from adopter.match import Matcher
+from adopter.rewrite import rewrite_text
+from adopter.rules import load_rule_set
+
+torch = pytest.importorskip("torch")
+
+HEAD = "import torch\nfrom torch import nn\n\n\n"
+
+ELIF_CHAIN = (
+    HEAD
+    + """\
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q_proj = nn.Linear(8, 8)
+        self.k_proj = nn.Linear(8, 8)
+        self.v_proj = nn.Linear(8, 8)
+        self.scaling = 0.5
+
+    def _shape(self, tensor, bsz):
+        return tensor.view(bsz, -1, 2, 4).transpose(1, 2)
+
+    def forward(self, hidden_states, key_value_states=None, past_key_value=None):
+        is_cross_attention = key_value_states is not None
+        bsz = hidden_states.shape[0]
+        query_states = self.q_proj(hidden_states) * self.scaling  # the query
+        if is_cross_attention and past_key_value is not None:
+            key_states, value_states = past_key_value
+        elif is_cross_attention:
+            key_states = self._shape(self.k_proj(key_value_states), bsz)
+            value_states = self._shape(self.v_proj(key_value_states), bsz)
+        elif past_key_value is not None:
+            key_states = self._shape(self.k_proj(hidden_states), bsz)
+            value_states = self._shape(self.v_proj(hidden_states), bsz)
+            key_states = torch.cat([past_key_value[0], key_states], dim=2)
+            value_states = torch.cat([past_key_value[1], value_states], dim=2)
+        else:
+            key_states = self._shape(self.k_proj(hidden_states), bsz)
+            value_states = self._shape(self.v_proj(hidden_states), bsz)
+        return self._shape(query_states, bsz), key_states, value_states
+"""
+)
+
+PLAIN_NO_ELSE = (
+    HEAD
+    + """\
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q_proj = nn.Linear(8, 8)
+        self.k_proj = nn.Linear(8, 8)
+        self.v_proj = nn.Linear(8, 8)
+
+    def forward(self, x, cache=None, refresh=False):
+        query = self.q_proj(x)
+        if cache is not None and not refresh:
+            return query.view(2, 3, 2, 4), cache[0], cache[1]
+        elif refresh:
+            key = self.k_proj(x)
+            value = self.v_proj(x)
+        return query.view(2, 3, 2, 4), key.view(2, 3, 2, 4), value.view(2, 3, 2, 4)
+"""
+)
+
+
+def _rewrite(text: str):
+    rules = [rule for rule in load_rule_set("all") if rule.id == "paper.9"]
+    matcher = Matcher(rules)
+    rewrite = rewrite_text(text, "attention.py", matcher)
+    return rewrite, matcher
+
+
+def _module(text: str) -> nn.Module:  # noqa: F821 - torch's nn, imported by the text
+    namespace: dict[str, object] = {}
+    exec(compile(text, "attention.py", "exec"), namespace)  # noqa: S102 - our own fixture
+    torch.manual_seed(0)
+    return namespace["Attention"]()  # type: ignore[operator]
+
+
+def _same_on(original_text: str, patched_text: str, calls: list[dict]) -> None:
+    original, patched = _module(original_text), _module(patched_text)
+    assert list(original.state_dict()) == list(patched.state_dict())  # checkpoint keys kept
+    patched.load_state_dict(original.state_dict(), strict=True)
+    for kwargs in calls:
+        expected, got = original(**kwargs), patched(**kwargs)
+        for want, have in zip(expected, got, strict=True):
+            torch.testing.assert_close(have, want)
+
+
+def test_an_elif_chain_gets_the_query_in_every_arm_and_the_fused_call_where_it_fits():
+    rewrite, matcher = _rewrite(ELIF_CHAIN)
+    assert [r.status.value for r in rewrite.results] == ["patched"]
+    patched = rewrite.patched
+    assert patched.count("qkv_projection(hidden_states, ") == 2  # the two self-attention arms
+    # the two other arms keep the query, copied with its comment
+    assert (
+        patched.count("query_states = self.q_proj(hidden_states) * self.scaling  # the query") == 2
+    )
+    assert patched.count("query_states = query * self.scaling  # the query") == 2
+    assert not rewrite_text(patched, "attention.py", matcher).changed  # second apply: nothing
+    h, kv = torch.randn(2, 3, 8), torch.randn(2, 5, 8)
+    past = (torch.randn(2, 2, 5, 4), torch.randn(2, 2, 5, 4))
+    _same_on(
+        ELIF_CHAIN,
+        patched,
+        [
+            {"hidden_states": h},
+            {"hidden_states": h, "past_key_value": past},
+            {"hidden_states": h, "key_value_states": kv},
+            {"hidden_states": h, "key_value_states": kv, "past_key_value": past},
+        ],
+    )
+
+
+def test_an_arm_that_returns_early_keeps_the_copy_and_a_missing_else_is_added():
+    rewrite, matcher = _rewrite(PLAIN_NO_ELSE)
+    assert [r.status.value for r in rewrite.results] == ["patched"]
+    patched = rewrite.patched
+    assert "query, key, value = qkv_projection(x, self.q_proj, self.k_proj, self.v_proj)" in patched
+    assert "        else:\n            query = self.q_proj(x)\n" in patched
+    assert not rewrite_text(patched, "attention.py", matcher).changed
+    x = torch.randn(2, 3, 8)
+    cache = (torch.randn(2, 3, 2, 4), torch.randn(2, 3, 2, 4))
+    _same_on(PLAIN_NO_ELSE, patched, [{"x": x, "refresh": True}, {"x": x, "cache": cache}])
+
+
+@pytest.mark.parametrize(
+    ("arm", "reason"),
+    [
+        ("x.mul_(2)", "changes an input of the fused call"),
+        ("x[0] = 0.0", "changes an input of the fused call"),
+    ],
+)
+def test_an_arm_that_changes_the_input_before_the_projections_is_refused(arm, reason):
+    text = PLAIN_NO_ELSE.replace(
+        "        elif refresh:\n", f"        elif refresh:\n            {arm}\n"
+    )
+    rewrite, _ = _rewrite(text)
+    (result,) = rewrite.results
+    assert result.status.value == "skipped"
+    assert reason in result.reason
+    assert not rewrite.changed
