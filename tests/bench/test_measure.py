@@ -310,7 +310,7 @@ def test_rss_ratios_are_withheld_below_resolution():
         return out["patched"]["train"]
 
     tiny = summarise(64 << 10, 0)
-    assert tiny.memory.ratio is None and "below the 1 MiB" in tiny.memory_error
+    assert tiny.memory.ratio is None and "below the 4 MiB" in tiny.memory_error
     big = summarise(RSS_RESOLUTION * 4, RSS_RESOLUTION * 2)
     assert big.memory.ratio == 0.5 and big.memory_error is None
     assert big.speedup.ratio == 2.0 and big.timing.throughput == 8.0
