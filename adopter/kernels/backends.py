@@ -69,6 +69,7 @@ __all__ = [
 TABLE_ENV = "ADOPTER_BACKENDS_TABLE"
 PREFER_ENV = "ADOPTER_BACKENDS"
 TABLE_VERSION = 1
+ORIGINAL = "original"  # the name under which a table or preference asks for the original
 
 
 @dataclass(frozen=True)
@@ -258,6 +259,11 @@ def _table() -> dict[str, dict[str, str]]:
     return _STATE["table"]
 
 
+def current_table() -> dict[str, dict[str, str]]:
+    """The winners read from the table (a copy)."""
+    return {o: dict(per) for o, per in _table().items()}
+
+
 def reload_table() -> None:
     """Read the table file and ``ADOPTER_BACKENDS`` again (the next dispatch uses them)."""
     _STATE["table"] = _read_table()
@@ -352,6 +358,8 @@ def choose(
     table's dicts) and only backends that compile are considered."""
     compiling = torch.compiler.is_compiling()
     for backend_name in _order(_OPS[name], device, dtype, shape_bucket):
+        if backend_name == ORIGINAL:
+            return None  # measured faster than every backend here
         for backend in offered:
             if backend.name != backend_name or device not in backend.devices:
                 continue
