@@ -350,12 +350,28 @@ def _measured(recorder: Any, runs: dict[str, dict[str, int]], mode: str, check: 
     if recorder is None:
         return check()
     before = recorder.snapshot()
+    backends_before = recorder.backends_snapshot()
     try:
         return check()
     finally:
         ran = recorder.since(before)
         if ran:
             runs[mode] = ran
+            dispatched = recorder.backends_since(backends_before)
+            if dispatched:  # read by _with_backends: which backend each site ran on
+                runs.setdefault(_BACKENDS_KEY, {})[mode] = dispatched  # type: ignore[assignment]
+
+
+# A key of ``runs`` that is no mode: the backends per mode and site (``_with_backends``).
+_BACKENDS_KEY = "__backends__"
+
+
+def _with_backends(verdict: Any, runs: dict[str, Any]) -> Any:
+    """Set the verdict's ``runs`` and ``backends`` from the record ``_measured`` kept."""
+    runs = dict(runs)
+    verdict.backends = runs.pop(_BACKENDS_KEY, {})
+    verdict.runs = runs
+    return verdict
 
 
 _BUILD_FAILED = "could not build and run the original model"
@@ -560,8 +576,7 @@ def _check_transformers_class(
                 outcomes["train-labels"] = outcome
             else:
                 runs.pop("train-labels", None)
-    verdict = conclude(name, outcomes, prefix)
-    verdict.runs = runs
+    verdict = _with_backends(conclude(name, outcomes, prefix), runs)
     return verdict.to_json()
 
 
@@ -1086,8 +1101,7 @@ def run_factory_job(job: dict[str, Any], writer: ResultWriter) -> None:
                 original_source, patched_source, state, inputs, sources, job
             ),
         )
-    verdict = conclude(name, outcomes)
-    verdict.runs = runs
+    verdict = _with_backends(conclude(name, outcomes), runs)
     writer.add(verdict.to_json())
 
 
