@@ -317,11 +317,28 @@ def measure_backends(
     return rows
 
 
+def _default(op_name: str, key: str, measured: set[str], reference: str) -> str:
+    """The op's safe default for the device of ``key`` among the measured candidates."""
+    o = kernel_backends.op(op_name)
+    device = key.split("/", 1)[0]
+    for name in o.default.get(device, o.default.get("*", ())):
+        if name in measured:
+            return name
+    return reference
+
+
+def _costs_no_memory(row: BackendRow, default_peak: int | None) -> bool:
+    if row.peak_bytes is None or default_peak is None:
+        return True
+    return row.peak_bytes <= 1.1 * default_peak
+
+
 def winners(rows: Sequence[BackendRow], mode: str = "train") -> dict[str, dict[str, str]]:
-    """Per op and table key, the backend to prefer: the fastest of the measured ones whose
-    interval against the reference lies above 1 (a measured win), else the reference (the
-    safe choice when nothing is clearly faster). ``original`` may win (the op then runs the
-    original computation for that bucket)."""
+    """Per op and table key, the backend to prefer: the fastest candidate whose interval
+    against the reference lies wholly above 1 and whose peak memory is at most 10% above the
+    safe default's (a measured win that costs no memory), else the safe default (which the
+    kernels also choose without a table). ``original`` may win (the op then runs the original
+    computation for that bucket)."""
     chosen: dict[str, dict[str, str]] = {}
     groups: dict[tuple[str, str], list[BackendRow]] = {}
     for row in rows:
@@ -329,8 +346,18 @@ def winners(rows: Sequence[BackendRow], mode: str = "train") -> dict[str, dict[s
             groups.setdefault((row.op, row.key), []).append(row)
     for (op_name, key), group in groups.items():
         reference = group[0].reference
-        clear = [r for r in group if r.backend != reference and r.ci[0] > 1.0]
-        best = min(clear, key=lambda r: r.median_s).backend if clear else reference
+        default = _default(op_name, key, {r.backend for r in group}, reference)
+        default_peak = next(r.peak_bytes for r in group if r.backend == default)
+
+        clear = [
+            r
+            for r in group
+            if r.backend != reference and r.ci[0] > 1.0 and _costs_no_memory(r, default_peak)
+        ]
+        if default != reference:  # beating the reference is not enough: beat the default
+            default_row = next(r for r in group if r.backend == default)
+            clear = [r for r in clear if r.median_s < default_row.median_s]
+        best = min(clear, key=lambda r: r.median_s).backend if clear else default
         chosen.setdefault(op_name, {})[key] = best
     return chosen
 

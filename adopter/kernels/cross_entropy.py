@@ -29,8 +29,14 @@ only use this kernel when nobody needs them; :func:`fused_loss_applies` is the r
 rewrite calls (labels given, training with autograd on, the model's loss function being
 ``ForCausalLMLoss``), falling back to the original ``lm_head`` + loss otherwise.
 
+Backends (:mod:`adopter.kernels.backends`, :data:`BACKENDS`): this module's chunked autograd
+function (``adopter``), PyTorch's chunked ``F.linear_cross_entropy`` (``torch``: float32/64
+heads without soft-cap or logit scaling; a ``torch.library`` op, so under ``torch.compile`` it
+is one opaque node and the compiled graph keeps the memory saving, where ours - whose chunking
+depends on the data - would break it) and Liger-Kernel's (``liger``, CUDA).
+
 The original computation runs instead (inside the kernel) for ``torch.jit`` / ``torch.fx`` tracing,
-``torch.compile`` (whose data-dependent chunking would break the graph), autocast, a head that is
+``torch.compile`` when no backend that compiles takes the call, autocast, a head that is
 not a stock ``nn.Linear`` (hooks, LoRA, quantised), weights of another dtype or device than the
 hidden states, non-``int64`` targets, targets out of range (which the original reports), and shapes
 the original would reject.

@@ -35,8 +35,13 @@ copy) is the same for every input of at most 32 bits; a float64 input runs the o
 On CUDA with Triton the forward and backward are one Triton kernel each
 (:mod:`adopter.kernels._triton_modern`; not for ``"weight_dtype"``), equal to float rounding.
 
+Backends (:mod:`adopter.kernels.backends`): this module's (``adopter``), ``F.rms_norm``
+(``torch``, float32 input and weight, where every spelling computes the same; the one used under
+``torch.compile``, which captures it whole) and Liger-Kernel's (``liger``, CUDA).
+
 Falls back to the original composite code (:func:`rms_norm_reference`) under ``torch.jit`` /
-``torch.fx`` tracing and ``torch.compile`` (which fuses it itself), for tensor subclasses,
+``torch.fx`` tracing and ``torch.compile`` when ``torch`` does not take the call (Inductor fuses
+the original itself), for tensor subclasses,
 non-floating inputs, a weight whose shape is not ``(x.shape[-1],)`` or that lives elsewhere, empty
 inputs, and a weight or input of float64 combined with ``"after_weight"``.
 """

@@ -280,21 +280,31 @@ def _ran(fn: Any) -> list[tuple[str, str]]:
 def test_defaults_on_cpu_and_the_record_of_what_ran() -> None:
     h, w, t = _loss_inputs()
     assert _ran(lambda: kernels.linear_cross_entropy(h, w, None, t)) == [
-        ("linear_cross_entropy", "torch")
-    ]
-    # the soft-cap is not torch's: the next backend, ours
-    assert _ran(lambda: kernels.linear_cross_entropy(h, w, None, t, softcap=3.0)) == [
         ("linear_cross_entropy", "adopter")
     ]
-    # a tensor divisor with mean: none takes it, the original runs (before any dispatch)
     assert _ran(lambda: kernels.rms_norm(h, None, 1e-6)) == [("rms_norm", "adopter")]
+    q = torch.randn(1, 2, 3, 8)
+    module = torch.nn.Module()
+    assert _ran(lambda: kernels.attention_function(module, q, q, q, None)) == [
+        ("attention", "torch")
+    ]
+    # a tensor subclass: no dispatch, the original runs before it
+    assert _ran(lambda: kernels.rms_norm(h.as_subclass(_Sub), None, 1e-6)) == []
+
+
+class _Sub(torch.Tensor):
+    pass
 
 
 def test_prefer_and_environment_and_original(monkeypatch: pytest.MonkeyPatch) -> None:
     h, w, t = _loss_inputs()
     want = linear_cross_entropy_reference(h, w, None, t)
-    with backends.prefer("linear_cross_entropy", "adopter"):
-        assert _ran(lambda: kernels.linear_cross_entropy(h, w, None, t))[0][1] == "adopter"
+    with backends.prefer("linear_cross_entropy", "torch"):
+        assert _ran(lambda: kernels.linear_cross_entropy(h, w, None, t))[0][1] == "torch"
+    # the soft-cap is not torch's: the next backend, ours
+    with backends.prefer("linear_cross_entropy", "torch"):
+        log = _ran(lambda: kernels.linear_cross_entropy(h, w, None, t, softcap=3.0))
+    assert log == [("linear_cross_entropy", "adopter")]
     monkeypatch.setenv(backends.PREFER_ENV, "linear_cross_entropy=original,rms_norm=torch")
     backends.reload_table()
     log = _ran(lambda: assert_close(kernels.linear_cross_entropy(h, w, None, t), want))
@@ -310,13 +320,13 @@ def test_measured_table_is_read_and_keyed(tmp_path: Path, monkeypatch: pytest.Mo
     call = LossCall(h, w, None, t, -100, "mean", None, None, None, None, None)
     key = backends.table_key("cpu", torch.float32, kernels.cross_entropy.bucket(call))
     path = tmp_path / "table.json"
-    backends.write_table({"linear_cross_entropy": {key: "adopter"}}, [], path)
+    backends.write_table({"linear_cross_entropy": {key: "torch"}}, [], path)
     monkeypatch.setenv(backends.TABLE_ENV, str(path))
     backends.reload_table()
-    assert _ran(lambda: kernels.linear_cross_entropy(h, w, None, t))[0][1] == "adopter"
+    assert _ran(lambda: kernels.linear_cross_entropy(h, w, None, t))[0][1] == "torch"
     # another bucket (a wider vocabulary): the default
     wide = torch.randn(40, 4)
-    assert _ran(lambda: kernels.linear_cross_entropy(h, wide, None, t))[0][1] == "torch"
+    assert _ran(lambda: kernels.linear_cross_entropy(h, wide, None, t))[0][1] == "adopter"
     # a table of another version is ignored
     path.write_text(json.dumps({"version": 0, "winners": {}}), encoding="utf-8")
     backends.reload_table()
