@@ -559,6 +559,15 @@ def bench(
         bool, typer.Option("--compile", help="torch.compile both sides.")
     ] = False,
     ablation: Annotated[bool, typer.Option("--ablation", help="Each rule alone too.")] = False,
+    backends: Annotated[
+        bool,
+        typer.Option(
+            "--backends",
+            help="Time every installed backend of each kernel op (at the model's sizes, or a "
+            "default set without a model) and record the winners in this machine's table "
+            "(ADOPTER_BACKENDS_TABLE overrides its path), which the kernels read.",
+        ),
+    ] = False,
     modes: Annotated[str, typer.Option("--modes", help="inference,train")] = "inference,train",
     warmup: Annotated[int, typer.Option("--warmup", min=0)] = 2,
     repeats: Annotated[int, typer.Option("--repeats", min=1)] = 10,
@@ -594,6 +603,24 @@ def bench(
     they run one after another; with --executor ray each runs on a node of its own, holding all
     of that node's CPUs. Each model's table is printed as it finishes; --json then holds
     {model: result}."""
+    if plot_out is not None and importlib.util.find_spec("matplotlib") is None:
+        # Checked before the run: a missing plotter must not cost the user the measurements.
+        raise _fail("--plot needs matplotlib: pip install matplotlib (or 'adopter[torch]')")
+    if backends:
+        _bench_backends(
+            targets,
+            batch_size,
+            seq_len,
+            device,
+            dtype,
+            modes,
+            repeats,
+            warmup,
+            memory,
+            json_out,
+            plot_out,
+        )
+        return
     if not targets and factory is None:
         raise _fail("give a model (e.g. bert) or --factory module:function")
     if targets and factory is not None:
@@ -601,9 +628,6 @@ def bench(
     target = targets[0] if targets else None
     _check_factory("--factory", factory)
     _check_factory("--patched-factory", patched_factory)
-    if plot_out is not None and importlib.util.find_spec("matplotlib") is None:
-        # Checked before the run: a missing plotter must not cost the user the measurements.
-        raise _fail("--plot needs matplotlib: pip install matplotlib (or 'adopter[torch]')")
     rules = load_rules(rule_files, rule_set, select)
 
     from .bench.command import BenchTargetError, run_bench
@@ -645,6 +669,56 @@ def bench(
     except (BenchTargetError, ValueError, VariantBuildError) as error:
         raise _fail(str(error)) from None
     _print_bench(result)
+
+
+def _bench_backends(
+    targets: list[str] | None,
+    batch_size: int,
+    seq_len: int,
+    device: str,
+    dtype: str,
+    modes: str,
+    repeats: int,
+    warmup: int,
+    memory: MemoryMethod,
+    json_out: Path | None,
+    plot_out: Path | None,
+) -> None:
+    """``bench --backends``: measure each kernel op's backends, record and show the winners."""
+    if targets and len(targets) > 1:
+        raise _fail("--backends measures one model's sizes (or the default set without one)")
+    from .bench.backends import plot_backends, render_backends, run_backend_bench
+    from .bench.command import BenchTargetError
+    from .bench.measure import MODES
+
+    # Without a model the default shapes are 2 x 512 tokens (bench's --seq-len default is 128).
+    given = bool(targets)
+    try:
+        rows, chosen, path = run_backend_bench(
+            targets[0] if targets else None,
+            batch=batch_size if given else 2,
+            seq=seq_len if given else 512,
+            device=device,
+            dtype=dtype,
+            modes=_comma_list(modes, "--modes", MODES),
+            repeats=repeats,
+            warmup=warmup,
+            memory=memory is not MemoryMethod.none,
+            progress=lambda message: _stderr().print(message, markup=False, highlight=False),
+        )
+    except (BenchTargetError, ValueError) as error:
+        raise _fail(str(error)) from None
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        console.width = 160
+    console.print(render_backends(rows, chosen))
+    console.print(f"winners recorded in {path}", markup=False, soft_wrap=True)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        data = {"winners": chosen, "rows": [row.to_json() for row in rows]}
+        json_out.write_text(json.dumps(data, indent=1), encoding="utf-8")
+    if plot_out is not None:
+        plot_backends(rows, plot_out)
 
 
 def _print_bench(result) -> None:

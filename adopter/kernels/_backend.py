@@ -159,8 +159,16 @@ def describe_backends(device: str | torch.device | None = None) -> dict[str, str
         "triton": "available" if triton_available() else "missing",
         "xformers": "available" if xformers_available() else "missing",
         "flash_attn": "available" if flash_attn_available() else "missing",
+        "liger_kernel": "available" if _has_module("liger_kernel") else "missing",
     }
+    from . import backends as dispatch  # the ops with several backends
+
+    alternatives = {}
+    for o in dispatch.OPS:
+        offered = dispatch.available(o.name, dev.type)
+        for kernel in o.kernels:
+            alternatives[kernel] = "; backends here: " + ", ".join(offered) + " (chosen per call)"
     for entry in ENTRIES:
         if entry.backend is not None:
-            report[entry.name] = entry.backend(backends)
+            report[entry.name] = entry.backend(backends) + alternatives.get(entry.name, "")
     return report

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -51,6 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import attention as _attention
+from . import backends
 from ._util import has_hooks, plain_tensors, tracing
 
 __all__ = [
@@ -255,10 +257,97 @@ def _sdpa(
         if torch.compiler.is_compiling() or _has_fully_masked_row(mask):
             return None  # a data-dependent check cannot go into a compiled graph
         mask = _attention._without_zero_mask(mask)
-    extra = {"enable_gqa": True} if groups > 1 else {}
-    return F.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, dropout_p=p, scale=scale, **extra
+    call = AttentionCall(query, key, value, mask, p, scale, groups)
+    return backends.run(
+        OP, BACKENDS, bucket(call), call, query.device.type, query.dtype, lambda: None
     )
+
+
+# --------------------------------------------------------------------------------------------
+# Backends (adopter.kernels.backends): every call has 4-D ``(batch, heads, len, head_dim)``
+# inputs SDPA reproduces the original for (the checks above); none accepting it runs the
+# original spelling (the caller's).
+
+OP = "attention"
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    mask: torch.Tensor | None
+    dropout: float
+    scale: float
+    groups: int  # key/value heads are shared by this many query heads
+
+
+def bucket(call: AttentionCall) -> str:
+    return f"d{call.query.shape[-1]}-s{backends.pow2(call.key.shape[-2])}"
+
+
+def _run_sdpa(call: AttentionCall) -> torch.Tensor:
+    extra = {"enable_gqa": True} if call.groups > 1 else {}
+    return F.scaled_dot_product_attention(
+        call.query,
+        call.key,
+        call.value,
+        attn_mask=call.mask,
+        dropout_p=call.dropout,
+        scale=call.scale,
+        **extra,
+    )
+
+
+def _run_sdpa_math(call: AttentionCall) -> torch.Tensor:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.MATH):
+        return _run_sdpa(call)
+
+
+def _flash_attn_accepts(call: AttentionCall) -> bool:
+    """flash-attn: CUDA, half precision, no mask (it takes none), no dropout (it draws its own
+    mask, unlike SDPA's), head size a multiple of 8 up to 256, query len = key len."""
+    q, k = call.query, call.key
+    if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if call.mask is not None or call.dropout or q.shape[-1] % 8 or q.shape[-1] > 256:
+        return False
+    return k.dtype == q.dtype and call.value.dtype == q.dtype
+
+
+def _run_flash_attn(call: AttentionCall) -> torch.Tensor:
+    from flash_attn import flash_attn_func
+
+    q, k, v = (t.transpose(1, 2) for t in (call.query, call.key, call.value))
+    out = flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=call.scale, causal=False)
+    return out.transpose(1, 2)
+
+
+BACKENDS: tuple[backends.Backend, ...] = (
+    backends.Backend(
+        "torch",
+        lambda call: True,
+        _run_sdpa,
+        compiles=True,
+        summary="torch.nn.functional.scaled_dot_product_attention (its own kernel choice)",
+    ),
+    backends.Backend(
+        "torch_math",
+        lambda call: True,
+        _run_sdpa_math,
+        summary="scaled_dot_product_attention restricted to its math kernel",
+    ),
+    backends.Backend(
+        "flash_attn",
+        _flash_attn_accepts,
+        _run_flash_attn,
+        devices=frozenset({"cuda"}),
+        requires="flash_attn",
+        summary="flash-attn's flash_attn_func",
+    ),
+)
 
 
 # --------------------------------------------------------------------------------------------

@@ -29,8 +29,14 @@ only use this kernel when nobody needs them; :func:`fused_loss_applies` is the r
 rewrite calls (labels given, training with autograd on, the model's loss function being
 ``ForCausalLMLoss``), falling back to the original ``lm_head`` + loss otherwise.
 
+Backends (:mod:`adopter.kernels.backends`, :data:`BACKENDS`): this module's chunked autograd
+function (``adopter``), PyTorch's chunked ``F.linear_cross_entropy`` (``torch``: float32/64
+heads without soft-cap or logit scaling; a ``torch.library`` op, so under ``torch.compile`` it
+is one opaque node and the compiled graph keeps the memory saving, where ours - whose chunking
+depends on the data - would break it) and Liger-Kernel's (``liger``, CUDA).
+
 The original computation runs instead (inside the kernel) for ``torch.jit`` / ``torch.fx`` tracing,
-``torch.compile`` (whose data-dependent chunking would break the graph), autocast, a head that is
+``torch.compile`` when no backend that compiles takes the call, autocast, a head that is
 not a stock ``nn.Linear`` (hooks, LoRA, quantised), weights of another dtype or device than the
 hidden states, non-``int64`` targets, targets out of range (which the original reports), and shapes
 the original would reject.
@@ -39,13 +45,15 @@ the original would reject.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ._util import grad_needed, is_plain, plain_tensors, runs_original
+from . import backends
+from ._util import compiling, grad_needed, is_plain, plain_tensors, tracing
 
 __all__ = [
     "causal_lm_loss",
@@ -426,15 +434,15 @@ def linear_cross_entropy(
             hidden, weight, bias, targets, divisor=divisor, **options
         )
 
-    # Under torch.compile the original: the range check of the targets and the chunking by
-    # counted tokens depend on the data (``nonzero``, ``.item()``), which breaks the graph.
-    if runs_original(hidden, weight, bias, targets) or not _handled(
+    if tracing(hidden, weight, bias, targets) or not _handled(
         hidden, weight, bias, targets, reduction
     ):
         return original()
     if divisor is not None and reduction != "sum":
         return original()
-    if not _targets_in_range(targets, weight.shape[0], ignore_index):
+    # The range check of the targets depends on the data; a compiled graph cannot hold it (the
+    # compiled original does not check either).
+    if not compiling() and not _targets_in_range(targets, weight.shape[0], ignore_index):
         return original()  # the original raises its own error for these
     if softcap is not None:
         softcap = float(softcap)
@@ -442,8 +450,7 @@ def linear_cross_entropy(
             return original()
     if not all(_plain_factor(f) for f in (logit_scale, logit_divisor)):
         return original()  # a tensor factor (it may need a gradient) or 0, inf, nan
-    recording = grad_needed(hidden, weight, bias)
-    return _LinearCrossEntropy.apply(
+    call = LossCall(
         hidden,
         weight,
         bias,
@@ -453,8 +460,11 @@ def linear_cross_entropy(
         divisor,
         softcap,
         chunk_size,
-        recording,
-        (logit_scale, logit_divisor),
+        logit_scale,
+        logit_divisor,
+    )
+    return backends.run(
+        OP, BACKENDS, bucket(call), call, hidden.device.type, hidden.dtype, original
     )
 
 
@@ -465,6 +475,154 @@ def _plain_factor(factor: Any) -> bool:
     if isinstance(factor, bool) or not isinstance(factor, (int, float)):
         return False
     return factor != 0 and math.isfinite(factor)
+
+
+# --------------------------------------------------------------------------------------------
+# Backends (adopter.kernels.backends): every call that reaches them has passed the checks of
+# linear_cross_entropy (plain 2-D tensors of one dtype and device, int64 targets in range,
+# mean/sum, finite factors); each says what else it needs.
+
+OP = "linear_cross_entropy"
+
+
+@dataclass(frozen=True)
+class LossCall:
+    hidden: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    targets: torch.Tensor
+    ignore_index: int
+    reduction: str
+    divisor: Any
+    softcap: float | None
+    chunk_size: int | None
+    logit_scale: float | None
+    logit_divisor: float | None
+
+
+def bucket(call: LossCall) -> str:
+    """Vocabulary and width, each rounded up to a power of two."""
+    vocab, width = call.weight.shape
+    return f"v{backends.pow2(vocab)}-h{backends.pow2(width)}"
+
+
+def _run_adopter(call: LossCall) -> torch.Tensor:
+    return _LinearCrossEntropy.apply(
+        call.hidden,
+        call.weight,
+        call.bias,
+        call.targets,
+        call.ignore_index,
+        call.reduction,
+        call.divisor,
+        call.softcap,
+        call.chunk_size,
+        grad_needed(call.hidden, call.weight, call.bias),
+        (call.logit_scale, call.logit_divisor),
+    )
+
+
+# torch's chunked op computes ``cross_entropy(linear(h, w, b), t)`` with its logits in the
+# input's dtype and float32 where they are float32: the original's for float32 and float64
+# heads. For half precision it accumulates in float32 without rounding the logits to the
+# head's dtype first, which the original does: not the original computation.
+_TORCH_DTYPES = (torch.float32, torch.float64)
+
+
+def _torch_accepts(call: LossCall) -> bool:
+    if call.softcap is not None or call.logit_scale is not None or call.logit_divisor is not None:
+        return False
+    return call.hidden.dtype in _TORCH_DTYPES and call.hidden.shape[0] > 0
+
+
+def _torch_options(call: LossCall) -> Any:
+    from torch.nn import LinearCrossEntropyOptions
+
+    rows = call.hidden.shape[0]
+    # Our chunk size (half the weight's bytes of float32 logits per chunk, see CHUNK_BYTES):
+    # torch's own "aspect_ratio:2" takes 16 rows per chunk at width 768 and vocab 32,000 on a
+    # CPU, each reading the whole weight again (docs/kernels.md measures both).
+    chunk = _chunk_rows(call.weight, rows, call.chunk_size)
+    # Under torch.compile torch forces allow_retain_graph=True (with a warning, which Dynamo
+    # cannot trace): say it ourselves.
+    return LinearCrossEntropyOptions(
+        batch_chunk_size=chunk,
+        chunking_method=None,
+        acc_policy="accurate",
+        allow_retain_graph=compiling(),
+    )
+
+
+def _run_torch(call: LossCall) -> torch.Tensor:
+    # The mean as a sum over the counted tokens: torch's op gives nan gradients when no token
+    # counts, the original zeros (with a nan loss), and whether any counts is data that a
+    # compiled graph cannot branch on.
+    total = F.linear_cross_entropy(
+        call.hidden,
+        call.weight,
+        call.targets,
+        linear_bias=call.bias,
+        reduction="sum",
+        ignore_index=call.ignore_index,
+        options=_torch_options(call),
+    )
+    if call.reduction == "sum":
+        return total if call.divisor is None else _divide(total, call.divisor)
+    count = (call.targets != call.ignore_index).sum().to(total.dtype)
+    mean = total / count.clamp(min=1)
+    return torch.where(count > 0, mean, torch.full_like(mean, math.nan))
+
+
+def _liger_accepts(call: LossCall) -> bool:
+    if call.logit_scale is not None or call.logit_divisor is not None:
+        return False
+    return call.hidden.is_cuda and call.hidden.dtype in (
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+    )
+
+
+def _run_liger(call: LossCall) -> torch.Tensor:
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    loss = liger_fused_linear_cross_entropy(
+        call.hidden,
+        call.weight,
+        call.targets,
+        bias=call.bias,
+        ignore_index=call.ignore_index,
+        reduction=call.reduction,
+        softcap=call.softcap,
+    )
+    if isinstance(loss, tuple):  # versions that return (loss, z_loss, ...)
+        loss = loss[0]
+    return loss if call.divisor is None else _divide(loss, call.divisor)
+
+
+BACKENDS: tuple[backends.Backend, ...] = (
+    backends.Backend(
+        "adopter",
+        lambda call: True,
+        _run_adopter,
+        summary="chunked LM head + log_softmax, gradients formed per chunk (logits never kept)",
+    ),
+    backends.Backend(
+        "torch",
+        _torch_accepts,
+        _run_torch,
+        compiles=True,  # a torch.library custom op: opaque to Inductor, no graph break
+        summary="torch.nn.functional.linear_cross_entropy, chunked (LinearCrossEntropyOptions)",
+    ),
+    backends.Backend(
+        "liger",
+        _liger_accepts,
+        _run_liger,
+        devices=frozenset({"cuda"}),
+        requires="liger_kernel",
+        summary="Liger-Kernel fused linear cross-entropy (Triton)",
+    ),
+)
 
 
 # --------------------------------------------------------------------------------------------
@@ -537,7 +695,9 @@ def causal_lm_loss(
             upcast=upcast,
         )
 
-    if runs_original(hidden_states, labels, shift_labels, logit_bias):
+    # Under torch.compile too: the dispatch then picks a backend that compiles (torch's
+    # chunked op keeps the memory saving in a compiled graph) or the original.
+    if tracing(hidden_states, labels, shift_labels, logit_bias):
         return original()
     if not is_plain(lm_head, nn.Linear):
         return original()
@@ -608,6 +768,7 @@ def fused_loss_applies(
         return False
     if loss_function is not None and not _is_causal_lm_loss(loss_function):
         return False
-    # Under a tracer or torch.compile the model keeps its original head and loss (and its
-    # logits), as linear_cross_entropy() would run them anyway.
-    return not runs_original(labels)
+    # Under a tracer the model keeps its original head and loss (and its logits), as
+    # linear_cross_entropy() would run them anyway. Under torch.compile it does not: the loss
+    # dispatches to a backend that compiles (see causal_lm_loss).
+    return not tracing(labels)

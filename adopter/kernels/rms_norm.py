@@ -35,20 +35,27 @@ copy) is the same for every input of at most 32 bits; a float64 input runs the o
 On CUDA with Triton the forward and backward are one Triton kernel each
 (:mod:`adopter.kernels._triton_modern`; not for ``"weight_dtype"``), equal to float rounding.
 
+Backends (:mod:`adopter.kernels.backends`): this module's (``adopter``), ``F.rms_norm``
+(``torch``, float32 input and weight, where every spelling computes the same; the one used under
+``torch.compile``, which captures it whole) and Liger-Kernel's (``liger``, CUDA).
+
 Falls back to the original composite code (:func:`rms_norm_reference`) under ``torch.jit`` /
-``torch.fx`` tracing and ``torch.compile`` (which fuses it itself), for tensor subclasses,
+``torch.fx`` tracing and ``torch.compile`` when ``torch`` does not take the call (Inductor fuses
+the original itself), for tensor subclasses,
 non-floating inputs, a weight whose shape is not ``(x.shape[-1],)`` or that lives elsewhere, empty
 inputs, and a weight or input of float64 combined with ``"after_weight"``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
-from . import _triton_modern
-from ._util import grad_needed, plain_tensors, runs_original
+from . import _triton_modern, backends
+from ._util import grad_needed, plain_tensors, tracing
 
 __all__ = ["RMS_NORM_CASTS", "rms_norm", "rms_norm_reference"]
 
@@ -282,9 +289,8 @@ def rms_norm(
     Under autograd the backward keeps ``x`` and the inverse RMS only.
     """
     _check_cast(cast)
-    # Under torch.compile the reference: Dynamo breaks the graph on ``torch.result_type`` and
-    # cannot launch the Triton kernels; Inductor fuses the reference's chain itself.
-    if runs_original(x, weight) or not _handled(x, weight, cast, input_promoted):
+
+    def original() -> torch.Tensor:
         return rms_norm_reference(
             x,
             weight,
@@ -294,10 +300,106 @@ def rms_norm(
             weight_promoted=weight_promoted,
             input_promoted=input_promoted,
         )
-    eps, offset = float(eps), float(offset)
+
+    if tracing(x, weight) or not _handled(x, weight, cast, input_promoted):
+        return original()
+    call = NormCall(x, weight, float(eps), float(offset), cast, weight_promoted)
+    return backends.run(OP, BACKENDS, bucket(call), call, x.device.type, x.dtype, original)
+
+
+# --------------------------------------------------------------------------------------------
+# Backends (adopter.kernels.backends); every call has passed ``_handled``.
+
+OP = "rms_norm"
+
+
+@dataclass(frozen=True)
+class NormCall:
+    x: torch.Tensor
+    weight: torch.Tensor | None
+    eps: float
+    offset: float
+    cast: str
+    weight_promoted: bool
+
+
+def bucket(call: NormCall) -> str:
+    return f"h{backends.pow2(call.x.shape[-1])}"
+
+
+def _run_adopter(call: NormCall) -> torch.Tensor:
+    x, weight, eps, offset, cast = call.x, call.weight, call.eps, call.offset, call.cast
     fast = _triton(x, weight, eps, offset, cast)
     if fast is not None:
         return fast
     if not grad_needed(x, weight):
         return _forward(x, weight, eps, offset, cast)[0]
     return _RMSNormFunction.apply(x, weight, eps, offset, cast)
+
+
+def _torch_accepts(call: NormCall) -> bool:
+    """``F.rms_norm`` computes ``x * rsqrt(mean(x²) + eps) * weight`` in the input's dtype
+    (float32 accumulation for the mean): every spelling's computation when input and weight
+    are float32 (each spelling upcasts to float32 and multiplies there), not for half
+    precision, where the spellings round at different points."""
+    if call.x.dtype != torch.float32:
+        return False
+    return call.weight is None or call.weight.dtype == torch.float32
+
+
+def _run_torch(call: NormCall) -> torch.Tensor:
+    weight = call.weight
+    if weight is not None and call.offset:
+        weight = weight + call.offset
+    return F.rms_norm(call.x, (call.x.shape[-1],), weight, call.eps)
+
+
+_LIGER_MODES = {"before_weight": "llama", "after_weight": "gemma"}
+
+
+def _liger_accepts(call: NormCall) -> bool:
+    """Liger's ``llama`` mode is the ``before_weight`` spelling, ``gemma`` the
+    ``after_weight`` one (float32 throughout); it needs a weight of the input's dtype."""
+    if not call.x.is_cuda or call.weight is None or call.cast not in _LIGER_MODES:
+        return False
+    if call.weight.dtype != call.x.dtype or call.x.dtype == torch.float64:
+        return False
+    return call.cast != "after_weight" or not call.weight_promoted
+
+
+def _run_liger(call: NormCall) -> torch.Tensor:
+    from liger_kernel.transformers.functional import liger_rms_norm
+
+    return liger_rms_norm(
+        call.x,
+        call.weight,
+        call.eps,
+        offset=call.offset,
+        casting_mode=_LIGER_MODES[call.cast],
+        in_place=False,
+    )
+
+
+BACKENDS: tuple[backends.Backend, ...] = (
+    backends.Backend(
+        "adopter",
+        lambda call: True,
+        _run_adopter,
+        summary="eager forward, closed-form backward from the inverse RMS (Triton on CUDA)",
+    ),
+    backends.Backend(
+        "torch",
+        _torch_accepts,
+        _run_torch,
+        compiles=True,
+        summary="torch.nn.functional.rms_norm",
+    ),
+    backends.Backend(
+        "liger",
+        _liger_accepts,
+        _run_liger,
+        devices=frozenset({"cuda"}),
+        requires="liger_kernel",
+        summary="Liger-Kernel RMSNorm (Triton)",
+    ),
+)

@@ -7,6 +7,10 @@ that is, and calls the kernel. The patched *text*, and so the code a user runs, 
 A class-building kernel (``fused_bert_self_attention(BertSelfAttention)``) gets, per site, a
 subclass of the class it builds whose ``forward`` counts and then runs the kernel's own; a site
 of that kind counts when such a module runs, not when it is built.
+
+Each counted call also notes the backends the kernel dispatched to
+(``adopter.kernels.backends.recording``: ``op=backend``, ``op=original`` when none took the
+call), so a verdict names what ran; kernels without alternatives note nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +29,11 @@ from .sites import KERNEL_PACKAGE, PatchedSite
 __all__ = ["SiteRecorder"]
 
 
+@contextmanager
+def _nothing() -> Iterator[list[tuple[str, str]]]:
+    yield []
+
+
 class SiteRecorder:
     """Counts kernel calls per site for the modules it is installed in."""
 
@@ -38,6 +47,8 @@ class SiteRecorder:
             for line in range(site.line, site.end_line + 1):
                 self._by_line.setdefault((site.file or "*", line), []).append(site.key)
         self.counts: Counter[str] = Counter()
+        # per site, "op=backend" -> calls (read per mode by ``backends_since``)
+        self.backends: dict[str, Counter[str]] = {}
         self.unattributed = 0
         self._files: set[str] = {str(file) for file in files}
         self._positions: dict[CodeType, list[tuple[Any, ...]]] = {}
@@ -84,14 +95,26 @@ class SiteRecorder:
             if key is None:
                 self.unattributed += 1
                 return kernel(*args, **kwargs)
-            result = kernel(*args, **kwargs)
+            with self._dispatches() as dispatched:
+                result = kernel(*args, **kwargs)
             if isinstance(result, type):  # a class-building kernel: count when it runs
                 return self._site_class(result, key)
             self.counts[key] += 1
+            if dispatched:
+                noted = self.backends.setdefault(key, Counter())
+                noted.update(f"{op}={backend}" for op, backend in dispatched)
             return result
 
         recorded.__adopter_recorder__ = self  # type: ignore[attr-defined]
         return recorded
+
+    @staticmethod
+    def _dispatches() -> Any:
+        """The kernels' dispatch record (a list filled while the call runs), read from the
+        kernel package the model code imported; a package without backends records nothing."""
+        dispatch = sys.modules.get(f"{KERNEL_PACKAGE}.backends")
+        recording = getattr(dispatch, "recording", None)
+        return recording() if recording is not None else _nothing()
 
     def _site_class(self, built: type, key: str) -> type:
         cached = self._classes.get((built, key))
@@ -140,6 +163,19 @@ class SiteRecorder:
     # -- reading -----------------------------------------------------------------------------
     def snapshot(self) -> Counter[str]:
         return Counter(self.counts)
+
+    def backends_snapshot(self) -> dict[str, Counter[str]]:
+        return {key: Counter(noted) for key, noted in self.backends.items()}
+
+    def backends_since(self, before: dict[str, Counter[str]]) -> dict[str, dict[str, int]]:
+        """Per site, the backends its calls dispatched to since ``before``."""
+        found = {}
+        for key, noted in self.backends.items():
+            earlier = before.get(key, Counter())
+            new = {name: n - earlier[name] for name, n in noted.items() if n > earlier[name]}
+            if new:
+                found[key] = new
+        return found
 
     def since(self, before: Counter[str]) -> dict[str, int]:
         """Calls per site since ``before`` (sites that did not run are left out)."""

@@ -20,7 +20,7 @@ from .compare import tolerance_for
 from .coverage import SiteRecorder
 from .differential import conclude, seed_everything
 from .job import ResultWriter, WorkerJob
-from .prove import ModeRun, run_modes, sides_from
+from .prove import ModeRun, run_modes, sides_from, with_backends
 from .results import NOT_CHECKABLE, REFUTED, ClassVerification
 from .sites import KERNEL_PACKAGE, PatchedSite, find_sites
 
@@ -89,9 +89,7 @@ def run_factory_job(job: WorkerJob, writer: ResultWriter) -> None:
     run = ModeRun(list(options.modes), inputs, tol, seed, recorder)
     texts = _dropout_texts(patched, patched_mod) if "train" in options.modes else []
     outcomes, runs = run_modes(run, sides, None, texts)
-    verdict = conclude(name, outcomes)
-    verdict.runs = runs
-    writer.add(verdict.to_json())
+    writer.add(with_backends(conclude(name, outcomes), runs).to_json())
 
 
 def _dropout_texts(patched: Any, patched_module: ModuleType) -> list[str]:

@@ -21,6 +21,7 @@ from typing import Any
 from ..models.base import MAX_SMALL_PARAMETERS, NotSmallError, adopt_patched_classes
 from ..models.registry import adapter_for
 from .job import WorkerJob
+from .prove import ModeRun, with_backends
 from .results import NOT_CHECKABLE, REFUTED, ClassVerification
 from .sites import PatchedSite
 
@@ -148,25 +149,26 @@ def _compare(
     original_source = pristine_copies(original, lambda: sides.build(name, False, entry)[0])
     patched_source = pristine_copies(patched, lambda: sides.build(name, True, entry)[0])
     tol = tolerance_for(original_dtype(original))
-    outcomes, runs = {}, {}
-    for mode in job.options.modes:
+    run = ModeRun(list(job.options.modes), inputs, tol, job.options.seed, recorder)
+    outcomes: dict[str, Any] = {}
+    runs: dict[str, Any] = {}
+    for mode in run.modes:
         training = mode == "train"
-        before = recorder.snapshot()
-        outcomes[mode] = check_mode(
-            original_source,
-            patched_source,
-            state,
-            inputs,
-            training=training,
-            seed=job.options.seed,
-            tol=tol,
-            prepare=zero_dropout_modules if training else None,
+        outcomes[mode] = run.measured(
+            runs,
+            mode,
+            lambda training=training: check_mode(
+                original_source,
+                patched_source,
+                state,
+                inputs,
+                training=training,
+                seed=run.seed,
+                tol=tol,
+                prepare=zero_dropout_modules if training else None,
+            ),
         )
-        ran = recorder.since(before)
-        if ran:
-            runs[mode] = ran
-    verdict = conclude(label, outcomes)
-    verdict.runs = runs
+    verdict = with_backends(conclude(label, outcomes), runs)
     built = ", ".join(f"{key}={value}" for key, value in sides.settings.items())
     verdict.reason = f"{verdict.reason} (built with {built or 'the defaults'})"
     return verdict

@@ -87,12 +87,16 @@ class ModeRun:
         if self.recorder is None:
             return check()
         before = self.recorder.snapshot()
+        backends_before = self.recorder.backends_snapshot()
         try:
             return check()
         finally:
             ran = self.recorder.since(before)
             if ran:
                 runs[mode] = ran
+                dispatched = self.recorder.backends_since(backends_before)
+                if dispatched:  # read by with_backends: which backend each site ran on
+                    runs.setdefault(BACKENDS_KEY, {})[mode] = dispatched  # type: ignore[assignment]
 
     def compare(self, sides: Sides, training: bool, inputs: Any = None, **extra: Any) -> Any:
         return check_mode(
@@ -105,6 +109,18 @@ class ModeRun:
             tol=self.tol,
             **extra,
         )
+
+
+# A key of a check's ``runs`` that is no mode: the backends per mode and site (with_backends).
+BACKENDS_KEY = "__backends__"
+
+
+def with_backends(verdict: Any, runs: dict[str, Any]) -> Any:
+    """Set the verdict's ``runs`` and ``backends`` from the record ``ModeRun.measured`` kept."""
+    runs = dict(runs)
+    verdict.backends = runs.pop(BACKENDS_KEY, {})
+    verdict.runs = runs
+    return verdict
 
 
 def prove(subject: Subject, recorder: Any, modes: list[str], seed: int, dtype: str) -> Any:
@@ -121,9 +137,7 @@ def prove(subject: Subject, recorder: Any, modes: list[str], seed: int, dtype: s
         subject.labelled_inputs,
     )  # fmt: skip
     outcomes, runs = run_modes(run, sides, subject.quiet, subject.dropout_texts)
-    verdict = conclude(subject.name, outcomes, f"{subject.label}: ")
-    verdict.runs = runs
-    return verdict
+    return with_backends(conclude(subject.name, outcomes, f"{subject.label}: "), runs)
 
 
 def run_modes(

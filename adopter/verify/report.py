@@ -31,6 +31,7 @@ def class_row(path: str | Path, verdict: ClassVerification) -> dict[str, Any]:
         "setting": verdict.setting,
         "runs": {mode: dict(counts) for mode, counts in verdict.runs.items()},
         "referee": {mode: dict(figures) for mode, figures in verdict.referee.items()},
+        "backends": {mode: dict(per_site) for mode, per_site in verdict.backends.items()},
     }
 
 

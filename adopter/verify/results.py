@@ -52,6 +52,8 @@ class ClassVerification:
     setting: str = ""
     runs: dict[str, dict[str, int]] = field(default_factory=dict)
     referee: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # mode -> site key -> "op=backend" -> calls: the kernel backends each site ran on
+    backends: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
 
     @property
     def settled_by_referee(self) -> list[str]:
@@ -84,6 +86,13 @@ class ClassVerification:
                 for mode, counts in (data.get("runs") or {}).items()
             },
             referee={str(mode): dict(f) for mode, f in (data.get("referee") or {}).items()},
+            backends={
+                str(mode): {
+                    str(site): {str(b): int(n) for b, n in (noted or {}).items()}
+                    for site, noted in (per_site or {}).items()
+                }
+                for mode, per_site in (data.get("backends") or {}).items()
+            },
         )
 
 
@@ -97,6 +106,8 @@ class SiteCoverage:
     matched_in: dict[str, int] = field(default_factory=dict)
     ran_in: dict[str, int] = field(default_factory=dict)
     reason: str = ""
+    # "op=backend" -> calls in the comparisons that agreed: the backends verify proved here
+    backends: dict[str, int] = field(default_factory=dict)
 
     @property
     def exercised(self) -> bool:
@@ -113,6 +124,7 @@ class SiteCoverage:
             "matched_in": dict(self.matched_in),
             "ran_in": dict(self.ran_in),
             "reason": self.reason,
+            "backends": dict(self.backends),
         }
 
 
@@ -130,6 +142,9 @@ def site_coverage(sites: list[PatchedSite], classes: list[ClassVerification]) ->
                 entry.ran_in[label] = calls
                 if verdict.matched_in(mode):
                     entry.matched_in[label] = calls
+                    noted = verdict.backends.get(mode, {}).get(site.key, {})
+                    for backend, n in noted.items():
+                        entry.backends[backend] = entry.backends.get(backend, 0) + n
         if not entry.exercised:
             parts = [
                 "ran only in comparisons that did not agree or could not be judged ("

@@ -259,3 +259,32 @@ def test_several_kernel_calls_for_one_original_line_are_told_apart() -> None:
         "conv_batch_norm at line 2 (call 1 of 2 there) (f)",
         "conv_batch_norm at line 2 (call 2 of 2 there) (f)",
     ]
+
+
+def test_recorder_notes_the_backend_each_site_dispatched_to(tmp_path: Path) -> None:
+    import torch
+
+    import adopter.kernels as kernels
+
+    text = textwrap.dedent(
+        """\
+        from adopter.kernels import rms_norm, linear_cross_entropy
+
+        def run(x, w, t):
+            return linear_cross_entropy(rms_norm(x, None, 1e-6), w, None, t)
+        """
+    )
+    module = _load(tmp_path, text.replace(text.splitlines()[0], ""))
+    module.rms_norm, module.linear_cross_entropy = kernels.rms_norm, kernels.linear_cross_entropy
+    sites = find_sites(text)
+    recorder = SiteRecorder(sites)
+    recorder.install(module)
+    before = recorder.backends_snapshot()
+    module.run(torch.randn(4, 3), torch.randn(5, 3), torch.tensor([0, 1, 2, -100]))
+    keys = {(s.line, s.column): s.key for s in sites}
+    ran = recorder.backends_since(before)
+    # the CPU defaults in eager code: ours
+    assert ran == {
+        keys[(4, 32)]: {"rms_norm=adopter": 1},
+        keys[(4, 11)]: {"linear_cross_entropy=adopter": 1},
+    }

@@ -1,0 +1,84 @@
+"""The LM-head loss under torch.compile (Inductor): the compiled original, the compiled kernel
+(which dispatches to torch's chunked custom op there) and the eager kernel; interleaved
+training steps, profiler peak memory, 2x512 tokens of width 768, float32, one thread.
+
+    PYTHONPATH=$PWD python benchmarks/compile_loss_memory.py 32000   # the vocabulary
+"""
+
+import gc
+import json
+import sys
+import time
+
+import torch
+from torch import nn
+
+sys.path.insert(0, ".")
+from adopter import kernels
+from adopter.bench.measure import _profiler_peak
+from adopter.bench.stats import bootstrap_ratio_ci, median
+from adopter.kernels.cross_entropy import causal_lm_loss_reference
+
+torch.set_num_threads(1)
+torch.manual_seed(0)
+V = int(sys.argv[1]) if len(sys.argv) > 1 else 32000
+H, B, S = 768, 2, 512
+head = nn.Linear(H, V, bias=False)
+hidden = torch.randn(B, S, H, requires_grad=True)
+labels = torch.randint(0, V, (B, S))
+
+
+def orig(h, targets):
+    return causal_lm_loss_reference(h, head, targets, V)
+
+
+def kern(h, targets):
+    return kernels.causal_lm_loss(h, head, targets, V)
+
+
+variants = {
+    "original compiled": torch.compile(orig, fullgraph=True),
+    "kernel compiled": torch.compile(kern, fullgraph=True),
+    "kernel eager": kern,
+}
+
+
+def step(fn):
+    def run():
+        head.weight.grad = None
+        hidden.grad = None
+        fn(hidden, labels).backward()
+
+    return run
+
+
+steps = {n: step(f) for n, f in variants.items()}
+t0 = time.perf_counter()
+for s in steps.values():
+    s()
+    s()
+print("compile+warmup s", time.perf_counter() - t0, flush=True)
+times = {n: [] for n in steps}
+for r in range(5):
+    names = list(steps)
+    names = names[r % 3 :] + names[: r % 3]
+    for n in names:
+        t = time.perf_counter()
+        steps[n]()
+        times[n].append(time.perf_counter() - t)
+peaks = {}
+for n in steps:
+    gc.collect()
+    peaks[n] = _profiler_peak(steps[n], torch.device("cpu"), lambda: None)
+base = times["original compiled"]
+out = {}
+for n in steps:
+    lo, hi = bootstrap_ratio_ci(base, times[n], paired=True) if n != "original compiled" else (1, 1)
+    out[n] = {
+        "median_ms": median(times[n]) * 1e3,
+        "speedup_vs_compiled_original": median(base) / median(times[n]),
+        "ci": [lo, hi],
+        "peak_mib": peaks[n] / 2**20,
+    }
+    print(n, json.dumps(out[n]), flush=True)
+print(json.dumps(out, indent=1))
