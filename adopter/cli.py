@@ -556,7 +556,12 @@ def bench(
     device: Annotated[str, typer.Option("--device")] = "cpu",
     dtype: Annotated[str, typer.Option("--dtype")] = "float32",
     compile_both: Annotated[
-        bool, typer.Option("--compile", help="torch.compile both sides.")
+        bool,
+        typer.Option(
+            "--compile",
+            help="Also time both sides under torch.compile: original and patched, eager and "
+            "compiled, in one interleaved run.",
+        ),
     ] = False,
     ablation: Annotated[bool, typer.Option("--ablation", help="Each rule alone too.")] = False,
     backends: Annotated[
@@ -722,12 +727,14 @@ def _bench_backends(
 
 
 def _print_bench(result) -> None:
-    from .bench.report import noise_warnings, render_table
+    from .bench.report import against_compiled_lines, noise_warnings, render_table
 
     console = Console(highlight=False)
     if not console.is_terminal:
         console.width = 160
     console.print(render_table(result))
+    for line in against_compiled_lines(result):
+        console.print(Text(line), soft_wrap=True)
     for warning in noise_warnings(result):
         console.print(Text.assemble(("warning:", "yellow"), " ", warning), soft_wrap=True)
 

@@ -1017,11 +1017,12 @@ def _probe_subset(
         if not ok_modes:
             continue
         progress(f"memory: {name}")
+        variant = by_name[name]
         measured = run_memory_probe(
-            by_name[name],
+            variant,
             modes=ok_modes,
             dtype=dtype,
-            compile=compile,
+            compile=compile if variant.compiled is None else variant.compiled,
             threads=threads if threads is not None else torch.get_num_threads(),
             optimizer=optimizer,
             seed=seed,
@@ -1049,6 +1050,50 @@ def _probe_subset(
                 )
     result.settings["memory"] = "rss_subprocess"
     result.settings["memory_subset"] = {"variants": wanted, "modes": list(modes)}
+
+
+# ----------------------------------------------------------------------------------------------
+# eager and compiled in one run (bench --compile)
+
+COMPILED = " + compile"
+
+
+def eager_and_compiled(variants: Sequence[ModelVariant]) -> list[ModelVariant]:
+    """Each variant eager, then each under ``torch.compile`` (named ``<name> + compile``): one
+    interleaved run times all of them, so every ratio between them is taken under one load."""
+    return [replace(v, compiled=False) for v in variants] + [
+        replace(v, name=f"{v.name}{COMPILED}", compiled=True) for v in variants
+    ]
+
+
+def against_compiled(result: BenchResult) -> dict[str, dict[str, dict[str, float | None]]]:
+    """Each compiled variant against the compiled baseline (``patched + compile`` against
+    ``original + compile``), per mode: the speed-up with its bootstrap interval and the peak
+    memory ratio. Ratios against the eager baseline are the result's own."""
+    base_name = f"{result.baseline}{COMPILED}"
+    confidence = float(result.settings.get("confidence", 0.95))
+    out: dict[str, dict[str, dict[str, float | None]]] = {}
+    for name in result.names:
+        if not name.endswith(COMPILED) or name == base_name:
+            continue
+        out[name] = {}
+        for mode in result.modes:
+            base, own = result.get(base_name, mode), result.get(name, mode)
+            if not (base.ok and own.ok):
+                continue
+            assert base.timing is not None and own.timing is not None
+            speedup = speedup_of(base.timing, own.timing, confidence=confidence)
+            memory = None
+            if base.memory is not None and own.memory is not None and base.memory.peak_bytes:
+                memory = own.memory.peak_bytes / base.memory.peak_bytes
+            out[name][mode] = {
+                "against": base_name,  # type: ignore[dict-item]
+                "speedup": speedup.ratio,
+                "ci_low": speedup.ci_low,
+                "ci_high": speedup.ci_high,
+                "memory_ratio": memory,
+            }
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1148,6 +1193,8 @@ def run_bench(
         seed=seed,
         full_size=full_size,
     )
+    if compile:  # all four: original and patched, eager and compiled, in one interleaved run
+        plan = replace(plan, variants=eager_and_compiled(plan.variants))
     method = _resolve_memory_method(memory, torch.device(device))
     subset = method == "rss_subprocess" and (
         memory_modes is not None or memory_variants is not None
@@ -1186,6 +1233,8 @@ def run_bench(
             )
         finally:
             torch.set_num_threads(previous)
+    if compile:
+        result.settings["against_compiled"] = against_compiled(result)
     info = dict(plan.info)
     try:
         info["model"] = _describe_model(plan)

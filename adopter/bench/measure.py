@@ -149,6 +149,9 @@ class ModelVariant:
 
     name: str
     factory: Factory | str
+    # Under ``torch.compile`` or not, whatever the run's ``compile`` says (``None``: as the run
+    # says). ``bench --compile`` times eager and compiled variants of one model in one run.
+    compiled: bool | None = None
 
     def build(self) -> tuple[nn.Module, Any]:
         """Call the factory and check the shape of what it returns."""
@@ -808,11 +811,12 @@ def benchmark_variants(
         say=progress or (lambda _message: None),
     )
 
-    with _run_settings(threads, compile=compile, graphs=len(variants) * len(modes)):
+    compiling = any(_compiled(variant, compile) for variant in variants)
+    with _run_settings(threads, compile=compiling, graphs=len(variants) * len(modes)):
         prepared, args, kwargs = _build_variants(variants, baseline, run)
         errors = _make_steps(prepared, run, args, kwargs)
         samples_per_step = batch_size if batch_size is not None else _batch_size(args, kwargs)
-        warmup_steps = max(warmup, 1) if compile else warmup  # the first call compiles
+        warmup_steps = max(warmup, 1) if compiling else warmup  # the first call compiles
         times = _time_interleaved(
             prepared, run, errors, warmup=warmup_steps, repeats=repeats, number=number
         )
@@ -842,8 +846,9 @@ def benchmark_variants(
         "device": str(dev),
         "dtype": _dtype_name(dt),
         "compile": compile,
-        "compile_backend": _backend_name(compile_backend) if compile else None,
-        "compile_mode": compile_mode if compile else None,
+        "compile_backend": _backend_name(compile_backend) if compiling else None,
+        "compile_mode": compile_mode if compiling else None,
+        "compiled_variants": [v.name for v in variants if _compiled(v, compile)],
         "threads": threads,
         "memory": method,
         "optimizer": optimizer,
@@ -940,7 +945,7 @@ def _make_steps(
     for name, prep in prepared.items():
         if "train" in modes:
             prep.optimizer = make_optimizer(prep.model, run.optimizer, run.lr)
-        if run.compile:
+        if _compiled(prep.variant, run.compile):
             try:
                 prep.runner = _compile(prep.model, run.compile_backend, run.compile_mode)
             except Exception as exc:
@@ -949,6 +954,10 @@ def _make_steps(
         for mode in modes:
             prep.steps[mode] = make_step(prep.runner, args, kwargs, mode, prep.optimizer)
     return errors
+
+
+def _compiled(variant: ModelVariant, run_compiles: bool) -> bool:
+    return run_compiles if variant.compiled is None else variant.compiled
 
 
 def _time_interleaved(
@@ -976,7 +985,9 @@ def _time_interleaved(
             sync()
             return (time.perf_counter() - start) / number
         except Exception as exc:
-            errors[name][mode] = _describe_error(exc, run.compile)
+            errors[name][mode] = _describe_error(
+                exc, _compiled(prepared[name].variant, run.compile)
+            )
             return None
 
     for mode in modes:
@@ -1050,7 +1061,7 @@ def _measure_memory(
                 modes=probes[name],
                 device=run.device,
                 dtype=run.dtype,
-                compile=run.compile,
+                compile=_compiled(prepared[name].variant, run.compile),
                 compile_backend=run.compile_backend,
                 compile_mode=run.compile_mode,
                 threads=threads,

@@ -108,6 +108,22 @@ def noise_warnings(result: BenchResult) -> list[str]:
     return warnings
 
 
+def against_compiled_lines(result: BenchResult) -> list[str]:
+    """``bench --compile``: each compiled variant against the compiled original (the table's
+    ratios are against the eager original), one line per variant and mode."""
+    lines: list[str] = []
+    confidence = result.settings.get("confidence", 0.95)
+    for name, per_mode in (result.settings.get("against_compiled") or {}).items():
+        for mode, cell in per_mode.items():
+            memory = cell.get("memory_ratio")
+            change = f", peak memory {(memory - 1) * 100:+.1f}%" if memory is not None else ""
+            lines.append(
+                f"{name}, {mode}: {cell['speedup']:.2f}x against {cell['against']!r} "
+                f"({confidence:.0%} CI [{cell['ci_low']:.2f}, {cell['ci_high']:.2f}]){change}"
+            )
+    return lines
+
+
 def _caption(result: BenchResult) -> str:
     env, cfg = result.environment, result.settings
     device = str(env.get("device", cfg.get("device", "?")))
@@ -117,6 +133,8 @@ def _caption(result: BenchResult) -> str:
     if cfg.get("compile"):
         compiled = f"torch.compile[{cfg.get('compile_backend')}"
         compiled += f", {cfg['compile_mode']}]" if cfg.get("compile_mode") else "]"
+        if len(cfg.get("compiled_variants") or ()) < len(result.names):
+            compiled = f"eager and {compiled} (the '+ compile' rows)"
     parts = [
         f"torch {env.get('torch', '?')}",
         device,

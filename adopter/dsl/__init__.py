@@ -6,6 +6,7 @@ from .loading import leading_comment, load_rule_file, parse_rules, parse_sequenc
 from .syntax import (
     DETECT_ONLY,
     Call,
+    CallPattern,
     Index,
     Keyword,
     Literal,
@@ -23,6 +24,7 @@ from .syntax import (
 __all__ = [
     "DETECT_ONLY",
     "Call",
+    "CallPattern",
     "DslError",
     "Index",
     "Keyword",

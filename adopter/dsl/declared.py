@@ -82,6 +82,8 @@ def registered_kernels() -> dict[str, tuple[str, str]]:
 
 
 _CALLABLE_ROLES = ("kernel", "attention factory")
+# What a call-site rule (``Rule.call``: training code) may call: what builds an optimizer.
+_CALL_SITE_ROLES = ("optimizer",)
 
 
 def check_declared_kernels(rules: Iterable[Rule]) -> None:
@@ -118,9 +120,11 @@ def _check_kernel(rule: Rule) -> None:
             raise _error_at_kernel(
                 rule, f"kernel {kernel!r} is not a registered kernel of {KERNEL_PACKAGE}{hint}"
             )
-        if known[name][0] not in _CALLABLE_ROLES:
+        roles = _CALL_SITE_ROLES if rule.call is not None else _CALLABLE_ROLES
+        if known[name][0] not in roles:
+            what = "a call-site rule's kernel" if rule.call is not None else "a kernel"
             raise _error_at_kernel(
-                rule, f"{kernel!r} is a helper of {KERNEL_PACKAGE}, not a kernel"
+                rule, f"{kernel!r} is a {known[name][0]} of {KERNEL_PACKAGE}, not {what}"
             )
         return
     top = parts[0]

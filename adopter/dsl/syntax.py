@@ -161,6 +161,29 @@ class Section:
 
 
 @dataclass(frozen=True)
+class CallPattern:
+    """A call-site rule's pattern: one call of a named callee, anywhere in a file (module level,
+    any function or method), not a step of a module's ``forward``.
+
+    Training code is not model structure: an optimizer is built once, in a script or a trainer,
+    from a class named through the file's imports. Such a rule has no data flow to follow, only
+    conditions on the call's keywords, so it is written as data (``adopter/rules/train.py``)
+    rather than in the DSL, and shares the rest - ids, sets, reports, ``apply`` - with DSL rules.
+
+    ``wrap_keyword`` is ``None`` when the kernel wraps the whole call, ``kernel(callee, *args,
+    **kwargs)`` (the kernel builds what the call built); otherwise the kernel wraps that
+    keyword's value, ``keyword=kernel(value)``, and the call is a site only when the value is one
+    of ``values`` (string literals). ``refused`` lists the keywords whose presence leaves the call
+    as written, each with the reason a report gives.
+    """
+
+    callees: tuple[str, ...]
+    refused: tuple[tuple[str, str], ...] = ()
+    wrap_keyword: str | None = None
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Rule:
     """A transformation rule: metadata plus its ``init`` and ``forward`` sections."""
 
@@ -181,6 +204,8 @@ class Rule:
     # Other spellings of the same computation: rules with this rule's metadata, each with its
     # own ``init``/``forward`` pair (written as further pairs in the rule's block).
     variants: tuple[Rule, ...] = ()
+    # A call-site rule (``adopter/rules/train.py``): no init/forward sections, its pattern here.
+    call: CallPattern | None = None
 
     @property
     def spellings(self) -> tuple[Rule, ...]:
@@ -194,6 +219,8 @@ class Rule:
 
     @property
     def detect_only(self) -> bool:
+        if self.call is not None:
+            return not self.kernel
         sections = [s for s in (self.init, self.forward) if s is not None]
         replaced = [s.replacement for s in sections if s.replacement is not None]
         return not replaced or all(r == DETECT_ONLY for r in replaced)

@@ -235,6 +235,8 @@ class FileStructure:
     # Lines holding non-ASCII text, by number: ``ast`` columns count UTF-8 bytes, reports count
     # characters, and only these lines tell the two apart.
     wide_lines: dict[int, str] = field(default_factory=dict)
+    # The parsed file, for call-site rules that look at every call, not only at modules.
+    tree: ast.Module | None = field(default=None, compare=False, repr=False)
 
     def character_column(self, line: int, column: int) -> int:
         """The 1-based character column of ``ast``'s 1-based UTF-8 byte column on ``line``."""

@@ -203,6 +203,7 @@ class FileAnalysis:
             wide_lines={
                 number: line for number, line in enumerate(self.lines, 1) if not line.isascii()
             },
+            tree=self.tree,
         )
         for info in self.classes.values():
             self._processor_flows(info)

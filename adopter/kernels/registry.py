@@ -23,6 +23,8 @@ class Role(StrEnum):
     KERNEL = "kernel"  # a function rewritten code calls in place of the original computation
     ATTENTION_FACTORY = "attention factory"  # returns the fused subclass of an attention class
     HELPER = "helper"  # public, but no kernel: a report, a cache, a run-time test of a rewrite
+    # builds what a rewritten training script constructs (an optimizer), fused where it can
+    OPTIMIZER = "optimizer"
 
 
 class RandomDraws(StrEnum):
@@ -178,6 +180,9 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     Entry("group_norm_activation", "norm_act", K, RandomDraws.NONE, _group_norm_activation),
     Entry("conv_bn_act", "norm_act", K, RandomDraws.NONE, _conv_bn_act),
+    # training code (the train rule set): optimizers, fused where the parameters allow it
+    Entry("fused_optimizer", "optimizer", Role.OPTIMIZER, RandomDraws.NONE),
+    Entry("fused_training_optimizer", "optimizer", Role.OPTIMIZER, RandomDraws.NONE),
     # helpers: public, not kernels (fused_loss_applies is the run-time test of the
     # cross-entropy rewrite; it answers False under a tracer)
     Entry("fused_loss_applies", "cross_entropy", H, RandomDraws.NONE),

@@ -46,6 +46,7 @@ from ..extract.model import (
 )
 from ..extract.model import Step as FlowStep
 from ..extract.names import dotted_suffix_match, parameter_names, step_family
+from .calls import match_calls
 from .explain import (
     NO_START,
     Miss,
@@ -94,6 +95,8 @@ class Site:
     # for this reason, given by the same named check that apply's skip gives.
     rewritable: bool = True
     rewrite_reason: str = ""
+    # The call a call-site rule matched (``Rule.call``); ``None`` for the rules of the DSL.
+    call: ast.Call | None = None
 
     def container_call(self) -> ast.Call | None:
         """The ``nn.Sequential`` call in ``forward`` that a match through the container's
@@ -209,7 +212,14 @@ class Matcher:
     """Matches a rule set against extracted files."""
 
     def __init__(self, rules: list[Rule], *, explain: bool = False) -> None:
-        self.rules = [CompiledRule(spelling) for rule in rules for spelling in rule.spellings]
+        self.rules = [
+            CompiledRule(spelling)
+            for rule in rules
+            if rule.call is None
+            for spelling in rule.spellings
+        ]
+        # Call-site rules (training code: optimizer construction) look at every call of a file.
+        self.call_rules = [rule for rule in rules if rule.call is not None]
         self._kind_cache: dict[tuple[str, str], bool] = {}
         # The match trace (``scan --explain``): the candidates of the last ``match_file`` where
         # a rule did not fire. ``_reason`` is why the last unification failed, ``_deepest`` the
@@ -277,6 +287,20 @@ class Matcher:
             if compiled.first is None:
                 for site in self._match_init_only(compiled, structure):
                     found.setdefault(site.key, site)
+        if self.call_rules and structure.tree is not None:
+            for match in match_calls(self.call_rules, structure.tree):
+                site = Site(
+                    match.rule,
+                    structure.path,
+                    match.node.lineno,
+                    match.node.col_offset + 1,
+                    match.cls,
+                    match.function,
+                    applicable=match.applicable,
+                    reason=match.reason,
+                    call=match.node,
+                )
+                found.setdefault(site.key, site)
         for site in found.values():
             if site.path == structure.path:  # a helper's site in another file keeps its column
                 site.column = structure.character_column(site.line, site.column)

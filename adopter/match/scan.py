@@ -129,6 +129,7 @@ def strip_details(site: Site) -> Site:
     """Drop the analysis graph of a site before it crosses a process boundary."""
     site.flow, site.steps, site.where_steps = None, [], []
     site.constructions, site.bindings, site.instances, site.alternatives = {}, {}, [], []
+    site.call = None
     return site
 
 

@@ -20,6 +20,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 
 from ..extract.source import split_lines
 from ..match.matcher import Site
+from .calls import LineReplacement, apply_replacements, call_edit, summary
 from .checks import KERNEL_PACKAGE, Refusal, check_edit, require
 from .guarded import AlreadyPatched
 from .names import (
@@ -661,11 +662,16 @@ def existing_kernel_imports(tree: ast.Module, shadowed: set[str] | None = None) 
 
 
 def _import_edit(
-    tree: ast.Module, source: SourceText, aliases: dict[str, str], used: set[str]
+    tree: ast.Module,
+    source: SourceText,
+    aliases: dict[str, str],
+    used: set[str],
+    first_use: int | None = None,
 ) -> tuple[int, int, list[str]]:
     """(first line, last line, replacement lines) that add the kernel imports: merged into an
-    existing ``from adopter.kernels import`` or inserted after the leading imports. A kernel
-    the module imports already (``aliases`` holds its local name) is not imported again."""
+    existing ``from adopter.kernels import`` or inserted after the leading imports, and before
+    the statement holding line ``first_use`` (a kernel called at module level). A kernel the
+    module imports already (``aliases`` holds its local name) is not imported again."""
     imported = existing_kernel_imports(tree)
     names = sorted(n for n in used if imported.get(n) != aliases[n])
     if not names:
@@ -698,6 +704,8 @@ def _import_edit(
             return node.lineno, node.end_lineno or node.lineno, [indent + code]
     anchor = 0
     for node in tree.body:
+        if first_use is not None and (node.end_lineno or node.lineno) >= first_use:
+            break
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             anchor = node.end_lineno or node.lineno
         elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and anchor == 0:
@@ -949,7 +957,7 @@ def plan_sites(
     results: list[SiteResult] = []
     plans: list[Plan] = []
     for site in sites:
-        if not site.applicable:
+        if not site.applicable or site.call is not None:  # call sites: see _call_edits
             continue
         try:
             site_plans = [planner.plan(site)]
@@ -983,13 +991,21 @@ def rewrite_source(
     if planner is None:
         return FileRewrite(path, text, text, _ordered(results))
     source = planner.source
+    call_sites = [site for site in sites if site.applicable and site.call is not None]
     plans = resolve_overlaps(plans, results, _already_fused_classes(tree))
     plans = [part for plan in plans for part in (plan, *plan.companions)]
     plans = _merge_sequential(plans, source)
-    if not plans:
+    if not plans and not call_sites:
         return FileRewrite(path, text, text, _ordered(results))
     lines = list(source.lines)
-    for start, end, group in sorted(_spans(plans, planner), key=lambda span: -span[0]):
+    spans = _spans(plans, planner)
+    call_edits, call_results = _call_edits(call_sites, source, planner, spans)
+    results.extend(result for result in call_results if result.status is SiteStatus.SKIPPED)
+    patched_calls = [result for result in call_results if result.status is SiteStatus.PATCHED]
+    if not plans and not patched_calls:
+        return FileRewrite(path, text, text, _ordered(results))
+    apply_replacements(lines, call_edits)
+    for start, end, group in sorted(spans, key=lambda span: -span[0]):
         try:
             new_lines = _edit_span(source, start, end, group)
             require(check_edit(source, start, end, new_lines, group))
@@ -1020,18 +1036,23 @@ def rewrite_source(
             continue
         lines[start - 1 : end] = new_lines
     used = set().union(*(plan.imports for plan in plans)) if plans else set()
+    used |= {result.site.rule.kernel.rpartition(".")[2] for result in patched_calls}
     if used:
-        first, last, new = _import_edit(tree, source, planner.aliases, used)
+        # A call at module level runs as the file is imported: the import must come before it.
+        module_level = [r.site.line for r in patched_calls if r.site.method == "<module>"]
+        first_use = min(module_level, default=None)
+        first, last, new = _import_edit(tree, source, planner.aliases, used, first_use)
         if new:
             lines[first - 1 : last] = new
     patched = "".join(lines)
     try:
         compile(patched, path, "exec", dont_inherit=True)
     except SyntaxError as error:
-        for plan in [p for group in plans for p in (group, *group.also_patched)]:
+        done = [p.site for group in plans for p in (group, *group.also_patched)]
+        for site in done + [result.site for result in patched_calls]:
             results.append(
                 SiteResult.skipped(
-                    plan.site,
+                    site,
                     SkipReason.DOES_NOT_COMPILE,
                     f"patched code does not compile: "
                     f"{error.msg} (line {error.lineno}); file left unchanged",
@@ -1042,7 +1063,34 @@ def rewrite_source(
         for done in (plan, *plan.also_patched):
             if done.instance_of is None:
                 results.append(SiteResult.patched(done.site, plan.summary))
+    results.extend(patched_calls)
     return FileRewrite(path, text, patched, _ordered(results))
+
+
+def _call_edits(
+    sites: list[Site], source: SourceText, planner: Planner, spans: list[tuple[int, int, list]]
+) -> tuple[list[LineReplacement], list[SiteResult]]:
+    """The replacements of the call-site rules' sites, and each site's result: skipped where
+    its call has an unexpected shape or lies in code a model rule's edit replaces (another
+    round of ``apply`` takes it on the rewritten text)."""
+    edits: list[LineReplacement] = []
+    results: list[SiteResult] = []
+    for site in sites:
+        node = site.call
+        assert node is not None
+        lines = range(node.lineno, (node.end_lineno or node.lineno) + 1)
+        if any(start <= line <= end for start, end, _ in spans for line in lines):
+            why = "the call lies in code another site's rewrite replaces"
+            results.append(SiteResult.skipped(site, SkipReason.OVERLAP, why))
+            continue
+        try:
+            kernel = planner.render.local_kernel_name(site.rule.kernel)
+            edits.extend(call_edit(site, source, kernel))
+        except Refusal as refusal:
+            results.append(SiteResult.skipped(site, SkipReason.UNSAFE, str(refusal)))
+            continue
+        results.append(SiteResult.patched(site, summary(site, kernel)))
+    return edits, results
 
 
 def _same_helper_edit(first: Plan, second: Plan) -> bool:

@@ -169,6 +169,14 @@ class Renderer:
 
     def kernel_name(self, dotted: str, plan: Plan) -> str:
         """Local name of a kernel, imported once at the top of the module."""
+        local = self.local_kernel_name(dotted)
+        plan.imports.add(dotted.rpartition(".")[2])
+        plan.kernel_calls.append(local)
+        return local
+
+    def local_kernel_name(self, dotted: str) -> str:
+        """The name a kernel of ``adopter.kernels`` has in this module (an alias where its own
+        name is taken), the same for every edit of the file."""
         require(check_kernel_package(dotted))
         name = dotted.rpartition(".")[2]
         local = self.aliases.get(name)
@@ -176,8 +184,6 @@ class Renderer:
             taken = self.taken_names | set(self.aliases.values())
             local = name if name not in taken else fresh_alias(name, taken)
             self.aliases[name] = local
-        plan.imports.add(name)
-        plan.kernel_calls.append(local)
         return local
 
     def call(

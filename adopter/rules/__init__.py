@@ -5,7 +5,10 @@ The set ``paper`` holds the nine rules of the original evaluation (ids ``paper.1
 ``extended`` holds our rules beyond it (ids ``ext.N``: fused attention for model families the
 paper's rules do not name); ``modern`` the fusions of the models of today (ids ``modern.N``:
 RMSNorm, gated MLP, rotary embeddings, attention functions, GroupNorm + SiLU, conv + BatchNorm +
-activation, LM head + cross-entropy); ``all`` is every set.
+activation, LM head + cross-entropy); ``all`` is every set of model rules. ``train`` holds the
+call-site rules for training code (ids ``train.N``, in :mod:`adopter.rules.train`: fused
+optimizers); it is not part of ``all``, which is what ``adopter run`` and ``patch`` apply to
+library modules.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import re
 from pathlib import Path
 
 from ..dsl import DslError, Rule, load_rule_file
+from . import train
 
 RULES_DIR = Path(__file__).parent
 RULE_SETS: dict[str, tuple[str, ...]] = {
@@ -21,7 +25,10 @@ RULE_SETS: dict[str, tuple[str, ...]] = {
     "extended": ("ext_*.adopt",),
     "modern": ("modern_*.adopt",),
     "all": ("paper_*.adopt", "ext_*.adopt", "modern_*.adopt"),
+    "train": (),  # call-site rules, written as data: CALL_RULES
 }
+# Sets of call-site rules (``Rule.call``), by set name: rules with no ``.adopt`` file.
+CALL_RULES: dict[str, tuple[Rule, ...]] = {"train": train.RULES}
 # The set every command runs when none is named (scan, apply, verify, bench, run and patch alike:
 # a plain scan must report what `adopter run` patches). Benchmarks of the paper name "paper".
 DEFAULT_RULE_SET = "all"
@@ -77,4 +84,5 @@ def load_rule_set(rule_set: str = DEFAULT_RULE_SET) -> list[Rule]:
                 + (", ".join(repr(rule_id) for rule_id in ids) if ids else "no rule"),
             )
         rules.extend(loaded)
+    rules.extend(CALL_RULES.get(rule_set, ()))
     return rules

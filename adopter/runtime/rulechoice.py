@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..dsl import Rule, check_declared_kernels, load_rule_file
-from ..rules import DEFAULT_RULE_SET, RULE_SETS, rule_files
+from ..rules import CALL_RULES, DEFAULT_RULE_SET, RULE_SETS, rule_files
 
 RuleArgument = str | Path | Rule | Sequence[str | Path | Rule] | None
 
@@ -56,6 +56,7 @@ class RuleChoice:
                 objects.append(item)
             elif isinstance(item, str) and item in RULE_SETS:
                 files.extend(rule_files(item))
+                objects.extend(CALL_RULES.get(item, ()))  # a set's rules written as data
             else:
                 path = Path(item).expanduser()
                 if not path.is_file():

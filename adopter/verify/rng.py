@@ -42,6 +42,8 @@ _NO_RNG = frozenset(
         "linear_cross_entropy",
         "causal_lm_loss",
         "fused_loss_applies",
+        "fused_optimizer",
+        "fused_training_optimizer",
     }
 )
 # Kernels whose dropout mask is drawn like nn.Dropout only in eager mode on the CPU.

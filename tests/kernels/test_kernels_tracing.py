@@ -48,9 +48,10 @@ from adopter.kernels.rms_norm import rms_norm_reference
 from adopter.kernels.rotary import apply_rotary_complex_reference, rotary_reference
 
 # From the registry: the public names that are not kernels a model calls (``fused_loss_applies``
-# is the run-time test of the cross-entropy rewrite; it answers False under a tracer), and the
+# is the run-time test of the cross-entropy rewrite; it answers False under a tracer; the
+# optimizers are built by training code, not traced with a model), and the
 # attention factories, traced on the real transformers classes below.
-NOT_KERNELS = set(registry.names(registry.Role.HELPER))
+NOT_KERNELS = set(registry.names(registry.Role.HELPER, registry.Role.OPTIMIZER))
 ATTENTION_FACTORIES = set(registry.names(registry.Role.ATTENTION_FACTORY))
 
 

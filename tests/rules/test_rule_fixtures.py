@@ -49,8 +49,11 @@ def test_fixture_cases_report_exactly_the_marked_lines(rule_file):
 
 
 def _snapshot(rule_file) -> str:
-    fixture = fixture_path(rule_file)
-    rules = load_rule_file(rule_file)
+    return snapshot_text(fixture_path(rule_file), load_rule_file(rule_file))
+
+
+def snapshot_text(fixture, rules) -> str:
+    """What scan reports and apply writes for each case of ``fixture`` under ``rules``."""
     matcher = Matcher(rules)
     out = [
         f"# What scan reports and apply writes for tests/rules/fixtures/{fixture.name}.",
