@@ -184,3 +184,50 @@ def as_rule(spellings: list[Rule], rule_id: str, name: str, description: str) ->
     head, *rest = spellings
     variants = tuple(replace(s, id=rule_id, name=name, description=description) for s in rest)
     return replace(head, id=rule_id, name=name, description=description, variants=variants)
+
+
+# At most this many orders of one spelling's independent calls are written out as variants.
+MAX_ORDERS = 6
+
+
+def _orders(steps: tuple[Step, ...]) -> list[tuple[Step, ...]]:
+    """The orders of ``steps`` that keep each value computed before it is used (the example's
+    first), up to ``MAX_ORDERS``: two projections of one input may come in either order."""
+    produced = {t.name: index for index, step in enumerate(steps) for t in step.targets}
+
+    def needs(step: Step) -> set[int]:
+        found: set[int] = set()
+        values = [getattr(a, "value", None) for a in step.args] + [step.callee]
+        for value in values:
+            if isinstance(value, Var) and value.name in produced:
+                found.add(produced[value.name])
+        return found
+
+    before = [needs(step) for step in steps]
+    orders: list[tuple[int, ...]] = []
+
+    def extend(order: list[int], left: set[int]) -> None:
+        if len(orders) >= MAX_ORDERS:
+            return
+        if not left:
+            orders.append(tuple(order))
+            return
+        for index in sorted(left):
+            if before[index] <= set(order):
+                extend([*order, index], left - {index})
+
+    extend([], set(range(len(steps))))
+    return [tuple(steps[i] for i in order) for order in orders]
+
+
+def with_orders(spellings: list[Rule]) -> list[Rule]:
+    """Each spelling followed by the other orders of its independent calls, as variants."""
+    out: list[Rule] = []
+    for spelling in spellings:
+        out.append(spelling)
+        forward = spelling.forward
+        if forward is None or spelling.site == "init" or len(forward.steps) > 8:
+            continue
+        for order in _orders(forward.steps)[1:]:
+            out.append(replace(spelling, forward=replace(forward, steps=order)))
+    return out

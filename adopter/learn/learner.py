@@ -21,7 +21,7 @@ from ..extract import analyse_source, read_source
 from ..match import Matcher, Site
 from ..rewrite import rewrite_text
 from .diff import KERNEL_PACKAGE, LearnError, Region, find_regions
-from .generalise import as_rule, generalise
+from .generalise import as_rule, generalise, with_orders
 from .lift import LiftOptions, lift_forward, lift_init
 from .render import fixture_text, header, rule_text
 
@@ -33,8 +33,9 @@ _ATTEMPTS = (
     LiftOptions(subtract_kept=False, scope="block"),
 )
 # Construction constraints from the most general to the most specific: a counter-example moves
-# the rule along this list until it stops matching.
-NARROWING = ("flags", "literals")
+# the rule along this list until it stops matching. One example keeps the class alone: whether a
+# kernel also needs `bias=True` is what a counter-example (or a second example) says.
+NARROWING = ("class", "flags", "literals")
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ def _spellings_of(example: Example, level: str) -> tuple[list[Rule], list[Region
             first_error = first_error or error
             continue
         if ok:
-            return merged, regions
+            return _fewest(merged, example), regions
     if first_error is not None:
         raise first_error
     region = regions[0]
@@ -151,6 +152,19 @@ def _spellings_of(example: Example, level: str) -> tuple[list[Rule], list[Region
         f"{example.after_path}: the kernel call does not stand for the removed statements "
         "alone (see docs/learn.md, what the learner cannot express)",
     )
+
+
+def _fewest(spellings: list[Rule], example: Example) -> list[Rule]:
+    """The spellings without those the others already account for: a region whose code another
+    spelling matches too (across a branch, say) adds nothing but a narrower pattern."""
+    kept = list(spellings)
+    for spelling in reversed(spellings):
+        if len(kept) == 1:
+            break
+        trial = [s for s in kept if s is not spelling]
+        if reproduces(as_rule(trial, "learned", "learned", ""), example)[0]:
+            kept = trial
+    return kept
 
 
 def _rule_name(kernel: str) -> str:
@@ -167,14 +181,19 @@ def learn(
     examples: list[Example],
     rule_id: str = "learned.1",
     counter_examples: list[tuple[str, str]] | None = None,
+    constraints: str = NARROWING[0],
 ) -> Learned:
     """The rule the examples teach, checked; :class:`LearnError` (a ``file:line:col`` error)
-    when an example cannot be used or the result fails a check."""
+    when an example cannot be used or the result fails a check. ``constraints``: how much of
+    each construction the rule checks at first (``class``, ``flags``, ``literals``); a
+    counter-example the rule matches moves it further along."""
     if not examples:
         raise LearnError("<arguments>", 1, 1, "learn needs at least one BEFORE AFTER pair")
     counters = counter_examples or []
     last_error: LearnError | None = None
-    for level in NARROWING:
+    if constraints not in NARROWING:
+        raise LearnError("<arguments>", 1, 1, f"constraints {constraints!r}: one of {NARROWING}")
+    for level in NARROWING[NARROWING.index(constraints) :]:
         spellings: list[Rule] = []
         regions: list[Region] = []
         for example in examples:
@@ -195,7 +214,7 @@ def learn(
         description = (
             f"learned from {Path(examples[0].before_path).name}: the code can call {kernel}"
         )
-        rule = as_rule(generalise(spellings), rule_id, name, description)
+        rule = as_rule(with_orders(generalise(spellings)), rule_id, name, description)
         learned = _checked(rule, examples, regions)
         hits = [
             (path, site) for path, text in counters for site in _matches(learned.rule, path, text)

@@ -37,7 +37,7 @@ CONSTRUCTION_LEVELS = ("class", "flags", "literals")
 
 @dataclass(frozen=True)
 class LiftOptions:
-    construction_level: str = "flags"
+    construction_level: str = "class"
     subtract_kept: bool = True  # leave out calls the AFTER code still makes itself
     scope: str = "calls"
 
