@@ -115,8 +115,10 @@ class _Lifter:
     def module_var(self, path: str, construction: Construction | None) -> Var:
         var = self.modules.get(path)
         if var is None:
-            var = self.modules[path] = self.vars.fresh(path.rsplit(".", 1)[-1])
+            var = self.modules[path] = self.vars.fresh(path.removeprefix("self.").replace(".", "_"))
             self.by_text[_normal(path)] = var
+            # an element of a container: ``self.proj.0`` is written ``self.proj[0]``
+            self.by_text.setdefault(_normal(_indexed(path)), var)
         if construction is not None:
             self.constructions.setdefault(path, construction)
         return var
@@ -235,12 +237,34 @@ def _kept_calls(region: Region, after: str, after_path: str, opaque: set[str]) -
     last_line = first_line + region.after_code.strip("\n").count("\n")
     kept = []
     for step in flow.steps:
-        if step.inline_chain or step.transparent or not first_line <= step.line <= last_line:
+        if step.inline_chain or step.transparent or not first_line <= _call_line(step) <= last_line:
             continue
         text = _normal(ast.unparse(step.node)) if step.node is not None else ""
         if text and text not in kernel_text:
-            kept.append(f"{step.kind}|{text}")
+            kept.append(_kept_key(step))
     return kept
+
+
+def _indexed(path: str) -> str:
+    """``self.proj.0`` (extraction's path of a container element) as code writes it."""
+    return re.sub(r"\.(\d+)(?=\.|\[|$)", r"[\1]", path)
+
+
+def _call_line(step: FlowStep) -> int:
+    """The line of the call in the method: an ``nn.Sequential`` element's step is located at
+    the element in ``__init__``, its call is the container's call."""
+    if step.synthetic and step.node is not None and hasattr(step.node, "lineno"):
+        return step.node.lineno  # type: ignore[attr-defined]
+    return step.line
+
+
+def _kept_key(step: FlowStep) -> str:
+    """What identifies a call in BEFORE and AFTER alike: the submodule it calls (an element
+    of a container is called through another expression after the edit), else its text."""
+    if step.module is not None:
+        return f"{step.kind}|{_indexed(step.module)}"
+    text = _normal(ast.unparse(step.node)) if step.node is not None else ""
+    return f"{step.kind}|{text}"
 
 
 def _line_of(text: str, snippet: str) -> int:
@@ -266,13 +290,12 @@ def lift_forward(
     selected = [
         s
         for s in flow.steps
-        if first <= s.line <= last and not s.inline_chain and not s.transparent
+        if first <= _call_line(s) <= last and not s.inline_chain and not s.transparent
     ]
     if options.subtract_kept:
         for key in _kept_calls(region, after, after_path, opaque):
             for step in selected:
-                text = _normal(ast.unparse(step.node)) if step.node is not None else ""
-                if f"{step.kind}|{text}" == key:
+                if _kept_key(step) == key:
                     selected.remove(step)
                     break
     if not selected:
