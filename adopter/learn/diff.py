@@ -52,6 +52,11 @@ class Region:
     returns: bool  # AFTER returns the kernel's result
     before_code: str  # the removed statements' source text
     after_code: str  # the added statements' source text
+    # ``if helper(...): <kernel call> else: <the removed code>``: the run-time check, and the
+    # names the checked arm sets to ``None`` (values the kernel never computes)
+    guard: cst.Call | None = None
+    guard_name: str | None = None
+    none_targets: tuple[str, ...] = ()
 
 
 @dataclass
@@ -353,6 +358,31 @@ def _regions_of(
         for call in calls:
             described = _describe_call(call, imports, new_imports, after_positions)
             check_kernel_name(described.kernel, after_path, described.line, described.column)
+    guarded = _guarded(removed, added, imports, new_imports, before_module, after_module)
+    if guarded is not None:
+        guard, guard_name, body = guarded
+        statement, calls = next(
+            (s, c) for s, c in ((s, _kernel_calls(s, imports, new_imports)) for s in body) if c
+        )
+        call = _describe_call(calls[0], imports, new_imports, after_positions)
+        targets, returns = _result_targets(statement, calls[0])
+        return [
+            Region(
+                owner,
+                method,
+                (before_positions[removed[0]].start.line, before_positions[removed[-1]].end.line),
+                tuple(removed),
+                tuple(added),
+                call,
+                targets,
+                returns,
+                "".join(before_module.code_for_node(s) for s in removed),
+                "".join(after_module.code_for_node(s) for s in added),
+                guard,
+                guard_name,
+                _none_targets(body),
+            )
+        ]
     groups: list[tuple[list[cst.BaseStatement], list[cst.BaseStatement]]]
     if len(kernel_statements) > 1 and len(kernel_statements) == len(removed) == len(added):
         groups = [([old], [new]) for old, new in zip(removed, added, strict=True)]
@@ -392,6 +422,59 @@ def _regions_of(
     return regions
 
 
+def _helper_name(callee: cst.BaseExpression, imports: _Imports) -> str | None:
+    """A registered helper of ``adopter.kernels`` (a run-time check such as
+    ``fused_loss_applies``), never a kernel itself."""
+    dotted = imports.resolve(callee)
+    if dotted is None or not dotted.startswith(KERNEL_PACKAGE + "."):
+        return None
+    known = registered_kernels().get(dotted.rsplit(".", 1)[-1])
+    return dotted if known is not None and known[0] == "helper" else None
+
+
+def _guarded(
+    removed: list[cst.BaseStatement],
+    added: list[cst.BaseStatement],
+    imports: _Imports,
+    new_imports: dict[str, str],
+    before_module: cst.Module,
+    after_module: cst.Module,
+) -> tuple[cst.Call, str, list[cst.BaseStatement]] | None:
+    """``if check(...): <new> else: <removed>``: the check, its dotted name and the new arm."""
+    if len(added) != 1 or not isinstance(added[0], cst.If):
+        return None
+    statement = added[0]
+    test = statement.test
+    if not isinstance(test, cst.Call) or not isinstance(statement.orelse, cst.Else):
+        return None
+    name = _helper_name(test.func, imports)
+    if name is None:
+        return None
+    kept = _body(statement.orelse.body)
+    if [_key(after_module, s) for s in kept] != [_key(before_module, s) for s in removed]:
+        return None
+    body = _body(statement.body)
+    if not any(_kernel_calls(s, imports, new_imports) for s in body):
+        return None
+    return test, name, body
+
+
+def _none_targets(body: list[cst.BaseStatement]) -> tuple[str, ...]:
+    names = []
+    for statement in body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if (
+                isinstance(small, cst.Assign)
+                and isinstance(small.value, cst.Name)
+                and small.value.value == "None"
+                and len(small.targets) == 1
+            ):
+                names.extend(_names(small.targets[0].target))
+    return tuple(names)
+
+
 def _kernel_name(
     callee: cst.BaseExpression, imports: _Imports, new_imports: dict[str, str]
 ) -> str | None:
@@ -411,6 +494,8 @@ def _kernel_calls(
 ) -> list[cst.Call]:
     found: list[cst.Call] = []
     for call in _calls(statement):
+        if _helper_name(call.func, imports) is not None:
+            continue  # a run-time check, not the kernel
         if isinstance(call.func, cst.Call) and _kernel_name(call.func.func, imports, new_imports):
             found.append(call)  # factory(Class)(args): the outer call carries the arguments
         elif _kernel_name(call.func, imports, new_imports) and not any(

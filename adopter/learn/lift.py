@@ -28,6 +28,7 @@ from ..dsl import Keyword, Literal, Name, Positional, Rest, Rule, Section, Step,
 from ..dsl.syntax import Call, Expr
 from ..extract import Construction, FileStructure, FunctionFlow, Operand, analyse_source
 from ..extract import Step as FlowStep
+from ..extract.names import parameter_names
 from .diff import LearnError, Region
 
 # How much of a construction the pattern keeps: its class alone, also its boolean flags, or
@@ -80,6 +81,7 @@ class _Lifter:
         self.by_text: dict[str, Expr] = {}  # BEFORE text -> what the replacement may pass
         self.modules: dict[str, Var] = {}  # submodule path -> its $var
         self.constructions: dict[str, Construction] = {}
+        self.callees: set[str] = set()  # dotted callees of the pattern, with their prefixes
 
     def _imported(self, text: str) -> bool:
         head = text.split(".")[0]
@@ -140,6 +142,8 @@ class _Lifter:
             callee = self.module_var(step.module, construction)
         else:
             callee = Name(step.kind)
+            parts = step.kind.split(".")
+            self.callees.update(".".join(parts[: end + 1]) for end in range(len(parts)))
             if not re.fullmatch(r"[A-Za-z_][\w.]*", step.kind):
                 raise LearnError(
                     step.path,
@@ -151,9 +155,19 @@ class _Lifter:
             Positional(self.operand(op)) for op in step.positional
         ]
         positional_ids = {id(op) for op in step.positional}
+        defaults = parameter_names(step.kind)[1]
         for key, op in step.arguments.items():
-            if id(op) not in positional_ids and op.node is not None:
+            if id(op) in positional_ids:
+                continue
+            if op.node is not None:
                 args.append(Keyword(key, self.operand(op)))
+            elif op.is_constant and key not in defaults and _literal_ok(op.constant):
+                args.append(Keyword(key, Literal(op.constant)))  # ``compare(..., op="is not")``
+        if isinstance(step.node, ast.Call) and (
+            any(k.arg is None for k in step.node.keywords)
+            or any(isinstance(a, ast.Starred) for a in step.node.args)
+        ):
+            args.append(Rest())  # ``**kwargs``: whatever it holds at a site is passed on
         out = self.vars.fresh(self.flow.value_names.get(step.output) or "t")
         self.outputs[step.output] = out
         return Step(callee, tuple(args), (out,))
@@ -292,12 +306,23 @@ def lift_forward(
         for s in flow.steps
         if first <= _call_line(s) <= last and not s.inline_chain and not s.transparent
     ]
-    if options.subtract_kept:
+    if options.subtract_kept and region.guard is None:  # a guard's else arm is the original
         for key in _kept_calls(region, after, after_path, opaque):
             for step in selected:
                 if _kept_key(step) == key:
                     selected.remove(step)
                     break
+    # A call whose whole text the kernel is handed (``hidden_states[:, slice_indices, :]``) is
+    # one of the kernel's inputs, not part of the computation it replaces.
+    module = cst.Module([])
+    handed = {
+        _normal(module.code_for_node(arg.value)) for arg in region.call.node.args if not arg.star
+    }
+    selected = [
+        step
+        for step in selected
+        if step.node is None or _normal(ast.unparse(step.node)) not in handed
+    ]
     if not selected:
         raise LearnError(
             before_path,
@@ -309,13 +334,26 @@ def lift_forward(
     lifter = _Lifter(structure, flow, options)
     forward = tuple(lifter.step(step) for step in selected)
     replacement = _replacement(region, lifter, flow, selected, after_path)
+    guard = None
+    if region.guard is not None:
+        guard_args = _arguments(region.guard, lifter, after_path, region.guard_name or "")
+        guard = Step(Name(region.guard_name or ""), guard_args)
+        blanks = tuple(
+            Step(
+                Literal(None),
+                (),
+                (_named_output(name, region, lifter, flow, selected, after_path),),
+            )
+            for name in region.none_targets
+        )
+        replacement = blanks + replacement
     init = lifter.init_steps()
     return Rule(
         id="learned",
         name="learned",
         kernel=region.call.kernel,
         init=Section("init", init) if init else None,
-        forward=Section("forward", forward, replacement=replacement),
+        forward=Section("forward", forward, replacement=replacement, guard=guard),
         scope=options.scope,
     )
 
@@ -328,28 +366,36 @@ def _replacement(
     after_path: str,
 ) -> tuple[Step, ...]:
     call = region.call
+    args = _arguments(call.node, lifter, after_path, call.kernel)
+    targets = _targets(region, lifter, flow, selected, after_path)
+    return (Step(Name(call.kernel), args, targets),)
+
+
+def _arguments(
+    node: cst.Call, lifter: _Lifter, after_path: str, callee: str
+) -> tuple[Positional | Keyword | Rest, ...]:
     module = cst.Module([])
     args: list[Positional | Keyword | Rest] = []
-    for position, arg in enumerate(call.node.args, 1):
+    for position, arg in enumerate(node.args, 1):
         if arg.star:
             args.append(Rest())
             continue
         text = module.code_for_node(arg.value)
         value = _argument(text, lifter)
         if value is None:
+            start = 1
             raise LearnError(
                 after_path,
-                call.line,
-                call.column,
-                f"argument {position} of {call.kernel.rsplit('.', 1)[-1]} (`{text}`) is none of "
+                start,
+                1,
+                f"argument {position} of {callee.rsplit('.', 1)[-1]} (`{text}`) is none of "
                 "the values the removed code reads, a submodule it calls, or a constant",
             )
         if arg.keyword is not None:
             args.append(Keyword(arg.keyword.value, value))
         else:
             args.append(Positional(value))
-    targets = _targets(region, lifter, flow, selected, after_path)
-    return (Step(Name(call.kernel), tuple(args), targets),)
+    return tuple(args)
 
 
 def _argument(text: str, lifter: _Lifter) -> Expr | None:
@@ -362,8 +408,10 @@ def _argument(text: str, lifter: _Lifter) -> Expr | None:
         value = ...
     if value is not ... and _literal_ok(value):
         return Literal(value)
-    if re.fullmatch(r"[A-Za-z_][\w.]*", normal) and lifter._imported(normal):
-        return Name(normal)
+    if re.fullmatch(r"[A-Za-z_][\w.]*", normal) and (
+        lifter._imported(normal) or normal in lifter.callees
+    ):
+        return Name(normal)  # ``torch.float32``; ``self.loss_function`` the pattern calls
     return None
 
 
@@ -400,6 +448,25 @@ def _targets(
             )
         targets.append(lifter.outputs[named[-1].output])
     return tuple(targets)
+
+
+def _named_output(
+    name: str,
+    region: Region,
+    lifter: _Lifter,
+    flow: FunctionFlow,
+    selected: list[FlowStep],
+    after_path: str,
+) -> Var:
+    named = [s for s in selected if flow.value_names.get(s.output) == name]
+    if not named:
+        raise LearnError(
+            after_path,
+            region.call.line,
+            region.call.column,
+            f"`{name} = None` names no value the removed code computes",
+        )
+    return lifter.outputs[named[-1].output]
 
 
 def lift_init(region: Region, before: str, before_path: str) -> Rule:

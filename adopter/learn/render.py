@@ -62,6 +62,9 @@ def _section(section: Section) -> str:
         text += " where {\n" + _steps(section.where, " " * 8) + "\n    }"
     if section.replacement == DETECT_ONLY:
         text += " => _"
+    elif isinstance(section.replacement, tuple) and section.guard is not None:
+        text += f" => if {step_text(section.guard)} {{\n"
+        text += _steps(section.replacement, " " * 8) + "\n    }"
     elif isinstance(section.replacement, tuple):
         text += " => {\n" + _steps(section.replacement, " " * 8) + "\n    }"
     return text
