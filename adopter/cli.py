@@ -1046,6 +1046,134 @@ def fetch(
     typer.echo(str(folder))
 
 
+@app.command(name="learn")
+def learn_command(
+    files: Annotated[
+        list[Path],
+        typer.Argument(
+            parser=_user_path,
+            help="BEFORE AFTER [BEFORE2 AFTER2 ...]: model code and the same code calling a "
+            "kernel.",
+        ),
+    ],
+    name: Annotated[str, typer.Option("--name", help="The learned rule's id.")] = "learned.1",
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write the rule file here.")
+    ] = None,
+    fixture: Annotated[
+        Path | None,
+        typer.Option("--fixture", help="Write the first example as the rule's fixture here."),
+    ] = None,
+    counter: Annotated[
+        list[Path] | None,
+        typer.Option("--not", help="A counter-example the rule must not match (repeatable)."),
+    ] = None,
+    scan_paths_: Annotated[
+        list[Path] | None,
+        typer.Option("--scan", help="List the sites the rule would patch here (repeatable)."),
+    ] = None,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify", help="Prove the patches of the --scan files (runs the model code)."
+        ),
+    ] = False,
+    constraints: Annotated[
+        str,
+        typer.Option(
+            "--constraints",
+            help="What the rule checks of each __init__ construction at first: class, flags "
+            "(also its boolean parameters) or literals (every constant parameter); --not "
+            "narrows further.",
+        ),
+    ] = "class",
+    timeout: Annotated[
+        float, typer.Option("--timeout", callback=_positive, help="verify: seconds per file.")
+    ] = 300,
+) -> None:
+    """Learn a rule from one (or more) before/after examples and check it: it parses, its kernel
+    exists, and applied to each BEFORE it writes that AFTER (modulo formatting). Prints the rule
+    file (What / Why / Before / After header) or writes it with -o.
+
+    Exit code 0 when a rule was learnt (and, with --verify, nothing was refuted), 1 when a patch
+    was refuted, 2 on bad input (each reported as file:line:col: message).
+    """
+    from .dsl import LocatedError
+    from .learn import learn
+
+    if len(files) % 2:
+        raise _fail("give BEFORE AFTER pairs: an even number of files")
+    try:
+        examples = _learn_examples(files)
+        counters = [(str(path), _learn_read(path)) for path in counter or []]
+        learned = learn(examples, rule_id=name, counter_examples=counters, constraints=constraints)
+    except LocatedError as error:
+        raise _fail(str(error)) from None
+    if output is not None:
+        output.write_text(learned.text, encoding="utf-8")
+        typer.echo(f"wrote {output}", err=True)
+    else:
+        typer.echo(learned.text, nl=False)
+    if fixture is not None:
+        fixture.write_text(learned.fixture, encoding="utf-8")
+        typer.echo(f"wrote {fixture}", err=True)
+    if scan_paths_:
+        _learn_scan(learned.rule, scan_paths_, verify, timeout)
+    elif verify:
+        raise _fail("--verify proves the sites of --scan PATH: give --scan")
+
+
+def _learn_read(path: Path) -> str:
+    from .extract import read_source
+    from .learn import LearnError
+
+    try:
+        return read_source(str(path))
+    except OSError as error:
+        raise LearnError(str(path), 1, 1, f"cannot read: {error.strerror or error}") from None
+
+
+def _learn_examples(files: list[Path]):
+    from .learn import Example
+
+    return [
+        Example(str(before), str(after), _learn_read(before), _learn_read(after))
+        for before, after in zip(files[::2], files[1::2], strict=True)
+    ]
+
+
+def _learn_scan(rule: Rule, paths: list[Path], verify: bool, timeout: float) -> None:
+    """The sites the learned rule patches under ``paths`` (on stderr, so the rule text on stdout
+    stays a rule file), and with ``verify`` the verdict of each patched file."""
+    result = scan_paths(paths, [rule])
+    for error in result.errors:
+        _print_error(_stderr(), error)
+    for site in sorted(result.sites, key=lambda s: (s.path, s.line, s.column)):
+        where = f"{site.cls}.{site.method}" if site.cls else site.method
+        typer.echo(f"{site.path}:{site.line}:{site.column}: {rule.id} in {where}", err=True)
+    typer.echo(f"{len(result.sites)} site(s) in {len(paths)} path(s)", err=True)
+    if not verify:
+        if result.errors:
+            raise typer.Exit(EXIT_ERROR)
+        return
+    from .rewrite import rewrite_paths
+    from .verify import PatchedFile, verify_patched_files
+    from .verify.report import verification_rows
+    from .verify.results import REFUTED
+
+    rewrite = rewrite_paths(paths, [rule])
+    items = [PatchedFile(r.path, r.patched) for r in rewrite.changed]
+    verdicts = verify_patched_files(items, timeout=timeout)
+    rows: list[dict[str, object]] = []
+    for item, verification in zip(items, verdicts, strict=True):
+        rows += verification_rows(item.original_path, verification)
+    _print_verdicts(rows, "table")
+    if any(row["status"] == REFUTED for row in rows):
+        raise typer.Exit(1)
+    if result.errors or rewrite.errors:
+        raise typer.Exit(EXIT_ERROR)
+
+
 @app.command(name="rules")
 def list_rules(
     rule_files: RulesOption = None,

@@ -21,6 +21,7 @@ ORDER = [
     "extract",
     "match",
     "rewrite",
+    "learn",
     "models",
     "verify",
     "bench",

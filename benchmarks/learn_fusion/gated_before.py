@@ -1,0 +1,13 @@
+import torch
+from torch import nn
+
+
+class GatedUnit(nn.Module):
+    """A gated linear unit's element-wise half: the activated gate times the up projection."""
+
+    def __init__(self):
+        super().__init__()
+        self.act = nn.SiLU()
+
+    def forward(self, gate, up):
+        return self.act(gate) * up

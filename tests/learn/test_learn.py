@@ -1,0 +1,280 @@
+"""``adopter learn``: rules learned from small before/after examples of our own, applied to other
+code (codemod-style: source in, expected source out), anti-unification, counter-examples, and
+clear errors for examples it cannot use."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from adopter.cli import app
+from adopter.learn import Example, LearnError, learn
+from adopter.match import Matcher
+from adopter.rewrite import rewrite_text
+from tests.helpers import scan_snippet
+
+try:
+    runner = CliRunner(mix_stderr=False)
+except TypeError:  # click >= 8.2 keeps them apart
+    runner = CliRunner()
+
+HEADER = "import torch\nfrom torch import nn\nimport torch.nn.functional as F\n"
+KERNELS = "from adopter.kernels import {}\n"
+
+DROPOUT_BEFORE = HEADER + textwrap.dedent(
+    """
+    class Block(nn.Module):
+        def __init__(self, hidden):
+            super().__init__()
+            self.norm = nn.LayerNorm(hidden)
+            self.drop = nn.Dropout(0.1)
+
+        def forward(self, x, residual):
+            y = self.drop(x)
+            return self.norm(y + residual)
+    """
+)
+DROPOUT_AFTER = (
+    HEADER
+    + KERNELS.format("dropout_add_layer_norm")
+    + textwrap.dedent(
+        """
+        class Block(nn.Module):
+            def __init__(self, hidden):
+                super().__init__()
+                self.norm = nn.LayerNorm(hidden)
+                self.drop = nn.Dropout(0.1)
+
+            def forward(self, x, residual):
+                return dropout_add_layer_norm(x, residual, self.drop, self.norm)
+        """
+    )
+)
+
+
+def example(before: str, after: str, name: str = "example") -> Example:
+    return Example(f"{name}.py", f"{name}.after.py", before, after)
+
+
+def assert_codemod(rule, before: str, after: str) -> None:
+    """The rule rewrites ``before`` to ``after`` (compared as ASTs: formatting is apply's)."""
+    rewrite = rewrite_text(textwrap.dedent(before), "model.py", Matcher([rule]))
+    assert rewrite.error is None, rewrite.error
+    assert ast.dump(ast.parse(rewrite.patched)) == ast.dump(ast.parse(textwrap.dedent(after))), (
+        rewrite.patched
+    )
+
+
+def test_learned_rule_rewrites_other_code_with_other_names_and_spellings():
+    learned = learn([example(DROPOUT_BEFORE, DROPOUT_AFTER)], rule_id="my.1")
+    assert learned.rule.id == "my.1"
+    assert learned.rule.kernel == "adopter.kernels.dropout_add_layer_norm"
+    assert_codemod(
+        learned.rule,
+        """
+        import torch
+        from torch import nn
+
+        class Output(nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                self.dense = nn.Linear(8, 8)
+                self.LayerNorm = nn.LayerNorm(8, eps=1e-12)
+                self.dropout = nn.Dropout(config.p)
+
+            def forward(self, hidden_states, input_tensor):
+                hidden_states = self.dense(hidden_states)
+                hidden_states = self.dropout(hidden_states)
+                hidden_states = self.LayerNorm(input_tensor + hidden_states)
+                return hidden_states
+        """,
+        """
+        import torch
+        from torch import nn
+        from adopter.kernels import dropout_add_layer_norm
+
+        class Output(nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                self.dense = nn.Linear(8, 8)
+                self.LayerNorm = nn.LayerNorm(8, eps=1e-12)
+                self.dropout = nn.Dropout(config.p)
+
+            def forward(self, hidden_states, input_tensor):
+                hidden_states = self.dense(hidden_states)
+                hidden_states = dropout_add_layer_norm(hidden_states, input_tensor, self.dropout, self.LayerNorm)
+                return hidden_states
+        """,
+    )
+
+
+def test_learned_rule_leaves_a_near_miss_alone():
+    learned = learn([example(DROPOUT_BEFORE, DROPOUT_AFTER)])
+    near_miss = DROPOUT_BEFORE.replace("y + residual", "y * residual")
+    assert scan_snippet(near_miss, [learned.rule]) == []
+
+
+def test_the_rule_file_has_the_house_header_and_loads(tmp_path):
+    learned = learn([example(DROPOUT_BEFORE, DROPOUT_AFTER)], rule_id="my.1")
+    for section in ("What it does:", "Why:", "Before:", "After:", "Site:"):
+        assert section in learned.text
+    from adopter.dsl import load_rule_file
+
+    path = tmp_path / "my_1.adopt"
+    path.write_text(learned.text)
+    (loaded,) = load_rule_file(path, use_cache=False)
+    assert loaded.id == "my.1"
+    assert "# %% the example it was learned from" in learned.fixture
+    assert learned.fixture.count("# site") == 1
+
+
+SOFTMAX_BEFORE = HEADER + textwrap.dedent(
+    """
+    class Attn(nn.Module):
+        def forward(self, scores):
+            return F.softmax(scores, dim=-1)
+    """
+)
+SOFTMAX_AFTER = (
+    HEADER
+    + KERNELS.format("softmax")
+    + textwrap.dedent(
+        """
+        class Attn(nn.Module):
+            def forward(self, scores):
+                return softmax(scores, dim=-1)
+        """
+    )
+)
+
+
+def test_constants_are_kept_from_one_example_and_become_variables_across_two():
+    one = learn([example(SOFTMAX_BEFORE, SOFTMAX_AFTER)])
+    other_dim = SOFTMAX_BEFORE.replace("dim=-1", "dim=1")
+    assert scan_snippet(other_dim, [one.rule]) == []  # one example: only dim=-1
+    two = learn(
+        [
+            example(SOFTMAX_BEFORE, SOFTMAX_AFTER, "a"),
+            example(other_dim, SOFTMAX_AFTER.replace("dim=-1", "dim=1"), "b"),
+        ]
+    )
+    assert not two.rule.variants  # one shape: anti-unified into one spelling
+    assert len(scan_snippet(SOFTMAX_BEFORE.replace("dim=-1", "dim=2"), [two.rule])) == 1
+
+
+CONV_BEFORE = HEADER + textwrap.dedent(
+    """
+    class Stem(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, bias=False)
+            self.bn = nn.BatchNorm2d(8)
+
+        def forward(self, x):
+            x = self.conv(x)
+            x = self.bn(x)
+            return x
+    """
+)
+CONV_AFTER = (
+    HEADER
+    + KERNELS.format("conv_batch_norm")
+    + textwrap.dedent(
+        """
+        class Stem(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(3, 8, 3, bias=False)
+                self.bn = nn.BatchNorm2d(8)
+
+            def forward(self, x):
+                x = conv_batch_norm(x, self.conv, self.bn)
+                return x
+        """
+    )
+)
+
+
+def test_a_counter_example_narrows_the_construction_constraints():
+    counter = CONV_BEFORE.replace(
+        "nn.Conv2d(3, 8, 3, bias=False)", "nn.Conv2d(3, 8, 5, bias=False)"
+    )
+    general = learn([example(CONV_BEFORE, CONV_AFTER)])
+    assert scan_snippet(counter, [general.rule])  # flags alone: any kernel size
+    narrowed = learn([example(CONV_BEFORE, CONV_AFTER)], counter_examples=[("not.py", counter)])
+    assert narrowed.construction_level == "literals"
+    assert scan_snippet(counter, [narrowed.rule]) == []
+    assert scan_snippet(CONV_BEFORE, [narrowed.rule])
+
+
+def test_a_counter_example_that_computes_the_same_thing_is_refused():
+    with pytest.raises(LearnError, match="counter-example"):
+        learn([example(CONV_BEFORE, CONV_AFTER)], counter_examples=[("not.py", CONV_BEFORE)])
+
+
+def test_a_factory_edit_in_init_becomes_an_init_site_rule():
+    before = HEADER + textwrap.dedent(
+        """
+        class Layer(nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                self.attention = MyAttention(config, kind="self")
+
+            def forward(self, x):
+                return self.attention(x)
+        """
+    )
+    after = before.replace(
+        "MyAttention(config", "fused_bert_self_attention(MyAttention)(config"
+    ).replace(HEADER, HEADER + KERNELS.format("fused_bert_self_attention"))
+    learned = learn([example(before, after)])
+    assert learned.rule.site == "init"
+    other = before.replace('kind="self"', 'kind="cross", extra=1')
+    assert len(scan_snippet(other, [learned.rule])) == 1
+
+
+@pytest.mark.parametrize(
+    ("after", "message"),
+    [
+        (DROPOUT_BEFORE, "no change between"),
+        (
+            DROPOUT_AFTER.replace("dropout_add_layer_norm", "dropout_add_layer_nrom"),
+            "unknown kernel 'adopter.kernels.dropout_add_layer_nrom'; did you mean",
+        ),
+        (
+            DROPOUT_BEFORE.replace("y = self.drop(x)\n", "y = x\n"),
+            "not a recognisable kernel call",
+        ),
+    ],
+    ids=["no-change", "unknown-kernel", "no-kernel-call"],
+)
+def test_bad_examples_are_located_errors(after, message):
+    with pytest.raises(LearnError, match=message) as raised:
+        learn([example(DROPOUT_BEFORE, after)])
+    assert raised.value.line >= 1 and raised.value.column >= 1
+
+
+def test_cli_prints_the_rule_scans_and_reports_bad_input_without_a_traceback(tmp_path: Path):
+    before, after = tmp_path / "before.py", tmp_path / "after.py"
+    before.write_text(DROPOUT_BEFORE)
+    after.write_text(DROPOUT_AFTER)
+    out = tmp_path / "rule.adopt"
+    result = runner.invoke(
+        app,
+        ["learn", str(before), str(after), "--name", "my.1", "-o", str(out), "--scan", str(before)],
+    )
+    assert result.exit_code == 0, result.output
+    assert "rule my.1 {" in out.read_text()
+    assert f"{before}:" in result.stderr and "1 site(s)" in result.stderr
+    broken = tmp_path / "broken.py"
+    broken.write_text(DROPOUT_AFTER.replace("dropout_add_layer_norm", "no_such_kernel"))
+    failed = runner.invoke(app, ["learn", str(before), str(broken)])
+    assert failed.exit_code == 2
+    assert f"{broken}:" in failed.stderr and "unknown kernel" in failed.stderr
+    assert "Traceback" not in failed.stderr + failed.stdout
+    odd = runner.invoke(app, ["learn", str(before)])
+    assert odd.exit_code == 2 and "pairs" in odd.stderr
