@@ -35,7 +35,6 @@ naming the CPU model, the torch version and the accelerator (:func:`machine_key`
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import importlib
 import importlib.util
@@ -50,6 +49,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from ._backend import _has_module
 
 __all__ = [
     "OPS",
@@ -159,14 +160,6 @@ def bucket(name: str, call: Any) -> str:
 def pow2(n: int) -> int:
     """``n`` rounded up to a power of two (shape buckets)."""
     return 1 << max(int(n) - 1, 0).bit_length()
-
-
-@functools.cache
-def _has_module(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 # --------------------------------------------------------------------------------------------
