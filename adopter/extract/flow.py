@@ -812,13 +812,17 @@ class FlowBuilder:
         if isinstance(func, ast.Name) and func.id in self.analysis.functions:
             function = self.analysis.functions[func.id]
             helper = self.analysis.canonical_helper(function)
-            if helper is not None:  # ``rotate_half(q)``: one step, whatever the helper's name
-                return self.emit(helper, node, positional, keywords)
+            bound = _helper_arguments(function, positional, keywords) if helper else None
+            if helper is not None and bound is not None:
+                # ``rotate_half(q)``: one step, whatever the helper's name
+                return self.emit(helper, node, bound, {})
             return self.inline(function, None, None, positional, keywords, node)
         if isinstance(func, ast.Name) and func.id in self.analysis.imports.origins:
-            helper = self.analysis.imported_helper(func.id)
-            if helper is not None:
-                return self.emit(helper, node, positional, keywords)
+            imported = self.analysis.imported_helper(func.id)
+            if imported is not None:
+                bound = _helper_arguments(imported[1], positional, keywords)
+                if bound is not None:
+                    return self.emit(imported[0], node, bound, {})
         canonical = canonical_function(kind)
         arguments = normalise_arguments(kind, positional, keywords)
         activation = self.activation_function(canonical, node)
@@ -1059,3 +1063,27 @@ def _read_names(node: ast.AST) -> list[ast.expr]:
             if child.id not in bound and child.id != "self":
                 names.setdefault(child.id, child)
     return list(names.values())
+
+
+def _helper_arguments(
+    function: ast.FunctionDef, positional: list[Operand], keywords: dict[str, Operand]
+) -> list[Operand] | None:
+    """A canonical helper's arguments in the order of its parameters: keywords moved to their
+    place, omitted ones given their default; ``None`` when the call does not bind (too many
+    arguments, an unknown or repeated name, a missing one without a default)."""
+    names = [arg.arg for arg in [*function.args.posonlyargs, *function.args.args]]
+    if len(positional) > len(names) or any(name not in names for name in keywords):
+        return None
+    defaults = dict(zip(names[len(names) - len(function.args.defaults) :], function.args.defaults))
+    bound: list[Operand] = list(positional)
+    for name in names[len(positional) :]:
+        if name in keywords:
+            bound.append(keywords[name])
+        elif name in defaults:
+            default = defaults[name]
+            bound.append(Operand(node=default, constant=constant_value(default)))
+        else:
+            return None
+    if any(names.index(name) < len(positional) for name in keywords):
+        return None  # given twice: the call raises
+    return bound

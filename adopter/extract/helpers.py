@@ -7,7 +7,12 @@ same name may compute something else (about 25 files call the interleaved pair r
 its name: a called module-level function whose body equals one of the templates below - up to
 the names of its parameters and locals, annotations, docstring, import aliases and a slice
 start of ``0`` - is recorded as one step of the canonical kind (``helper.rotate_half(q)``)
-instead of being inlined, so a rule can name the operation. The kinds carry the prefix
+instead of being inlined, so a rule can name the operation. Its arguments are recorded in the
+order of its parameters, keywords moved to their place and omitted ones given their default, so
+``f(n, s, m, is_causal=c)`` and ``f(n, s, m, c)`` are the same step. Parameter defaults belong
+to the body (they must equal the template's); the only decorators allowed are those that merely
+register the function with a tracer and return it unchanged (``torch.fx.wrap``, timm's
+``register_notrace_function``). The kinds carry the prefix
 ``helper.`` so that a rule naming one never matches a call by its name alone (a
 ``rotate_half`` imported from a file the analysis cannot read is ``that.module.rotate_half``).
 A helper imported from another file of the package is known by that file's body.
@@ -75,7 +80,45 @@ def f(hidden_states, n_rep):
     return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
 """,
     ),
+    # timm's ``resolve_self_attn_mask``: the additive bias SDPA would apply for self-attention
+    # of ``n`` tokens - causal (precedence over the mask), a boolean keep-mask as -inf where
+    # False, a float mask as it is. It reads the scores only for their dtype and device.
+    "helper.self_attn_bias": (
+        """
+def f(seq_len, attn, attn_mask=None, is_causal=False):
+    if is_causal:
+        attn_bias = attn.new_full((seq_len, seq_len), float('-inf')).triu_(1)
+    elif attn_mask is None:
+        attn_bias = None
+    elif attn_mask.dtype == torch.bool:
+        attn_bias = torch.zeros_like(attn_mask, dtype=attn.dtype)
+        attn_bias.masked_fill_(~attn_mask, float('-inf'))
+    else:
+        attn_bias = attn_mask
+    return attn_bias
+""",
+    ),
+    # an additive mask applied when there is one (timm's ``maybe_add_mask``)
+    "helper.maybe_add_mask": (
+        """
+def f(scores, attn_mask=None):
+    return scores if attn_mask is None else scores + attn_mask
+""",
+    ),
 }
+
+# decorators that register a function with a tracer and return it unchanged
+TRACER_REGISTRATIONS = frozenset({"torch.fx.wrap"})
+TRACER_REGISTRATION_NAMES = frozenset({"register_notrace_function"})
+
+
+def _tracer_registration(decorator: ast.expr, imports: ImportTable | None) -> bool:
+    if not isinstance(decorator, (ast.Name, ast.Attribute)):
+        return False  # a decorator built by a call may do anything
+    name = imports.resolve(decorator) if imports is not None else ast.unparse(decorator)
+    if name is None:
+        return False
+    return name in TRACER_REGISTRATIONS or name.rsplit(".", 1)[-1] in TRACER_REGISTRATION_NAMES
 
 
 class _Normaliser(ast.NodeTransformer):
@@ -111,9 +154,9 @@ class _Normaliser(ast.NodeTransformer):
 def _shape(function: ast.FunctionDef, imports: ImportTable | None) -> str | None:
     """The body of a plain function of positional parameters, normalised; ``None`` otherwise."""
     arguments = function.args
-    if arguments.vararg or arguments.kwarg or arguments.kwonlyargs or arguments.defaults:
+    if arguments.vararg or arguments.kwarg or arguments.kwonlyargs:
         return None
-    if function.decorator_list:
+    if not all(_tracer_registration(d, imports) for d in function.decorator_list):
         return None
     body = list(function.body)
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
@@ -122,9 +165,11 @@ def _shape(function: ast.FunctionDef, imports: ImportTable | None) -> str | None
     normaliser = _Normaliser(parameters, imports)
     try:
         statements = [normaliser.visit(ast.parse(ast.unparse(s)).body[0]) for s in body]
+        defaults = [ast.dump(ast.parse(ast.unparse(d), mode="eval")) for d in arguments.defaults]
     except (SyntaxError, ValueError, RecursionError):
         return None
-    return ast.dump(ast.Module(body=statements, type_ignores=[]), include_attributes=False)
+    module = ast.dump(ast.Module(body=statements, type_ignores=[]), include_attributes=False)
+    return f"{module} defaults={defaults}"
 
 
 @cache

@@ -52,7 +52,7 @@ class FileAnalysis:
         self.classes: dict[str, ClassInfo] = {}
         self._branch = 0
         self._helpers: dict[int, str | None] = {}
-        self._imported_helpers: dict[str, str | None] = {}
+        self._imported_helpers: dict[str, tuple[str, ast.FunctionDef] | None] = {}
         self.branch_labels: dict[int, BranchPoint] = {}
         self._collect(tree.body)
 
@@ -63,16 +63,18 @@ class FileAnalysis:
             self._helpers[key] = canonical_helper(function, self.imports)
         return self._helpers[key]
 
-    def imported_helper(self, name: str) -> str | None:
+    def imported_helper(self, name: str) -> tuple[str, ast.FunctionDef] | None:
         """The canonical operation of a function imported from another file of the package
-        (``from ..llama.modeling_llama import rotate_half``), read from that file."""
+        (``from ..llama.modeling_llama import rotate_half``), read from that file, with the
+        function's definition (its parameters order the step's arguments)."""
         if name not in self._imported_helpers:
             found = None
             if self.project.enabled and self.project.file is not None:
                 found = self.project.lookup(self.imports, self.project.file, name)
             helper = None
             if found is not None and isinstance(found.node, ast.FunctionDef):
-                helper = canonical_helper(found.node, found.module.imports)
+                kind = canonical_helper(found.node, found.module.imports)
+                helper = (kind, found.node) if kind is not None else None
             self._imported_helpers[name] = helper
         return self._imported_helpers[name]
 

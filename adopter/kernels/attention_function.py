@@ -129,6 +129,23 @@ def _apply_dropout(
     return F.dropout(probs, p=float(dropout), training=training)
 
 
+def self_attention_bias(
+    length: int, like: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool
+) -> torch.Tensor | None:
+    """The additive bias SDPA applies for self-attention over ``length`` tokens, in the dtype
+    and on the device of ``like`` (the scores): causal (which takes precedence over the mask)
+    is ``-inf`` above the diagonal, a boolean mask keeps where ``True``, a float mask is added
+    as it is (timm's ``resolve_self_attn_mask``)."""
+    if is_causal:
+        return like.new_full((length, length), float("-inf")).triu_(1)
+    if attn_mask is None:
+        return None
+    if attn_mask.dtype == torch.bool:
+        bias = torch.zeros_like(attn_mask, dtype=like.dtype)
+        return bias.masked_fill_(~attn_mask, float("-inf"))
+    return attn_mask
+
+
 def scaled_attention_reference(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -141,8 +158,12 @@ def scaled_attention_reference(
     scale_query: bool = False,
     upcast_qk: bool = False,
     softmax_dtype: torch.dtype | None = None,
+    self_attn_len: int | None = None,
+    is_causal: bool = False,
 ) -> torch.Tensor:
-    """``softmax(q @ k^T * scale + mask) @ v`` as timm / diffusers write it."""
+    """``softmax(q @ k^T * scale + mask) @ v`` as timm / diffusers write it; with
+    ``self_attn_len`` the mask is ``self_attention_bias(self_attn_len, scores, attn_mask,
+    is_causal)``."""
     if scale is None:
         scale = query.size(-1) ** -0.5
     dtype = query.dtype
@@ -152,6 +173,8 @@ def scaled_attention_reference(
         scores = (query * scale) @ key.transpose(-2, -1)
     else:
         scores = (query @ key.transpose(-2, -1)) * scale
+    if self_attn_len is not None:
+        attn_mask = self_attention_bias(self_attn_len, scores, attn_mask, is_causal)
     if attn_mask is not None:
         scores = scores + attn_mask
     probs = scores.softmax(dim=-1) if softmax_dtype is None else scores.softmax(-1, softmax_dtype)
@@ -451,6 +474,8 @@ def scaled_attention(
     upcast_qk: bool = False,
     softmax_dtype: torch.dtype | None = None,
     scores_of: nn.Module | None = None,
+    self_attn_len: int | None = None,
+    is_causal: bool = False,
 ) -> torch.Tensor:
     """``softmax(q @ k^T * scale + attn_mask) @ v`` through SDPA (timm, diffusers).
 
@@ -474,6 +499,14 @@ def scaled_attention(
             original is the module's own method, run whenever SDPA cannot reproduce it (as
             above), and also when the method is replaced on the instance (attention-map tools
             patch it), the settings are not a number and two flags, or the module has hooks.
+        self_attn_len, is_causal: the spelling builds the mask from ``(attn_mask, is_causal)``
+            as SDPA reads them, for self-attention over ``self_attn_len`` tokens (timm's
+            ``resolve_self_attn_mask(N, scores, attn_mask, is_causal)``, which reads the scores
+            only for their dtype and device; see :func:`self_attention_bias`). The fused path
+            builds the same bias in the query's dtype, so it runs only when the scores have that
+            dtype (a number as ``scale``, no ``upcast_qk``) and the query and key lengths are
+            ``self_attn_len``; a bias with a fully masked row (``-inf`` everywhere: the
+            original's softmax is NaN there) runs the original.
     """
     if scores_of is not None:
         return _processor_attention(scores_of, query, key, value, attn_mask)
@@ -484,6 +517,8 @@ def scaled_attention(
         "scale_query": scale_query,
         "upcast_qk": upcast_qk,
         "softmax_dtype": softmax_dtype,
+        "self_attn_len": self_attn_len,
+        "is_causal": is_causal,
     }
 
     def original() -> torch.Tensor:
@@ -491,9 +526,42 @@ def scaled_attention(
 
     if tracing(query, key, value, attn_mask):
         return original()
+    mask = attn_mask
+    if self_attn_len is not None:
+        mask = _fused_self_attention_bias(
+            query, key, attn_mask, scale, upcast_qk, self_attn_len, is_causal
+        )
+        if mask is False:
+            return original()
     p = _dropout_probability(dropout, training)
-    out = _scaled_sdpa(query, key, value, attn_mask, scale, p, upcast_qk)
+    out = _scaled_sdpa(query, key, value, mask, scale, p, upcast_qk)
     return original() if out is None else out
+
+
+def _fused_self_attention_bias(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    scale: float | None,
+    upcast_qk: bool,
+    length: int,
+    is_causal: bool,
+) -> torch.Tensor | None | bool:
+    """The bias the original builds from its scores, built from the query instead; ``False``
+    where that may differ (scores of another dtype, lengths other than ``length``)."""
+    if upcast_qk or isinstance(scale, bool) or not isinstance(scale, (int, float, type(None))):
+        return False  # a tensor scale may promote the scores to another dtype
+    if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor):
+        return False
+    if query.dim() < 2 or key.dim() < 2 or query.dtype != key.dtype:
+        return False
+    if isinstance(length, bool) or not isinstance(length, int):
+        return False
+    if query.shape[-2] != length or key.shape[-2] != length:
+        return False
+    if attn_mask is not None and not isinstance(attn_mask, torch.Tensor):
+        return False
+    return self_attention_bias(length, query, attn_mask, is_causal)
 
 
 def _scaled_sdpa(

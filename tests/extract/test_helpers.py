@@ -81,3 +81,69 @@ def test_imported_helpers_are_read_from_their_file(tmp_path):
     (flow,) = structure.classes["Rotate"].flows.values()
     kinds = [step.kind for step in flow.steps if not step.transparent]
     assert kinds[:2] == ["helper.rotate_half", "helper.rotate_pairs"]
+
+
+MASK_HELPERS = """
+import torch
+from torch import nn
+
+@torch.fx.wrap
+def bias_of(seq_len, attn, attn_mask=None, is_causal=False):
+    if is_causal:
+        attn_bias = attn.new_full((seq_len, seq_len), float('-inf')).triu_(1)
+    elif attn_mask is None:
+        attn_bias = None
+    elif attn_mask.dtype == torch.bool:
+        attn_bias = torch.zeros_like(attn_mask, dtype=attn.dtype)
+        attn_bias.masked_fill_(~attn_mask, float('-inf'))
+    else:
+        attn_bias = attn_mask
+    return attn_bias
+
+def other_default(seq_len, attn, attn_mask=None, is_causal=True):
+    if is_causal:
+        attn_bias = attn.new_full((seq_len, seq_len), float('-inf')).triu_(1)
+    elif attn_mask is None:
+        attn_bias = None
+    elif attn_mask.dtype == torch.bool:
+        attn_bias = torch.zeros_like(attn_mask, dtype=attn.dtype)
+        attn_bias.masked_fill_(~attn_mask, float('-inf'))
+    else:
+        attn_bias = attn_mask
+    return attn_bias
+
+class Masked(nn.Module):
+    def forward(self, scores, mask, causal):
+        return {call}
+"""
+
+
+@pytest.mark.parametrize(
+    ("call", "kind", "arguments"),
+    [
+        (
+            "bias_of(4, scores, mask, causal)",
+            "helper.self_attn_bias",
+            ["4", "scores", "mask", "causal"],
+        ),
+        (
+            "bias_of(4, scores, mask, is_causal=causal)",
+            "helper.self_attn_bias",
+            ["4", "scores", "mask", "causal"],
+        ),
+        ("bias_of(4, attn=scores)", "helper.self_attn_bias", ["4", "scores", "None", "False"]),
+        ("other_default(4, scores, mask)", None, None),  # another default: another function
+    ],
+)
+def test_helper_arguments_follow_its_parameters(call, kind, arguments):
+    """Keywords move to their parameter's place and omitted ones get their default, so a rule
+    sees one spelling; a tracer-registration decorator does not hide the body."""
+    structure = extract(MASK_HELPERS.replace("{call}", call))
+    (flow,) = structure.classes["Masked"].flows.values()
+    steps = [step for step in flow.steps if step.kind.startswith("helper.")]
+    if kind is None:
+        assert not steps
+        return
+    (step,) = steps
+    assert step.kind == kind and not step.arguments
+    assert [operand.text for operand in step.positional] == arguments

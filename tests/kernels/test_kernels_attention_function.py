@@ -355,6 +355,100 @@ def test_timm_spelling(with_mask):
     )
 
 
+def timm_self_attn_bias(length, attn, attn_mask=None, is_causal=False):
+    """timm 1.0.31's mask helper, written again: SDPA's mask semantics as an additive bias."""
+    if is_causal:
+        return attn.new_full((length, length), float("-inf")).triu_(1)
+    if attn_mask is None:
+        return None
+    if attn_mask.dtype == torch.bool:
+        bias = torch.zeros_like(attn_mask, dtype=attn.dtype)
+        bias.masked_fill_(~attn_mask, float("-inf"))
+        return bias
+    return attn_mask
+
+
+def timm_attention_with_mask_helper(q, k, v, attn_mask, is_causal, scale, attn_drop):
+    length = q.shape[-2]
+    q = q * scale
+    attn = q @ k.transpose(-2, -1)
+    bias = timm_self_attn_bias(length, attn, attn_mask, is_causal)
+    attn = attn if bias is None else attn + bias
+    attn = attn.softmax(dim=-1)
+    attn = attn_drop(attn)
+    return attn @ v
+
+
+@pytest.mark.parametrize("mask", ["none", "float", "bool", "bool-broadcast"])
+@pytest.mark.parametrize("is_causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_timm_spelling_with_the_self_attention_mask_helper(mask, is_causal, dtype, monkeypatch):
+    """timm 1.0.31: ``resolve_self_attn_mask(N, attn, attn_mask, is_causal)`` then
+    ``maybe_add_mask``; the kernel gets the mask, ``is_causal`` and ``N`` and builds the bias."""
+    q, k, v = qkv(heads=3, kv_heads=3, q_len=9, k_len=9, dtype=dtype, seed=5)
+    generator = torch.Generator().manual_seed(6)
+    attn_mask = {
+        "none": None,
+        "float": torch.randn(2, 1, 9, 9, generator=generator).to(dtype),
+        "bool": torch.rand(2, 3, 9, 9, generator=generator) > 0.3,
+        "bool-broadcast": torch.rand(2, 1, 1, 9, generator=generator) > 0.3,
+    }[mask]
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        attn_mask[..., 0] = True  # every query sees a key: no NaN row
+    drop = nn.Dropout(0.1).eval()
+
+    def kernel(q, k, v):
+        return scaled_attention(
+            q, k, v, attn_mask, scale=0.35, dropout=drop, scale_query=True,
+            self_attn_len=9, is_causal=is_causal,
+        )  # fmt: skip
+
+    def reference(q, k, v):
+        return timm_attention_with_mask_helper(q, k, v, attn_mask, is_causal, 0.35, drop)
+
+    assert_same_function(kernel, reference, [q, k, v], dtype=dtype)
+    # the fused path ran: SDPA is called, the original's softmax is not
+    calls = []
+    original_sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        F,
+        "scaled_dot_product_attention",
+        lambda *a, **kw: calls.append(1) or original_sdpa(*a, **kw),
+    )
+    with torch.no_grad():
+        kernel(q, k, v)
+    assert calls == [1]
+
+
+def test_timm_mask_helper_rows_that_see_no_key_run_the_original():
+    """A boolean mask hiding every key of a row: the original's softmax gives NaN there, and
+    so does the kernel (it runs the original)."""
+    q, k, v = qkv(heads=3, kv_heads=3, q_len=6, k_len=6, seed=7)
+    attn_mask = torch.ones(1, 1, 6, 6, dtype=torch.bool)
+    attn_mask[..., 2, :] = False
+    drop = nn.Dropout(0.0)
+    out = scaled_attention(
+        q, k, v, attn_mask, scale=0.4, dropout=drop, scale_query=True, self_attn_len=6
+    )
+    expected = timm_attention_with_mask_helper(q, k, v, attn_mask, False, 0.4, drop)
+    assert torch.equal(out.isnan(), expected.isnan()) and out.isnan().any()
+    assert_close(out.nan_to_num(), expected.nan_to_num())
+
+
+def test_timm_mask_helper_lengths_other_than_n_run_the_original():
+    """``N`` is not the scores' length (a caller's choice the kernel cannot check otherwise):
+    the original runs, and broadcasts or raises as it would."""
+    q, k, v = qkv(heads=2, kv_heads=2, q_len=1, k_len=5, seed=8)
+    drop = nn.Dropout(0.0)
+    out = scaled_attention(
+        q, k, v, None, scale=0.4, dropout=drop, scale_query=True, self_attn_len=5, is_causal=True
+    )
+    expected = scaled_attention_reference(
+        q, k, v, None, scale=0.4, dropout=drop, scale_query=True, self_attn_len=5, is_causal=True
+    )
+    assert torch.equal(out, expected)
+
+
 def test_timm_training_dropout_on_cpu_draws_like_the_original():
     q, k, v = qkv(heads=3, kv_heads=3)
     drop = nn.Dropout(0.3).train()

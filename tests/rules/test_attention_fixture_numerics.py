@@ -74,14 +74,23 @@ def _module_outputs(namespace: dict, train: bool, grouped: bool) -> list[torch.T
             additive = mask[:, 0].repeat_interleave(2, dim=0)[:, :1]  # (batch * heads, 1, keys)
             for attention_mask in (None, additive):
                 outputs.append(processor(attn, x, attention_mask))
-    for name in ("TimmAttention", "TimmMaskedAttention"):
+    keep = torch.rand(2, 1, 6, 6, generator=torch.Generator().manual_seed(2)) > 0.4
+    keep |= torch.eye(6, dtype=torch.bool)  # every query keeps a key
+    for name in ("TimmAttention", "TimmMaskedAttention", "TimmOptionalAddAttention"):
         if name in namespace:
             torch.manual_seed(0)
             module = namespace[name](8, num_heads=2, attn_drop=0.25).train(train)
             torch.manual_seed(1)
-            if name == "TimmMaskedAttention":
+            if name != "TimmAttention":
                 outputs.append(module(x, mask))
             outputs.append(module(x))
+    if "TimmMaskHelperAttention" in namespace:  # masks as SDPA reads them, and causal
+        torch.manual_seed(0)
+        module = namespace["TimmMaskHelperAttention"](8, num_heads=2, attn_drop=0.25)
+        module.train(train)
+        for attn_mask, is_causal in ((None, False), (mask, False), (keep, False), (keep, True)):
+            torch.manual_seed(1)
+            outputs.append(module(x, attn_mask, is_causal=is_causal))
     return outputs
 
 
