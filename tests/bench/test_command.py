@@ -69,6 +69,7 @@ def test_run_bench_bert_original_patched_and_ablation(tmp_path: Path) -> None:
         "paper.4 only",
         "paper.5 only",
         "paper.6 only",
+        "paper.9 only",
     ]
     for name in result.names:
         for mode in ("inference", "train"):
@@ -81,7 +82,10 @@ def test_run_bench_bert_original_patched_and_ablation(tmp_path: Path) -> None:
     # paper.6: the intermediate dense + GELU twice and the pooler dense + tanh
     assert target["patched_sites"]["patched"] == {"paper.1": 1, "paper.5": 2, "paper.6": 3}
     assert target["patched_sites"]["paper.4 only"] == {"paper.4": 1}
-    assert set(target["no_site"]) == {"paper.2", "paper.3", "paper.7", "paper.8", "paper.9"}
+    # BERT's q, k and v sit in different arms (cross-attention or not): alone, paper.9 fuses
+    # them by the Figure-4 move; combined, paper.1 replaces the whole attention instead.
+    assert target["patched_sites"]["paper.9 only"] == {"paper.9": 1}
+    assert set(target["no_site"]) == {"paper.2", "paper.3", "paper.7", "paper.8"}
     assert target["model"]["class"] == "BertModel"
     assert target["model"]["config"]["hidden_size"] == 32
     assert result.settings["input_shapes"]["input_ids"] == [2, 16]
