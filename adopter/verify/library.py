@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from ..models.base import MAX_SMALL_PARAMETERS, NotSmallError, adopt_patched_classes
+from ..models.common import cast_inputs
 from ..models.registry import adapter_for
 from .job import WorkerJob
 from .prove import ModeRun, with_backends
@@ -27,8 +28,6 @@ from .sites import PatchedSite
 
 __all__ = ["run_library_job"]
 
-_PATCHED_PREFIX = "_adopter_patched_"
-_ORIGINAL_PREFIX = "_adopter_original_"
 MAX_MODELS = 6
 """Models compared per file at most (each costs seconds to a minute on a CPU)."""
 
@@ -100,19 +99,7 @@ class _Sides:
             adopt_patched_classes(built.model, self.module_name, replacement)
         _set_flags(built.model, self.flags)
         dtype = getattr(torch, self.job.options.dtype)
-        return built.model.to(dtype), _cast(built.inputs, dtype)
-
-
-def _cast(inputs: Any, dtype: Any) -> Any:
-    import torch
-
-    if isinstance(inputs, torch.Tensor):
-        return inputs.to(dtype) if inputs.is_floating_point() else inputs
-    if isinstance(inputs, dict):
-        return {key: _cast(value, dtype) for key, value in inputs.items()}
-    if isinstance(inputs, (tuple, list)):
-        return type(inputs)(_cast(value, dtype) for value in inputs)
-    return inputs
+        return built.model.to(dtype), cast_inputs(built.inputs, dtype)
 
 
 def _compare(
@@ -181,13 +168,13 @@ def original_dtype(model: Any) -> Any:
 
 
 def _load_sides(job: WorkerJob, writer: Any, adapter: Any, recorder: Any) -> _Sides:
-    from .worker import import_original, load_sibling
+    from .worker import PATCHED_PREFIX, import_original, load_sibling
 
     with adapter.keeping_registries():
         original = import_original(job, writer)
         with recorder.intercepting():
             patched = load_sibling(
-                job.module_name, f"{_PATCHED_PREFIX}{job.tag}_", Path(job.patched_path)
+                job.module_name, f"{PATCHED_PREFIX}{job.tag}_", Path(job.patched_path)
             )
     recorder.install(patched)
     given = original if original.__name__ != job.module_name else None
