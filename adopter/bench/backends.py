@@ -48,7 +48,8 @@ __all__ = [
     "winners",
 ]
 
-ORIGINAL = "original"
+# The name the kernels' table and preferences give the unfused computation.
+ORIGINAL = kernel_backends.ORIGINAL
 
 
 @dataclass(frozen=True)
@@ -321,7 +322,7 @@ def _default(op_name: str, key: str, measured: set[str], reference: str) -> str:
     """The op's safe default for the device of ``key`` among the measured candidates."""
     o = kernel_backends.op(op_name)
     device = key.split("/", 1)[0]
-    for name in o.default.get(device, o.default.get("*", ())):
+    for name in o.default_order(device):
         if name in measured:
             return name
     return reference

@@ -107,6 +107,10 @@ class Op:
     # The shape bucket of a call: the measured table keeps one winner per bucket.
     bucket: str = "bucket"  # the name of the module's function computing it
 
+    def default_order(self, device: str) -> tuple[str, ...]:
+        """The safe default order of backends on a device of type ``device``."""
+        return self.default.get(device, self.default.get("*", ()))
+
 
 OPS: tuple[Op, ...] = (
     Op(
@@ -331,7 +335,7 @@ def _order(o: Op, device: str, dtype: torch.dtype, shape_bucket: str) -> list[st
     for key in (table_key(device, dtype, shape_bucket), table_key(device, dtype, "*")):
         if key in measured:
             order.append(measured[key])
-    order.extend(o.default.get(device, o.default.get("*", ())))
+    order.extend(o.default_order(device))
     return order
 
 
@@ -384,7 +388,7 @@ def run(
     """Run ``call`` of op ``name`` on the chosen backend, or ``original()`` when none fits."""
     backend = choose(name, offered, shape_bucket, call, device, dtype)
     if backend is None:
-        note(name, "original")
+        note(name, ORIGINAL)
         return original()
     note(name, backend.name)
     return backend.run(call)
