@@ -1157,13 +1157,13 @@ def _learn_scan(rule: Rule, paths: list[Path], verify: bool, timeout: float) -> 
             raise typer.Exit(EXIT_ERROR)
         return
     from .rewrite import rewrite_paths
-    from .verify import PatchedFile, verify_patched_files
+    from .verify import PatchedFile, VerifyOptions, verify_patched_files
     from .verify.report import verification_rows
     from .verify.results import REFUTED
 
     rewrite = rewrite_paths(paths, [rule])
     items = [PatchedFile(r.path, r.patched) for r in rewrite.changed]
-    verdicts = verify_patched_files(items, timeout=timeout)
+    verdicts = verify_patched_files(items, VerifyOptions(timeout=timeout))
     rows: list[dict[str, object]] = []
     for item, verification in zip(items, verdicts, strict=True):
         rows += verification_rows(item.original_path, verification)

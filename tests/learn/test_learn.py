@@ -278,3 +278,16 @@ def test_cli_prints_the_rule_scans_and_reports_bad_input_without_a_traceback(tmp
     assert "Traceback" not in failed.stderr + failed.stdout
     odd = runner.invoke(app, ["learn", str(before)])
     assert odd.exit_code == 2 and "pairs" in odd.stderr
+
+
+def test_cli_verify_checks_the_sites_the_learned_rule_patches(tmp_path: Path):
+    """``--verify`` hands the patched files to verify and prints a verdict per file."""
+    before, after = tmp_path / "before.py", tmp_path / "after.py"
+    before.write_text(DROPOUT_BEFORE)
+    after.write_text(DROPOUT_AFTER)
+    result = runner.invoke(
+        app, ["learn", str(before), str(after), "--scan", str(before), "--verify"]
+    )
+    assert result.exit_code == 0, result.output + str(result.exception)
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "before.py" in result.stdout
