@@ -65,6 +65,7 @@ from .measure import (
     RSS_RESOLUTION,
     Factory,
     ModelVariant,
+    TrainOnly,
     _resolve_memory_method,
     benchmark_variants,
     run_memory_probe,
@@ -468,8 +469,12 @@ def make_bench_inputs(
     packed or equal-length batches; images ``batch_size x C x image_size x image_size``;
     encoder-decoders get ``decoder_input_ids`` of ``decoder_seq_len`` (default ``seq_len``).
     A text tower of a multimodal model (GroupViT, CLIP) gets at most its own context length
-    (77 tokens). ``use_cache=False`` where accepted (training does not keep a KV cache) and
-    ``return_loss=True`` for contrastive models (their real training loss).
+    (77 tokens). ``use_cache=False`` where accepted (training does not keep a KV cache),
+    ``return_loss=True`` for contrastive models (their real training loss), and for a model with
+    a language-model head that takes ``labels``, the token ids as labels of the training step
+    only (:class:`~adopter.bench.measure.TrainOnly`): a training step computes the model's own
+    loss, which is where a causal LM's step peaks and the only step in which a kernel that
+    replaces the head and loss runs.
 
     Deliberately not :func:`adopter.models.transformers.hf.make_inputs`: that one builds a
     *test* for a shrunk model - 7 tokens, the second sequence's last two masked out so that mask
@@ -508,11 +513,29 @@ def make_bench_inputs(
             f"cannot make inputs for {type(model).__name__}: it takes neither input_ids nor "
             "pixel_values; use --factory"
         )
+    if "labels" in params and _predicts_tokens(model):
+        targets = inputs.get("decoder_input_ids", inputs.get("input_ids"))
+        if targets is not None:
+            inputs["labels"] = TrainOnly(targets.clone())
     if "use_cache" in params:
         inputs["use_cache"] = False
     if "return_loss" in params:
         inputs["return_loss"] = True
     return inputs
+
+
+def _predicts_tokens(model: nn.Module) -> bool:
+    """Whether ``model`` has a language-model head (its ``labels`` are token ids of the input).
+
+    transformers' ``get_output_embeddings()`` returns the head that maps hidden states to the
+    vocabulary, and ``None`` for classification, detection and other heads whose labels are
+    something else.
+    """
+    get_head = getattr(model, "get_output_embeddings", None)
+    try:
+        return callable(get_head) and get_head() is not None
+    except (AttributeError, NotImplementedError, TypeError):
+        return False
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,7 @@ __all__ = [
     "CheckpointMismatchError",
     "Factory",
     "ModelVariant",
+    "TrainOnly",
     "VariantBuildError",
     "benchmark_variants",
     "check_compatible",
@@ -125,14 +126,35 @@ Factory = Callable[[], tuple[nn.Module, Any]]
 """A no-argument callable returning ``(model, inputs)``.
 
 ``inputs`` is a tuple of positional arguments (a single tensor is accepted too) or a dict of
-keyword arguments for ``model(...)``. For the CPU memory probe the factory must be picklable: a
-module-level function, a ``functools.partial`` of one with picklable arguments, or a
-``"package.module:function"`` string.
+keyword arguments for ``model(...)``; a keyword value wrapped in :class:`TrainOnly` (a language
+model's ``labels``) is passed to training steps only. For the CPU memory probe the factory
+must be picklable: a module-level function, a ``functools.partial`` of one with picklable
+arguments, or a ``"package.module:function"`` string.
 """
 
 Args = tuple[Any, ...]
 Kwargs = dict[str, Any]
 Step = Callable[[], None]
+
+
+@dataclass(frozen=True)
+class TrainOnly:
+    """A keyword input that only training steps take, such as a language model's ``labels``.
+
+    A training step with labels is what a training loop runs (and the only step in which a
+    kernel that takes over the loss runs at all); an inference step computes no loss, so it gets
+    the same inputs without this one.
+    """
+
+    value: Any
+
+
+def _for_mode(kwargs: Kwargs, mode: str) -> Kwargs:
+    """``kwargs`` as a step in ``mode`` passes them: :class:`TrainOnly` values unwrapped in
+    training, left out otherwise."""
+    if mode == "train":
+        return {k: v.value if isinstance(v, TrainOnly) else v for k, v in kwargs.items()}
+    return {k: v for k, v in kwargs.items() if not isinstance(v, TrainOnly)}
 
 
 class CheckpointMismatchError(ValueError):
@@ -217,6 +239,8 @@ def _move(obj: Any, device: torch.device, dtype: torch.dtype) -> Any:
         if obj.is_floating_point():
             return obj.to(device=device, dtype=dtype)
         return obj.to(device=device)
+    if isinstance(obj, TrainOnly):
+        return TrainOnly(_move(obj.value, device, dtype))
     if isinstance(obj, Mapping):
         return {k: _move(v, device, dtype) for k, v in obj.items()}
     if isinstance(obj, (tuple, list)):
@@ -311,6 +335,7 @@ def make_step(
 
     The caller sets ``model.train()`` / ``model.eval()``; the step only runs the computation.
     """
+    kwargs = _for_mode(kwargs, mode)
     if mode == "inference":
 
         def inference_step() -> None:
@@ -380,6 +405,8 @@ def check_compatible(
 
 def _input_signature(args: Args, kwargs: Kwargs) -> list[tuple[str, str]]:
     def describe(value: Any) -> str:
+        if isinstance(value, TrainOnly):
+            return f"train only: {describe(value.value)}"
         if isinstance(value, torch.Tensor):
             return f"tensor{tuple(value.shape)} {_dtype_name(value.dtype)}"
         if value is None or isinstance(value, (bool, int, float, str)):

@@ -362,3 +362,31 @@ def test_parse_config_overrides() -> None:
     }
     with pytest.raises(BenchTargetError):
         parse_config_overrides(["novalue"])
+
+
+def test_language_model_heads_train_with_their_labels_and_infer_without() -> None:
+    """A masked/causal LM's training step computes its own loss from labels (the step a loss
+    kernel takes over); its inference step gets no labels; a base model gets none at all."""
+    import torch
+
+    from adopter.bench.measure import TrainOnly, make_step
+
+    plan = plan_variants(
+        "bert", config_overrides=TINY_BERT, layers=1, seq_len=16, model_class="BertForMaskedLM"
+    )
+    model, inputs = plan.variants[0].build()
+    assert isinstance(inputs["labels"], TrainOnly)
+    assert torch.equal(inputs["labels"].value, inputs["input_ids"])
+    seen: list[dict] = []
+
+    def runner(**kwargs):
+        seen.append(kwargs)
+        return model(**kwargs)
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    make_step(runner, (), inputs, "train", optimizer)()
+    make_step(runner, (), inputs, "inference")()
+    assert torch.equal(seen[0]["labels"], inputs["input_ids"])
+    assert "labels" not in seen[1]
+    base = plan_variants("bert", config_overrides=TINY_BERT, layers=1, seq_len=16)
+    assert "labels" not in base.variants[0].build()[1]
