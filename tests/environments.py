@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import threading
+import tomllib
 import venv
 from pathlib import Path
 
@@ -27,12 +28,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MODERN_ENV = Path(os.environ.get("ADOPTER_MODERN_ENV", ROOT / ".cache" / "venv-modern"))
+# The package's `libraries` extra (what the README tells users to install) and the test tools.
 MODERN_REQUIREMENTS = (
-    "torch==2.13.0,!=2.13.0+cpu",
-    "torchvision==0.28.0",
-    "transformers==5.24.0",
-    "timm==1.0.31",
-    "diffusers==0.42.1",
+    *tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"][
+        "libraries"
+    ],
     "pytest>=8",
     "hypothesis>=6.100",
 )
