@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import re
 import time
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from ..models.base import MAX_SMALL_PARAMETERS, NotSmallError, adopt_patched_classes
 from ..models.common import cast_inputs
+from ..models.loading import import_original, import_patched
 from ..models.registry import adapter_for
 from .job import WorkerJob
 from .prove import ModeRun, with_backends
@@ -168,14 +168,10 @@ def original_dtype(model: Any) -> Any:
 
 
 def _load_sides(job: WorkerJob, writer: Any, adapter: Any, recorder: Any) -> _Sides:
-    from .worker import PATCHED_PREFIX, import_original, load_sibling
-
     with adapter.keeping_registries():
-        original = import_original(job, writer)
+        original = import_original(job.module_name, job.original_path, job.tag, writer.note)
         with recorder.intercepting():
-            patched = load_sibling(
-                job.module_name, f"{PATCHED_PREFIX}{job.tag}_", Path(job.patched_path)
-            )
+            patched = import_patched(job.module_name, job.patched_path, job.tag)
     recorder.install(patched)
     given = original if original.__name__ != job.module_name else None
     return _Sides(adapter, job, given, patched)
