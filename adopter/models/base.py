@@ -12,7 +12,7 @@ a benchmark), never in a process that only scans.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -29,6 +29,8 @@ __all__ = [
     "defined_names",
     "entry_point",
     "library_objects",
+    "mentions",
+    "modules_naming",
 ]
 
 MAX_SMALL_PARAMETERS = 30_000_000
@@ -119,6 +121,31 @@ _DEFINITION = re.compile(r"^(?:class|def)\s+([A-Za-z_]\w*)", re.MULTILINE)
 def defined_names(text: str) -> set[str]:
     """The top-level classes and functions a module's text defines (a cheap static look)."""
     return set(_DEFINITION.findall(text))
+
+
+def mentions(text: str, names: set[str]) -> bool:
+    """Whether ``text`` names one of ``names`` as a whole word."""
+    return any(re.search(rf"\b{re.escape(name)}\b", text) for name in names)
+
+
+def modules_naming(
+    texts: dict[str, str], own: str, names: set[str], has_models: Callable[[str], bool]
+) -> tuple[set[str], set[str]]:
+    """The modules of ``texts`` (``key -> text``, ``own`` left out) whose text names one of
+    ``names``, and the others that name a helper defined in such a module that has no models
+    of its own (``has_models(key)`` false): one step through helpers, read statically."""
+    direct = {key for key, text in texts.items() if key != own and mentions(text, names)}
+    helper_names = {
+        name for key in direct if not has_models(key) for name in defined_names(texts[key])
+    }
+    if not helper_names:
+        return direct, set()
+    reached = {
+        key
+        for key, text in texts.items()
+        if key not in direct and key != own and mentions(text, helper_names)
+    }
+    return direct, reached
 
 
 def library_objects(model: Any, packages: tuple[str, ...]) -> Iterator[Any]:
