@@ -12,6 +12,7 @@ a benchmark), never in a process that only scans.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ __all__ = [
     "ModelSurvey",
     "NotSmallError",
     "adopt_patched_classes",
+    "built_modules",
     "defined_names",
     "entry_point",
     "library_objects",
@@ -162,6 +164,22 @@ def library_objects(model: Any, packages: tuple[str, ...]) -> Iterator[Any]:
                 continue
             if type(value).__module__.split(".")[0] in packages:
                 yield value
+
+
+def built_modules(adapter: ModelAdapter, name: str, *, full_size: bool, seed: int) -> list[str]:
+    """The library modules whose classes model ``name`` builds. Built on the meta device (no
+    weights allocated, so even the full size costs nothing) and, where the model cannot be
+    built there, for real."""
+    import torch
+
+    try:
+        with warnings.catch_warnings(), torch.device("meta"):
+            warnings.simplefilter("ignore")
+            model = adapter.build(name, seed=seed, full_size=full_size).model
+    except Exception:
+        model = adapter.build(name, seed=seed, full_size=full_size).model
+    found = {type(obj).__module__ for obj in library_objects(model, (adapter.library,))}
+    return sorted(found - {"builtins"})
 
 
 def entry_point(model: Any, method: str) -> Any:
