@@ -53,7 +53,7 @@ from torch import nn
 
 from . import attention as _attention
 from . import backends
-from ._util import has_hooks, plain_tensors, tracing
+from ._util import HALF_DTYPES, has_hooks, plain_tensors, tracing
 
 __all__ = [
     "attention_function",
@@ -333,7 +333,7 @@ def _flash_attn_accepts(call: AttentionCall) -> bool:
     """flash-attn: CUDA, half precision, no mask (it takes none), no dropout (it draws its own
     mask, unlike SDPA's), head size a multiple of 8 up to 256, query len = key len."""
     q, k = call.query, call.key
-    if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16):
+    if not q.is_cuda or q.dtype not in HALF_DTYPES:
         return False
     if call.mask is not None or call.dropout or q.shape[-1] % 8 or q.shape[-1] > 256:
         return False
