@@ -233,7 +233,7 @@ def _candidates(
 ) -> dict[str, Callable[[], torch.Tensor]]:
     found: dict[str, Callable[[], torch.Tensor]] = {}
     for backend in kernel_backends.backends(shape.op):
-        if device.type in backend.devices and backend.installed() and backend.accepts(case.call):
+        if backend.runs_on(device.type) and backend.accepts(case.call):
             found[backend.name] = lambda backend=backend: backend.run(case.call)
     found[ORIGINAL] = case.original
     return found

@@ -281,9 +281,7 @@ def _sdpa(
             return None  # a data-dependent check cannot go into a compiled graph
         mask = _attention._without_zero_mask(mask)
     call = AttentionCall(query, key, value, mask, p, scale, groups)
-    return backends.run(
-        OP, BACKENDS, bucket(call), call, query.device.type, query.dtype, lambda: None
-    )
+    return backends.run(OP, BACKENDS, bucket, call, query.device.type, query.dtype, lambda: None)
 
 
 # --------------------------------------------------------------------------------------------

@@ -463,9 +463,7 @@ def linear_cross_entropy(
         logit_scale,
         logit_divisor,
     )
-    return backends.run(
-        OP, BACKENDS, bucket(call), call, hidden.device.type, hidden.dtype, original
-    )
+    return backends.run(OP, BACKENDS, bucket, call, hidden.device.type, hidden.dtype, original)
 
 
 def _plain_factor(factor: Any) -> bool:

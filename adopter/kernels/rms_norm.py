@@ -303,7 +303,7 @@ def rms_norm(
     if tracing(x, weight) or not _handled(x, weight, cast, input_promoted):
         return original()
     call = NormCall(x, weight, float(eps), float(offset), cast, weight_promoted)
-    return backends.run(OP, BACKENDS, bucket(call), call, x.device.type, x.dtype, original)
+    return backends.run(OP, BACKENDS, bucket, call, x.device.type, x.dtype, original)
 
 
 # --------------------------------------------------------------------------------------------
