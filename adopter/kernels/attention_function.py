@@ -57,6 +57,7 @@ from ._util import HALF_DTYPES, has_hooks, plain_tensors, tracing
 
 __all__ = [
     "attention_function",
+    "attention_call_reference",
     "attention_function_reference",
     "attention_weights_needed",
     "scaled_attention",
@@ -180,6 +181,16 @@ def scaled_attention_reference(
     probs = scores.softmax(dim=-1) if softmax_dtype is None else scores.softmax(-1, softmax_dtype)
     probs = _apply_dropout(probs.to(dtype), dropout, training)
     return probs @ value
+
+
+def attention_call_reference(call: AttentionCall) -> torch.Tensor:
+    """The original computation of a backend call (eager attention with the shared key/value
+    heads repeated), in ``(batch, heads, len, head_dim)`` as the backends return it."""
+    key, value = _repeat_kv(call.key, call.groups), _repeat_kv(call.value, call.groups)
+    return scaled_attention_reference(
+        call.query, key, value, call.mask, scale=call.scale, dropout=call.dropout,
+        training=bool(call.dropout), softmax_dtype=torch.float32,
+    )  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
