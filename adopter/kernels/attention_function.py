@@ -37,7 +37,7 @@ for everything SDPA cannot reproduce exactly:
 
 Dropout on other devices is handed to SDPA (``dropout_p``), which draws its own mask: same
 distribution, other random numbers for a given seed (recorded in
-:mod:`adopter.verify.rng`, so verification compares those runs without dropout).
+:mod:`adopter.kernels.rng`, so verification compares those runs without dropout).
 """
 
 from __future__ import annotations
