@@ -939,14 +939,15 @@ def _patched_on_disk(unchanged, classes: list[str] | None) -> tuple[list, list[s
     """Files no rule changes because ``apply --write`` already patched them: each compared
     with its pristine source (the installed module it is, or is a copy of; else git's HEAD).
     Also the paths of patched files with no pristine source found."""
+    from .models.origin import pristine_of
     from .verify import PatchedFile
-    from .verify.origin import calls_kernels, pristine_of
+    from .verify.sites import calls_kernels
 
     items, not_found = [], []
     for rewrite in unchanged:
         if not calls_kernels(rewrite.original):
             continue
-        found = pristine_of(Path(rewrite.path), rewrite.original)
+        found = pristine_of(Path(rewrite.path), rewrite.original, calls_kernels)
         if found is None:
             not_found.append(rewrite.path)
             continue

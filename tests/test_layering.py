@@ -40,6 +40,7 @@ HARNESS_MAY_IMPORT = {
     "adopter.models.common",
     "adopter.models.config_names",
     "adopter.models.loading",
+    "adopter.models.origin",  # which installed module a file is (a copy of)
     "adopter.models.factories",
     "adopter.models.base",  # the protocol of the library adapters
     "adopter.models.registry",  # which adapters there are, by library name

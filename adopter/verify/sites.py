@@ -20,7 +20,7 @@ from typing import Any
 
 from ..models.interface import PER_ELEMENT
 
-__all__ = ["KERNEL_PACKAGE", "PER_ELEMENT", "PatchedSite", "find_sites"]
+__all__ = ["KERNEL_PACKAGE", "PER_ELEMENT", "PatchedSite", "calls_kernels", "find_sites"]
 
 KERNEL_PACKAGE = "adopter.kernels"
 
@@ -487,3 +487,11 @@ def find_sites(patched: str, original: str | None = None) -> list[PatchedSite]:
             for index, site in enumerate(group, 1):
                 site.nth, site.of = index, len(group)
     return sites
+
+
+def calls_kernels(text: str) -> bool:
+    """Whether ``text`` calls ``adopter.kernels`` (what ``apply --write`` leaves behind)."""
+    try:
+        return bool(find_sites(text))
+    except (SyntaxError, ValueError):
+        return False
