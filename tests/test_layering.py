@@ -39,6 +39,7 @@ HARNESS_MAY_IMPORT = {
     "adopter.models.interface",
     "adopter.models.common",
     "adopter.models.config_names",
+    "adopter.models.config_reads",
     "adopter.models.loading",
     "adopter.models.origin",  # which installed module a file is (a copy of)
     "adopter.models.factories",
