@@ -12,21 +12,10 @@ from __future__ import annotations
 import ast
 from typing import Any
 
+from ..extract.names import attribute_chain
 from .interface import PER_ELEMENT
 
-__all__ = ["attribute_chain", "config_reads", "locals_from_config", "self_attributes_from_config"]
-
-
-def attribute_chain(node: ast.expr) -> list[str] | None:
-    """``self.config.x`` -> ["self", "config", "x"]; None for anything else."""
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return parts[::-1]
+__all__ = ["config_reads", "locals_from_config", "self_attributes_from_config"]
 
 
 def _config_field(

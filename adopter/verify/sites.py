@@ -18,8 +18,8 @@ import difflib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..extract.names import attribute_chain
 from ..models.config_reads import (
-    attribute_chain,
     config_reads,
     locals_from_config,
     self_attributes_from_config,
