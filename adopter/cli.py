@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -861,9 +861,8 @@ def verify_command(
     patched file is not verified), 2 on bad input.
     """
     from .rewrite import rewrite_paths
-    from .verify import PatchedFile, VerifyOptions, verify_factories, verify_patched_files
-    from .verify.report import class_row, unchanged_row, verification_rows
-    from .verify.results import REFUTED
+    from .verify import PatchedFile, VerifyOptions, verify_factories
+    from .verify.report import class_row, unchanged_row
 
     if output_format not in ("table", "json", "jsonl"):
         raise _fail(f"--format {output_format!r}: use table, json or jsonl")
@@ -905,16 +904,34 @@ def verify_command(
         watched = _stderr().is_terminal or executor_spec != "local" or (jobs or 1) > 1
         heard = _verdict_stream(items, output_format, watched)
         with _open_executor(executor_spec, jobs, runtime_env) as executor:
-            verdicts = verify_patched_files(items, options, executor=executor, on_result=heard)
-        for item, verification in zip(items, verdicts, strict=True):
-            rows += verification_rows(item.label or item.original_path, verification)
+            rows += _verified_rows(items, options, executor=executor, on_result=heard)
         if result.errors:
             _print_verdicts(rows, output_format)
             raise typer.Exit(EXIT_ERROR)
     _print_verdicts(rows, output_format)
-    if any(row["status"] == REFUTED for row in rows):
-        raise typer.Exit(1)
+    _exit_if_refuted(rows)
     if strict and any(row["kind"] == "file" and _unproven(row["status"]) for row in rows):
+        raise typer.Exit(1)
+
+
+def _verified_rows(items: list, options: Any, **run: Any) -> list[dict[str, object]]:
+    """The report rows of verifying ``items`` (``run``: the executor, the verdict listener);
+    ``verify`` and ``learn --verify`` print them alike."""
+    from .verify import verify_patched_files
+    from .verify.report import verification_rows
+
+    verdicts = verify_patched_files(items, options, **run)
+    rows: list[dict[str, object]] = []
+    for item, verification in zip(items, verdicts, strict=True):
+        rows += verification_rows(item.label or item.original_path, verification)
+    return rows
+
+
+def _exit_if_refuted(rows: list[dict[str, object]]) -> None:
+    """Exit code 1 where a row refutes a patch."""
+    from .verify.results import REFUTED
+
+    if any(row["status"] == REFUTED for row in rows):
         raise typer.Exit(1)
 
 
@@ -922,14 +939,15 @@ def _patched_on_disk(unchanged, classes: list[str] | None) -> tuple[list, list[s
     """Files no rule changes because ``apply --write`` already patched them: each compared
     with its pristine source (the installed module it is, or is a copy of; else git's HEAD).
     Also the paths of patched files with no pristine source found."""
+    from .models.origin import pristine_of
     from .verify import PatchedFile
-    from .verify.origin import calls_kernels, pristine_of
+    from .verify.sites import calls_kernels
 
     items, not_found = [], []
     for rewrite in unchanged:
         if not calls_kernels(rewrite.original):
             continue
-        found = pristine_of(Path(rewrite.path), rewrite.original)
+        found = pristine_of(Path(rewrite.path), rewrite.original, calls_kernels)
         if found is None:
             not_found.append(rewrite.path)
             continue
@@ -1157,19 +1175,13 @@ def _learn_scan(rule: Rule, paths: list[Path], verify: bool, timeout: float) -> 
             raise typer.Exit(EXIT_ERROR)
         return
     from .rewrite import rewrite_paths
-    from .verify import PatchedFile, VerifyOptions, verify_patched_files
-    from .verify.report import verification_rows
-    from .verify.results import REFUTED
+    from .verify import PatchedFile, VerifyOptions
 
     rewrite = rewrite_paths(paths, [rule])
     items = [PatchedFile(r.path, r.patched) for r in rewrite.changed]
-    verdicts = verify_patched_files(items, VerifyOptions(timeout=timeout))
-    rows: list[dict[str, object]] = []
-    for item, verification in zip(items, verdicts, strict=True):
-        rows += verification_rows(item.original_path, verification)
+    rows = _verified_rows(items, VerifyOptions(timeout=timeout))
     _print_verdicts(rows, "table")
-    if any(row["status"] == REFUTED for row in rows):
-        raise typer.Exit(1)
+    _exit_if_refuted(rows)
     if result.errors or rewrite.errors:
         raise typer.Exit(EXIT_ERROR)
 

@@ -26,7 +26,6 @@ EXCEPTIONS = {
     "adopter/verify/differential.py _referee": (73, 18),
     "adopter/verify/differential.py check_mode": (77, 14),
     "adopter/verify/differential.py conclude": (61, 31),
-    "adopter/verify/sites.py _config_reads": (36, 29),
     "adopter/models/transformers/config_repair.py repair_overrides": (56, 21),
     "adopter/models/transformers/reach.py reach_attempts": (37, 23),
     "adopter/models/transformers/repairs.py layout_fix": (38, 24),

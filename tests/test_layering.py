@@ -39,7 +39,9 @@ HARNESS_MAY_IMPORT = {
     "adopter.models.interface",
     "adopter.models.common",
     "adopter.models.config_names",
+    "adopter.models.config_reads",
     "adopter.models.loading",
+    "adopter.models.origin",  # which installed module a file is (a copy of)
     "adopter.models.factories",
     "adopter.models.base",  # the protocol of the library adapters
     "adopter.models.registry",  # which adapters there are, by library name

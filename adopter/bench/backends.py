@@ -28,13 +28,13 @@ from typing import Any
 import torch
 
 from ..kernels import backends as kernel_backends
-from ..kernels.attention_function import AttentionCall
+from ..kernels.attention_function import AttentionCall, attention_call_reference
 from ..kernels.attention_function import bucket as attention_bucket
 from ..kernels.cross_entropy import LossCall, linear_cross_entropy_reference
 from ..kernels.cross_entropy import bucket as loss_bucket
 from ..kernels.rms_norm import NormCall, rms_norm_reference
 from ..kernels.rms_norm import bucket as norm_bucket
-from .measure import _profiler_peak
+from .measure import _profiler_peak, _synchronizer
 from .stats import bootstrap_ratio_ci, median
 
 __all__ = [
@@ -164,18 +164,10 @@ def _case(shape: Shape, device: torch.device, dtype: torch.dtype) -> _Case:
         k = _leaf(b, kv, n, d, device=device, dtype=dtype)
         v = _leaf(b, kv, n, d, device=device, dtype=dtype)
         causal = torch.full((n, n), torch.finfo(dtype).min, device=device, dtype=dtype).triu(1)
-        mask = causal[None, None]
-        scale = d**-0.5
-        call = AttentionCall(q, k, v, mask, 0.0, scale, h // kv)
-
-        def original() -> torch.Tensor:
-            keys = k.repeat_interleave(h // kv, dim=1)
-            values = v.repeat_interleave(h // kv, dim=1)
-            scores = torch.matmul(q, keys.transpose(2, 3)) * scale + mask
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
-            return torch.matmul(probs, values)
-
-        return _Case(call, [q, k, v], original, attention_bucket(call))
+        call = AttentionCall(q, k, v, causal[None, None], 0.0, d**-0.5, h // kv)
+        return _Case(
+            call, [q, k, v], lambda: attention_call_reference(call), attention_bucket(call)
+        )
     raise ValueError(f"no benchmark inputs for op {shape.op!r}")
 
 
@@ -233,16 +225,10 @@ def _candidates(
 ) -> dict[str, Callable[[], torch.Tensor]]:
     found: dict[str, Callable[[], torch.Tensor]] = {}
     for backend in kernel_backends.backends(shape.op):
-        if device.type in backend.devices and backend.installed() and backend.accepts(case.call):
+        if backend.runs_on(device.type) and backend.accepts(case.call):
             found[backend.name] = lambda backend=backend: backend.run(case.call)
     found[ORIGINAL] = case.original
     return found
-
-
-def _sync(device: torch.device) -> Callable[[], None]:
-    if device.type == "cuda":
-        return torch.cuda.synchronize
-    return lambda: None
 
 
 def measure_backends(
@@ -258,7 +244,7 @@ def measure_backends(
 ) -> list[BackendRow]:
     """Time every installed backend of each shape's op, interleaved (module docstring)."""
     dev = torch.device(device)
-    sync = _sync(dev)
+    sync = _synchronizer(dev)
     rows: list[BackendRow] = []
     for shape in shapes:
         torch.manual_seed(0)

@@ -707,13 +707,9 @@ def _plan_library(
 ) -> VariantPlan:
     """Original, all rules and (with ``ablation``) each rule alone, for a library model: every
     library file defining a class the model builds is rewritten."""
-    from ..models.base import library_objects
+    from ..models.base import built_modules
 
-    model = adapter.build(name, seed=seed, full_size=full_size).model
-    modules = sorted(
-        {type(obj).__module__ for obj in library_objects(model, (adapter.library,))} - {"builtins"}
-    )
-    del model
+    modules = built_modules(adapter, name, full_size=full_size, seed=seed)
     base = LibraryBuild(adapter.library, name, full_size, seed)
     variants = [ModelVariant(BASELINE, functools.partial(build_library, base))]
     sites: dict[str, dict[str, int]] = {}

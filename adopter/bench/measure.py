@@ -88,6 +88,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..kernels.backends import cpu_model
 from .results import BenchResult, MemoryStats, ModeResult, Speedup, TimingStats
 from .stats import bootstrap_ratio_ci
 
@@ -472,17 +473,6 @@ def _describe_error(exc: BaseException, compiling: bool) -> str:
     return text if len(text) <= 500 else text[:497] + "..."
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            for line in handle:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
 def environment_info(device: str | torch.device = "cpu") -> dict[str, Any]:
     """Where a benchmark ran: versions, CPU, threads, device and kernel backends."""
     dev = torch.device(device)
@@ -490,7 +480,7 @@ def environment_info(device: str | torch.device = "cpu") -> dict[str, Any]:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "device": str(dev),

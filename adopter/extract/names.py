@@ -212,11 +212,19 @@ class ImportTable:
 
     def resolve(self, node: ast.expr) -> str | None:
         """Dotted name of ``a.b.c`` with its head resolved through the imports."""
-        parts: list[str] = []
-        while isinstance(node, ast.Attribute):
-            parts.append(node.attr)
-            node = node.value
-        if not isinstance(node, ast.Name):
+        chain = attribute_chain(node)
+        if chain is None:
             return None
-        head = self.aliases.get(node.id, node.id)
-        return ".".join([head, *reversed(parts)])
+        return ".".join([self.aliases.get(chain[0], chain[0]), *chain[1:]])
+
+
+def attribute_chain(node: ast.expr) -> list[str] | None:
+    """``self.config.x`` -> ["self", "config", "x"]; None for anything but a name's attributes."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return parts[::-1]

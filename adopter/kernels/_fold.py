@@ -20,11 +20,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._util import cached, grad_needed, is_plain, plain_tensors
+from ._util import HALF_DTYPES, cached, grad_needed, is_plain, plain_tensors
 
 __all__ = ["bn_foldable", "folded_weight_bias", "stats_foldable"]
-
-_HALF = (torch.float16, torch.bfloat16)
 
 
 def bn_foldable(bn: nn.Module, weight: torch.Tensor, out_channels: int) -> bool:
@@ -52,7 +50,9 @@ def stats_foldable(bn: nn.Module, weight: torch.Tensor, out_channels: int) -> bo
         if t.device != weight.device:
             return False
         # Same dtype, or the mixed-precision layout F.batch_norm accepts (half data, fp32 stats).
-        if t.dtype != weight.dtype and not (weight.dtype in _HALF and t.dtype == torch.float32):
+        if t.dtype != weight.dtype and not (
+            weight.dtype in HALF_DTYPES and t.dtype == torch.float32
+        ):
             return False
     return True
 

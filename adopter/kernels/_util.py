@@ -45,6 +45,7 @@ from torch import nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
 __all__ = [
+    "HALF_DTYPES",
     "cached",
     "clear_caches",
     "compiling",
@@ -55,6 +56,9 @@ __all__ = [
     "runs_original",
     "tracing",
 ]
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+"""The half-precision float dtypes (their sums and products are kept in float32)."""
 
 
 def tracing(*values: object) -> bool:

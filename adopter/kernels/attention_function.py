@@ -37,7 +37,7 @@ for everything SDPA cannot reproduce exactly:
 
 Dropout on other devices is handed to SDPA (``dropout_p``), which draws its own mask: same
 distribution, other random numbers for a given seed (recorded in
-:mod:`adopter.verify.rng`, so verification compares those runs without dropout).
+:mod:`adopter.kernels.rng`, so verification compares those runs without dropout).
 """
 
 from __future__ import annotations
@@ -53,10 +53,11 @@ from torch import nn
 
 from . import attention as _attention
 from . import backends
-from ._util import has_hooks, plain_tensors, tracing
+from ._util import HALF_DTYPES, has_hooks, plain_tensors, tracing
 
 __all__ = [
     "attention_function",
+    "attention_call_reference",
     "attention_function_reference",
     "attention_weights_needed",
     "scaled_attention",
@@ -182,6 +183,16 @@ def scaled_attention_reference(
     return probs @ value
 
 
+def attention_call_reference(call: AttentionCall) -> torch.Tensor:
+    """The original computation of a backend call (eager attention with the shared key/value
+    heads repeated), in ``(batch, heads, len, head_dim)`` as the backends return it."""
+    key, value = _repeat_kv(call.key, call.groups), _repeat_kv(call.value, call.groups)
+    return scaled_attention_reference(
+        call.query, key, value, call.mask, scale=call.scale, dropout=call.dropout,
+        training=bool(call.dropout), softmax_dtype=torch.float32,
+    )  # fmt: skip
+
+
 # --------------------------------------------------------------------------------------------
 # Decisions
 
@@ -281,9 +292,7 @@ def _sdpa(
             return None  # a data-dependent check cannot go into a compiled graph
         mask = _attention._without_zero_mask(mask)
     call = AttentionCall(query, key, value, mask, p, scale, groups)
-    return backends.run(
-        OP, BACKENDS, bucket(call), call, query.device.type, query.dtype, lambda: None
-    )
+    return backends.run(OP, BACKENDS, bucket, call, query.device.type, query.dtype, lambda: None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -333,7 +342,7 @@ def _flash_attn_accepts(call: AttentionCall) -> bool:
     """flash-attn: CUDA, half precision, no mask (it takes none), no dropout (it draws its own
     mask, unlike SDPA's), head size a multiple of 8 up to 256, query len = key len."""
     q, k = call.query, call.key
-    if not q.is_cuda or q.dtype not in (torch.float16, torch.bfloat16):
+    if not q.is_cuda or q.dtype not in HALF_DTYPES:
         return False
     if call.mask is not None or call.dropout or q.shape[-1] % 8 or q.shape[-1] > 256:
         return False

@@ -35,6 +35,7 @@ naming the CPU model, the torch version and the accelerator (:func:`machine_key`
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib
 import importlib.util
@@ -93,6 +94,10 @@ class Backend:
 
     def installed(self) -> bool:
         return self.requires is None or _has_module(self.requires)
+
+    def runs_on(self, device: str) -> bool:
+        """Whether it can run here on a device of type ``device``: made for it, installed."""
+        return device in self.devices and self.installed()
 
 
 @dataclass(frozen=True)
@@ -170,7 +175,8 @@ def pow2(n: int) -> int:
 # The measured table
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """This machine's CPU model, as ``/proc/cpuinfo`` names it."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
             for line in handle:
@@ -196,8 +202,14 @@ def _accelerator() -> str:
     return "cuda"
 
 
+@functools.cache
+def _machine() -> tuple[tuple[str, str], ...]:
+    return (("cpu", cpu_model()), ("torch", torch.__version__), ("device", _accelerator()))
+
+
 def machine_description() -> dict[str, str]:
-    return {"cpu": _cpu_model(), "torch": torch.__version__, "device": _accelerator()}
+    """The machine a measured table belongs to (read once per process: it does not change)."""
+    return dict(_machine())
 
 
 def machine_key() -> str:
@@ -325,16 +337,17 @@ def recording() -> Iterator[list[tuple[str, str]]]:
             outer.extend(log)
 
 
-def _order(o: Op, device: str, dtype: torch.dtype, shape_bucket: str) -> list[str]:
+def _order(o: Op, device: str, dtype: torch.dtype, shape_bucket: Callable[[], str]) -> list[str]:
     table = _table()
     order: list[str] = []
     for forced in (_STATE["forced"].get(o.name), _STATE["environment"].get(o.name)):
         if forced:
             order.append(forced)
     measured = table.get(o.name, {})
-    for key in (table_key(device, dtype, shape_bucket), table_key(device, dtype, "*")):
-        if key in measured:
-            order.append(measured[key])
+    if measured:  # the bucket and keys cost a little on every call: only for a table
+        for key in (table_key(device, dtype, shape_bucket()), table_key(device, dtype, "*")):
+            if key in measured:
+                order.append(measured[key])
     order.extend(o.default_order(device))
     return order
 
@@ -345,24 +358,23 @@ _OPS = {o.name: o for o in OPS}
 def choose(
     name: str,
     offered: tuple[Backend, ...],
-    shape_bucket: str,
+    bucket_of: Callable[[Any], str],
     call: Any,
     device: str,
     dtype: torch.dtype,
 ) -> Backend | None:
     """The backend of ``offered`` (op ``name``'s) to run ``call`` on, or ``None``: the
-    original computation. Under Dynamo the order is fixed at trace time (Dynamo guards on the
-    table's dicts) and only backends that compile are considered."""
+    original computation; ``bucket_of(call)`` is the call's shape bucket, computed only where
+    a measured table has entries for the op. Under Dynamo the order is fixed at trace time
+    (Dynamo guards on the table's dicts) and only backends that compile are considered."""
     compiling = torch.compiler.is_compiling()
-    for backend_name in _order(_OPS[name], device, dtype, shape_bucket):
+    for backend_name in _order(_OPS[name], device, dtype, lambda: bucket_of(call)):
         if backend_name == ORIGINAL:
             return None  # measured faster than every backend here
         for backend in offered:
-            if backend.name != backend_name or device not in backend.devices:
+            if backend.name != backend_name or (compiling and not backend.compiles):
                 continue
-            if compiling and not backend.compiles:
-                continue
-            if backend.installed() and backend.accepts(call):
+            if backend.runs_on(device) and backend.accepts(call):
                 return backend
     return None
 
@@ -379,14 +391,14 @@ def note(name: str, backend: str) -> None:
 def run(
     name: str,
     offered: tuple[Backend, ...],
-    shape_bucket: str,
+    bucket_of: Callable[[Any], str],
     call: Any,
     device: str,
     dtype: torch.dtype,
     original: Callable[[], Any],
 ) -> Any:
     """Run ``call`` of op ``name`` on the chosen backend, or ``original()`` when none fits."""
-    backend = choose(name, offered, shape_bucket, call, device, dtype)
+    backend = choose(name, offered, bucket_of, call, device, dtype)
     if backend is None:
         note(name, ORIGINAL)
         return original()
@@ -396,7 +408,7 @@ def run(
 
 def available(name: str, device: str) -> list[str]:
     """The backends of op ``name`` that are installed and run on ``device`` (a type)."""
-    return [b.name for b in backends(name) if device in b.devices and b.installed()]
+    return [b.name for b in backends(name) if b.runs_on(device)]
 
 
 reload_table()

@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import backends
-from ._util import compiling, grad_needed, is_plain, plain_tensors, tracing
+from ._util import HALF_DTYPES, compiling, grad_needed, is_plain, plain_tensors, tracing
 
 __all__ = [
     "causal_lm_loss",
@@ -309,7 +309,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         picked_targets = targets if full else targets.index_select(0, rows)
         # Half-precision weights accumulate their gradient in float32 (one GEMM per chunk
         # would otherwise round the running sum to 8 or 11 bits each time).
-        accumulate = torch.float32 if weight.dtype in (torch.float16, torch.bfloat16) else None
+        accumulate = torch.float32 if weight.dtype in HALF_DTYPES else None
         grad_rows = torch.empty_like(picked) if want_h else None
         grad_w = (
             torch.zeros(weight.shape, dtype=accumulate or weight.dtype, device=weight.device)
@@ -463,9 +463,7 @@ def linear_cross_entropy(
         logit_scale,
         logit_divisor,
     )
-    return backends.run(
-        OP, BACKENDS, bucket(call), call, hidden.device.type, hidden.dtype, original
-    )
+    return backends.run(OP, BACKENDS, bucket, call, hidden.device.type, hidden.dtype, original)
 
 
 def _plain_factor(factor: Any) -> bool:

@@ -3,9 +3,9 @@ and how :func:`~adopter.kernels.describe_backends` describes the implementation 
 
 Everything that enumerates kernels is derived from :data:`ENTRIES`: ``adopter.kernels.__all__``
 (and the package's attributes), the keys of ``describe_backends()``, and the tracing test's
-lists. ``adopter.verify.rng`` comes before the kernels in the pipeline and keeps its own table;
-``tests/kernels/test_kernel_registry.py`` checks that it names the same kernels with the same
-categories. Adding a kernel: its module, one :class:`Entry` here, its tests (CONTRIBUTING.md).
+lists, and :mod:`adopter.kernels.rng`'s categories (which verify reads to decide whether train
+mode with dropout can be compared). Adding a kernel: its module, one :class:`Entry` here, its
+tests (CONTRIBUTING.md).
 
 This module imports nothing: ``describe_backends`` hands each description a :class:`Backends`.
 """
@@ -29,7 +29,7 @@ class Role(StrEnum):
 
 class RandomDraws(StrEnum):
     """How a kernel draws random numbers compared with the code it replaces (the categories of
-    ``adopter.verify.rng``, which decide whether verify compares train mode with dropout)."""
+    ``adopter.kernels.rng``, which decide whether verify compares train mode with dropout)."""
 
     NONE = "none"  # draws nothing (nor does the code it replaces)
     DROPOUT_EAGER_CPU = "dropout-eager-cpu"  # as nn.Dropout, in eager mode on a CPU only

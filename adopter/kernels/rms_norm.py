@@ -55,12 +55,11 @@ import torch
 import torch.nn.functional as F
 
 from . import _triton_modern, backends
-from ._util import grad_needed, plain_tensors, tracing
+from ._util import HALF_DTYPES, grad_needed, plain_tensors, tracing
 
 __all__ = ["RMS_NORM_CASTS", "rms_norm", "rms_norm_reference"]
 
 RMS_NORM_CASTS = ("before_weight", "after_weight", "weight_dtype")
-_HALF = (torch.float16, torch.bfloat16)
 
 
 def _check_cast(cast: str) -> None:
@@ -85,7 +84,7 @@ def rms_norm_reference(
         normed = x * torch.rsqrt(variance + eps)
         if weight is None:
             return normed
-        if weight.dtype in _HALF:
+        if weight.dtype in HALF_DTYPES:
             normed = normed.to(weight.dtype)
         scale = weight + offset if offset else weight
         return scale * normed
@@ -123,7 +122,7 @@ def _forward(
         normed = x * inv
         if weight is None:
             return normed, inv
-        if weight.dtype in _HALF:
+        if weight.dtype in HALF_DTYPES:
             normed = normed.to(weight.dtype)
         return _scale(weight, offset) * normed, inv
     normed = x32 * inv
@@ -165,7 +164,7 @@ def _normed_grad(
     # to the weight's half dtype.
     if weight is None:
         return grad_out.to(torch.float32), None
-    narrowed = weight.dtype if weight.dtype in _HALF else torch.float32
+    narrowed = weight.dtype if weight.dtype in HALF_DTYPES else torch.float32
     if want_w:
         normed = (x * inv).to(narrowed)
         grad_w = _row_sum(grad_out * normed).to(weight.dtype)
@@ -304,7 +303,7 @@ def rms_norm(
     if tracing(x, weight) or not _handled(x, weight, cast, input_promoted):
         return original()
     call = NormCall(x, weight, float(eps), float(offset), cast, weight_promoted)
-    return backends.run(OP, BACKENDS, bucket(call), call, x.device.type, x.dtype, original)
+    return backends.run(OP, BACKENDS, bucket, call, x.device.type, x.dtype, original)
 
 
 # --------------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ a benchmark), never in a process that only scans.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -26,9 +27,12 @@ __all__ = [
     "ModelSurvey",
     "NotSmallError",
     "adopt_patched_classes",
+    "built_modules",
     "defined_names",
     "entry_point",
     "library_objects",
+    "mentions",
+    "modules_naming",
 ]
 
 MAX_SMALL_PARAMETERS = 30_000_000
@@ -121,6 +125,31 @@ def defined_names(text: str) -> set[str]:
     return set(_DEFINITION.findall(text))
 
 
+def mentions(text: str, names: set[str]) -> bool:
+    """Whether ``text`` names one of ``names`` as a whole word."""
+    return any(re.search(rf"\b{re.escape(name)}\b", text) for name in names)
+
+
+def modules_naming(
+    texts: dict[str, str], own: str, names: set[str], has_models: Callable[[str], bool]
+) -> tuple[set[str], set[str]]:
+    """The modules of ``texts`` (``key -> text``, ``own`` left out) whose text names one of
+    ``names``, and the others that name a helper defined in such a module that has no models
+    of its own (``has_models(key)`` false): one step through helpers, read statically."""
+    direct = {key for key, text in texts.items() if key != own and mentions(text, names)}
+    helper_names = {
+        name for key in direct if not has_models(key) for name in defined_names(texts[key])
+    }
+    if not helper_names:
+        return direct, set()
+    reached = {
+        key
+        for key, text in texts.items()
+        if key not in direct and key != own and mentions(text, helper_names)
+    }
+    return direct, reached
+
+
 def library_objects(model: Any, packages: tuple[str, ...]) -> Iterator[Any]:
     """Every submodule of ``model``, and the plain objects its submodules hold whose class is
     one of ``packages``' (diffusers' attention processors live in an attribute, not as a
@@ -135,6 +164,22 @@ def library_objects(model: Any, packages: tuple[str, ...]) -> Iterator[Any]:
                 continue
             if type(value).__module__.split(".")[0] in packages:
                 yield value
+
+
+def built_modules(adapter: ModelAdapter, name: str, *, full_size: bool, seed: int) -> list[str]:
+    """The library modules whose classes model ``name`` builds. Built on the meta device (no
+    weights allocated, so even the full size costs nothing) and, where the model cannot be
+    built there, for real."""
+    import torch
+
+    try:
+        with warnings.catch_warnings(), torch.device("meta"):
+            warnings.simplefilter("ignore")
+            model = adapter.build(name, seed=seed, full_size=full_size).model
+    except Exception:
+        model = adapter.build(name, seed=seed, full_size=full_size).model
+    found = {type(obj).__module__ for obj in library_objects(model, (adapter.library,))}
+    return sorted(found - {"builtins"})
 
 
 def entry_point(model: Any, method: str) -> Any:

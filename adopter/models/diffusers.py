@@ -31,9 +31,9 @@ from .base import (
     ModelCandidate,
     ModelSurvey,
     NotSmallError,
-    defined_names,
     entry_point,
     library_objects,
+    modules_naming,
 )
 
 __all__ = ["DiffusersAdapter", "small_config"]
@@ -100,10 +100,6 @@ def small_config(cls: type) -> dict[str, Any]:
     return config
 
 
-def _mentions(text: str, names: set[str]) -> bool:
-    return any(re.search(rf"\b{re.escape(name)}\b", text) for name in names)
-
-
 class DiffusersAdapter:
     """The :class:`~adopter.models.base.ModelAdapter` of diffusers."""
 
@@ -153,17 +149,9 @@ class DiffusersAdapter:
         if own is not None:
             for model in self._model_classes(module_name, own):
                 chosen.setdefault(model, f"defined in {module_name}")
-        direct = {m for m, text in texts.items() if m != module_name and _mentions(text, names)}
-        helpers = {m for m in direct if not self._model_classes(m, texts[m])}
-        helper_names = {n for m in helpers for n in defined_names(texts[m])}
-        reached = {
-            m
-            for m, text in texts.items()
-            if m not in direct
-            and m != module_name
-            and helper_names
-            and _mentions(text, helper_names)
-        }
+        direct, reached = modules_naming(
+            texts, module_name, names, lambda m: bool(self._model_classes(m, texts[m]))
+        )
         for modules, why in ((direct, "names"), (reached, "builds through a helper that names")):
             for module in sorted(modules):
                 for model in self._model_classes(module, texts[module]):

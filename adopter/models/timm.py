@@ -31,9 +31,9 @@ from .base import (
     ModelCandidate,
     ModelSurvey,
     NotSmallError,
-    defined_names,
     entry_point,
     library_objects,
+    modules_naming,
 )
 
 __all__ = ["TimmAdapter", "smallness"]
@@ -78,10 +78,6 @@ def _models_dir() -> Path:
     return Path(timm.models.__file__).parent
 
 
-def _mentions(text: str, names: set[str]) -> bool:
-    return any(re.search(rf"\b{re.escape(name)}\b", text) for name in names)
-
-
 def _round_robin(groups: list[list[str]]) -> Iterator[str]:
     """The first of every group, then the second of every group, ...: each module's smallest
     model is tried before any module's second."""
@@ -108,6 +104,7 @@ class TimmAdapter:
     def _module_models(self, short: str) -> list[str]:
         return sorted(_registry()._module_to_models.get(short, ()), key=smallness)
 
+    @functools.cache  # noqa: B019 - one adapter per process (the registry's)
     def _texts(self) -> dict[str, str]:
         """Each module of ``timm.models`` and ``timm.layers``: ``short name -> text``."""
         found = {}
@@ -132,16 +129,11 @@ class TimmAdapter:
     def _modules_naming(self, module_name: str, names: set[str]) -> tuple[set[str], set[str]]:
         """The other modules whose text names one of ``names``, and those that name a helper
         defined in such a module that registers no model (one step through helpers)."""
-        texts = self._texts()
         short = module_name.rpartition(".")[2]
         own = f"{module_name.split('.')[-2]}.{short}" if module_name.count(".") >= 2 else ""
-        direct = {key for key, text in texts.items() if key != own and _mentions(text, names)}
-        helpers = {key for key in direct if not self._module_models(key.split(".")[1])}
-        helper_names = {n for key in helpers for n in defined_names(texts[key])}
-        if not helper_names:
-            return direct, set()
-        others = {key for key in texts if key not in direct and key != own}
-        return direct, {key for key in others if _mentions(texts[key], helper_names)}
+        return modules_naming(
+            self._texts(), own, names, lambda key: bool(self._module_models(key.split(".")[1]))
+        )
 
     def survey(self, name: str, module_name: str) -> ModelSurvey | None:
         found = self._meta_look(name)

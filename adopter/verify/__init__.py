@@ -13,6 +13,7 @@ Importing this package imports neither torch nor the code under test: all of tha
 worker subprocess (:mod:`adopter.verify.worker`) under a timeout.
 """
 
+from ..models.origin import module_name_for
 from .options import VerifyOptions
 from .results import (
     NOT_CHECKABLE,
@@ -26,7 +27,6 @@ from .results import (
 )
 from .runner import (
     PatchedFile,
-    module_name_for,
     verify_factories,
     verify_factory,
     verify_patched_file,

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..models.common import cast_inputs, error_line, module_sources, short_traceback, torch_dtype
 from ..models.factories import resolve_factory
+from ..models.loading import ORIGINAL_PREFIX, PATCHED_PREFIX
 from .compare import tolerance_for
 from .coverage import SiteRecorder
 from .differential import conclude, seed_everything
@@ -31,10 +32,8 @@ def _factories(job: WorkerJob, writer: ResultWriter) -> tuple[Any, Any, ModuleTy
     """(original factory, patched factory, the patched factory's module), or ``None`` with
     the pair not checkable where one fails to import."""
     try:
-        original_fn, _ = resolve_factory(job.original_factory, f"_adopter_original_{job.tag}")
-        patched_fn, patched_mod = resolve_factory(
-            job.patched_factory, f"_adopter_patched_{job.tag}"
-        )
+        original_fn, _ = resolve_factory(job.original_factory, f"{ORIGINAL_PREFIX}{job.tag}")
+        patched_fn, patched_mod = resolve_factory(job.patched_factory, f"{PATCHED_PREFIX}{job.tag}")
     except BaseException as exc:
         reason = f"importing a factory failed: {error_line(exc)}"
         writer.note(short_traceback(exc))

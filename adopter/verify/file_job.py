@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import importlib
 import time
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from ..models.common import error_line, short_traceback
 from ..models.interface import BuildSettings, Unbuildable, setting_label
+from ..models.loading import import_original, import_patched
 from .coverage import SiteRecorder
-from .job import WorkerJob
+from .job import ResultWriter, WorkerJob
 from .prove import prove
 from .reach import Reach, reach
 from .results import NOT_CHECKABLE, REFUTED, ClassVerification
 from .sites import PatchedSite
-from .worker import PATCHED_PREFIX, ResultWriter, import_original, load_sibling
 
 __all__ = ["check_class", "run_file_job"]
 
@@ -71,9 +70,7 @@ def _patched_module(
     where it fails to import)."""
     try:
         with recorder.intercepting():
-            module = load_sibling(
-                job.module_name, f"{PATCHED_PREFIX}{job.tag}_", Path(job.patched_path)
-            )
+            module = import_patched(job.module_name, job.patched_path, job.tag)
     except BaseException as exc:
         reason = f"the patched source failed to import: {error_line(exc)}"
         writer.note(short_traceback(exc))
@@ -89,7 +86,7 @@ def run_file_job(job: WorkerJob, writer: ResultWriter) -> None:
     site has not run, try other classes and configurations that may reach it."""
     adapter = importlib.import_module(job.adapter)
     try:
-        original = import_original(job, writer)
+        original = import_original(job.module_name, job.original_path, job.tag, writer.note)
     except BaseException as exc:
         writer.error(f"importing the original {job.module_name} failed:\n{short_traceback(exc)}")
         return

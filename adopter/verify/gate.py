@@ -108,16 +108,22 @@ def _narrow(
             dropped[rule_id] = f"{status}: {why}"
     if not kept:
         return GatedFile(rewrite, REFUTED, reason, None, [], dropped)
-    combined = rewrite_text(
-        rewrite.original, rewrite.path, Matcher([by_id[rule_id] for rule_id in kept])
-    )
-    (verification,) = _verify([(rewrite.path, combined.patched)], timeout, modes, heads)
+    combined, verification = _with_only(rewrite, [by_id[i] for i in kept], timeout, modes, heads)
     status, why = file_status(verification)
     if status != VERIFIED:
         dropped.update(dict.fromkeys(kept, f"refuted together: {why}"))
         return GatedFile(rewrite, REFUTED, reason, None, [], dropped, verification)
     note = f"verified with {', '.join(kept)}; dropped " + ", ".join(dropped)
     return GatedFile(combined, VERIFIED, note, combined.patched, kept, dropped, verification)
+
+
+def _with_only(
+    rewrite: FileRewrite, rules: list[Rule], timeout: float, modes: Sequence[str], heads: int
+) -> tuple[FileRewrite, FileVerification]:
+    """The file rewritten with ``rules`` alone, and its verification."""
+    combined = rewrite_text(rewrite.original, rewrite.path, Matcher(rules))
+    (verification,) = _verify([(rewrite.path, combined.patched)], timeout, modes, heads)
+    return combined, verification
 
 
 def _without_unexercised(
@@ -138,10 +144,7 @@ def _without_unexercised(
     dropped = {rule_id: f"{NOT_EXERCISED}: {reason}" for rule_id in used if rule_id not in kept}
     if not kept:
         return GatedFile(rewrite, NOT_EXERCISED, reason, None, [], dropped, verification)
-    combined = rewrite_text(
-        rewrite.original, rewrite.path, Matcher([by_id[rule_id] for rule_id in kept])
-    )
-    (again,) = _verify([(rewrite.path, combined.patched)], timeout, modes, heads)
+    combined, again = _with_only(rewrite, [by_id[i] for i in kept], timeout, modes, heads)
     status, why = file_status(again)
     if status != VERIFIED:
         dropped.update(dict.fromkeys(kept, f"{status} without the others: {why}"))

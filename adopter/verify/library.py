@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import re
 import time
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from ..models.base import MAX_SMALL_PARAMETERS, NotSmallError, adopt_patched_classes
-from ..models.common import cast_inputs
+from ..models.common import cast_inputs, error_line, torch_dtype
+from ..models.loading import import_original, import_patched
 from ..models.registry import adapter_for
+from .compare import tolerance_for
+from .differential import conclude, zero_dropout_modules
 from .job import WorkerJob
-from .prove import ModeRun, with_backends
+from .prove import ModeRun, sides_from, with_backends
 from .results import NOT_CHECKABLE, REFUTED, ClassVerification
 from .sites import PatchedSite
 
@@ -30,11 +32,6 @@ __all__ = ["run_library_job"]
 
 MAX_MODELS = 6
 """Models compared per file at most (each costs seconds to a minute on a CPU)."""
-
-
-def _error_line(exc: BaseException) -> str:
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {first}"[:300]
 
 
 def _hosts(site: PatchedSite) -> set[str]:
@@ -90,15 +87,13 @@ class _Sides:
         self.flags: dict[str, bool] = {}
 
     def build(self, name: str, patched: bool, entry: str = "forward") -> tuple[Any, Any]:
-        import torch
-
         built = self.adapter.build(name, seed=self.job.options.seed, entry=entry)
         self.settings = built.settings
         replacement = self.patched if patched else self.original
         if replacement is not None:
             adopt_patched_classes(built.model, self.module_name, replacement)
         _set_flags(built.model, self.flags)
-        dtype = getattr(torch, self.job.options.dtype)
+        dtype = torch_dtype(self.job.options.dtype)
         return built.model.to(dtype), cast_inputs(built.inputs, dtype)
 
 
@@ -107,53 +102,36 @@ def _compare(
 ) -> ClassVerification:
     """One model of the library, original against patched, in the job's modes; ``entry``
     the method the comparison calls (its label then names it)."""
-    from .compare import tolerance_for
-    from .differential import (
-        check_mode,
-        conclude,
-        load_strictly,
-        pristine_copies,
-        snapshot_state,
-        zero_dropout_modules,
-    )
-
     label = _label(name, entry, sides.flags)
     try:
         original, inputs = sides.build(name, False, entry)
     except NotSmallError as exc:
         return ClassVerification(label, NOT_CHECKABLE, f"skipped: {exc}")
     except Exception as exc:
-        return ClassVerification(label, NOT_CHECKABLE, f"could not build it: {_error_line(exc)}")
+        return ClassVerification(label, NOT_CHECKABLE, f"could not build it: {error_line(exc)}")
     try:
         patched, _ = sides.build(name, True, entry)
     except Exception as exc:
-        reason = f"the patched build raised {_error_line(exc)}"
+        reason = f"the patched build raised {error_line(exc)}"
         return ClassVerification(label, REFUTED, reason, where="construction")
-    state = snapshot_state(original)
-    problem = load_strictly(patched, state)
+    both, problem = sides_from(
+        original,
+        patched,
+        lambda: sides.build(name, False, entry)[0],
+        lambda: sides.build(name, True, entry)[0],
+    )
     if problem is not None:
         return ClassVerification(label, REFUTED, problem, where="state_dict")
-    original_source = pristine_copies(original, lambda: sides.build(name, False, entry)[0])
-    patched_source = pristine_copies(patched, lambda: sides.build(name, True, entry)[0])
-    tol = tolerance_for(original_dtype(original))
-    run = ModeRun(list(job.options.modes), inputs, tol, job.options.seed, recorder)
+    options = job.options
+    tol = tolerance_for(torch_dtype(options.dtype))
+    run = ModeRun(list(options.modes), inputs, tol, options.seed, recorder)
     outcomes: dict[str, Any] = {}
     runs: dict[str, Any] = {}
     for mode in run.modes:
         training = mode == "train"
+        prepare = zero_dropout_modules if training else None
         outcomes[mode] = run.measured(
-            runs,
-            mode,
-            lambda training=training: check_mode(
-                original_source,
-                patched_source,
-                state,
-                inputs,
-                training=training,
-                seed=run.seed,
-                tol=tol,
-                prepare=zero_dropout_modules if training else None,
-            ),
+            runs, mode, lambda t=training, p=prepare: run.compare(both, t, prepare=p)
         )
     verdict = with_backends(conclude(label, outcomes), runs)
     built = ", ".join(f"{key}={value}" for key, value in sides.settings.items())
@@ -161,21 +139,11 @@ def _compare(
     return verdict
 
 
-def original_dtype(model: Any) -> Any:
-    import torch
-
-    return next((p.dtype for p in model.parameters()), torch.float32)
-
-
 def _load_sides(job: WorkerJob, writer: Any, adapter: Any, recorder: Any) -> _Sides:
-    from .worker import PATCHED_PREFIX, import_original, load_sibling
-
     with adapter.keeping_registries():
-        original = import_original(job, writer)
+        original = import_original(job.module_name, job.original_path, job.tag, writer.note)
         with recorder.intercepting():
-            patched = load_sibling(
-                job.module_name, f"{PATCHED_PREFIX}{job.tag}_", Path(job.patched_path)
-            )
+            patched = import_patched(job.module_name, job.patched_path, job.tag)
     recorder.install(patched)
     given = original if original.__name__ != job.module_name else None
     return _Sides(adapter, job, given, patched)
@@ -208,7 +176,7 @@ def run_library_job(job: WorkerJob, writer: Any) -> None:
     try:
         sides = _load_sides(job, writer, adapter, recorder)
     except BaseException as exc:
-        writer.error(f"importing {job.module_name} or its patch failed: {_error_line(exc)}")
+        writer.error(f"importing {job.module_name} or its patch failed: {error_line(exc)}")
         return
     candidates = adapter.candidates(job.module_name, _names_of(sites))
     if not candidates:

@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import nn
 
+from ..kernels.rng import rng_mismatch_reason
 from ..models.common import error_line, torch_dtype
 from ..models.config_names import zero_dropout_dict
 from ..models.interface import Subject
@@ -31,7 +32,6 @@ from .differential import (
     zero_dropout_modules,
 )
 from .results import NOT_CHECKABLE, REFUTED, ClassVerification
-from .rng import rng_mismatch_reason
 
 __all__ = ["ModeRun", "Sides", "prove", "run_modes", "sides_from", "sides_of"]
 

@@ -32,11 +32,11 @@ from typing import Any
 
 from ..executor import Executor, LocalExecutor, Task, TaskResult
 from ..models.interface import WORKER_ENVIRONMENT, adapter_for
+from ..models.origin import module_of
 from ..models.registry import library_of
 from .contain import MARK_VARIABLE, PARENT_VARIABLE, end_worker, new_mark, resident_bytes
 from .job import FACTORY, FILE, LIBRARY, WorkerJob
 from .options import VerifyOptions
-from .origin import LIBRARIES, find_origin
 from .results import (
     NOT_CHECKABLE,
     NOT_EXERCISED,
@@ -51,7 +51,6 @@ __all__ = [
     "PatchedFile",
     "VerifyOptions",
     "VerifyJob",
-    "module_name_for",
     "run_verify_jobs",
     "verify_factories",
     "verify_factory",
@@ -65,38 +64,6 @@ _MEMORY_POLL_SECONDS = 0.5
 _GIB = 1024**3
 
 OnResult = Callable[[int, Any], None]
-
-
-def module_name_for(path: Path) -> tuple[str, Path]:
-    """The dotted module name of ``path`` and the directory it is importable from.
-
-    Walks up while the directory is a package (has ``__init__.py``): for
-    ``.../site-packages/<library>/models/bert/modeling_bert.py`` and equally for the unpacked
-    wheel ``.cache/corpus/<version>/<library>/models/bert/modeling_bert.py`` this gives
-    ``<library>.models.bert.modeling_bert``; the worker then imports the installed package of
-    that name (and only falls back to the given directory when nothing is installed).
-    """
-    path = path.resolve()
-    parts = [path.stem]
-    directory = path.parent
-    while (directory / "__init__.py").exists():
-        parts.append(directory.name)
-        directory = directory.parent
-    return ".".join(reversed(parts)), directory
-
-
-def _root_for(path: Path, module_name: str) -> Path | None:
-    """The import root that makes ``path`` the module ``module_name``, if the path fits."""
-    parts = module_name.split(".")
-    resolved = path.resolve()
-    if resolved.stem != parts[-1]:
-        return None
-    root = resolved.parent
-    for part in reversed(parts[:-1]):
-        if root.name != part:
-            return None
-        root = root.parent
-    return root
 
 
 def _worker_env(mark: str) -> dict[str, str]:
@@ -439,25 +406,12 @@ def run_verify_jobs(
             outcomes.close()  # ends the worker now, before its folder goes
 
 
-def _module_of(path: Path, given: str | None) -> tuple[str, Path | None]:
-    """The module ``path`` runs as, and the import root to add for it: its package tree's
-    name, or, for a copy outside any library's tree, the installed module it is a copy of."""
-    if given is not None:
-        return given, _root_for(path, given)
-    module_name, root = module_name_for(path)
-    if module_name.split(".")[0] not in LIBRARIES:
-        origin = find_origin(path)
-        if origin is not None:
-            return origin.module_name, None
-    return module_name, root
-
-
 def file_job(item: PatchedFile, options: VerifyOptions) -> VerifyJob:
     """The job that verifies ``item``: its module, the adapter of its library, its sites. A
     file of a library with a model adapter (:mod:`adopter.models.registry`) is checked
     through the library's models that use it (:mod:`adopter.verify.library`)."""
     path = Path(item.original_path)
-    module_name, root = _module_of(path, item.module_name)
+    module_name, root = module_of(path, item.module_name)
     original = item.original_text if item.original_text is not None else _text_of(path)
     library = library_of(module_name)
     try:

@@ -18,9 +18,15 @@ import difflib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..extract.names import attribute_chain
+from ..models.config_reads import (
+    config_reads,
+    locals_from_config,
+    self_attributes_from_config,
+)
 from ..models.interface import PER_ELEMENT
 
-__all__ = ["KERNEL_PACKAGE", "PER_ELEMENT", "PatchedSite", "find_sites"]
+__all__ = ["KERNEL_PACKAGE", "PER_ELEMENT", "PatchedSite", "calls_kernels", "find_sites"]
 
 KERNEL_PACKAGE = "adopter.kernels"
 
@@ -148,7 +154,7 @@ class _Finder(ast.NodeVisitor):
     def visit_Attribute(self, node: ast.Attribute) -> None:  # noqa: N802
         """``self.method`` inside a method of the same class: the conditions around that use
         decide whether a site in ``method`` runs (``if self.reorder: self._reordered(...)``)."""
-        chain = _attribute_chain(node)
+        chain = attribute_chain(node)
         method = self._method()
         if chain is not None and len(chain) == 2 and chain[0] == "self" and method is not None:
             cls, caller = method
@@ -172,7 +178,7 @@ class _Finder(ast.NodeVisitor):
 
     # -- scopes ------------------------------------------------------------------------------
     def visit_ClassDef(self, node: ast.ClassDef) -> None:  # noqa: N802 - ast visitor name
-        self.inits[node.name] = _self_attributes_from_config(node)
+        self.inits[node.name] = self_attributes_from_config(node)
         self.methods[node.name] = {
             item.name
             for item in node.body
@@ -191,7 +197,7 @@ class _Finder(ast.NodeVisitor):
         self.scopes.append(node)
         saved, saved_negated, saved_local = self.guards, self.negated, self.local
         self.guards, self.negated = [], []  # conditions of outer functions do not guard a body
-        self.local = _locals_from_config(node)
+        self.local = locals_from_config(node)
         for statement in node.body:
             self.visit(statement)
         self.guards, self.negated, self.local = saved, saved_negated, saved_local
@@ -247,7 +253,7 @@ class _Finder(ast.NodeVisitor):
         ]
         fields: dict[str, list[Any]] = {}
         for test in self.guards:
-            reads = _config_reads(test, self.inits.get(cls or "", {}), self.local)
+            reads = config_reads(test, self.inits.get(cls or "", {}), self.local)
             for name, constants in reads.items():
                 known = fields.setdefault(name, [])
                 known.extend(c for c in constants if c not in known)
@@ -274,133 +280,6 @@ def _defined_names(statement: ast.stmt) -> list[str]:
     elif isinstance(statement, ast.AnnAssign):
         targets = [statement.target]
     return [t.id for t in targets if isinstance(t, ast.Name)]
-
-
-def _attribute_chain(node: ast.expr) -> list[str] | None:
-    """``self.config.x`` -> ["self", "config", "x"]; None for anything else."""
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if not isinstance(node, ast.Name):
-        return None
-    parts.append(node.id)
-    return parts[::-1]
-
-
-def _config_field(
-    node: ast.expr, from_init: dict[str, set[str]], local: dict[str, set[str]] | None = None
-) -> list[str]:
-    """The configuration fields an expression reads: ``config.x``, ``self.config.x``, a
-    ``self.x`` that ``__init__`` set from ``config.y`` (and, as a guess, ``x`` itself), or a
-    local variable the function set from ``config.y``."""
-    chain = _attribute_chain(node)
-    if chain is None:
-        return []
-    if len(chain) >= 2 and chain[-2] == "config":
-        return [chain[-1]]
-    if len(chain) == 2 and chain[0] == "self":
-        return sorted(from_init.get(chain[1], set()) | {chain[1]})
-    if len(chain) == 1 and local:
-        return sorted(local.get(chain[0], set()))
-    return []
-
-
-def _config_reads(
-    test: ast.expr, from_init: dict[str, set[str]], local: dict[str, set[str]] | None = None
-) -> dict[str, list[Any]]:
-    """Fields read by a condition, with the constants each is compared with."""
-    found: dict[str, list[Any]] = {}
-    # ``self.config`` inside ``self.config.x`` is not a field read of its own
-    inner = {id(n.value) for n in ast.walk(test) if isinstance(n, ast.Attribute)}
-    for node in ast.walk(test):
-        if id(node) in inner:
-            continue
-        if isinstance(node, ast.Compare):
-            operands = [node.left, *node.comparators]
-            constants = [
-                value
-                for operand in operands
-                for value in _constants(operand)
-                if isinstance(value, (str, int, bool)) or value is None
-            ]
-            # an integer threshold or count: the branch taken by ``x > 1`` or by the other arm
-            # of ``x == 1`` needs a neighbour of the constant, not the constant itself
-            numbers = [c for c in constants if isinstance(c, int) and not isinstance(c, bool)]
-            if numbers and not all(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
-                neighbours = [n + 1 for n in numbers]
-                if any(isinstance(op, (ast.Lt, ast.LtE, ast.Gt, ast.GtE)) for op in node.ops):
-                    neighbours += [n - 1 for n in numbers if n > 0]
-                constants += [n for n in neighbours if n not in constants]
-            for operand in operands:
-                for name in _config_field(operand, from_init, local):
-                    found.setdefault(name, []).extend(constants)
-                if isinstance(operand, ast.Subscript):  # ``config.layer_types[layer_idx]``
-                    for name in _config_field(operand.value, from_init, local):
-                        found.setdefault(name + PER_ELEMENT, []).extend(constants)
-        elif isinstance(node, (ast.Attribute, ast.Name)):
-            for name in _config_field(node, from_init, local):
-                found.setdefault(name, [])
-    return found
-
-
-def _constants(node: ast.expr) -> list[Any]:
-    if isinstance(node, ast.Constant):
-        return [node.value]
-    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
-        return [e.value for e in node.elts if isinstance(e, ast.Constant)]
-    return []
-
-
-def _config_attributes_read(value: ast.expr) -> set[str]:
-    """The ``config.y`` fields an expression reads."""
-    return {
-        chain[-1]
-        for sub in ast.walk(value)
-        if isinstance(sub, ast.Attribute)
-        and (chain := _attribute_chain(sub)) is not None
-        and len(chain) >= 2
-        and chain[-2] == "config"
-    }
-
-
-def _locals_from_config(node: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, set[str]]:
-    """``x = ... config.y ...`` in a function: x -> {y}. A forward argument that defaults to a
-    configuration value (``output_router_logits = output_router_logits if output_router_logits
-    is not None else self.config.output_router_logits``) guards code by that value."""
-    found: dict[str, set[str]] = {}
-    for statement in ast.walk(node):
-        if isinstance(statement, ast.Assign):
-            read = _config_attributes_read(statement.value)
-            for target in statement.targets:
-                if read and isinstance(target, ast.Name):
-                    found.setdefault(target.id, set()).update(read)
-    return found
-
-
-def _self_attributes_from_config(node: ast.ClassDef) -> dict[str, set[str]]:
-    """``self.x = ... config.y ...`` in the class's ``__init__``: x -> {y}."""
-    found: dict[str, set[str]] = {}
-    for item in node.body:
-        if not (isinstance(item, ast.FunctionDef) and item.name == "__init__"):
-            continue
-        for statement in ast.walk(item):
-            if not isinstance(statement, (ast.Assign, ast.AnnAssign)) or statement.value is None:
-                continue
-            targets = statement.targets if isinstance(statement, ast.Assign) else [statement.target]
-            read = {
-                chain[-1]
-                for sub in ast.walk(statement.value)
-                if isinstance(sub, ast.Attribute)
-                and (chain := _attribute_chain(sub)) is not None
-                and len(chain) >= 2
-                and chain[-2] == "config"
-            }
-            for target in targets:
-                chain = _attribute_chain(target)
-                if read and chain is not None and len(chain) == 2 and chain[0] == "self":
-                    found.setdefault(chain[1], set()).update(read)
-    return found
 
 
 # How many references up from a site's definition its callers are followed: model -> encoder ->
@@ -434,7 +313,7 @@ def _reached_from(
             for reference in users.get(name, []):
                 from_init = inits.get(reference.cls or "", {})
                 for test in reference.guards:
-                    reads = _config_reads(test, from_init, reference.local)
+                    reads = config_reads(test, from_init, reference.local)
                     for field_name, constants in reads.items():
                         known = fields.setdefault(field_name, [])
                         known.extend(c for c in constants if c not in known)
@@ -487,3 +366,11 @@ def find_sites(patched: str, original: str | None = None) -> list[PatchedSite]:
             for index, site in enumerate(group, 1):
                 site.nth, site.of = index, len(group)
     return sites
+
+
+def calls_kernels(text: str) -> bool:
+    """Whether ``text`` calls ``adopter.kernels`` (what ``apply --write`` leaves behind)."""
+    try:
+        return bool(find_sites(text))
+    except (SyntaxError, ValueError):
+        return False

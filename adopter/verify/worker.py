@@ -18,49 +18,16 @@ was running.
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 import warnings
 from pathlib import Path
-from types import ModuleType
 
 from ..models.common import short_traceback
-from ..models.loading import load_sibling
 from .contain import die_with_parent
 from .job import FACTORY, FILE, LIBRARY, ResultWriter, WorkerJob
 
-__all__ = ["PATCHED_PREFIX", "import_original", "load_sibling", "main", "run_job"]
-
-PATCHED_PREFIX = "_adopter_patched_"
-ORIGINAL_PREFIX = "_adopter_original_"
-
-
-def import_original(job: WorkerJob, writer: ResultWriter) -> ModuleType:
-    """The original module: the installed one, or ``original_path``'s text where they differ.
-
-    ``original_path`` may be a copy outside the import path (an unpacked wheel under
-    ``.cache/corpus``); the installed module of the same name is used when its text is the
-    same, and otherwise the given text is executed inside the installed package, so that the
-    patch is always compared against the source it was made from.
-    """
-    module_name = job.module_name
-    original_path = Path(job.original_path)
-    module = importlib.import_module(module_name)
-    installed = Path(getattr(module, "__file__", "") or "")
-    if installed.exists() and installed.resolve() == original_path.resolve():
-        return module
-    original_text = original_path.read_text(encoding="utf-8")
-    if installed.exists() and installed.read_text(encoding="utf-8") == original_text:
-        writer.note(
-            f"original: the installed {module_name} ({installed}), same text as the given file"
-        )
-        return module
-    writer.note(
-        f"original: {original_path} differs from the installed {module_name}; its text runs "
-        "inside the installed package"
-    )
-    return load_sibling(module_name, f"{ORIGINAL_PREFIX}{job.tag}_", original_path)
+__all__ = ["main", "run_job"]
 
 
 def run_job(job: WorkerJob) -> None:

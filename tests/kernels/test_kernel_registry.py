@@ -11,8 +11,7 @@ import pytest
 
 import adopter.kernels as kernels
 from adopter.kernels import describe_backends, registry
-from adopter.kernels.registry import ENTRIES, RandomDraws, Role
-from adopter.verify import rng
+from adopter.kernels.registry import ENTRIES, Role
 
 
 def test_names_are_unique():
@@ -42,19 +41,6 @@ def test_describe_backends_describes_every_kernel_and_nothing_else():
     assert described == set(registry.names(Role.KERNEL, Role.ATTENTION_FACTORY))
     no_backend = (Role.HELPER, Role.OPTIMIZER)
     assert all(entry.backend is None for entry in ENTRIES if entry.role in no_backend)
-
-
-def test_verify_rng_table_agrees_with_the_registry():
-    assert set(rng.RNG_CATEGORIES) == {category.value for category in RandomDraws}
-    in_verify = {name: c for c, members in rng.RNG_CATEGORIES.items() for name in members}
-    in_registry = {entry.name: entry.rng.value for entry in ENTRIES}
-    assert sorted(set(in_registry) - set(in_verify)) == [], "not in adopter/verify/rng.py"
-    assert sorted(set(in_verify) - set(in_registry)) == [], "not in adopter/kernels/registry.py"
-    differ = {
-        n: (in_registry[n], in_verify[n]) for n in in_registry if in_verify[n] != in_registry[n]
-    }
-    assert differ == {}, "(registry, verify) categories differ"
-    assert rng.KERNEL_NAMES == set(registry.names())
 
 
 def test_an_unknown_name_is_a_clear_error():

@@ -14,11 +14,11 @@ from torch import nn
 from adopter.bench.command import _bench_widths
 from adopter.models.base import adopt_patched_classes, defined_names, entry_point
 from adopter.models.diffusers import small_config
+from adopter.models.origin import find_origin, pristine_of
 from adopter.models.registry import library_of
 from adopter.models.timm import smallness
 from adopter.verify.library import attribute_flips
-from adopter.verify.origin import calls_kernels, find_origin, pristine_of
-from adopter.verify.sites import PatchedSite
+from adopter.verify.sites import PatchedSite, calls_kernels
 
 ORIGINAL = """
 from torch import nn
@@ -160,7 +160,7 @@ def test_a_file_apply_patched_is_compared_with_the_installed_pristine_text(tmp_p
     copy = tmp_path / "copy" / "diffusers" / "models" / "resnet.py"
     copy.parent.mkdir(parents=True)
     copy.write_text(patched)
-    found = pristine_of(copy, patched)
+    found = pristine_of(copy, patched, calls_kernels)
     assert found is not None
     path, text, module_name = found
     assert module_name == "diffusers.models.resnet" and text == "y = 2\n"

@@ -35,8 +35,8 @@ def test_a_patched_copy_of_a_timm_module_does_not_take_over_the_registry():
     import timm
 
     from adopter.bench.command import patch_text, patched_source_file
+    from adopter.models.loading import load_sibling
     from adopter.rules import load_rule_set
-    from adopter.verify.worker import load_sibling
 
     adapter = adapter_for("timm")
     path = (

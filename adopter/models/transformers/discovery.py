@@ -12,6 +12,8 @@ from types import ModuleType
 
 import torch
 
+from ..loading import sibling_stem
+
 __all__ = ["find_model_classes", "select_classes"]
 
 
@@ -34,7 +36,7 @@ def _exported_names(module: ModuleType) -> set[str] | None:
     structure = getattr(package, "_import_structure", None)
     if not isinstance(structure, dict):
         return None
-    stem = re.sub(r"^_adopter_(original|patched)_\d+_", "", module.__name__.rpartition(".")[2])
+    stem = sibling_stem(module.__name__.rpartition(".")[2])
     names = structure.get(stem)
     return set(names) if isinstance(names, (list, tuple, set)) else None
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from adopter.verify.rng import kernels_used, rng_mismatch_reason
+from adopter.kernels.rng import kernels_used, rng_mismatch_reason
 
 
 def test_kernel_names_are_found_only_in_adopter_sources() -> None:

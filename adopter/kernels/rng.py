@@ -6,10 +6,9 @@ kernel (and of the device and backend it runs on), documented in the kernels' do
 table records it so that verify skips - with the reason - a comparison that would fail for a
 correct patch, instead of reporting it as a refutation.
 
-The kernels come later in the pipeline than verify, so this table is not derived from
-``adopter.kernels.registry``; ``tests/kernels/test_kernel_registry.py`` checks that both name
-the same kernels in the same categories (:data:`RNG_CATEGORIES`' keys are the registry's
-``RandomDraws`` values).
+The categories are the registry's (:class:`~adopter.kernels.registry.RandomDraws`, one per
+:class:`~adopter.kernels.registry.Entry`): this module only reads them, for the worker side of
+verify (:mod:`adopter.verify.prove`), from the patched sources' text.
 """
 
 from __future__ import annotations
@@ -18,59 +17,17 @@ import ast
 import os
 from collections.abc import Iterable
 
+from .registry import ENTRIES, RandomDraws
+
 __all__ = ["KERNEL_NAMES", "RNG_CATEGORIES", "kernels_used", "rng_mismatch_reason"]
 
-# Kernels without any random draw: replacing code that draws nothing keeps the stream intact.
-_NO_RNG = frozenset(
-    {
-        "softmax",
-        "linear_bias_activation",
-        "conv_batch_norm",
-        "linear_batch_norm",
-        "qkv_projection",
-        "clear_caches",
-        "describe_backends",
-        "rms_norm",
-        "gated_activation",
-        "gated_activation_chunked",
-        "gated_mlp",
-        "rotary",
-        "apply_rotary",
-        "apply_rotary_complex",
-        "group_norm_activation",
-        "conv_bn_act",
-        "linear_cross_entropy",
-        "causal_lm_loss",
-        "fused_loss_applies",
-        "fused_optimizer",
-        "fused_training_optimizer",
-    }
-)
-# Kernels whose dropout mask is drawn like nn.Dropout only in eager mode on the CPU.
-_SAME_RNG_EAGER_CPU = frozenset({"dropout_add_layer_norm"})
-# Kernels that hand dropout to scaled_dot_product_attention, which draws its own mask.
-_OWN_RNG = frozenset(
-    {
-        "fused_bert_self_attention",
-        "fused_t5_attention",
-        "fused_gpt2_attention",
-        "fused_distilbert_attention",
-        "fused_albert_attention",
-        "fused_gpt_neo_self_attention",
-    }
-)
-
-# Kernels that run the original code - and its nn.functional.dropout - whenever dropout is
-# active on a CPU, and hand dropout to scaled_dot_product_attention on other devices.
-_ORIGINAL_DROPOUT_ON_CPU = frozenset({"attention_function", "scaled_attention"})
-
 RNG_CATEGORIES: dict[str, frozenset[str]] = {
-    "none": _NO_RNG,
-    "dropout-eager-cpu": _SAME_RNG_EAGER_CPU,
-    "sdpa": _OWN_RNG,
-    "original-on-cpu": _ORIGINAL_DROPOUT_ON_CPU,
+    draws.value: frozenset(e.name for e in ENTRIES if e.rng is draws) for draws in RandomDraws
 }
-KERNEL_NAMES = frozenset().union(*RNG_CATEGORIES.values())
+KERNEL_NAMES = frozenset(e.name for e in ENTRIES)
+_OWN_RNG = RNG_CATEGORIES[RandomDraws.SDPA]
+_ORIGINAL_DROPOUT_ON_CPU = RNG_CATEGORIES[RandomDraws.ORIGINAL_ON_CPU]
+_SAME_RNG_EAGER_CPU = RNG_CATEGORIES[RandomDraws.DROPOUT_EAGER_CPU]
 
 _KERNELS_MODULE = "adopter.kernels"
 

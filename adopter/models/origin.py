@@ -7,21 +7,32 @@ stand; it runs as the package it came from instead: the installed file of the sa
 whose path shares the longest tail with the copy's, among the libraries verify knows. A file
 that ``apply --write`` already patched is compared with its pristine text: the installed
 module's, else the text git has at ``HEAD``.
+
+Also the module a file runs as (:func:`module_of`): its package tree's dotted name, or, for a
+copy outside any library's tree, the installed module it is a copy of. Read by verify's parent
+process, which imports no model code.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from ..models.registry import LIBRARIES
-from .sites import find_sites
+from .registry import LIBRARIES
 
-__all__ = ["Origin", "calls_kernels", "find_origin", "git_head_text", "pristine_of"]
+__all__ = [
+    "Origin",
+    "find_origin",
+    "git_head_text",
+    "module_name_for",
+    "module_of",
+    "pristine_of",
+    "root_for",
+]
 
 
 @dataclass(frozen=True)
@@ -90,14 +101,6 @@ def _text(path: Path) -> str:
         return ""
 
 
-def calls_kernels(text: str) -> bool:
-    """Whether ``text`` calls ``adopter.kernels`` (what ``apply --write`` leaves behind)."""
-    try:
-        return bool(find_sites(text))
-    except (SyntaxError, ValueError):
-        return False
-
-
 def git_head_text(path: Path) -> str | None:
     """The text git has for ``path`` at ``HEAD``, if ``path`` is tracked in a repository."""
     try:
@@ -117,17 +120,64 @@ def git_head_text(path: Path) -> str | None:
         return None
 
 
-def pristine_of(path: Path, text: str) -> tuple[Path, str, str] | None:
-    """For a file that already calls kernels: ``(original file, original text, module name)``
-    of its pristine source, the installed module's where that calls none, else git's ``HEAD``;
-    ``None`` when neither is found (or both are patched too)."""
+def module_name_for(path: Path) -> tuple[str, Path]:
+    """The dotted module name of ``path`` and the directory it is importable from.
+
+    Walks up while the directory is a package (has ``__init__.py``): for
+    ``.../site-packages/<library>/models/bert/modeling_bert.py`` and equally for the unpacked
+    wheel ``.cache/corpus/<version>/<library>/models/bert/modeling_bert.py`` this gives
+    ``<library>.models.bert.modeling_bert``; the worker then imports the installed package of
+    that name (and only falls back to the given directory when nothing is installed).
+    """
+    path = path.resolve()
+    parts = [path.stem]
+    directory = path.parent
+    while (directory / "__init__.py").exists():
+        parts.append(directory.name)
+        directory = directory.parent
+    return ".".join(reversed(parts)), directory
+
+
+def root_for(path: Path, module_name: str) -> Path | None:
+    """The import root that makes ``path`` the module ``module_name``, if the path fits."""
+    parts = module_name.split(".")
+    resolved = path.resolve()
+    if resolved.stem != parts[-1]:
+        return None
+    root = resolved.parent
+    for part in reversed(parts[:-1]):
+        if root.name != part:
+            return None
+        root = root.parent
+    return root
+
+
+def module_of(path: Path, given: str | None) -> tuple[str, Path | None]:
+    """The module ``path`` runs as, and the import root to add for it: its package tree's
+    name, or, for a copy outside any library's tree, the installed module it is a copy of."""
+    if given is not None:
+        return given, root_for(path, given)
+    module_name, root = module_name_for(path)
+    if module_name.split(".")[0] not in LIBRARIES:
+        origin = find_origin(path)
+        if origin is not None:
+            return origin.module_name, None
+    return module_name, root
+
+
+def pristine_of(
+    path: Path, text: str, patched: Callable[[str], bool]
+) -> tuple[Path, str, str] | None:
+    """For a file that is ``patched`` (its text calls kernels): ``(original file, original text,
+    module name)`` of its pristine source, the installed module's where that is not patched,
+    else git's ``HEAD``; ``None`` when neither is found (or both are patched too)."""
     origin = find_origin(path)
     if origin is not None and origin.path.resolve() != path.resolve():
         installed = origin.path.read_text(encoding="utf-8")
-        if installed != text and not calls_kernels(installed):
+        if installed != text and not patched(installed):
             return origin.path, installed, origin.module_name
     head = git_head_text(path)
-    if head is not None and head != text and not calls_kernels(head):
+    if head is not None and head != text and not patched(head):
         module_name = origin.module_name if origin is not None else path.stem
         return path, head, module_name
     return None
