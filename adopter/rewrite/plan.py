@@ -49,7 +49,7 @@ from .checks import (
     check_fresh_name,
     check_in_function,
     check_in_statements,
-    check_inputs_kept,
+    check_inputs_kept_until_read,
     check_last_elements,
     check_last_of_arm,
     check_moved_calls,
@@ -68,12 +68,16 @@ from .checks import (
     check_simple_statement,
     check_single_step,
     check_sinkable,
+    check_spellings_guardable,
     check_statement_holds,
     check_steps_line_up,
     check_unpacked_reads,
+    identity_guard,
     input_names,
     require,
+    spelling_names,
     step_expression,
+    step_input_names,
 )
 from .guarded import plan_guarded
 from .render import (
@@ -125,6 +129,8 @@ class Plan:
     sunk: list[str] = field(default_factory=list)
     # statements copied into every arm of an ``if``/``elif`` chain, fused in some (arms.py)
     spread: Spread | None = None
+    # computations written again, once each, as the original arm of an identity-guarded call
+    fallback: list[ast.expr] = field(default_factory=list)
     sequential: SequentialPiece | None = None
     # a match that starts inside an nn.Sequential call: (call, first matched element, the
     # text of the elements before it called one by one), so pieces before it can merge in
@@ -228,7 +234,9 @@ class Planner:
         if len(functions) != 1 or len({step.inline_chain for step in steps}) != 1:
             return plan_across_call(self, site, replacement)
         require(check_in_function(steps))
-        require(check_one_spelling(site))
+        guard = identity_guard(site)
+        if guard is None or len(replacement) != 1 or any(step.synthetic for step in steps):
+            require(check_one_spelling(site))
         plan = Plan(site=site, function=steps[0].function)  # type: ignore[arg-type]
         if any(step.synthetic for step in steps):
             return self.plan_sequential(site, replacement, plan)
@@ -243,9 +251,33 @@ class Planner:
         require(check_dropped_arguments(self.source, site, pattern, new_step, final_index))
         call_text = self.render.call(new_step, site, plan, pattern[final_index], steps[final_index])
         require(check_in_statements(steps))
+        if guard is not None:
+            require(check_spellings_guardable(site, targets, len(pattern)))
+            call_text = self.identity_guarded(site, plan, call_text, targets, producer_of)
         if len(targets) > 1:
             return self.plan_tuple(site, plan, call_text, targets, producer_of)
         return self.fuse_statements(plan, site, steps, final_index, call_text)
+
+    def identity_guarded(
+        self,
+        site: Site,
+        plan: Plan,
+        call_text: str,
+        targets: list[str],
+        producer_of: dict[str, int],
+    ) -> str:
+        """``call_text`` where every input of ``site`` has one spelling; with an input that is
+        one tensor on some paths only (checked by check_spellings_guardable), the kernel where
+        the spellings are one object and the original computations, in the results' order,
+        everywhere else."""
+        guard = identity_guard(site)
+        if guard is None:
+            return call_text
+        nodes = [step_expression(site.steps[producer_of[t]]) for t in targets]
+        plan.fallback.extend(nodes)
+        original = [self.source.segment(node) for node in nodes]
+        # on lines of their own, as a formatter would split it
+        return f"(\n    {call_text}\n    if {guard}\n    else ({', '.join(original)})\n)"
 
     def fuse_statements(
         self,
@@ -419,7 +451,8 @@ class Planner:
         if check_one_block(statements, blocks, "assignments") is not None:
             return plan_tuple_across_arms(self, site, plan, targets, producer_of)
         ordered = sorted(statements, key=lambda s: blocks.block_of(s)[1])
-        require(check_between_untouched(blocks, ordered, set(names) | input_names(site)))
+        watched = set(names) | input_names(site) | spelling_names(site)
+        require(check_between_untouched(blocks, ordered, watched))
         text = tuple_assignment(names, call_text)
         plan.replace_statements.append((ordered[0], text))
         plan.delete_statements.extend(ordered[1:])
@@ -449,7 +482,12 @@ class Planner:
         if check_one_block(statements, blocks, "computations") is not None:
             return plan_tuple_across_arms(self, site, plan, targets, producer_of)
         ordered = sorted(statements, key=lambda s: blocks.block_of(s)[1])
-        require(check_inputs_kept(blocks, ordered, input_names(site)))
+        reads: dict[int, set[str]] = {}
+        for target in targets:
+            statement = site.steps[producer_of[target]].statement
+            names = step_input_names(site, producer_of[target])
+            reads[id(statement)] = reads.get(id(statement), set()) | names
+        require(check_inputs_kept_until_read(blocks, ordered, reads))
         taken = names_in(plan.function)
         names: list[str] = []
         for target in targets:
