@@ -801,6 +801,8 @@ class Matcher:
         if rule.site == "init":
             variable = _first_module_var(compiled)
             construction = state.constructions.get(variable) if variable else None
+            if construction is not None and construction.path != flow.path:
+                construction = None  # built in another file: the site stays in this one
             anchor_line = construction.line if construction else first.line
             anchor_column = construction.column if construction else first.column
             method = construction.method if construction else first.method

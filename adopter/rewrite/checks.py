@@ -322,10 +322,15 @@ def check_read_before_changed(site: Site, steps: list[FlowStep]) -> Refusal | No
 
 # -- __init__ constructions -------------------------------------------------------------------
 @check
-def check_construction_site(construction: Construction | None) -> Refusal | None:
-    """The matched construction is a call of this file, with its source."""
+def check_construction_site(construction: Construction | None, path: str) -> Refusal | None:
+    """The matched construction is a call of this file (``path``), with its source."""
     if construction is None or construction.node is None or construction.function is None:
         return Refusal("the matched construction has no source location")
+    if construction.path != path:
+        return Refusal(
+            f"the module is built in another file ({construction.path}:{construction.line}); "
+            "not rewritten"
+        )
     call = construction.node
     if not isinstance(call, ast.Call):
         return Refusal("the matched construction is not a call")

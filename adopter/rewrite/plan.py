@@ -209,7 +209,7 @@ class Planner:
         assert site.rule.init is not None
         variable = next((t.name for t in new_step.targets), None)
         construction = site.constructions.get(variable or "")
-        require(check_construction_site(construction))
+        require(check_construction_site(construction, site.path))
         assert construction is not None and construction.function is not None
         call = construction.node
         assert isinstance(call, ast.Call)
