@@ -741,6 +741,46 @@ def check_inputs_kept_until_read(
     return None
 
 
+@check
+def check_sinkable_past(
+    statement: ast.stmt, between: list[ast.stmt], moving: list[ast.stmt]
+) -> Refusal | None:
+    """A statement moved down to the fused call (past ``between``) is one simple line, and
+    changes places only with statements it does not depend on, nor they on it (the others
+    ``moving`` keep their order)."""
+    if statement.lineno != statement.end_lineno or not isinstance(
+        statement, (ast.Assign, ast.AnnAssign)
+    ):
+        return Refusal(f"line {statement.lineno} would move, and is not one simple line")
+    for other in between:
+        if any(other is m for m in moving):
+            continue
+        if _depends(other, statement) or not _plain_call_free(other):
+            return Refusal(f"line {other.lineno} depends on the statement to be moved")
+    return None
+
+
+def _plain_call_free(statement: ast.stmt) -> bool:
+    """A statement whose calls cannot see the moved one run: only ``isinstance``, ``len`` and
+    ``getattr`` of names (the rest may read state a projection changed, e.g. hooks)."""
+    for node in ast.walk(statement):
+        if isinstance(node, ast.Call) and not (
+            isinstance(node.func, ast.Name) and node.func.id in ("isinstance", "len", "getattr")
+        ):
+            return False
+    return True
+
+
+@check
+def check_moved_keeps_inputs(statement: ast.stmt, own: set[str], later: set[str]) -> Refusal | None:
+    """A statement moved to just after the fused call changes no input a later projection
+    reads, nor its own in place."""
+    changed = assigned_names(statement) | mutated_names(statement)
+    if changed & later or mutated_names(statement) & own:
+        return Refusal(f"line {statement.lineno} changes an input of the fused call")
+    return None
+
+
 def step_input_names(site: Site, index: int) -> set[str]:
     """The names matched step ``index`` reads through its input variables (``$x``)."""
     pattern_step = site.rule.forward.steps[index]  # type: ignore[union-attr]

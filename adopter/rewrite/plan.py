@@ -53,6 +53,7 @@ from .checks import (
     check_last_elements,
     check_last_of_arm,
     check_moved_calls,
+    check_moved_keeps_inputs,
     check_nested_removed,
     check_no_elif,
     check_no_extra_arguments,
@@ -68,6 +69,7 @@ from .checks import (
     check_simple_statement,
     check_single_step,
     check_sinkable,
+    check_sinkable_past,
     check_spellings_guardable,
     check_statement_holds,
     check_steps_line_up,
@@ -87,6 +89,7 @@ from .render import (
     assignment_head,
     element_call,
     elements_called,
+    moved_with_name,
     statement_with_comment,
     tuple_assignment,
 )
@@ -487,22 +490,52 @@ class Planner:
             statement = site.steps[producer_of[target]].statement
             names = step_input_names(site, producer_of[target])
             reads[id(statement)] = reads.get(id(statement), set()) | names
-        require(check_inputs_kept_until_read(blocks, ordered, reads))
+        kept = check_inputs_kept_until_read(blocks, ordered, reads)
+        moved = self.sunk_to_inputs(blocks, ordered, reads) if kept is not None else []
+        require(kept if moved is None else None)
+        moved = moved or []
+        anchor = ordered[len(moved)]
         taken = names_in(plan.function)
         names: list[str] = []
         for target in targets:
             name = target if target not in taken else f"fused_{target}"
             require(check_fresh_name(name, taken | set(names), "function"))
             names.append(name)
-        plan.insert_before.append((ordered[0], tuple_assignment(names, call_text) + "\n"))
+        plan.insert_before.append((anchor, tuple_assignment(names, call_text) + "\n"))
         for step, name in zip(steps, names, strict=True):
             node = step_expression(step)
-            plan.replace_expressions.append((node, name))
-            plan.touched.append(node)
-        plan.touched.append(ordered[0])
+            if any(step.statement is m for m in moved):
+                # moved down to the fused call: its text, reading the kernel's result
+                text = moved_with_name(self.source, step.statement, node, name)  # type: ignore[arg-type]
+                plan.insert_before.append((anchor, text + "\n"))
+                plan.delete_statements.append(step.statement)  # type: ignore[arg-type]
+            else:
+                plan.replace_expressions.append((node, name))
+                plan.touched.append(node)
+        plan.touched.extend([*moved, anchor])
         plan.statements.extend(ordered)
         plan.summary = f"{', '.join(names)} = {call_text}, read by {len(steps)} computations"
         return plan
+
+    def sunk_to_inputs(
+        self, blocks: Blocks, ordered: list[ast.stmt], reads: dict[int, set[str]]
+    ) -> list[ast.stmt] | None:
+        """The first statements of ``ordered`` to move down to the first one from which every
+        input is kept (``query = q_proj(hidden_states)...`` past ``current_states = kv if cross
+        else hidden_states``, which the keys read); ``None`` when no such statement exists,
+        refused when they may not move."""
+        for count in range(1, len(ordered)):
+            rest = ordered[count:]
+            if check_inputs_kept_until_read(blocks, rest, reads) is not None:
+                continue
+            early = ordered[:count]
+            later = set().union(*(reads.get(id(s), set()) for s in rest))
+            for statement in early:  # refused with the reason the move is not allowed
+                between = list(blocks.between(statement, rest[0]))
+                require(check_sinkable_past(statement, between, early))
+                require(check_moved_keeps_inputs(statement, reads.get(id(statement), set()), later))
+            return early
+        return None
 
     # -- nn.Sequential -----------------------------------------------------------------------
     def plan_sequential(self, site: Site, replacement: tuple[PatternStep, ...], plan: Plan) -> Plan:

@@ -134,6 +134,16 @@ def statement_with_comment(source: SourceText, statement: ast.stmt) -> str:
     return f"{text}  {comment}" if comment.startswith("#") else text
 
 
+def moved_with_name(source: SourceText, statement: ast.stmt, node: ast.expr, name: str) -> str:
+    """A one-line ``statement``'s text, with its comment, where ``node`` reads ``name``."""
+    line = source.lines[statement.lineno - 1].encode("utf-8")
+    before = line[statement.col_offset : node.col_offset].decode("utf-8")  # type: ignore[misc]
+    after = line[node.end_col_offset : statement.end_col_offset].decode("utf-8")  # type: ignore[misc]
+    comment = line[statement.end_col_offset :].decode("utf-8").strip()  # type: ignore[misc]
+    text = f"{before}{name}{after}"
+    return f"{text}  {comment}" if comment.startswith("#") else text
+
+
 def pattern_callee_name(expr: Expr) -> str:
     """The last part of a pattern's callee (``LayerNorm`` of ``torch.nn.LayerNorm``)."""
     return _dotted(expr).rsplit(".", 1)[-1]
