@@ -772,6 +772,16 @@ def _plain_call_free(statement: ast.stmt) -> bool:
 
 
 @check
+def check_one_result_each(moved: list[ast.stmt], steps: list[FlowStep]) -> Refusal | None:
+    """A statement moved down to the fused call holds one of the kernel's results."""
+    for statement in moved:
+        holding = [step for step in steps if step.statement is statement]
+        if len(holding) != 1:
+            return Refusal(f"line {statement.lineno} would move, and holds several projections")
+    return None
+
+
+@check
 def check_moved_keeps_inputs(statement: ast.stmt, own: set[str], later: set[str]) -> Refusal | None:
     """A statement moved to just after the fused call changes no input a later projection
     reads, nor its own in place."""

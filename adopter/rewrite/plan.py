@@ -60,6 +60,7 @@ from .checks import (
     check_one_block,
     check_one_branch,
     check_one_chain,
+    check_one_result_each,
     check_one_spelling,
     check_outputs_of_pattern,
     check_rest_outside,
@@ -502,14 +503,15 @@ class Planner:
             require(check_fresh_name(name, taken | set(names), "function"))
             names.append(name)
         plan.insert_before.append((anchor, tuple_assignment(names, call_text) + "\n"))
+        require(check_one_result_each(moved, steps))
+        for statement in moved:  # moved down to the fused call, in their order, reading results
+            step, name = next((t, n) for t, n in zip(steps, names) if t.statement is statement)
+            text = moved_with_name(self.source, statement, step_expression(step), name)
+            plan.insert_before.append((anchor, text + "\n"))
+            plan.delete_statements.append(statement)
         for step, name in zip(steps, names, strict=True):
-            node = step_expression(step)
-            if any(step.statement is m for m in moved):
-                # moved down to the fused call: its text, reading the kernel's result
-                text = moved_with_name(self.source, step.statement, node, name)  # type: ignore[arg-type]
-                plan.insert_before.append((anchor, text + "\n"))
-                plan.delete_statements.append(step.statement)  # type: ignore[arg-type]
-            else:
+            if not any(step.statement is m for m in moved):
+                node = step_expression(step)
                 plan.replace_expressions.append((node, name))
                 plan.touched.append(node)
         plan.touched.extend([*moved, anchor])
