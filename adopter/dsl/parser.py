@@ -292,6 +292,11 @@ class RuleParser:
             replace(self._spelling(node, rule_id, meta, init, forward), kernel_at=kernel_at)
             for init, forward in pairs
         ]
+        for name in spellings[0].reciprocal:
+            if not any(_multiplies_by(spelling, name) for spelling in spellings):
+                raise self.error(
+                    node, f"rule {rule_id}: reciprocal ${name} is no mul step's second operand"
+                )
         return replace(spellings[0], variants=tuple(spellings[1:]))
 
     def _spelling(
@@ -311,6 +316,11 @@ class RuleParser:
             raise self.error(node, f"rule {rule_id}: scope is one of {', '.join(SCOPES)}")
         if scope == "block" and (forward is None or not isinstance(forward.replacement, tuple)):
             raise self.error(node, f"rule {rule_id}: scope 'block' needs a forward replacement")
+        reciprocal = tuple(
+            name.strip().removeprefix("$")
+            for name in meta.get("reciprocal", "").split(",")
+            if name.strip()
+        )
         rule = Rule(
             id=rule_id,
             name=meta.get("name", rule_id),
@@ -321,6 +331,7 @@ class RuleParser:
             init=init,
             forward=forward,
             scope=scope,
+            reciprocal=reciprocal,
             source=self.path,
             line=node.meta.line,
         )
@@ -435,3 +446,19 @@ def parse_sequence(text: str, path: str = "<string>") -> list[Step]:
 
 
 __all__ = ["parse_rules", "parse_sequence"]
+
+
+def _multiplies_by(rule: Rule, name: str) -> bool:
+    """Whether a forward step of ``rule`` is ``mul(..., $name)``: what ``reciprocal:`` widens."""
+    steps = rule.forward.steps if rule.forward is not None else ()
+    for step in steps:
+        positional = [a for a in step.args if isinstance(a, Positional)]
+        if (
+            isinstance(step.callee, Name)
+            and step.callee.dotted == "mul"
+            and len(positional) == 2
+            and isinstance(positional[1].value, Var)
+            and positional[1].value.name == name
+        ):
+            return True
+    return False

@@ -196,6 +196,9 @@ class Rule:
     init: Section | None = None
     forward: Section | None = None
     scope: str = "calls"
+    # Variables a ``mul`` step may also read from a division (``reciprocal: "$scaling"``):
+    # ``x / s`` is matched as ``mul(x, $scaling)`` with ``$scaling`` bound to ``1 / s``.
+    reciprocal: tuple[str, ...] = ()
     source: str = "<string>"
     line: int = 0
     doc: str = field(default="", compare=False)

@@ -700,7 +700,7 @@ class FlowBuilder:
                 return None
             base = self.module_ref(node.value)
             if base is not None:
-                owners = [self.analysis.local_class(c.kind) for c in base.constructions]
+                owners = [self.analysis.module_class(c.kind) for c in base.constructions]
                 if len(owners) == 1 and owners[0] is not None:
                     constructions = owners[0].bindings.get(node.attr)
                     if constructions:
@@ -760,15 +760,16 @@ class FlowBuilder:
             owner_ref = self.module_ref(func.value)
             if owner_ref is not None and len(owner_ref.constructions) == 1:
                 # ``attn.get_attention_scores(q, k)``: a method of a submodule of ours
-                owner = self.analysis.local_class(owner_ref.constructions[0].kind)
+                owner = self.analysis.module_class(owner_ref.constructions[0].kind)
                 method = self.analysis.method(owner, func.attr) if owner else None
+                foreign = owner is not None and owner.path != self.analysis.path
                 if method is not None and f"method.{func.attr}" in self.analysis.opaque_methods:
                     # a rule names this method (``method.get_attention_scores($attn, ...)``): one
                     # step, the receiver first, so the kernel is handed the module itself
                     positional, keywords = self.arguments(node)
                     receiver = Operand(node=func.value, module=owner_ref)
                     return self.emit(f"method.{func.attr}", node, [receiver, *positional], keywords)
-                if method is not None and frame.class_depth < MAX_CLASS_DEPTH:
+                if method is not None and not foreign and frame.class_depth < MAX_CLASS_DEPTH:
                     positional, keywords = self.arguments(node)
                     return self.inline(
                         method, owner, owner_ref.path, positional, keywords, node, class_call=True

@@ -87,6 +87,25 @@ class Operand:
         return self.label
 
 
+@dataclass(eq=False)
+class Reciprocal(Operand):
+    """``1 / s`` for the divisor ``s`` (``of``) of ``x / s``, read as ``x * (1 / s)`` by a rule
+    that asks for it (``reciprocal:``). Its ``node`` is built, not parsed: it has no place in
+    the source, so it is rendered from ``of``."""
+
+    of: Operand | None = None
+
+    @classmethod
+    def of_divisor(cls, divisor: Operand) -> Reciprocal:
+        assert divisor.node is not None
+        node = ast.BinOp(left=ast.Constant(1), op=ast.Div(), right=divisor.node)
+        constant: object = NOT_CONSTANT
+        if isinstance(divisor.constant, (int, float)) and not isinstance(divisor.constant, bool):
+            if divisor.constant != 0:
+                constant = 1 / divisor.constant
+        return cls(node=node, constant=constant, of=divisor)
+
+
 @dataclass
 class ModuleRef:
     """A submodule reached from ``self``: its attribute path and how it may have been built."""

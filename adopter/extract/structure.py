@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterable
+from functools import lru_cache
 
 from .constructions import InitAnalyzer, InitContext
 from .flow import FlowBuilder
@@ -20,7 +21,7 @@ from .model import (
 )
 from .names import ImportTable
 from .project import project_for
-from .source import parse_source, read_source, split_lines
+from .source import SourceError, parse_source, read_source, split_lines
 
 # Bases that make a class a module without seeing their source.
 MODULE_BASES = ("torch.nn.Module",)
@@ -53,6 +54,8 @@ class FileAnalysis:
         self._branch = 0
         self._helpers: dict[int, str | None] = {}
         self._imported_helpers: dict[str, tuple[str, ast.FunctionDef] | None] = {}
+        # module classes of other files of the package, by the name this file imports
+        self.foreign_classes: dict[str, ClassInfo] = {}
         self.branch_labels: dict[int, BranchPoint] = {}
         self._collect(tree.body)
 
@@ -103,6 +106,28 @@ class FileAnalysis:
     def local_class(self, kind: str) -> ClassInfo | None:
         info = self.classes.get(kind)
         return info if info is not None and info.is_module else None
+
+    def module_class(self, kind: str) -> ClassInfo | None:
+        """A module class of this file, or one of another file that an annotation named
+        (``attn: Attention`` imported from ``attention_processor.py``): for its submodules and
+        method names only; its code is never inlined here (its lines are another file's)."""
+        return self.local_class(kind) or self.foreign_classes.get(kind)
+
+    def imported_module_class(self, name: str) -> ClassInfo | None:
+        """The module class a name this file imports from its package stands for, read
+        statically from that file (its ``__init__`` bindings), or ``None``."""
+        if not self.project.enabled or self.project.file is None:
+            return None
+        found = self.project.lookup(self.imports, self.project.file, name)
+        if found is None or not isinstance(found.node, ast.ClassDef):
+            return None
+        foreign = _foreign_class(str(found.module.path), found.name, found.module.digest)
+        if foreign is None:
+            return None
+        info, labels = foreign
+        self.foreign_classes[info.name] = info
+        self.branch_labels.update(labels)  # what its constructions' contexts name
+        return info
 
     def _base_names(self, node: ast.ClassDef) -> list[str]:
         return [name for base in node.bases if (name := self.imports.resolve(base)) is not None]
@@ -168,6 +193,8 @@ class FileAnalysis:
     def method(self, info: ClassInfo, name: str) -> ast.FunctionDef | None:
         if name in info.methods:
             return info.methods[name]
+        if info.path != self.path:  # another file's class: its parents are not ours
+            return None
         for parent in self.local_parents(info):
             if name in parent.methods:
                 return parent.methods[name]
@@ -179,7 +206,7 @@ class FileAnalysis:
                 return parent.methods[name]
         return None
 
-    def analyse(self) -> FileStructure:
+    def _class_infos(self) -> None:
         for name, node in self.class_nodes.items():
             self.classes[name] = ClassInfo(
                 name=name,
@@ -194,6 +221,9 @@ class FileAnalysis:
                     if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
                 },
             )
+
+    def analyse(self) -> FileStructure:
+        self._class_infos()
         done: set[str] = set()
         for info in self.classes.values():
             self._bind(info, done)
@@ -385,6 +415,10 @@ class FileAnalysis:
                 annotation = ast.Name(annotation.value)  # a quoted forward reference
             kind = self.imports.resolve(annotation) if annotation is not None else None
             owner = self.classes.get(kind or "")
+            if owner is None and isinstance(annotation, ast.Name) and not quoted:
+                foreign = self.imported_module_class(annotation.id)
+                if foreign is not None and foreign.name not in self.classes:
+                    owner = foreign
             if owner is not None and owner.is_module:
                 bound[arg.arg] = owner
             elif quoted and owner is None and arg is function.args.args[1]:
@@ -458,3 +492,32 @@ def analyse_source(
 
 def analyse_file(path: str, opaque_methods: Iterable[str] = ()) -> FileStructure:
     return analyse_source(read_source(path), path, opaque_methods)
+
+
+# Branch ids of another file's analysis start far above this file's (each foreign analysis
+# gets its own range), so the contexts of its constructions never meet a local branch.
+_FOREIGN_BRANCH_RANGE = 1_000_000
+_foreign_analyses = [0]
+
+
+@lru_cache(maxsize=64)
+def _foreign_class(
+    path: str, name: str, digest: str
+) -> tuple[ClassInfo, dict[int, BranchPoint]] | None:
+    """Class ``name`` of the package file ``path`` (its content: ``digest``), with its
+    ``__init__`` bindings, when it is a module, and the branch points its contexts name;
+    parsed, never imported."""
+    try:
+        text = read_source(path)
+        tree = parse_source(text, path)
+    except SourceError:
+        return None
+    analysis = FileAnalysis(tree, path, text=text)
+    _foreign_analyses[0] += 1
+    analysis._branch = _FOREIGN_BRANCH_RANGE * _foreign_analyses[0]
+    analysis._class_infos()
+    info = analysis.classes.get(name)
+    if info is None or not info.is_module:
+        return None
+    analysis._bind(info, set())
+    return info, analysis.branch_labels

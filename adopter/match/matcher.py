@@ -41,6 +41,7 @@ from ..extract.model import (
     Flow,
     FunctionFlow,
     Operand,
+    Reciprocal,
     Use,
     consistent,
 )
@@ -470,6 +471,8 @@ class Matcher:
             if name is None:
                 return []
             kinds = list(self._kinds_matching(name, index))
+            if name == "mul" and compiled.rule.reciprocal:  # ``x / s`` may be read as well
+                kinds.append("truediv")
         steps: dict[int, FlowStep] = {}
         for kind in kinds:
             for step in index.get(kind, ()):
@@ -531,12 +534,14 @@ class Matcher:
                 new.bindings[callee.name] = BoundModule(step.module, chosen)
                 new.constructions[callee.name] = chosen
         else:
-            matched_kind = False
+            # a plain truediv step (no alternatives): its context is empty, as for its kind
+            matched_kind = _reads_division(compiled.rule, pattern_step, step, swap)
             for kind, context in _step_kinds(step):
+                if matched_kind:
+                    break
                 if _callee_matches(callee, kind, new.bindings):
                     matched_kind = True
                     contexts.append(context)
-                    break
             if not matched_kind:
                 if self.explain:
                     self._reason = (
@@ -544,7 +549,10 @@ class Matcher:
                         f"not `{callee}`"
                     )
                 return None
-        edges = self._unify_arguments(pattern_step.args, step, new, swap)
+        divides = isinstance(callee, Var) is False and _reads_division(
+            compiled.rule, pattern_step, step, swap
+        )
+        edges = self._unify_arguments(pattern_step.args, step, new, swap, divides)
         if edges is None:
             return None
         contexts.extend(edges)
@@ -562,10 +570,11 @@ class Matcher:
         return new
 
     def _unify_arguments(
-        self, args: tuple, step: FlowStep, state: _State, swap: bool = False
+        self, args: tuple, step: FlowStep, state: _State, swap: bool = False, divides: bool = False
     ) -> list[Context] | None:
         """Unify a call's arguments; ``swap``: the operands of a commutative step only in the
-        other order (the natural order is then tried on its own, see :meth:`_pairings`)."""
+        other order (the natural order is then tried on its own, see :meth:`_pairings`);
+        ``divides``: ``x / s`` read as ``mul(x, $s)``, the divisor as its reciprocal."""
         edges: list[Context] = []
         has_rest = any(isinstance(a, Rest) for a in args)
         positional_patterns = [a for a in args if isinstance(a, Positional)]
@@ -584,6 +593,8 @@ class Matcher:
             orders = [list(reversed(step.positional))] if swap else [step.positional]
         elif swap:
             return None
+        if divides:
+            orders = [[step.positional[0], Reciprocal.of_divisor(step.positional[1])]]
         for operands in orders:
             order = int(swap)
             trial = state.copy()
@@ -790,6 +801,8 @@ class Matcher:
         if rule.site == "init":
             variable = _first_module_var(compiled)
             construction = state.constructions.get(variable) if variable else None
+            if construction is not None and construction.path != flow.path:
+                construction = None  # built in another file: the site stays in this one
             anchor_line = construction.line if construction else first.line
             anchor_column = construction.column if construction else first.column
             method = construction.method if construction else first.method
@@ -1016,6 +1029,23 @@ def _first_module_var(compiled: CompiledRule) -> str | None:
 
 def _signature_names(step: FlowStep) -> list[str]:
     return parameter_names(step.kind)[0]
+
+
+def _reads_division(rule: Rule, pattern_step: Step, step: FlowStep, swap: bool) -> bool:
+    """Whether ``step`` is ``x / s`` that ``pattern_step``, ``mul(x, $s)`` with ``$s`` one of
+    the rule's ``reciprocal`` variables, reads as ``x * (1 / s)``: the two are one value up to
+    rounding (which verify measures), and the kernel is handed ``1 / s``."""
+    if swap or step.kind != "truediv" or len(step.positional) != 2 or step.arguments:
+        return False
+    if _callee_name(pattern_step.callee) != "mul" or step.positional[1].node is None:
+        return False
+    positional = [a for a in pattern_step.args if isinstance(a, Positional)]
+    return (
+        len(positional) == 2
+        and len(pattern_step.args) == 2
+        and isinstance(positional[1].value, Var)
+        and positional[1].value.name in rule.reciprocal
+    )
 
 
 def _step_kinds(step: FlowStep) -> Iterator[tuple[str, Context]]:

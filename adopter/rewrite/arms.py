@@ -32,6 +32,7 @@ from .checks import (
     check_simple_statement,
     input_names,
     require,
+    spelling_names,
     step_expression,
 )
 from .render import tuple_assignment
@@ -104,12 +105,15 @@ def plan_tuple_across_arms(
         call_text = planner.render.call(
             new_step, match, plan, pattern[final_index], match.steps[final_index]
         )
+        call_text = planner.identity_guarded(match, plan, call_text, targets, producer_of)
         in_arm = [s for s in statements if not any(s is m for m in shared)]
         arm = next(i for i, body in enumerate(bodies) if any(in_arm[0] is s for s in body))
         body = bodies[arm]
         ordered = sorted(in_arm, key=lambda s: blocks.block_of(s)[1])  # type: ignore[arg-type]
         span = [body[0], *(s for s in ordered if s is not body[0])]
-        require(check_inputs_kept(blocks, span, inputs))  # type: ignore[arg-type]
+        # every spelling of an input (read by the identity test at the arm's start) stays too
+        kept = inputs | spelling_names(site)
+        require(check_inputs_kept(blocks, span, kept))  # type: ignore[arg-type]
         steps = [match.steps[producer_of[target]] for target in targets]
         plain = all(
             is_plain_assignment(step.statement, step_expression(step))  # type: ignore[arg-type]
@@ -117,7 +121,7 @@ def plan_tuple_across_arms(
         )
         if plain:
             names = [planner.source.segment(s.targets[0]) for s in statements]  # type: ignore[union-attr]
-            require(check_between_untouched(blocks, span, set(names) | inputs))  # type: ignore[arg-type]
+            require(check_between_untouched(blocks, span, set(names) | kept))  # type: ignore[arg-type]
             # one statement binds all results: the first copy's line, with its comment
             spread.fused[arm] = [ArmStart(tuple_assignment(names, call_text), copy_of=shared[0])]
             plan.delete_statements.extend(ordered)  # type: ignore[arg-type]

@@ -191,13 +191,11 @@ def check_no_extra_arguments(site: Site, rest: list[str]) -> Refusal | None:
     return None
 
 
-@check
-def check_one_spelling(site: Site) -> Refusal | None:
-    """A value the kernel reads once must be one expression in the code: projections of
-    ``hidden_states`` and of ``current_states`` (``kv if cross else hidden_states``), or of
-    three parameters a caller fills with one tensor, are one input on some paths only."""
+def operand_spellings(site: Site) -> dict[str, list[Operand]]:
+    """Each matched input variable's operands, one per distinct spelling, in match order
+    (``hidden_states`` and ``current_states`` for ``kv if cross else hidden_states``)."""
     pattern = site.rule.forward.steps  # type: ignore[union-attr]
-    texts: dict[str, list[str]] = {}
+    spellings: dict[str, list[Operand]] = {}
     for pattern_step, step in zip(pattern, site.steps, strict=True):
         positional = [a for a in pattern_step.args if isinstance(a, Positional)]
         for position, arg in enumerate(positional):
@@ -209,16 +207,68 @@ def check_one_spelling(site: Site) -> Refusal | None:
             if step.id in site.swapped:
                 operands = list(reversed(operands))
             operand = operands[position]
-            spelled = texts.setdefault(arg.value.name, [])
-            if operand.node is not None and operand.text not in spelled:
-                spelled.append(operand.text)
-    for name, spellings in texts.items():
-        if len(spellings) > 1:
-            shown = ", ".join(f"`{text}`" for text in spellings)
+            spelled = spellings.setdefault(arg.value.name, [])
+            if operand.node is not None and all(o.text != operand.text for o in spelled):
+                spelled.append(operand)
+    return spellings
+
+
+def _several_spellings(site: Site) -> dict[str, list[Operand]]:
+    return {name: ops for name, ops in operand_spellings(site).items() if len(ops) > 1}
+
+
+@check
+def check_one_spelling(site: Site) -> Refusal | None:
+    """A value the kernel reads once must be one expression in the code: projections of
+    ``hidden_states`` and of ``current_states`` (``kv if cross else hidden_states``), or of
+    three parameters a caller fills with one tensor, are one input on some paths only."""
+    for name, spellings in _several_spellings(site).items():
+        shown = ", ".join(f"`{operand.text}`" for operand in spellings)
+        return Refusal(f"${name} is read as {shown}: one tensor on some paths only; not rewritten")
+    return None
+
+
+@check
+def check_spellings_guardable(site: Site, targets: list[str], steps: int) -> Refusal | None:
+    """An input spelled several ways (one tensor on some paths only) is fused only behind a
+    run-time identity test (:func:`identity_guard`), with the original calls in the other arm
+    of a conditional expression: so every spelling is a plain name (testing it runs nothing)
+    and every matched computation is one of the kernel's results (the other arm recomputes
+    exactly them)."""
+    for name, spellings in _several_spellings(site).items():
+        shown = ", ".join(f"`{operand.text}`" for operand in spellings)
+        if not all(isinstance(operand.node, ast.Name) for operand in spellings):
             return Refusal(
-                f"${name} is read as {shown}: one tensor on some paths only; not rewritten"
+                f"${name} is read as {shown}: one tensor on some paths only, and not every "
+                "spelling is a plain name to test; not rewritten"
+            )
+        if len(targets) < 2 or len(targets) != steps:
+            return Refusal(
+                f"${name} is read as {shown}: one tensor on some paths only, and the kernel's "
+                "results are not all the matched values; not rewritten"
             )
     return None
+
+
+def identity_guard(site: Site) -> str | None:
+    """``current_states is hidden_states`` (``and`` for more): true exactly on the paths where
+    the spellings of each input are one tensor; ``None`` when every input has one spelling."""
+    tests = [
+        f"{operand.text} is {spellings[0].text}"
+        for spellings in _several_spellings(site).values()
+        for operand in spellings[1:]
+    ]
+    return " and ".join(tests) or None
+
+
+def spelling_names(site: Site) -> set[str]:
+    """The names read by every spelling of the matched inputs (:func:`input_names` reads the
+    bound, first one only)."""
+    names: set[str] = set()
+    for spellings in operand_spellings(site).values():
+        for operand in spellings:
+            names |= read_names(operand.node)  # type: ignore[arg-type]
+    return names
 
 
 @check
@@ -272,10 +322,15 @@ def check_read_before_changed(site: Site, steps: list[FlowStep]) -> Refusal | No
 
 # -- __init__ constructions -------------------------------------------------------------------
 @check
-def check_construction_site(construction: Construction | None) -> Refusal | None:
-    """The matched construction is a call of this file, with its source."""
+def check_construction_site(construction: Construction | None, path: str) -> Refusal | None:
+    """The matched construction is a call of this file (``path``), with its source."""
     if construction is None or construction.node is None or construction.function is None:
         return Refusal("the matched construction has no source location")
+    if construction.path != path:
+        return Refusal(
+            f"the module is built in another file ({construction.path}:{construction.line}); "
+            "not rewritten"
+        )
     call = construction.node
     if not isinstance(call, ast.Call):
         return Refusal("the matched construction is not a call")
@@ -659,6 +714,99 @@ def check_inputs_kept(blocks: Blocks, ordered: list[ast.stmt], inputs: set[str])
         if (assigned_names(statement) | mutated_names(statement)) & inputs:
             return Refusal(f"line {statement.lineno} changes an input of the fused call")
     return None
+
+
+@check
+def check_inputs_kept_until_read(
+    blocks: Blocks, ordered: list[ast.stmt], reads: dict[int, set[str]]
+) -> Refusal | None:
+    """The kernel runs before the first of ``ordered`` and reads every input there; each
+    statement of ``ordered`` read its own (``reads``, by statement id) when it ran. So nothing
+    from the first to the last may change an input a later one reads, and none may change its
+    own in place (a plain assignment binds its target only after its value is computed:
+    ``query = self.q_proj(query).view(s)`` then ``key = self.k_proj(key)`` is fine)."""
+    first, last = ordered[0], ordered[-1]
+    span = [first, *blocks.between(first, last), last] if first is not last else [first]
+    for index, statement in enumerate(span):
+        later: set[str] = set()
+        for after in span[index + 1 :]:
+            later |= reads.get(id(after), set())
+        changed = assigned_names(statement) | mutated_names(statement)
+        own = reads.get(id(statement), set())
+        plain = isinstance(statement, (ast.Assign, ast.AnnAssign)) and not any(
+            isinstance(node, ast.NamedExpr) for node in ast.walk(statement)
+        )
+        if changed & later or (mutated_names(statement) if plain else changed) & own:
+            return Refusal(f"line {statement.lineno} changes an input of the fused call")
+    return None
+
+
+@check
+def check_sinkable_past(
+    statement: ast.stmt, between: list[ast.stmt], moving: list[ast.stmt]
+) -> Refusal | None:
+    """A statement moved down to the fused call (past ``between``) is one simple line, and
+    changes places only with statements it does not depend on, nor they on it (the others
+    ``moving`` keep their order)."""
+    if statement.lineno != statement.end_lineno or not isinstance(
+        statement, (ast.Assign, ast.AnnAssign)
+    ):
+        return Refusal(f"line {statement.lineno} would move, and is not one simple line")
+    for other in between:
+        if any(other is m for m in moving):
+            continue
+        if _depends(other, statement) or not _plain_call_free(other):
+            return Refusal(f"line {other.lineno} depends on the statement to be moved")
+    return None
+
+
+def _plain_call_free(statement: ast.stmt) -> bool:
+    """A statement whose calls cannot see the moved one run: only ``isinstance``, ``len`` and
+    ``getattr`` of names (the rest may read state a projection changed, e.g. hooks)."""
+    for node in ast.walk(statement):
+        if isinstance(node, ast.Call) and not (
+            isinstance(node.func, ast.Name) and node.func.id in ("isinstance", "len", "getattr")
+        ):
+            return False
+    return True
+
+
+@check
+def check_one_result_each(moved: list[ast.stmt], steps: list[FlowStep]) -> Refusal | None:
+    """A statement moved down to the fused call holds one of the kernel's results."""
+    for statement in moved:
+        holding = [step for step in steps if step.statement is statement]
+        if len(holding) != 1:
+            return Refusal(f"line {statement.lineno} would move, and holds several projections")
+    return None
+
+
+@check
+def check_moved_keeps_inputs(statement: ast.stmt, own: set[str], later: set[str]) -> Refusal | None:
+    """A statement moved to just after the fused call changes no input a later projection
+    reads, nor its own in place."""
+    changed = assigned_names(statement) | mutated_names(statement)
+    if changed & later or mutated_names(statement) & own:
+        return Refusal(f"line {statement.lineno} changes an input of the fused call")
+    return None
+
+
+def step_input_names(site: Site, index: int) -> set[str]:
+    """The names matched step ``index`` reads through its input variables (``$x``)."""
+    pattern_step = site.rule.forward.steps[index]  # type: ignore[union-attr]
+    step = site.steps[index]
+    operands = step.positional
+    if step.id in site.swapped:
+        operands = list(reversed(operands))
+    names: set[str] = set()
+    positional = [a for a in pattern_step.args if isinstance(a, Positional)]
+    for position, arg in enumerate(positional):
+        if position >= len(operands) or not isinstance(arg.value, Var):
+            continue
+        if isinstance(site.bindings.get(arg.value.name), Operand):
+            node = operands[position].node
+            names |= read_names(node) if node is not None else set()
+    return names
 
 
 @check
@@ -1190,6 +1338,7 @@ def check_edit(
             return Refusal(f"lines {start}-{end}: the edit does not call {name} as planned")
     removed: dict[str, int] = {}
     kept: dict[str, int] = {}  # moved or copied into other arms: no more often than before
+    allowed: dict[str, int] = {}
     for plan in done:
         gone: list[ast.AST] = [*plan.delete_statements, *(s for s, _ in plan.replace_statements)]
         gone += [node for node, _ in plan.replace_expressions]
@@ -1201,6 +1350,8 @@ def check_edit(
             gone = [g for g in gone if not any(g is m for m in moved)]
         for node in gone:
             removed[ast.dump(node)] = removed.get(ast.dump(node), 0) + 1
+        for node in plan.fallback:  # the original arm of an identity-guarded kernel call
+            allowed[ast.dump(node)] = allowed.get(ast.dump(node), 0) + 1
         for node in moved:
             kept.setdefault(ast.dump(node), 0)
         if plan.spread is not None:
@@ -1212,7 +1363,7 @@ def check_edit(
     before = _dump_counts(old, set(removed) | set(kept))
     after = _dump_counts(new, set(removed) | set(kept))
     for dumped, count in removed.items():
-        if after[dumped] > before[dumped] - count:
+        if after[dumped] > before[dumped] - count + allowed.get(dumped, 0):
             return Refusal(f"lines {start}-{end}: the edit keeps a computation the kernel replaces")
     for dumped, extra in kept.items():
         if after[dumped] > before[dumped] + extra:

@@ -49,16 +49,18 @@ from .checks import (
     check_fresh_name,
     check_in_function,
     check_in_statements,
-    check_inputs_kept,
+    check_inputs_kept_until_read,
     check_last_elements,
     check_last_of_arm,
     check_moved_calls,
+    check_moved_keeps_inputs,
     check_nested_removed,
     check_no_elif,
     check_no_extra_arguments,
     check_one_block,
     check_one_branch,
     check_one_chain,
+    check_one_result_each,
     check_one_spelling,
     check_outputs_of_pattern,
     check_rest_outside,
@@ -68,12 +70,17 @@ from .checks import (
     check_simple_statement,
     check_single_step,
     check_sinkable,
+    check_sinkable_past,
+    check_spellings_guardable,
     check_statement_holds,
     check_steps_line_up,
     check_unpacked_reads,
+    identity_guard,
     input_names,
     require,
+    spelling_names,
     step_expression,
+    step_input_names,
 )
 from .guarded import plan_guarded
 from .render import (
@@ -83,6 +90,7 @@ from .render import (
     assignment_head,
     element_call,
     elements_called,
+    moved_with_name,
     statement_with_comment,
     tuple_assignment,
 )
@@ -125,6 +133,8 @@ class Plan:
     sunk: list[str] = field(default_factory=list)
     # statements copied into every arm of an ``if``/``elif`` chain, fused in some (arms.py)
     spread: Spread | None = None
+    # computations written again, once each, as the original arm of an identity-guarded call
+    fallback: list[ast.expr] = field(default_factory=list)
     sequential: SequentialPiece | None = None
     # a match that starts inside an nn.Sequential call: (call, first matched element, the
     # text of the elements before it called one by one), so pieces before it can merge in
@@ -203,7 +213,7 @@ class Planner:
         assert site.rule.init is not None
         variable = next((t.name for t in new_step.targets), None)
         construction = site.constructions.get(variable or "")
-        require(check_construction_site(construction))
+        require(check_construction_site(construction, site.path))
         assert construction is not None and construction.function is not None
         call = construction.node
         assert isinstance(call, ast.Call)
@@ -228,7 +238,9 @@ class Planner:
         if len(functions) != 1 or len({step.inline_chain for step in steps}) != 1:
             return plan_across_call(self, site, replacement)
         require(check_in_function(steps))
-        require(check_one_spelling(site))
+        guard = identity_guard(site)
+        if guard is None or len(replacement) != 1 or any(step.synthetic for step in steps):
+            require(check_one_spelling(site))
         plan = Plan(site=site, function=steps[0].function)  # type: ignore[arg-type]
         if any(step.synthetic for step in steps):
             return self.plan_sequential(site, replacement, plan)
@@ -243,9 +255,33 @@ class Planner:
         require(check_dropped_arguments(self.source, site, pattern, new_step, final_index))
         call_text = self.render.call(new_step, site, plan, pattern[final_index], steps[final_index])
         require(check_in_statements(steps))
+        if guard is not None:
+            require(check_spellings_guardable(site, targets, len(pattern)))
+            call_text = self.identity_guarded(site, plan, call_text, targets, producer_of)
         if len(targets) > 1:
             return self.plan_tuple(site, plan, call_text, targets, producer_of)
         return self.fuse_statements(plan, site, steps, final_index, call_text)
+
+    def identity_guarded(
+        self,
+        site: Site,
+        plan: Plan,
+        call_text: str,
+        targets: list[str],
+        producer_of: dict[str, int],
+    ) -> str:
+        """``call_text`` where every input of ``site`` has one spelling; with an input that is
+        one tensor on some paths only (checked by check_spellings_guardable), the kernel where
+        the spellings are one object and the original computations, in the results' order,
+        everywhere else."""
+        guard = identity_guard(site)
+        if guard is None:
+            return call_text
+        nodes = [step_expression(site.steps[producer_of[t]]) for t in targets]
+        plan.fallback.extend(nodes)
+        original = [self.source.segment(node) for node in nodes]
+        # on lines of their own, as a formatter would split it
+        return f"(\n    {call_text}\n    if {guard}\n    else ({', '.join(original)})\n)"
 
     def fuse_statements(
         self,
@@ -419,7 +455,8 @@ class Planner:
         if check_one_block(statements, blocks, "assignments") is not None:
             return plan_tuple_across_arms(self, site, plan, targets, producer_of)
         ordered = sorted(statements, key=lambda s: blocks.block_of(s)[1])
-        require(check_between_untouched(blocks, ordered, set(names) | input_names(site)))
+        watched = set(names) | input_names(site) | spelling_names(site)
+        require(check_between_untouched(blocks, ordered, watched))
         text = tuple_assignment(names, call_text)
         plan.replace_statements.append((ordered[0], text))
         plan.delete_statements.extend(ordered[1:])
@@ -449,22 +486,58 @@ class Planner:
         if check_one_block(statements, blocks, "computations") is not None:
             return plan_tuple_across_arms(self, site, plan, targets, producer_of)
         ordered = sorted(statements, key=lambda s: blocks.block_of(s)[1])
-        require(check_inputs_kept(blocks, ordered, input_names(site)))
+        reads: dict[int, set[str]] = {}
+        for target in targets:
+            statement = site.steps[producer_of[target]].statement
+            names = step_input_names(site, producer_of[target])
+            reads[id(statement)] = reads.get(id(statement), set()) | names
+        kept = check_inputs_kept_until_read(blocks, ordered, reads)
+        moved = self.sunk_to_inputs(blocks, ordered, reads) if kept is not None else []
+        require(kept if moved is None else None)
+        moved = moved or []
+        anchor = ordered[len(moved)]
         taken = names_in(plan.function)
         names: list[str] = []
         for target in targets:
             name = target if target not in taken else f"fused_{target}"
             require(check_fresh_name(name, taken | set(names), "function"))
             names.append(name)
-        plan.insert_before.append((ordered[0], tuple_assignment(names, call_text) + "\n"))
+        plan.insert_before.append((anchor, tuple_assignment(names, call_text) + "\n"))
+        require(check_one_result_each(moved, steps))
+        for statement in moved:  # moved down to the fused call, in their order, reading results
+            step, name = next((t, n) for t, n in zip(steps, names) if t.statement is statement)
+            text = moved_with_name(self.source, statement, step_expression(step), name)
+            plan.insert_before.append((anchor, text + "\n"))
+            plan.delete_statements.append(statement)
         for step, name in zip(steps, names, strict=True):
-            node = step_expression(step)
-            plan.replace_expressions.append((node, name))
-            plan.touched.append(node)
-        plan.touched.append(ordered[0])
+            if not any(step.statement is m for m in moved):
+                node = step_expression(step)
+                plan.replace_expressions.append((node, name))
+                plan.touched.append(node)
+        plan.touched.extend([*moved, anchor])
         plan.statements.extend(ordered)
         plan.summary = f"{', '.join(names)} = {call_text}, read by {len(steps)} computations"
         return plan
+
+    def sunk_to_inputs(
+        self, blocks: Blocks, ordered: list[ast.stmt], reads: dict[int, set[str]]
+    ) -> list[ast.stmt] | None:
+        """The first statements of ``ordered`` to move down to the first one from which every
+        input is kept (``query = q_proj(hidden_states)...`` past ``current_states = kv if cross
+        else hidden_states``, which the keys read); ``None`` when no such statement exists,
+        refused when they may not move."""
+        for count in range(1, len(ordered)):
+            rest = ordered[count:]
+            if check_inputs_kept_until_read(blocks, rest, reads) is not None:
+                continue
+            early = ordered[:count]
+            later = set().union(*(reads.get(id(s), set()) for s in rest))
+            for statement in early:  # refused with the reason the move is not allowed
+                between = list(blocks.between(statement, rest[0]))
+                require(check_sinkable_past(statement, between, early))
+                require(check_moved_keeps_inputs(statement, reads.get(id(statement), set()), later))
+            return early
+        return None
 
     # -- nn.Sequential -----------------------------------------------------------------------
     def plan_sequential(self, site: Site, replacement: tuple[PatternStep, ...], plan: Plan) -> Plan:

@@ -25,7 +25,7 @@ from ..dsl.syntax import (
     Var,
 )
 from ..dsl.syntax import Step as PatternStep
-from ..extract.model import Construction, Operand
+from ..extract.model import Construction, Operand, Reciprocal
 from ..extract.model import Step as FlowStep
 from ..extract.names import DROPOUT_FUNCTION
 from ..match.matcher import BoundModule, Site
@@ -131,6 +131,16 @@ def statement_with_comment(source: SourceText, statement: ast.stmt) -> str:
     text = source.segment(statement)
     rest = source.lines[statement.end_lineno - 1].encode("utf-8")  # type: ignore[operator]
     comment = rest[statement.end_col_offset :].decode("utf-8").strip()  # type: ignore[misc]
+    return f"{text}  {comment}" if comment.startswith("#") else text
+
+
+def moved_with_name(source: SourceText, statement: ast.stmt, node: ast.expr, name: str) -> str:
+    """A one-line ``statement``'s text, with its comment, where ``node`` reads ``name``."""
+    line = source.lines[statement.lineno - 1].encode("utf-8")
+    before = line[statement.col_offset : node.col_offset].decode("utf-8")  # type: ignore[misc]
+    after = line[node.end_col_offset : statement.end_col_offset].decode("utf-8")  # type: ignore[misc]
+    comment = line[statement.end_col_offset :].decode("utf-8").strip()  # type: ignore[misc]
+    text = f"{before}{name}{after}"
     return f"{text}  {comment}" if comment.startswith("#") else text
 
 
@@ -299,13 +309,22 @@ class Renderer:
     def operand(self, name: str, bound: Operand, site: Site) -> str:
         """A matched input's own text; one with a call moves with it (see ``moved_calls``)."""
         require(check_operand_has_text(name, bound))
-        assert bound.node is not None
-        text = self.source.segment(bound.node)
-        if has_call(bound.node):
-            owner = next((s for s in site.steps if any(op is bound for op in s.operands())), None)
+        written = bound.of if isinstance(bound, Reciprocal) else bound  # what the source holds
+        assert written is not None and written.node is not None
+        text = self.source.segment(written.node)
+        if has_call(written.node):
+            owner = next((s for s in site.steps if any(op is written for op in s.operands())), None)
             require(check_evaluated_in_place(name, text, owner))
             self.moved_calls.append(owner.statement)  # type: ignore[union-attr,arg-type]
-        return text if "\n" not in text and "\r" not in text else f"({text})"
+        atom = isinstance(
+            written.node, (ast.Name, ast.Attribute, ast.Call, ast.Constant, ast.Subscript)
+        )
+        if "\n" in text or "\r" in text:
+            text, atom = f"({text})", True
+        if isinstance(bound, Reciprocal):
+            # ``x / s`` read as ``x * (1 / s)``: the divisor, bracketed unless it is one atom
+            return f"1 / {text}" if atom else f"1 / ({text})"
+        return text
 
     def functional_dropout(self, call: ast.Call) -> str:
         """``F.dropout(x, p=0.1, training=self.training)`` handed to a kernel that takes a drop

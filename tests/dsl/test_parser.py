@@ -236,3 +236,26 @@ def test_scope_errors(text, fragment):
     with pytest.raises(DslError) as caught:
         parse_rules(text, "bad.adopt")
     assert fragment in str(caught.value)
+
+
+def test_reciprocal_names_a_variable_a_mul_step_multiplies_by():
+    (rule,) = parse_rules(
+        """
+        rule demo.4 {
+            reciprocal: "$scaling"
+            forward { mul($scores, $scaling) -> $s } => { pkg.k($scores, $scaling) -> $s }
+        }
+        """
+    )
+    assert rule.reciprocal == ("scaling",)
+    with pytest.raises(DslError) as caught:
+        parse_rules(
+            """
+            rule demo.5 {
+                reciprocal: "$scores"
+                forward { mul($scores, $scaling) -> $s } => { pkg.k($scores, $scaling) -> $s }
+            }
+            """,
+            "bad.adopt",
+        )
+    assert "reciprocal $scores is no mul step's second operand" in str(caught.value)

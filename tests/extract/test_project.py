@@ -111,3 +111,71 @@ def test_without_the_package_the_names_stay_unknown(tmp_path):
     matcher = Matcher(load_rule_set("paper"))
     structure = analyse_file(str(alone), matcher.opaque_methods)
     assert matcher.match_file(structure) == []
+
+
+PROCESSOR_FILES = {
+    "pkg/__init__.py": "",
+    "pkg/attention_processor.py": """
+        from torch import nn
+
+        class Attention(nn.Module):
+            def __init__(self, dim, heads=2):
+                super().__init__()
+                self.heads = heads
+                self.to_q = nn.Linear(dim, dim)
+                self.to_k = nn.Linear(dim, dim)
+                self.to_v = nn.Linear(dim, dim)
+
+            def head_to_batch_dim(self, x):
+                return x.view(x.shape[0], -1, self.heads, x.shape[-1] // self.heads)
+
+        class Helper:
+            def __init__(self):
+                self.to_q = nn.Linear(4, 4)
+        """,
+    "pkg/transformer.py": """
+        from torch import nn
+        from .attention_processor import Attention, Helper
+
+
+        class DoubleStreamProcessor:
+            def __call__(self, attn: Attention, hidden_states):
+                query = attn.to_q(hidden_states).unflatten(-1, (attn.heads, -1))
+                key = attn.to_k(hidden_states).unflatten(-1, (attn.heads, -1))
+                value = attn.to_v(hidden_states).unflatten(-1, (attn.heads, -1))
+                return query, key, value
+
+
+        class HeadsByMethodProcessor:
+            def __call__(self, attn: Attention, hidden_states):
+                query = attn.head_to_batch_dim(attn.to_q(hidden_states))
+                key = attn.head_to_batch_dim(attn.to_k(hidden_states))
+                value = attn.head_to_batch_dim(attn.to_v(hidden_states))
+                return query, key, value
+
+
+        class NotAModuleProcessor:
+            def __call__(self, attn: Helper, hidden_states):
+                query = attn.to_q(hidden_states).unflatten(-1, (2, -1))
+                return query
+        """,
+}
+
+
+def test_a_processor_reads_the_attention_class_of_another_file(tmp_path):
+    """``attn: Attention`` imported from ``attention_processor.py``: its submodules are read
+    from that file (never imported), the sites stay in the processor's file, and the other
+    file's methods are not inlined here (their lines are that file's)."""
+    for name, text in PROCESSOR_FILES.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text), encoding="utf-8")
+    transformer = tmp_path / "pkg" / "transformer.py"
+    result = scan_paths([transformer], load_rule_set("paper"), jobs=1)
+    found = [(s.rule.id, Path(s.path).name, s.line, s.cls) for s in result.sites]
+    # the heads split by a method of the other file is not seen as a split (not inlined);
+    # a plain class of the other file binds nothing
+    assert found == [("paper.9", "transformer.py", 8, "DoubleStreamProcessor")]
+    alone = tmp_path / "alone.py"
+    alone.write_text(transformer.read_text(encoding="utf-8"), encoding="utf-8")
+    assert scan_paths([alone], load_rule_set("paper"), jobs=1).sites == []

@@ -96,7 +96,7 @@ def test_processor_reaches_the_attention_module_it_is_given():
     assert any(step.method == "get_attention_scores" for step in flow.steps)
 
 
-def test_one_tensor_under_several_names_is_a_site_apply_skips():
+def test_one_tensor_under_several_names_is_a_site_fused_behind_an_identity_test():
     # one input only where the caller passes the same tensor three times
     source = """
 import torch
@@ -123,9 +123,13 @@ class Layer(nn.Module):
     from adopter.rules import load_rule_set
 
     result = rewrite_text(source, "model.py", Matcher(load_rule_set("paper")))
-    (skipped,) = [r for r in result.results if r.site.rule.id == "paper.9"]
-    assert skipped.status == "skipped"
-    assert "`q`, `k`, `v`: one tensor on some paths only" in skipped.reason
+    (patched,) = [r for r in result.results if r.site.rule.id == "paper.9"]
+    assert patched.status == "patched"
+    # the kernel only where the caller passed one tensor; the original projections elsewhere
+    assert "qkv_projection(q, self.q, self.k, self.v)\n            if k is q and v is q\n" in (
+        result.patched
+    )
+    assert "else (self.q(q), self.k(k), self.v(v))" in result.patched
 
 
 def test_self_attention_path_of_shared_attention_code_is_a_site():

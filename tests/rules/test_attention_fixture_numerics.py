@@ -111,6 +111,9 @@ def test_a_patched_case_computes_what_the_original_computes(stem, title, origina
     assert expected and len(got) == len(expected)
     # with dropout active on a CPU the kernels run the original and its draws: bit for bit
     dropout = train and "Processor" not in title and "processor" not in title
+    # scores divided by s are handed over as scale=1 / s: the replay multiplies by the rounded
+    # reciprocal, so it matches to rounding (assert_close), not bit for bit
+    dropout = dropout and "1 / " not in patched
     for ours, theirs in zip(got, expected, strict=True):
         assert_close(ours, theirs)
         assert not dropout or torch.equal(ours, theirs), title
