@@ -201,6 +201,7 @@ def run_library_job(job: WorkerJob, writer: Any) -> None:
     """Verify one patched library file (``job.library`` names the adapter)."""
     from .coverage import SiteRecorder
 
+    began = time.monotonic()  # the candidate search spends from the same budget as checks
     adapter = adapter_for(job.library)
     sites = [PatchedSite.from_json(site) for site in job.sites]
     writer.data["sites"] = [site.to_json() for site in sites]
@@ -214,7 +215,7 @@ def run_library_job(job: WorkerJob, writer: Any) -> None:
     if not candidates:
         writer.error(f"no {job.library} model is known to use {job.module_name}")
         return
-    checked = _check_candidates(candidates, sites, sides, recorder, job, writer)
+    checked = _check_candidates(candidates, sites, sides, recorder, job, writer, began)
     if checked == 0:
         writer.error(
             f"none of the {len(candidates)} {job.library} model(s) that may use the file "
@@ -231,10 +232,11 @@ def _check_candidates(
     recorder: Any,
     job: WorkerJob,
     writer: Any,
+    began: float,
 ) -> int:
     """Compare the candidate models in turn until every site ran in a matching comparison, the
-    time budget is spent or :data:`MAX_MODELS` were checked; the number checked."""
-    began = time.monotonic()
+    time budget (counted from ``began``, when the worker started on the file) is spent or
+    :data:`MAX_MODELS` were checked; the number checked."""
     budget = float(job.options.timeout) * 0.8
     matched: set[str] = set()
     checked = 0
