@@ -23,7 +23,7 @@ from ..models.common import cast_inputs
 from ..models.registry import adapter_for
 from .job import WorkerJob
 from .prove import ModeRun, with_backends
-from .results import NOT_CHECKABLE, REFUTED, ClassVerification
+from .results import NOT_CHECKABLE, REFUTED, VERIFIED, ClassVerification
 from .sites import PatchedSite
 
 __all__ = ["run_library_job"]
@@ -278,8 +278,11 @@ def _check_one(
         sides.flags = flags
         verdict = _checked(candidate, entry, sides, recorder, job, writer)
         flips = attribute_flips(remaining)
-        if flips and not flags and verdict.runs and entry == "forward":
-            runs.append((entry, flips))  # the model runs the file: now where guards lead
+        agreed = bool(verdict.runs) or verdict.status == VERIFIED
+        if flips and not flags and agreed and entry == "forward":
+            # The model builds the file's classes and agreed, though its guards may have kept
+            # every site from running (``fused_attn`` on by default): now where they lead.
+            runs.append((entry, flips))
         verdict.reason = f"{verdict.reason}; {'; '.join(x for x in (candidate.reason, why) if x)}"
         writer.add(verdict.to_json())
         for mode, counts in verdict.runs.items():
