@@ -35,6 +35,7 @@ from .base import (
     entry_point,
     library_objects,
 )
+from .surveys import SurveyStore, covering_order, survey_in_order
 
 __all__ = ["DiffusersAdapter", "small_config"]
 
@@ -43,6 +44,10 @@ SAMPLE = 16
 TOKENS = 8
 WIDTH = 32
 MAX_CANDIDATES = 30
+SURVEY_BUDGET = 45.0
+"""Seconds of fresh meta-device builds one file's candidate search may spend."""
+CHOICES_PER_CLASS = 3
+"""Surveyed classes that build a patched class before the search for it stops."""
 
 _DEPTH = re.compile(r"^(num_(\w+_)?layers|layers_per_block|num_(\w+_)?blocks|depth)$")
 _HEADS = re.compile(r"^(num_(\w+_)?attention_heads|num_heads|heads)$")
@@ -104,6 +109,19 @@ def _mentions(text: str, names: set[str]) -> bool:
     return any(re.search(rf"\b{re.escape(name)}\b", text) for name in names)
 
 
+def _module_text(module_name: str) -> str:
+    """The source text of an installed module, read without importing it ("" if none)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        return ""
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return ""
+    return Path(spec.origin).read_text(encoding="utf-8")
+
+
 class DiffusersAdapter:
     """The :class:`~adopter.models.base.ModelAdapter` of diffusers."""
 
@@ -147,6 +165,40 @@ class DiffusersAdapter:
         return [f"{module_name}:{name}" for name, _ in found]
 
     def candidates(self, module_name: str, names: set[str]) -> list[ModelCandidate]:
+        """The model classes to check ``module_name``'s ``names`` through: a small covering set
+        of those that a meta-device build at the small configuration shows building the file's
+        patched classes (attention processors included), then the others that build them,
+        smallest first; classes that could not be surveyed after those. The text of
+        ``diffusers.models`` says which classes may (:meth:`_ranked`)."""
+        ranked = self._ranked(module_name, names)
+        needed = names & set(re.findall(r"^class\s+(\w+)", _module_text(module_name), re.M))
+        if not needed:
+            return [ModelCandidate(m, why) for m, why in ranked[:MAX_CANDIDATES]]
+        builds, sizes, blind = survey_in_order(
+            [m for m, _ in ranked],
+            self._meta_look,
+            self._store(),
+            module_name,
+            needed,
+            budget=SURVEY_BUDGET,
+            choices=CHOICES_PER_CLASS,
+            max_parameters=MAX_SMALL_PARAMETERS,
+        )
+        reasons = dict(ranked)
+        chosen = [
+            ModelCandidate(
+                model,
+                f"builds {', '.join(sorted(builds[model] & needed))} ({sizes[model]:,} "
+                f"parameters on the meta device); {reasons[model]}",
+            )
+            for model in covering_order(builds, sizes, needed)
+        ]
+        chosen += [ModelCandidate(m, f"could not be surveyed; {reasons[m]}") for m in blind]
+        return chosen[:MAX_CANDIDATES]
+
+    def _ranked(self, module_name: str, names: set[str]) -> list[tuple[str, str]]:
+        """Model classes that may build ``names``, with why: those the file defines, then those
+        of modules naming them, then of modules reaching them through a helper."""
         texts = self._texts()
         chosen: dict[str, str] = {}
         own = texts.get(module_name)
@@ -168,19 +220,51 @@ class DiffusersAdapter:
             for module in sorted(modules):
                 for model in self._model_classes(module, texts[module]):
                     chosen.setdefault(model, f"its module {why} {', '.join(sorted(names))[:80]}")
-        return [ModelCandidate(m, why) for m, why in list(chosen.items())[:MAX_CANDIDATES]]
+        return list(chosen.items())
+
+    @functools.cache  # noqa: B019 - one adapter per process
+    def _store(self) -> SurveyStore:
+        import diffusers
+
+        return SurveyStore("diffusers", diffusers.__version__)
 
     def survey(self, name: str, module_name: str) -> ModelSurvey | None:
+        found = self._meta_look(name)
+        if found is None:
+            return None
+        by_module, parameters = found
+        return ModelSurvey(frozenset(by_module.get(module_name, ())), parameters)
+
+    def _meta_look(self, name: str) -> tuple[dict[str, list[str]], int] | None:
+        """Model class ``name`` built at its small configuration on the meta device (no
+        weights allocated): the diffusers classes it builds per module (its attention
+        processors included) and its parameter count; ``None`` where it cannot be built so.
+        Kept in the survey store, so each class is built once per diffusers version."""
+        store = self._store()
+        if name not in store:
+            store.put(name, self._meta_build(name))
+        found = store.get(name)
+        return None if found is None else (found["modules"], int(found["parameters"]))
+
+    def _meta_build(self, name: str) -> dict[str, Any] | None:
+        import torch
+
+        cls = self._class(name)
+        if cls is None:
+            return None
         try:
-            model = self._small(name).model
+            with warnings.catch_warnings(), torch.device("meta"):
+                warnings.simplefilter("ignore")
+                model = cls(**small_config(cls))
         except Exception:
             return None
-        classes = {
-            type(obj).__name__
-            for obj in library_objects(model, ("diffusers",))
-            if type(obj).__module__ == module_name
+        by_module: dict[str, set[str]] = {}
+        for obj in library_objects(model, ("diffusers",)):
+            by_module.setdefault(type(obj).__module__, set()).add(type(obj).__name__)
+        return {
+            "modules": {module: sorted(classes) for module, classes in by_module.items()},
+            "parameters": sum(p.numel() for p in model.parameters()),
         }
-        return ModelSurvey(frozenset(classes), sum(p.numel() for p in model.parameters()))
 
     # -- building ----------------------------------------------------------------------------
     @functools.cache  # noqa: B019 - one adapter per process

@@ -14,11 +14,16 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SurveyStore", "covering_order", "survey_dir"]
+__all__ = ["Look", "SurveyStore", "covering_order", "survey_dir", "survey_in_order"]
+
+Look = Callable[[str], "tuple[dict[str, list[str]], int] | None"]
+"""A model's survey: the library's classes it builds per module and its parameter count,
+``None`` where it cannot be built cheaply."""
 
 
 def survey_dir() -> Path | None:
@@ -96,3 +101,44 @@ def covering_order(
         uncovered -= useful[best]
     rest = sorted((n for n in useful if n not in order), key=lambda n: (sizes[n], n))
     return [*order, *rest]
+
+
+def survey_in_order(
+    models: list[str],
+    look: Look,
+    store: SurveyStore,
+    module_name: str,
+    needed: set[str],
+    *,
+    budget: float,
+    choices: int,
+    max_parameters: int,
+) -> tuple[dict[str, frozenset[str]], dict[str, int], list[str]]:
+    """Survey ``models`` in order: what ``store`` holds for free, fresh ``look``s until each
+    class of ``needed`` has ``choices`` builders or ``budget`` seconds are spent. Returns the
+    classes of ``module_name`` each model of at most ``max_parameters`` builds (those building
+    one of ``needed``), their sizes, and the models that could not be surveyed."""
+    builds: dict[str, frozenset[str]] = {}
+    sizes: dict[str, int] = {}
+    blind: list[str] = []
+    count: dict[str, int] = dict.fromkeys(needed, 0)
+    spent = 0.0
+    for model in models:
+        if model not in store:
+            if spent > budget or min(count.values(), default=choices) >= choices:
+                continue
+            began = time.monotonic()
+            look(model)
+            spent += time.monotonic() - began
+        found = look(model)
+        if found is None:
+            blind.append(model)
+            continue
+        by_module, parameters = found
+        classes = frozenset(by_module.get(module_name, ()))
+        if parameters <= max_parameters and classes & needed:
+            builds[model], sizes[model] = classes, parameters
+            for name in classes & needed:
+                count[name] += 1
+    store.save()
+    return builds, sizes, blind

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import re
-import time
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,7 +39,7 @@ from .base import (
     entry_point,
     library_objects,
 )
-from .surveys import SurveyStore, covering_order
+from .surveys import SurveyStore, covering_order, survey_in_order
 
 __all__ = [
     "TimmAdapter",
@@ -165,7 +164,16 @@ class TimmAdapter:
         needed = names & set(re.findall(r"^class\s+(\w+)", own, re.MULTILINE))
         if not needed:
             return [ModelCandidate(m, why) for m, why in ranked[:MAX_CANDIDATES]]
-        builds, sizes, blind = self._surveyed([m for m, _ in ranked], module_name, needed)
+        builds, sizes, blind = survey_in_order(
+            [m for m, _ in ranked],
+            self._meta_look,
+            self._store(),
+            module_name,
+            needed,
+            budget=SURVEY_BUDGET,
+            choices=CHOICES_PER_CLASS,
+            max_parameters=MAX_SMALL_PARAMETERS,
+        )
         reasons = dict(ranked)
         chosen = [
             ModelCandidate(
@@ -215,38 +223,6 @@ class TimmAdapter:
             return direct, set()
         others = {key for key in texts if key not in direct and key != own}
         return direct, {key for key in others if _mentions(texts[key], helper_names)}
-
-    def _surveyed(
-        self, models: list[str], module_name: str, needed: set[str]
-    ) -> tuple[dict[str, frozenset[str]], dict[str, int], list[str]]:
-        """Survey ``models`` in order (what the store holds for free, fresh builds until each
-        needed class has :data:`CHOICES_PER_CLASS` builders or :data:`SURVEY_BUDGET` is
-        spent): the classes of the module each small one builds, its size, and the models
-        that could not be surveyed."""
-        builds: dict[str, frozenset[str]] = {}
-        sizes: dict[str, int] = {}
-        blind: list[str] = []
-        count: dict[str, int] = dict.fromkeys(needed, 0)
-        spent = 0.0
-        for model in models:
-            if model not in self._store():
-                if spent > SURVEY_BUDGET or min(count.values()) >= CHOICES_PER_CLASS:
-                    continue
-                began = time.monotonic()
-                self._meta_look(model)
-                spent += time.monotonic() - began
-            found = self._meta_look(model)
-            if found is None:
-                blind.append(model)
-                continue
-            by_module, parameters = found
-            classes = frozenset(by_module.get(module_name, ()))
-            if parameters <= MAX_SMALL_PARAMETERS and classes & needed:
-                builds[model], sizes[model] = classes, parameters
-                for name in classes & needed:
-                    count[name] += 1
-        self._store().save()
-        return builds, sizes, blind
 
     @functools.cache  # noqa: B019 - one adapter per process (the registry's)
     def _store(self) -> SurveyStore:
