@@ -262,3 +262,29 @@ def test_self_flag_guards_give_the_flag_value_that_reaches_the_site():
 )  # fmt: skip
 def test_bench_narrows_a_wide_default_configuration(defaults, expected):
     assert _bench_widths(defaults) == expected
+
+
+def test_guards_are_flipped_after_an_agreeing_check_where_no_site_ran(monkeypatch):
+    from types import SimpleNamespace
+
+    from adopter.verify import library
+    from adopter.verify.results import VERIFIED, ClassVerification
+
+    site = PatchedSite("softmax", 1, 0, 1, 5, "Attention.forward", "Attention")
+    site.guards = ["not (self.fused_attn)"]
+    tried: list[dict[str, bool]] = []
+
+    def checked(candidate, entry, sides, recorder, job, writer):
+        tried.append(dict(sides.flags))
+        runs = {"eval": {site.key: 1}} if sides.flags else {}  # the guard kept it from running
+        modes = {"eval": "verified"}
+        return ClassVerification(candidate.name, VERIFIED, "agrees", modes=modes, runs=runs)
+
+    monkeypatch.setattr(library, "_checked", checked)
+    sides = SimpleNamespace(flags={}, adapter=SimpleNamespace(entries=lambda name: []))
+    writer = SimpleNamespace(rows=[], add=lambda row: writer.rows.append(row))
+    matched: set[str] = set()
+    candidate = SimpleNamespace(name="vit", reason="builds Attention")
+    library._check_one(candidate, "", [site], matched, sides, None, None, writer)
+    assert tried == [{}, {"fused_attn": False}]
+    assert matched == {site.key}
