@@ -190,7 +190,8 @@ class TimmAdapter:
         """Every registered model that may build ``names``, with why, in the order to survey
         them: those whose registering function names one of the classes, then those passing
         the keywords that choose them, the file's own models, models of modules naming them,
-        then of modules reaching them through a helper; the smaller configurations first."""
+        then of modules reaching them through a helper, then all others; the smaller
+        configurations first."""
         texts = self._texts()
         direct, reached = self._modules_naming(module_name, names)
         groups = [(_key(module_name), 0, f"registered in {module_name}")]
@@ -209,6 +210,16 @@ class TimmAdapter:
                 rank = (-hit, -min(passed, 1), level, literal_size(body), model)
                 if model not in ranked or rank < ranked[model][0]:
                     ranked[model] = (rank, why)
+        # Then every other registered model: a file's class may be reached through more than
+        # one helper (``LambdaLayer``: ``create_attn`` -> byobnet's blocks -> byoanet's models);
+        # the survey, which stops once every class has builders, tells.
+        registry, bodies_of = _registry(), {}
+        for model in sorted(set(registry._model_to_module) - set(ranked)):
+            key = f"models.{registry._model_to_module[model]}"
+            if key not in bodies_of:
+                bodies_of[key] = registration_bodies(texts.get(key, ""))
+            size = literal_size(bodies_of[key].get(model, ""))
+            ranked[model] = ((0, 0, 3, size, model), "a registered model")
         return [(model, why) for model, (_, why) in sorted(ranked.items(), key=lambda i: i[1])]
 
     def _modules_naming(self, module_name: str, names: set[str]) -> tuple[set[str], set[str]]:
