@@ -19,7 +19,14 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Look", "SurveyStore", "covering_order", "survey_dir", "survey_in_order"]
+__all__ = [
+    "Look",
+    "SurveyStore",
+    "candidate_order",
+    "covering_order",
+    "survey_dir",
+    "survey_in_order",
+]
 
 Look = Callable[[str], "tuple[dict[str, list[str]], int] | None"]
 """A model's survey: the library's classes it builds per module and its parameter count,
@@ -113,14 +120,16 @@ def survey_in_order(
     budget: float,
     choices: int,
     max_parameters: int,
-) -> tuple[dict[str, frozenset[str]], dict[str, int], list[str]]:
+) -> tuple[dict[str, frozenset[str]], dict[str, int], set[str]]:
     """Survey ``models`` in order: what ``store`` holds for free, fresh ``look``s until each
     class of ``needed`` has ``choices`` builders or ``budget`` seconds are spent. Returns the
     classes of ``module_name`` each model of at most ``max_parameters`` builds (those building
-    one of ``needed``), their sizes, and the models that could not be surveyed."""
+    one of ``needed``), their sizes, and the models the survey showed building none of
+    ``needed`` (the only ones it rules out: one not surveyed, or too large, stays a candidate
+    that a check then reports)."""
     builds: dict[str, frozenset[str]] = {}
     sizes: dict[str, int] = {}
-    blind: list[str] = []
+    ruled_out: set[str] = set()
     count: dict[str, int] = dict.fromkeys(needed, 0)
     spent = 0.0
     for model in models:
@@ -132,13 +141,38 @@ def survey_in_order(
             spent += time.monotonic() - began
         found = look(model)
         if found is None:
-            blind.append(model)
             continue
         by_module, parameters = found
         classes = frozenset(by_module.get(module_name, ()))
-        if parameters <= max_parameters and classes & needed:
+        if not classes & needed:
+            ruled_out.add(model)
+        elif parameters <= max_parameters:
             builds[model], sizes[model] = classes, parameters
             for name in classes & needed:
                 count[name] += 1
     store.save()
-    return builds, sizes, blind
+    return builds, sizes, ruled_out
+
+
+def candidate_order(
+    ranked: list[tuple[str, str]],
+    builds: Mapping[str, frozenset[str]],
+    sizes: Mapping[str, int],
+    ruled_out: set[str],
+    needed: set[str],
+) -> list[tuple[str, str]]:
+    """``(model, why)`` in the order to check: the :func:`covering_order` of the surveyed
+    models, then every other model of ``ranked`` (in its order) that the survey did not rule
+    out: not surveyed (the budget was spent), not buildable on the meta device, or too large."""
+    reasons = dict(ranked)
+    order = covering_order(builds, sizes, needed)
+    chosen = [
+        (
+            model,
+            f"builds {', '.join(sorted(builds[model] & needed))} ({sizes[model]:,} parameters "
+            f"on the meta device); {reasons[model]}",
+        )
+        for model in order
+    ]
+    taken = set(order) | ruled_out
+    return chosen + [(model, why) for model, why in ranked if model not in taken]

@@ -39,7 +39,7 @@ from .base import (
     entry_point,
     library_objects,
 )
-from .surveys import SurveyStore, covering_order, survey_in_order
+from .surveys import SurveyStore, candidate_order, survey_in_order
 
 __all__ = [
     "TimmAdapter",
@@ -164,7 +164,7 @@ class TimmAdapter:
         needed = names & set(re.findall(r"^class\s+(\w+)", own, re.MULTILINE))
         if not needed:
             return [ModelCandidate(m, why) for m, why in ranked[:MAX_CANDIDATES]]
-        builds, sizes, blind = survey_in_order(
+        builds, sizes, ruled_out = survey_in_order(
             [m for m, _ in ranked],
             self._meta_look,
             self._store(),
@@ -174,17 +174,8 @@ class TimmAdapter:
             choices=CHOICES_PER_CLASS,
             max_parameters=MAX_SMALL_PARAMETERS,
         )
-        reasons = dict(ranked)
-        chosen = [
-            ModelCandidate(
-                model,
-                f"builds {', '.join(sorted(builds[model] & needed))} ({sizes[model]:,} "
-                f"parameters on the meta device); {reasons[model]}",
-            )
-            for model in covering_order(builds, sizes, needed)
-        ]
-        chosen += [ModelCandidate(m, f"could not be surveyed; {reasons[m]}") for m in blind]
-        return chosen[:MAX_CANDIDATES]
+        order = candidate_order(ranked, builds, sizes, ruled_out, needed)
+        return [ModelCandidate(model, why) for model, why in order[:MAX_CANDIDATES]]
 
     def _ranked(self, module_name: str, names: set[str]) -> list[tuple[str, str]]:
         """Every registered model that may build ``names``, with why, in the order to survey

@@ -288,3 +288,13 @@ def test_guards_are_flipped_after_an_agreeing_check_where_no_site_ran(monkeypatc
     library._check_one(candidate, "", [site], matched, sides, None, None, writer)
     assert tried == [{}, {"fused_attn": False}]
     assert matched == {site.key}
+
+
+def test_candidates_keep_models_the_survey_did_not_rule_out_after_the_covering_set():
+    from adopter.models.surveys import candidate_order
+
+    ranked = [("own", "defined here"), ("big", "names it"), ("unseen", "names it"), ("none", "x")]
+    builds = {"own": frozenset({"Block"})}
+    order = candidate_order(ranked, builds, {"own": 5}, {"none"}, {"Block"})
+    assert [model for model, _ in order] == ["own", "big", "unseen"]
+    assert order[0][1].startswith("builds Block (5 parameters") and order[1][1] == "names it"
