@@ -42,6 +42,7 @@ __all__ = ["DiffusersAdapter", "small_config"]
 BATCH = 2
 SAMPLE = 16
 TOKENS = 8
+FRAMES = 2
 WIDTH = 32
 MAX_CANDIDATES = 30
 SURVEY_BUDGET = 45.0
@@ -259,17 +260,26 @@ class DiffusersAdapter:
 
     # -- building ----------------------------------------------------------------------------
     @functools.cache  # noqa: B019 - one adapter per process
-    def _small(self, name: str) -> BuiltModel:
-        """The small model with inputs that ran once (built once per process; :meth:`build`
-        builds fresh ones the same way)."""
-        built = self._make(name, seed=0, full_size=False)
+    def _small(self, name: str) -> tuple[BuiltModel, int | None]:
+        """The small model with inputs that ran once, and the frames its sample needed:
+        ``None`` for a latent image; where that does not run, a video of :data:`FRAMES`
+        frames (``B, C, F, H, W``) is tried, and the image's error raised if that fails too.
+        Built once per process; :meth:`build` builds fresh ones the same way."""
         import torch
 
-        with torch.no_grad():
-            _call(built.model.eval(), built.inputs)
-        return built
+        failure: Exception | None = None
+        for frames in (None, FRAMES):
+            built = self._make(name, seed=0, full_size=False, frames=frames)
+            try:
+                with torch.no_grad():
+                    _call(built.model.eval(), built.inputs)
+                return built, frames
+            except Exception as exc:  # the model's own error, reported if no shape runs
+                failure = failure or exc
+        assert failure is not None
+        raise failure
 
-    def _make(self, name: str, *, seed: int, full_size: bool) -> BuiltModel:
+    def _make(self, name: str, *, seed: int, full_size: bool, frames: int | None) -> BuiltModel:
         import torch
 
         cls = self._class(name)
@@ -283,15 +293,16 @@ class DiffusersAdapter:
         size = sum(p.numel() for p in model.parameters())
         if not full_size and size > MAX_SMALL_PARAMETERS:
             raise NotSmallError(f"{name} has {size:,} parameters at the smallest config tried")
-        inputs = make_inputs(model, seed)
-        return BuiltModel(model, inputs, config)
+        inputs = make_inputs(model, seed, frames)
+        settings = {**config, **({"frames": frames} if frames else {})}
+        return BuiltModel(model, inputs, settings)
 
     def build(
         self, name: str, *, seed: int = 0, full_size: bool = False, entry: str = "forward"
     ) -> BuiltModel:
-        if not full_size:
-            self._small(name)  # raises what keeps it from running small, once
-        built = self._make(name, seed=seed, full_size=full_size)
+        # raises what keeps it from running small, once
+        frames = None if full_size else self._small(name)[1]
+        built = self._make(name, seed=seed, full_size=full_size, frames=frames)
         if entry != "forward":
             built.model = entry_point(built.model, entry)
         return built
@@ -310,20 +321,27 @@ def _call(model: Any, inputs: Any) -> Any:
     return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
 
 
-def make_inputs(model: Any, seed: int) -> dict[str, Any]:
-    """Inputs for ``model.forward`` from its signature and configuration: a latent image (or a
-    token sequence) of ``in_channels``, a timestep per sample, conditioning states."""
+def make_inputs(model: Any, seed: int, frames: int | None = None) -> dict[str, Any]:
+    """Inputs for ``model.forward`` from its signature and configuration: a latent image (a
+    video of ``frames`` frames where given) of ``in_channels``, a timestep per sample,
+    conditioning states, and the conditioning mask and pooled projection where required."""
     import torch
 
     config = getattr(model, "config", {})
     get = config.get if hasattr(config, "get") else lambda key, default=None: default
     parameters = inspect.signature(model.forward).parameters
+    required = {
+        name
+        for name, p in parameters.items()
+        if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    }
     generator = torch.Generator().manual_seed(seed)
     channels = int(get("in_channels", None) or 4)
     size = get("sample_size", None) or SAMPLE
     size = int(size[0] if isinstance(size, (tuple, list)) else size)
+    shape = (BATCH, channels, *((frames,) if frames else ()), size, size)
     inputs: dict[str, Any] = {}
-    image = torch.randn(BATCH, channels, size, size, generator=generator)
+    image = torch.randn(*shape, generator=generator)
     for name in ("sample", "hidden_states", "x"):
         if name in parameters:
             inputs[name] = image
@@ -334,13 +352,12 @@ def make_inputs(model: Any, seed: int) -> dict[str, Any]:
         width = get("cross_attention_dim", None) or get("joint_attention_dim", None) or WIDTH
         width = int(width[0] if isinstance(width, (tuple, list)) else width)
         inputs["encoder_hidden_states"] = torch.randn(BATCH, TOKENS, width, generator=generator)
-    missing = [
-        name
-        for name, p in parameters.items()
-        if p.default is inspect.Parameter.empty
-        and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-        and name not in inputs
-    ]
+    if "encoder_attention_mask" in required:
+        inputs["encoder_attention_mask"] = torch.ones(BATCH, TOKENS, dtype=torch.long)
+    if "pooled_projections" in required:
+        width = int(get("pooled_projection_dim", None) or get("text_embed_dim", None) or WIDTH)
+        inputs["pooled_projections"] = torch.randn(BATCH, width, generator=generator)
+    missing = sorted(required - set(inputs))
     if missing or not inputs:
         raise ValueError(f"no inputs known for {type(model).__name__}: {', '.join(missing)}")
     if "return_dict" in parameters:

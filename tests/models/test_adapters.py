@@ -298,3 +298,22 @@ def test_candidates_keep_models_the_survey_did_not_rule_out_after_the_covering_s
     order = candidate_order(ranked, builds, {"own": 5}, {"none"}, {"Block"})
     assert [model for model, _ in order] == ["own", "big", "unseen"]
     assert order[0][1].startswith("builds Block (5 parameters") and order[1][1] == "names it"
+
+
+def test_diffusers_inputs_follow_the_signature_with_masks_pooled_projections_and_frames():
+    from adopter.models.diffusers import make_inputs
+
+    class Video(nn.Module):
+        config = {"in_channels": 3, "sample_size": 8, "pooled_projection_dim": 6}
+
+        def forward(
+            self, hidden_states, timestep, encoder_hidden_states, encoder_attention_mask,
+            pooled_projections, return_dict=True,
+        ):  # fmt: skip
+            return hidden_states
+
+    inputs = make_inputs(Video(), 0, frames=2)
+    assert inputs["hidden_states"].shape == (2, 3, 2, 8, 8)
+    assert inputs["encoder_attention_mask"].shape == (2, 8)
+    assert inputs["pooled_projections"].shape == (2, 6) and inputs["return_dict"] is False
+    assert make_inputs(Video(), 0)["hidden_states"].shape == (2, 3, 8, 8)
