@@ -348,6 +348,23 @@ def make_inputs(model: Any, seed: int, frames: int | None = None) -> dict[str, A
             break
     if "timestep" in parameters:
         inputs["timestep"] = torch.tensor([10, 500][:BATCH])
+    inputs.update(_conditioning(get, set(parameters), required, generator))
+    missing = sorted(required - set(inputs))
+    if missing or not inputs:
+        raise ValueError(f"no inputs known for {type(model).__name__}: {', '.join(missing)}")
+    if "return_dict" in parameters:
+        inputs["return_dict"] = False
+    return inputs
+
+
+def _conditioning(
+    get: Any, parameters: set[str], required: set[str], generator: Any
+) -> dict[str, Any]:
+    """The text conditioning a model takes: states of its conditioning width, and where
+    required a mask over them and a pooled projection."""
+    import torch
+
+    inputs: dict[str, Any] = {}
     if "encoder_hidden_states" in parameters:
         width = get("cross_attention_dim", None) or get("joint_attention_dim", None) or WIDTH
         width = int(width[0] if isinstance(width, (tuple, list)) else width)
@@ -357,9 +374,4 @@ def make_inputs(model: Any, seed: int, frames: int | None = None) -> dict[str, A
     if "pooled_projections" in required:
         width = int(get("pooled_projection_dim", None) or get("text_embed_dim", None) or WIDTH)
         inputs["pooled_projections"] = torch.randn(BATCH, width, generator=generator)
-    missing = sorted(required - set(inputs))
-    if missing or not inputs:
-        raise ValueError(f"no inputs known for {type(model).__name__}: {', '.join(missing)}")
-    if "return_dict" in parameters:
-        inputs["return_dict"] = False
     return inputs
