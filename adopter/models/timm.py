@@ -63,6 +63,7 @@ when the first does not run small, and a choice of sizes."""
 _NEAR = 3
 """Lines above a mention of a class whose keywords count as choosing it (``if swiglu_mlp:``
 above ``SwiGLU(...)``)."""
+_ANY_MODEL = "a registered model"
 _KEYWORDS = frozenset(__import__("keyword").kwlist) | {"self", "cls", "kwargs", "args"}
 
 
@@ -175,6 +176,9 @@ class TimmAdapter:
             max_parameters=MAX_SMALL_PARAMETERS,
         )
         order = candidate_order(ranked, builds, sizes, ruled_out, needed)
+        # A model only the registry-wide look proposed is kept when its survey shows it
+        # building a patched class: unsurveyed, it is no evidence of anything.
+        order = [(m, why) for m, why in order if m in builds or why != _ANY_MODEL]
         return [ModelCandidate(model, why) for model, why in order[:MAX_CANDIDATES]]
 
     def _ranked(self, module_name: str, names: set[str]) -> list[tuple[str, str]]:
@@ -210,7 +214,7 @@ class TimmAdapter:
             if key not in bodies_of:
                 bodies_of[key] = registration_bodies(texts.get(key, ""))
             size = literal_size(bodies_of[key].get(model, ""))
-            ranked[model] = ((0, 0, 3, size, model), "a registered model")
+            ranked[model] = ((0, 0, 3, size, model), _ANY_MODEL)
         return [(model, why) for model, (_, why) in sorted(ranked.items(), key=lambda i: i[1])]
 
     def _modules_naming(self, module_name: str, names: set[str]) -> tuple[set[str], set[str]]:
