@@ -35,14 +35,20 @@ from .base import (
     library_objects,
     modules_naming,
 )
+from .surveys import SurveyStore, candidate_order, survey_in_order
 
 __all__ = ["DiffusersAdapter", "small_config"]
 
 BATCH = 2
 SAMPLE = 16
 TOKENS = 8
+FRAMES = 2
 WIDTH = 32
 MAX_CANDIDATES = 30
+SURVEY_BUDGET = 45.0
+"""Seconds of fresh meta-device builds one file's candidate search may spend."""
+CHOICES_PER_CLASS = 3
+"""Surveyed classes that build a patched class before the search for it stops."""
 
 _DEPTH = re.compile(r"^(num_(\w+_)?layers|layers_per_block|num_(\w+_)?blocks|depth)$")
 _HEADS = re.compile(r"^(num_(\w+_)?attention_heads|num_heads|heads)$")
@@ -100,6 +106,19 @@ def small_config(cls: type) -> dict[str, Any]:
     return config
 
 
+def _module_text(module_name: str) -> str:
+    """The source text of an installed module, read without importing it ("" if none)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        return ""
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return ""
+    return Path(spec.origin).read_text(encoding="utf-8")
+
+
 class DiffusersAdapter:
     """The :class:`~adopter.models.base.ModelAdapter` of diffusers."""
 
@@ -143,6 +162,31 @@ class DiffusersAdapter:
         return [f"{module_name}:{name}" for name, _ in found]
 
     def candidates(self, module_name: str, names: set[str]) -> list[ModelCandidate]:
+        """The model classes to check ``module_name``'s ``names`` through: a small covering set
+        of those that a meta-device build at the small configuration shows building the file's
+        patched classes (attention processors included), then the others that build them,
+        smallest first; classes that could not be surveyed after those. The text of
+        ``diffusers.models`` says which classes may (:meth:`_ranked`)."""
+        ranked = self._ranked(module_name, names)
+        needed = names & set(re.findall(r"^class\s+(\w+)", _module_text(module_name), re.M))
+        if not needed:
+            return [ModelCandidate(m, why) for m, why in ranked[:MAX_CANDIDATES]]
+        builds, sizes, ruled_out = survey_in_order(
+            [m for m, _ in ranked],
+            self._meta_look,
+            self._store(),
+            module_name,
+            needed,
+            budget=SURVEY_BUDGET,
+            choices=CHOICES_PER_CLASS,
+            max_parameters=MAX_SMALL_PARAMETERS,
+        )
+        order = candidate_order(ranked, builds, sizes, ruled_out, needed)
+        return [ModelCandidate(model, why) for model, why in order[:MAX_CANDIDATES]]
+
+    def _ranked(self, module_name: str, names: set[str]) -> list[tuple[str, str]]:
+        """Model classes that may build ``names``, with why: those the file defines, then those
+        of modules naming them, then of modules reaching them through a helper."""
         texts = self._texts()
         chosen: dict[str, str] = {}
         own = texts.get(module_name)
@@ -156,33 +200,74 @@ class DiffusersAdapter:
             for module in sorted(modules):
                 for model in self._model_classes(module, texts[module]):
                     chosen.setdefault(model, f"its module {why} {', '.join(sorted(names))[:80]}")
-        return [ModelCandidate(m, why) for m, why in list(chosen.items())[:MAX_CANDIDATES]]
+        return list(chosen.items())
+
+    @functools.cache  # noqa: B019 - one adapter per process
+    def _store(self) -> SurveyStore:
+        import diffusers
+
+        return SurveyStore("diffusers", diffusers.__version__)
 
     def survey(self, name: str, module_name: str) -> ModelSurvey | None:
+        found = self._meta_look(name)
+        if found is None:
+            return None
+        by_module, parameters = found
+        return ModelSurvey(frozenset(by_module.get(module_name, ())), parameters)
+
+    def _meta_look(self, name: str) -> tuple[dict[str, list[str]], int] | None:
+        """Model class ``name`` built at its small configuration on the meta device (no
+        weights allocated): the diffusers classes it builds per module (its attention
+        processors included) and its parameter count; ``None`` where it cannot be built so.
+        Kept in the survey store, so each class is built once per diffusers version."""
+        store = self._store()
+        if name not in store:
+            store.put(name, self._meta_build(name))
+        found = store.get(name)
+        return None if found is None else (found["modules"], int(found["parameters"]))
+
+    def _meta_build(self, name: str) -> dict[str, Any] | None:
+        import torch
+
+        cls = self._class(name)
+        if cls is None:
+            return None
         try:
-            model = self._small(name).model
+            with warnings.catch_warnings(), torch.device("meta"):
+                warnings.simplefilter("ignore")
+                model = cls(**small_config(cls))
         except Exception:
             return None
-        classes = {
-            type(obj).__name__
-            for obj in library_objects(model, ("diffusers",))
-            if type(obj).__module__ == module_name
+        by_module: dict[str, set[str]] = {}
+        for obj in library_objects(model, ("diffusers",)):
+            by_module.setdefault(type(obj).__module__, set()).add(type(obj).__name__)
+        return {
+            "modules": {module: sorted(classes) for module, classes in by_module.items()},
+            "parameters": sum(p.numel() for p in model.parameters()),
         }
-        return ModelSurvey(frozenset(classes), sum(p.numel() for p in model.parameters()))
 
     # -- building ----------------------------------------------------------------------------
     @functools.cache  # noqa: B019 - one adapter per process
-    def _small(self, name: str) -> BuiltModel:
-        """The small model with inputs that ran once (built once per process; :meth:`build`
-        builds fresh ones the same way)."""
-        built = self._make(name, seed=0, full_size=False)
+    def _small(self, name: str) -> tuple[BuiltModel, int | None]:
+        """The small model with inputs that ran once, and the frames its sample needed:
+        ``None`` for a latent image; where that does not run, a video of :data:`FRAMES`
+        frames (``B, C, F, H, W``) is tried, and the image's error raised if that fails too.
+        Built once per process; :meth:`build` builds fresh ones the same way."""
         import torch
 
-        with torch.no_grad():
-            _call(built.model.eval(), built.inputs)
-        return built
+        failure: Exception | None = None
+        for frames in (None, FRAMES):
+            built = self._make(name, seed=0, full_size=False, frames=frames)
+            try:
+                with torch.no_grad():
+                    _call(built.model.eval(), built.inputs)
+                return built, frames
+            except Exception as exc:  # the model's own error, reported if no shape runs
+                failure = failure or exc
+        assert failure is not None
+        raise failure
 
-    def _make(self, name: str, *, seed: int, full_size: bool) -> BuiltModel:
+    def _make(self, name: str, *, seed: int, full_size: bool, frames: int | None) -> BuiltModel:
         import torch
 
         cls = self._class(name)
@@ -196,15 +281,16 @@ class DiffusersAdapter:
         size = sum(p.numel() for p in model.parameters())
         if not full_size and size > MAX_SMALL_PARAMETERS:
             raise NotSmallError(f"{name} has {size:,} parameters at the smallest config tried")
-        inputs = make_inputs(model, seed)
-        return BuiltModel(model, inputs, config)
+        inputs = make_inputs(model, seed, frames)
+        settings = {**config, **({"frames": frames} if frames else {})}
+        return BuiltModel(model, inputs, settings)
 
     def build(
         self, name: str, *, seed: int = 0, full_size: bool = False, entry: str = "forward"
     ) -> BuiltModel:
-        if not full_size:
-            self._small(name)  # raises what keeps it from running small, once
-        built = self._make(name, seed=seed, full_size=full_size)
+        # raises what keeps it from running small, once
+        frames = None if full_size else self._small(name)[1]
+        built = self._make(name, seed=seed, full_size=full_size, frames=frames)
         if entry != "forward":
             built.model = entry_point(built.model, entry)
         return built
@@ -223,39 +309,57 @@ def _call(model: Any, inputs: Any) -> Any:
     return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
 
 
-def make_inputs(model: Any, seed: int) -> dict[str, Any]:
-    """Inputs for ``model.forward`` from its signature and configuration: a latent image (or a
-    token sequence) of ``in_channels``, a timestep per sample, conditioning states."""
+def make_inputs(model: Any, seed: int, frames: int | None = None) -> dict[str, Any]:
+    """Inputs for ``model.forward`` from its signature and configuration: a latent image (a
+    video of ``frames`` frames where given) of ``in_channels``, a timestep per sample,
+    conditioning states, and the conditioning mask and pooled projection where required."""
     import torch
 
     config = getattr(model, "config", {})
     get = config.get if hasattr(config, "get") else lambda key, default=None: default
     parameters = inspect.signature(model.forward).parameters
+    required = {
+        name
+        for name, p in parameters.items()
+        if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+    }
     generator = torch.Generator().manual_seed(seed)
     channels = int(get("in_channels", None) or 4)
     size = get("sample_size", None) or SAMPLE
     size = int(size[0] if isinstance(size, (tuple, list)) else size)
+    shape = (BATCH, channels, *((frames,) if frames else ()), size, size)
     inputs: dict[str, Any] = {}
-    image = torch.randn(BATCH, channels, size, size, generator=generator)
+    image = torch.randn(*shape, generator=generator)
     for name in ("sample", "hidden_states", "x"):
         if name in parameters:
             inputs[name] = image
             break
     if "timestep" in parameters:
         inputs["timestep"] = torch.tensor([10, 500][:BATCH])
-    if "encoder_hidden_states" in parameters:
-        width = get("cross_attention_dim", None) or get("joint_attention_dim", None) or WIDTH
-        width = int(width[0] if isinstance(width, (tuple, list)) else width)
-        inputs["encoder_hidden_states"] = torch.randn(BATCH, TOKENS, width, generator=generator)
-    missing = [
-        name
-        for name, p in parameters.items()
-        if p.default is inspect.Parameter.empty
-        and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-        and name not in inputs
-    ]
+    inputs.update(_conditioning(get, set(parameters), required, generator))
+    missing = sorted(required - set(inputs))
     if missing or not inputs:
         raise ValueError(f"no inputs known for {type(model).__name__}: {', '.join(missing)}")
     if "return_dict" in parameters:
         inputs["return_dict"] = False
+    return inputs
+
+
+def _conditioning(
+    get: Any, parameters: set[str], required: set[str], generator: Any
+) -> dict[str, Any]:
+    """The text conditioning a model takes: states of its conditioning width, and where
+    required a mask over them and a pooled projection."""
+    import torch
+
+    inputs: dict[str, Any] = {}
+    if "encoder_hidden_states" in parameters:
+        width = get("cross_attention_dim", None) or get("joint_attention_dim", None) or WIDTH
+        width = int(width[0] if isinstance(width, (tuple, list)) else width)
+        inputs["encoder_hidden_states"] = torch.randn(BATCH, TOKENS, width, generator=generator)
+    if "encoder_attention_mask" in required:
+        inputs["encoder_attention_mask"] = torch.ones(BATCH, TOKENS, dtype=torch.long)
+    if "pooled_projections" in required:
+        width = int(get("pooled_projection_dim", None) or get("text_embed_dim", None) or WIDTH)
+        inputs["pooled_projections"] = torch.randn(BATCH, width, generator=generator)
     return inputs

@@ -1,13 +1,17 @@
 """timm: every registered model (``timm.list_models()``) whose code may use a file, built with
 ``timm.create_model(name, pretrained=False)`` at a small image size and with a small head.
 
-Which models use a file is read statically: a ``timm.models.<name>`` module's own registered
-models, then the models of every model module whose text names one of the file's patched
-classes or functions, then (one step further) of those naming a helper module's functions
-that name them (``create_attn`` builds ``GlobalContext``). The smallest-sounding variants come
-first (``resnet10t`` before ``resnet152``); :meth:`TimmAdapter.survey` builds a candidate on
-the meta device (no weights allocated) to tell its size and which of the file's classes it
-really builds.
+Which models use a file is decided by what they build. Timm's text says which models may:
+a ``timm.models.<name>`` module's own registered models, those of every model module whose
+text names one of the file's patched classes or functions, and (one step further) of those
+naming a helper module's functions that name them (``create_attn`` builds ``GlobalContext``).
+Each candidate is then built on the meta device (no weights allocated) and the classes it
+builds recorded (kept on disk, :mod:`adopter.models.surveys`); the models checked are a small
+covering set of those that build the file's patched classes (``GlobalResponseNormMlp`` is
+reached through a ConvNeXt-V2, ``SwiGLU`` through a model whose registration asks for it).
+The text only orders the survey: models whose registering function names a patched class
+(``mlp_layer=GatedMlp``) or passes a keyword written next to one (``use_grn`` in
+``GlobalResponseNormMlp if use_grn else Mlp``) are surveyed first.
 
 Small: timm's smallest registered variants are small already (a few million parameters);
 what makes a check slow is the image, so a model whose input size is free gets 64 x 64 pixels
@@ -33,37 +37,35 @@ from .base import (
     NotSmallError,
     entry_point,
     library_objects,
+    mentions,
     modules_naming,
 )
+from .surveys import SurveyStore, candidate_order, survey_in_order
 
-__all__ = ["TimmAdapter", "smallness"]
+__all__ = [
+    "TimmAdapter",
+    "choosing_keywords",
+    "literal_size",
+    "registration_bodies",
+    "static_rank",
+]
 
 BATCH = 2
 SMALL_CLASSES = 10
 FREE_SIZE = 64
 FIXED_SIZE = 112
 MAX_CANDIDATES = 40
-
-# How large a name token sounds: lower is smaller (timm's size words and letters).
-_SIZE_WORDS = {
-    "test": -9, "atto": 0, "femto": 0, "pico": 0, "nano": 1, "tiny": 1, "micro": 1,
-    "xxxs": 0, "xxs": 1,
-    "xs": 2, "mini": 2, "t": 2, "s": 3, "small": 3, "m": 4, "medium": 4, "b": 5, "base": 5,
-    "l": 8, "large": 8, "h": 9, "huge": 9, "g": 10, "giant": 10, "xl": 10, "xxl": 11,
-}  # fmt: skip
-_RESOLUTIONS = {240, 256, 260, 288, 300, 320, 336, 380, 384, 448, 456, 512, 518, 528, 600, 800}
-
-
-def smallness(name: str) -> tuple[float, int, str]:
-    """A sort key that puts the variants whose names sound smallest first."""
-    score = 0.0
-    for token in re.findall(r"[a-z]+|\d+", name.lower()):
-        if token.isdigit():
-            number = int(token)
-            score += number / 112 if number in _RESOLUTIONS or number >= 224 else number / 60
-        else:
-            score += _SIZE_WORDS.get(token, 0)
-    return score, len(name), name
+SURVEY_BUDGET = 45.0
+"""Seconds of fresh meta-device builds one file's candidate search may spend (what earlier
+workers surveyed is read from the :class:`~adopter.models.surveys.SurveyStore` for free)."""
+CHOICES_PER_CLASS = 3
+"""Surveyed models that build a class before the search for it stops: others to fall back on
+when the first does not run small, and a choice of sizes."""
+_NEAR = 3
+"""Lines above a mention of a class whose keywords count as choosing it (``if swiglu_mlp:``
+above ``SwiGLU(...)``)."""
+_ANY_MODEL = "a registered model"
+_KEYWORDS = frozenset(__import__("keyword").kwlist) | {"self", "cls", "kwargs", "args"}
 
 
 def _registry() -> Any:
@@ -78,13 +80,48 @@ def _models_dir() -> Path:
     return Path(timm.models.__file__).parent
 
 
-def _round_robin(groups: list[list[str]]) -> Iterator[str]:
-    """The first of every group, then the second of every group, ...: each module's smallest
-    model is tried before any module's second."""
-    for index in range(max((len(g) for g in groups), default=0)):
-        for group in groups:
-            if index < len(group):
-                yield group[index]
+_BODY = re.compile(r"^def (\w+)\(.*?(?=^[^\s)]|\Z)", re.MULTILINE | re.DOTALL)
+
+
+def _key(module_name: str) -> str:
+    """``timm.models.resnet`` -> ``models.resnet`` (the key of :meth:`TimmAdapter._texts`)."""
+    parts = module_name.split(".")
+    return ".".join(parts[-2:]) if len(parts) >= 3 else ""
+
+
+def registration_bodies(text: str) -> dict[str, str]:
+    """Each top-level function of a model module's text and its source (a registered model's
+    function holds the arguments that choose its layers: ``mlp_layer=SwiGLU``)."""
+    return {match.group(1): match.group(0) for match in _BODY.finditer(text)}
+
+
+def choosing_keywords(text: str, names: set[str]) -> set[str]:
+    """Identifiers on and just above the lines of ``text`` that name one of ``names``
+    (``use_grn`` in ``partial(GlobalResponseNormMlp if use_grn else Mlp)``): the arguments a
+    registered model may pass to be built with those classes."""
+    lines = text.splitlines()
+    found: set[str] = set()
+    for index, line in enumerate(lines):
+        if mentions(line, names):
+            for near in lines[max(0, index - _NEAR) : index + 1]:
+                found.update(re.findall(r"[A-Za-z_]\w*", near.split("#")[0]))
+    return found - names - _KEYWORDS
+
+
+def static_rank(body: str, names: set[str], keywords: set[str]) -> tuple[int, int]:
+    """How strongly a registered model's function points at ``names``: whether it names one
+    (``mlp_layer=GatedMlp``), and how many of the choosing ``keywords`` it passes."""
+    direct = int(mentions(body, names))
+    passed = {word for word in re.findall(r"\b([A-Za-z_]\w*)\s*=(?!=)", body)} & keywords
+    return direct, len(passed)
+
+
+def literal_size(body: str) -> int:
+    """The sum of the integer literals a registered model's function passes (widths, depths,
+    patch sizes): a static stand-in for its size, so smaller configurations are surveyed
+    first (the survey then measures the real size)."""
+    code = re.sub(r'"""[\s\S]*?"""|#[^\n]*', "", body)  # docstrings say "ResNet-18"
+    return sum(int(number) for number in re.findall(r"(?<![\w.])\d+(?![\w.])", code))
 
 
 class TimmAdapter:
@@ -102,7 +139,7 @@ class TimmAdapter:
 
     # -- which models ------------------------------------------------------------------------
     def _module_models(self, short: str) -> list[str]:
-        return sorted(_registry()._module_to_models.get(short, ()), key=smallness)
+        return sorted(_registry()._module_to_models.get(short, ()))
 
     @functools.cache  # noqa: B019 - one adapter per process (the registry's)
     def _texts(self) -> dict[str, str]:
@@ -114,26 +151,82 @@ class TimmAdapter:
         return found
 
     def candidates(self, module_name: str, names: set[str]) -> list[ModelCandidate]:
-        short = module_name.rpartition(".")[2]
-        chosen: dict[str, str] = {}
-        if module_name.startswith("timm.models."):
-            for model in self._module_models(short):
-                chosen.setdefault(model, f"registered in {module_name}")
+        """The models to check ``module_name``'s ``names`` through: a small covering set of the
+        models a meta-device survey shows building the file's patched classes, then the other
+        models that build them, smallest first; models that could not be surveyed after those.
+        Which models are surveyed first is read from timm's text (:meth:`_ranked`)."""
+        ranked = self._ranked(module_name, names)
+        own = self._texts().get(_key(module_name), "")
+        needed = names & set(re.findall(r"^class\s+(\w+)", own, re.MULTILINE))
+        if not needed:
+            return [ModelCandidate(m, why) for m, why in ranked[:MAX_CANDIDATES]]
+        builds, sizes, ruled_out = survey_in_order(
+            [m for m, _ in ranked],
+            self._meta_look,
+            self._store(),
+            module_name,
+            needed,
+            budget=SURVEY_BUDGET,
+            choices=CHOICES_PER_CLASS,
+            max_parameters=MAX_SMALL_PARAMETERS,
+        )
+        order = candidate_order(ranked, builds, sizes, ruled_out, needed)
+        # A model only the registry-wide look proposed is kept when its survey shows it
+        # building a patched class: unsurveyed, it is no evidence of anything.
+        order = [(m, why) for m, why in order if m in builds or why != _ANY_MODEL]
+        return [ModelCandidate(model, why) for model, why in order[:MAX_CANDIDATES]]
+
+    def _ranked(self, module_name: str, names: set[str]) -> list[tuple[str, str]]:
+        """Every registered model that may build ``names``, with why, in the order to survey
+        them: those whose registering function names one of the classes, then those passing
+        the keywords that choose them, the file's own models, models of modules naming them,
+        then of modules reaching them through a helper, then all others; the smaller
+        configurations first."""
+        texts = self._texts()
         direct, reached = self._modules_naming(module_name, names)
-        for keys, why in ((direct, "names"), (reached, "builds through a helper that names")):
-            groups = [self._module_models(key.split(".")[1]) for key in sorted(keys)]
-            for model in _round_robin([g for g in groups if g]):
-                chosen.setdefault(model, f"its module {why} {', '.join(sorted(names))[:80]}")
-        return [ModelCandidate(m, why) for m, why in list(chosen.items())[:MAX_CANDIDATES]]
+        groups = [(_key(module_name), 0, f"registered in {module_name}")]
+        for keys, level, why in ((direct, 1, "names"), (reached, 2, "reaches through a helper")):
+            listed = ", ".join(sorted(names))[:80]
+            groups += [(key, level, f"its module {why} {listed}") for key in sorted(keys)]
+        ranked: dict[str, tuple[tuple[int, int, int, int, str], str]] = {}
+        for key, level, why in groups:
+            if not key.startswith("models."):
+                continue
+            text = texts.get(key, "")
+            bodies, keywords = registration_bodies(text), choosing_keywords(text, names)
+            for model in self._module_models(key.split(".")[1]):
+                body = bodies.get(model, "")
+                hit, passed = static_rank(body, names, keywords)
+                rank = (-hit, -min(passed, 1), level, literal_size(body), model)
+                if model not in ranked or rank < ranked[model][0]:
+                    ranked[model] = (rank, why)
+        # Then every other registered model: a file's class may be reached through more than
+        # one helper (``LambdaLayer``: ``create_attn`` -> byobnet's blocks -> byoanet's models);
+        # the survey, which stops once every class has builders, tells.
+        registry, bodies_of = _registry(), {}
+        for model in sorted(set(registry._model_to_module) - set(ranked)):
+            key = f"models.{registry._model_to_module[model]}"
+            if key not in bodies_of:
+                bodies_of[key] = registration_bodies(texts.get(key, ""))
+            size = literal_size(bodies_of[key].get(model, ""))
+            ranked[model] = ((0, 0, 3, size, model), _ANY_MODEL)
+        return [(model, why) for model, (_, why) in sorted(ranked.items(), key=lambda i: i[1])]
 
     def _modules_naming(self, module_name: str, names: set[str]) -> tuple[set[str], set[str]]:
         """The other modules whose text names one of ``names``, and those that name a helper
         defined in such a module that registers no model (one step through helpers)."""
-        short = module_name.rpartition(".")[2]
-        own = f"{module_name.split('.')[-2]}.{short}" if module_name.count(".") >= 2 else ""
         return modules_naming(
-            self._texts(), own, names, lambda key: bool(self._module_models(key.split(".")[1]))
+            self._texts(),
+            _key(module_name),
+            names,
+            lambda key: bool(self._module_models(key.split(".")[1])),
         )
+
+    @functools.cache  # noqa: B019 - one adapter per process (the registry's)
+    def _store(self) -> SurveyStore:
+        import timm
+
+        return SurveyStore("timm", timm.__version__)
 
     def survey(self, name: str, module_name: str) -> ModelSurvey | None:
         found = self._meta_look(name)
@@ -142,10 +235,17 @@ class TimmAdapter:
         by_module, parameters = found
         return ModelSurvey(frozenset(by_module.get(module_name, ())), parameters)
 
-    @functools.cache  # noqa: B019 - one adapter per process (the registry's)
-    def _meta_look(self, name: str) -> tuple[dict[str, set[str]], int] | None:
+    def _meta_look(self, name: str) -> tuple[dict[str, list[str]], int] | None:
         """Model ``name`` with a small head, built on the meta device: the timm classes it
-        builds per module, and its parameter count; ``None`` where it cannot be built so."""
+        builds per module, and its parameter count; ``None`` where it cannot be built so.
+        Kept in the survey store, so each model is built once per timm version."""
+        store = self._store()
+        if name not in store:
+            store.put(name, self._meta_build(name))
+        found = store.get(name)
+        return None if found is None else (found["modules"], int(found["parameters"]))
+
+    def _meta_build(self, name: str) -> dict[str, Any] | None:
         import torch
 
         try:
@@ -157,7 +257,10 @@ class TimmAdapter:
         by_module: dict[str, set[str]] = {}
         for obj in library_objects(model, ("timm",)):
             by_module.setdefault(type(obj).__module__, set()).add(type(obj).__name__)
-        return by_module, sum(p.numel() for p in model.parameters())
+        return {
+            "modules": {module: sorted(classes) for module, classes in by_module.items()},
+            "parameters": sum(p.numel() for p in model.parameters()),
+        }
 
     # -- building ----------------------------------------------------------------------------
     def _create(self, name: str, kwargs: dict[str, Any]) -> Any:

@@ -25,7 +25,7 @@ from .compare import tolerance_for
 from .differential import conclude, zero_dropout_modules
 from .job import WorkerJob
 from .prove import ModeRun, sides_from, with_backends
-from .results import NOT_CHECKABLE, REFUTED, ClassVerification
+from .results import NOT_CHECKABLE, REFUTED, VERIFIED, ClassVerification
 from .sites import PatchedSite
 
 __all__ = ["run_library_job"]
@@ -169,6 +169,7 @@ def run_library_job(job: WorkerJob, writer: Any) -> None:
     """Verify one patched library file (``job.library`` names the adapter)."""
     from .coverage import SiteRecorder
 
+    began = time.monotonic()  # the candidate search spends from the same budget as checks
     adapter = adapter_for(job.library)
     sites = [PatchedSite.from_json(site) for site in job.sites]
     writer.data["sites"] = [site.to_json() for site in sites]
@@ -182,7 +183,7 @@ def run_library_job(job: WorkerJob, writer: Any) -> None:
     if not candidates:
         writer.error(f"no {job.library} model is known to use {job.module_name}")
         return
-    checked = _check_candidates(candidates, sites, sides, recorder, job, writer)
+    checked = _check_candidates(candidates, sites, sides, recorder, job, writer, began)
     if checked == 0:
         writer.error(
             f"none of the {len(candidates)} {job.library} model(s) that may use the file "
@@ -199,10 +200,11 @@ def _check_candidates(
     recorder: Any,
     job: WorkerJob,
     writer: Any,
+    began: float,
 ) -> int:
     """Compare the candidate models in turn until every site ran in a matching comparison, the
-    time budget is spent or :data:`MAX_MODELS` were checked; the number checked."""
-    began = time.monotonic()
+    time budget (counted from ``began``, when the worker started on the file) is spent or
+    :data:`MAX_MODELS` were checked; the number checked."""
     budget = float(job.options.timeout) * 0.8
     matched: set[str] = set()
     checked = 0
@@ -244,8 +246,11 @@ def _check_one(
         sides.flags = flags
         verdict = _checked(candidate, entry, sides, recorder, job, writer)
         flips = attribute_flips(remaining)
-        if flips and not flags and verdict.runs and entry == "forward":
-            runs.append((entry, flips))  # the model runs the file: now where guards lead
+        agreed = bool(verdict.runs) or verdict.status == VERIFIED
+        if flips and not flags and agreed and entry == "forward":
+            # The model builds the file's classes and agreed, though its guards may have kept
+            # every site from running (``fused_attn`` on by default): now where they lead.
+            runs.append((entry, flips))
         verdict.reason = f"{verdict.reason}; {'; '.join(x for x in (candidate.reason, why) if x)}"
         writer.add(verdict.to_json())
         for mode, counts in verdict.runs.items():

@@ -16,7 +16,13 @@ from adopter.models.base import adopt_patched_classes, defined_names, entry_poin
 from adopter.models.diffusers import small_config
 from adopter.models.origin import find_origin, pristine_of
 from adopter.models.registry import library_of
-from adopter.models.timm import smallness
+from adopter.models.surveys import SurveyStore, covering_order
+from adopter.models.timm import (
+    choosing_keywords,
+    literal_size,
+    registration_bodies,
+    static_rank,
+)
 from adopter.verify.library import attribute_flips
 from adopter.verify.sites import PatchedSite, calls_kernels
 
@@ -93,10 +99,81 @@ def test_defined_names_reads_top_level_classes_and_functions():
     }
 
 
-def test_timm_names_that_sound_small_come_first():
-    names = ["resnet152", "resnet18", "vit_large_patch16_384", "vit_tiny_patch16_224", "test_vit"]
-    assert sorted(names, key=smallness)[:2] == ["test_vit", "resnet18"]
-    assert sorted(names, key=smallness)[-1] == "vit_large_patch16_384"
+MODEL_MODULE = """
+class ConvNeXt:
+    def __init__(self, use_grn=False, conv_mlp=False):
+        # the MLP follows the block's options
+        mlp_layer = partial(GlobalResponseNormMlp if use_grn else Mlp, use_conv=conv_mlp)
+
+
+@register_model
+def convnext_atto(pretrained=False, **kwargs):
+    \"\"\"ConvNeXt-Atto, 3.7M.\"\"\"
+    model_args = dict(depths=(2, 2, 6, 2), dims=(40, 80, 160, 320), conv_mlp=True)
+    return _create(model_args)
+
+
+@register_model
+def convnextv2_atto(pretrained=False, **kwargs):
+    model_args = dict(depths=(2, 2, 6, 2), dims=(40, 80, 160, 320), use_grn=True)
+    return _create(model_args)
+
+
+@register_model
+def gated_tiny(
+    pretrained=False, **kwargs
+):
+    return _create(dict(mlp_layer=GatedMlp, dims=(8,)))
+"""
+
+
+def test_timm_registration_bodies_and_the_keywords_that_choose_a_class_are_read_statically():
+    bodies = registration_bodies(MODEL_MODULE)
+    assert set(bodies) == {"convnext_atto", "convnextv2_atto", "gated_tiny"}
+    assert "pretrained=False, **kwargs\n):" in bodies["gated_tiny"]  # a ")" line stays inside
+    keywords = choosing_keywords(MODEL_MODULE, {"GlobalResponseNormMlp"})
+    assert {"use_grn", "conv_mlp", "mlp_layer"} <= keywords
+    assert "GlobalResponseNormMlp" not in keywords and "if" not in keywords
+    names = {"GlobalResponseNormMlp", "GatedMlp"}
+    assert static_rank(bodies["gated_tiny"], names, keywords) == (1, 1)
+    assert static_rank(bodies["convnextv2_atto"], names, {"use_grn"}) == (0, 1)
+    assert static_rank(bodies["convnext_atto"], names, {"use_grn"}) == (0, 0)
+
+
+def test_timm_literal_size_sums_the_configuration_not_the_docstring():
+    bodies = registration_bodies(MODEL_MODULE)
+    assert literal_size(bodies["convnext_atto"]) == 12 + 600
+    assert literal_size(bodies["gated_tiny"]) == 8
+
+
+def test_the_covering_order_takes_few_small_models_that_build_every_needed_class():
+    builds = {
+        "big_all": frozenset({"Mlp", "SwiGLU", "GatedMlp"}),
+        "tiny_mlp": frozenset({"Mlp"}),
+        "small_swiglu": frozenset({"SwiGLU", "Other"}),
+        "small_gated": frozenset({"GatedMlp"}),
+        "unrelated": frozenset({"Other"}),
+    }
+    sizes = {"big_all": 900, "tiny_mlp": 1, "small_swiglu": 5, "small_gated": 6, "unrelated": 0}
+    order = covering_order(builds, sizes, {"Mlp", "SwiGLU", "GatedMlp"})
+    assert order == ["big_all", "tiny_mlp", "small_swiglu", "small_gated"]
+    order = covering_order(
+        {k: v for k, v in builds.items() if k != "big_all"}, sizes, {"Mlp", "SwiGLU"}
+    )
+    assert order == ["tiny_mlp", "small_swiglu"]  # the one needing none is left out
+
+
+def test_a_survey_store_merges_what_other_workers_wrote(tmp_path):
+    first, second = SurveyStore("lib", "1.0", tmp_path), SurveyStore("lib", "1.0", tmp_path)
+    first.put("a", {"parameters": 1})
+    second.put("b", None)
+    first.save()
+    second.save()
+    again = SurveyStore("lib", "1.0", tmp_path)
+    assert "a" in again and "b" in again and again.get("b") is None
+    assert "a" not in SurveyStore("lib", "2.0", tmp_path)
+    (tmp_path / "lib-1.0.json").write_text("{half")
+    assert SurveyStore("lib", "1.0", tmp_path).entries == {}
 
 
 def test_a_diffusers_config_is_shrunk_by_argument_name():
@@ -185,3 +262,58 @@ def test_self_flag_guards_give_the_flag_value_that_reaches_the_site():
 )  # fmt: skip
 def test_bench_narrows_a_wide_default_configuration(defaults, expected):
     assert _bench_widths(defaults) == expected
+
+
+def test_guards_are_flipped_after_an_agreeing_check_where_no_site_ran(monkeypatch):
+    from types import SimpleNamespace
+
+    from adopter.verify import library
+    from adopter.verify.results import VERIFIED, ClassVerification
+
+    site = PatchedSite("softmax", 1, 0, 1, 5, "Attention.forward", "Attention")
+    site.guards = ["not (self.fused_attn)"]
+    tried: list[dict[str, bool]] = []
+
+    def checked(candidate, entry, sides, recorder, job, writer):
+        tried.append(dict(sides.flags))
+        runs = {"eval": {site.key: 1}} if sides.flags else {}  # the guard kept it from running
+        modes = {"eval": "verified"}
+        return ClassVerification(candidate.name, VERIFIED, "agrees", modes=modes, runs=runs)
+
+    monkeypatch.setattr(library, "_checked", checked)
+    sides = SimpleNamespace(flags={}, adapter=SimpleNamespace(entries=lambda name: []))
+    writer = SimpleNamespace(rows=[], add=lambda row: writer.rows.append(row))
+    matched: set[str] = set()
+    candidate = SimpleNamespace(name="vit", reason="builds Attention")
+    library._check_one(candidate, "", [site], matched, sides, None, None, writer)
+    assert tried == [{}, {"fused_attn": False}]
+    assert matched == {site.key}
+
+
+def test_candidates_keep_models_the_survey_did_not_rule_out_after_the_covering_set():
+    from adopter.models.surveys import candidate_order
+
+    ranked = [("own", "defined here"), ("big", "names it"), ("unseen", "names it"), ("none", "x")]
+    builds = {"own": frozenset({"Block"})}
+    order = candidate_order(ranked, builds, {"own": 5}, {"none"}, {"Block"})
+    assert [model for model, _ in order] == ["own", "big", "unseen"]
+    assert order[0][1].startswith("builds Block (5 parameters") and order[1][1] == "names it"
+
+
+def test_diffusers_inputs_follow_the_signature_with_masks_pooled_projections_and_frames():
+    from adopter.models.diffusers import make_inputs
+
+    class Video(nn.Module):
+        config = {"in_channels": 3, "sample_size": 8, "pooled_projection_dim": 6}
+
+        def forward(
+            self, hidden_states, timestep, encoder_hidden_states, encoder_attention_mask,
+            pooled_projections, return_dict=True,
+        ):  # fmt: skip
+            return hidden_states
+
+    inputs = make_inputs(Video(), 0, frames=2)
+    assert inputs["hidden_states"].shape == (2, 3, 2, 8, 8)
+    assert inputs["encoder_attention_mask"].shape == (2, 8)
+    assert inputs["pooled_projections"].shape == (2, 6) and inputs["return_dict"] is False
+    assert make_inputs(Video(), 0)["hidden_states"].shape == (2, 3, 8, 8)

@@ -18,16 +18,29 @@ from tests.environments import ROOT
 
 
 @pytest.mark.slow
-def test_timm_candidates_of_a_model_module_start_with_its_smallest_registered_model():
+def test_timm_candidates_of_a_model_module_build_the_patched_class():
     adapter = adapter_for("timm")
-    names = [c.name for c in adapter.candidates("timm.models.resnet", {"BasicBlock"})]
-    assert names[0] == "test_resnet"
-    survey = adapter.survey("resnet18", "timm.models.resnet")
+    candidates = adapter.candidates("timm.models.resnet", {"BasicBlock"})
+    assert candidates and candidates[0].reason.startswith("builds BasicBlock")
+    survey = adapter.survey(candidates[0].name, "timm.models.resnet")
     assert survey is not None and "BasicBlock" in survey.classes
     built = adapter.build("resnet18")
     assert built.inputs[0].shape == (2, 3, 64, 64)
     with torch.no_grad():
         assert built.model.eval()(*built.inputs).shape == (2, 10)
+
+
+@pytest.mark.slow
+def test_timm_candidates_cover_the_rare_classes_of_a_layer_file():
+    names = {"Mlp", "SwiGLU", "GatedMlp", "GlobalResponseNormMlp"}
+    adapter = adapter_for("timm")
+    candidates = adapter.candidates("timm.layers.mlp", names)
+    covered = set()
+    for candidate in candidates[:6]:
+        survey = adapter.survey(candidate.name, "timm.layers.mlp")
+        assert survey is not None
+        covered |= survey.classes & names
+    assert covered == names
 
 
 @pytest.mark.slow

@@ -1,0 +1,178 @@
+"""What an adapter's cheap look at a model found, kept on disk between processes, and the
+choice of models that a file's classes are checked through.
+
+Every verify worker is a fresh process, and finding which of timm's 1,300 registered models
+builds a rare class (``SwiGLU``, ``GlobalResponseNormMlp``) means building many of them on
+the meta device; keeping what each build showed lets the next file's worker start from it.
+A survey only orders and filters the models tried: what a check proves is recorded while it
+runs, so a stale entry can cost a wasted build, never a wrong verdict. The store is keyed by
+the library's version; ``ADOPTER_SURVEY_CACHE=0`` keeps it in memory only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "Look",
+    "SurveyStore",
+    "candidate_order",
+    "covering_order",
+    "survey_dir",
+    "survey_in_order",
+]
+
+Look = Callable[[str], "tuple[dict[str, list[str]], int] | None"]
+"""A model's survey: the library's classes it builds per module and its parameter count,
+``None`` where it cannot be built cheaply."""
+
+
+def survey_dir() -> Path | None:
+    """Where surveys are kept for this user (``None``: not on disk)."""
+    if os.environ.get("ADOPTER_SURVEY_CACHE", "1") == "0":
+        return None
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "adopter" / "surveys"
+
+
+class SurveyStore:
+    """``model name -> survey`` (a JSON-able value, ``None`` for "could not be surveyed") of
+    one library version; read once, written back merged with what other workers added."""
+
+    def __init__(self, library: str, version: str, folder: Path | None = None) -> None:
+        folder = folder if folder is not None else survey_dir()
+        self.path = folder / f"{library}-{version}.json" if folder is not None else None
+        self.entries: dict[str, Any] = self._read()
+        self.added: dict[str, Any] = {}
+
+    def _read(self) -> dict[str, Any]:
+        if self.path is None:
+            return {}
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}  # missing or half-written by a killed worker: start afresh
+        return data if isinstance(data, dict) else {}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.entries
+
+    def get(self, name: str) -> Any:
+        return self.entries.get(name)
+
+    def put(self, name: str, value: Any) -> None:
+        self.entries[name] = value
+        self.added[name] = value
+
+    def save(self) -> None:
+        """Write what this process added, merged with the file as it is now (another worker
+        may have written since), atomically; a store that cannot be written stays in memory."""
+        if self.path is None or not self.added:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            merged = {**self._read(), **self.added}
+            handle, temporary = tempfile.mkstemp(dir=self.path.parent, suffix=".tmp")
+            with os.fdopen(handle, "w", encoding="utf-8") as out:
+                json.dump(merged, out, sort_keys=True)
+            os.replace(temporary, self.path)
+            self.added = {}
+        except OSError:
+            return
+
+
+def covering_order(
+    builds: Mapping[str, frozenset[str]], sizes: Mapping[str, int], needed: Iterable[str]
+) -> list[str]:
+    """Models (keys of ``builds``: the needed classes each builds) in the order to check them:
+    first a covering set chosen greedily (the model building most classes not yet covered,
+    the smaller of equals), then every other model that builds a needed class, smallest first.
+    Models that build none of ``needed`` are left out."""
+    wanted = set(needed)
+    useful = {name: classes & wanted for name, classes in builds.items() if classes & wanted}
+    uncovered = set().union(*useful.values()) if useful else set()
+    order: list[str] = []
+    while uncovered:
+        best = min(
+            (name for name in useful if name not in order),
+            key=lambda name: (-len(useful[name] & uncovered), sizes[name], name),
+        )
+        order.append(best)
+        uncovered -= useful[best]
+    rest = sorted((n for n in useful if n not in order), key=lambda n: (sizes[n], n))
+    return [*order, *rest]
+
+
+def survey_in_order(
+    models: list[str],
+    look: Look,
+    store: SurveyStore,
+    module_name: str,
+    needed: set[str],
+    *,
+    budget: float,
+    choices: int,
+    max_parameters: int,
+) -> tuple[dict[str, frozenset[str]], dict[str, int], set[str]]:
+    """Survey ``models`` in order: what ``store`` holds for free, fresh ``look``s until each
+    class of ``needed`` has ``choices`` builders or ``budget`` seconds are spent. Returns the
+    classes of ``module_name`` each model of at most ``max_parameters`` builds (those building
+    one of ``needed``), their sizes, and the models the survey showed building none of
+    ``needed`` (the only ones it rules out: one not surveyed, or too large, stays a candidate
+    that a check then reports)."""
+    builds: dict[str, frozenset[str]] = {}
+    sizes: dict[str, int] = {}
+    ruled_out: set[str] = set()
+    count: dict[str, int] = dict.fromkeys(needed, 0)
+    spent = 0.0
+    for model in models:
+        if model not in store:
+            if spent > budget or min(count.values(), default=choices) >= choices:
+                continue
+            began = time.monotonic()
+            look(model)
+            spent += time.monotonic() - began
+        found = look(model)
+        if found is None:
+            continue
+        by_module, parameters = found
+        classes = frozenset(by_module.get(module_name, ()))
+        if not classes & needed:
+            ruled_out.add(model)
+        elif parameters <= max_parameters:
+            builds[model], sizes[model] = classes, parameters
+            for name in classes & needed:
+                count[name] += 1
+    store.save()
+    return builds, sizes, ruled_out
+
+
+def candidate_order(
+    ranked: list[tuple[str, str]],
+    builds: Mapping[str, frozenset[str]],
+    sizes: Mapping[str, int],
+    ruled_out: set[str],
+    needed: set[str],
+) -> list[tuple[str, str]]:
+    """``(model, why)`` in the order to check: the :func:`covering_order` of the surveyed
+    models, then every other model of ``ranked`` (in its order) that the survey did not rule
+    out: not surveyed (the budget was spent), not buildable on the meta device, or too large."""
+    reasons = dict(ranked)
+    order = covering_order(builds, sizes, needed)
+    chosen = [
+        (
+            model,
+            f"builds {', '.join(sorted(builds[model] & needed))} ({sizes[model]:,} parameters "
+            f"on the meta device); {reasons[model]}",
+        )
+        for model in order
+    ]
+    taken = set(order) | ruled_out
+    return chosen + [(model, why) for model, why in ranked if model not in taken]
