@@ -31,6 +31,7 @@ _NO_RNG = frozenset(
         "clear_caches",
         "describe_backends",
         "rms_norm",
+        "add_rms_norm",
         "gated_activation",
         "gated_activation_chunked",
         "gated_mlp",

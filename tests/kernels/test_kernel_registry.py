@@ -58,6 +58,6 @@ def test_verify_rng_table_agrees_with_the_registry():
 
 
 def test_an_unknown_name_is_a_clear_error():
-    with pytest.raises(KeyError, match="no 'softmx'; known: apply_rotary"):
+    with pytest.raises(KeyError, match="no 'softmx'; known: add_rms_norm, apply_rotary"):
         registry.entry("softmx")
     assert registry.entry("softmax").role is Role.KERNEL
