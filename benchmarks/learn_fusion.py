@@ -160,11 +160,19 @@ def _verify(chosen: list, args: argparse.Namespace) -> list[dict[str, str]]:
 
     def heard(index: int, verdict) -> None:
         rows = verification_rows(items[index].original_path, verdict)
+        ran: dict[str, int] = {}  # backend -> kernel calls, over every class and mode
+        for row in rows:
+            for per_site in row.get("backends", {}).values():
+                for counts in per_site.values():
+                    for backend, calls in dict(counts).items():
+                        ran[backend] = ran.get(backend, 0) + calls
         for row in rows:
             if row["kind"] == "file":
                 entry = {
                     "file": str(Path(row["path"]).relative_to(SITE_PACKAGES)),
                     "status": str(row["status"]),
+                    "reason": str(row["reason"] or ""),
+                    "backends": ran,
                 }
                 found.append(entry)
                 print(entry, flush=True)

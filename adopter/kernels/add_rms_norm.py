@@ -238,10 +238,12 @@ def add_rms_norm(
     def original() -> tuple[Any, torch.Tensor]:
         return add_rms_norm_reference(hidden_states, residual, norm)
 
-    if runs_original(hidden_states, residual) or not _addends_fit(hidden_states, residual):
+    if runs_original(hidden_states, residual):
         return original()
-    spec = _recognise(norm)
+    spec = _recognise(norm) if _addends_fit(hidden_states, residual) else None
     if spec is None or not _norm_fits(spec, hidden_states):
+        # recorded, so that ``adopter verify`` says the site ran unfused
+        backends.note(OP, backends.ORIGINAL)
         return original()
     call = AddNormCall(hidden_states, residual, spec)
     device, dtype = hidden_states.device.type, hidden_states.dtype
