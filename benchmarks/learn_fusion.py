@@ -79,22 +79,27 @@ def _stable(files: list, rule) -> dict[str, int]:
     return {"compiles": compiled, "second_apply_unchanged": again}
 
 
-def _scan(package: str, path: Path, rule, builtins: list, jobs: int) -> tuple[dict, list]:
+def _scan(package: str, paths: list[Path], rule, builtins: list, jobs: int) -> tuple[dict, list]:
     started = time.perf_counter()
-    result = scan_paths([path], [rule, *builtins], jobs=jobs, keep_details=True)
-    builtin_calls = {
-        (site.path, step.line, step.column)
-        for site in result.sites
-        if site.rule is not rule
-        for step in site.steps
-    }
-    ours = [site for site in result.sites if site.rule is rule]
-    inside = [
-        site
-        for site in ours
-        if any((site.path, step.line, step.column) in builtin_calls for step in site.steps)
-    ]
-    rewrite = rewrite_paths([path], [rule])
+    ours: list = []
+    inside: list = []
+    if builtins:  # the scan only tells which sites lie inside a built-in rule's
+        result = scan_paths(paths, [rule, *builtins], jobs=jobs, keep_details=True)
+        builtin_calls = {
+            (site.path, step.line, step.column)
+            for site in result.sites
+            if site.rule is not rule
+            for step in site.steps
+        }
+        ours = [site for site in result.sites if site.rule is rule]
+        inside = [
+            site
+            for site in ours
+            if any((site.path, step.line, step.column) in builtin_calls for step in site.steps)
+        ]
+    rewrite = rewrite_paths(paths, [rule], jobs=jobs)
+    if not builtins:  # every applicable site is patched or skipped by the rewrite
+        ours = [outcome.site for file in rewrite.files for outcome in file.results]
     statuses: dict[str, int] = {}
     reasons: dict[str, int] = {}
     for file in rewrite.files:
@@ -123,6 +128,11 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--modeling-files",
+        action="store_true",
+        help="transformers: its modeling_*.py files only (what runs; not the modular sources)",
+    )
     args = parser.parse_args()
     rule_id, family = EXAMPLES[args.example]
     learned = learn(
@@ -139,7 +149,10 @@ def main() -> int:
     }
     patched: list = []
     for package, path in PACKAGES.items():
-        summary, files = _scan(package, path, rule, builtins, args.jobs)
+        paths = [path]
+        if args.modeling_files and package.startswith("transformers"):
+            paths = sorted(path.rglob("modeling_*.py"))
+        summary, files = _scan(package, paths, rule, builtins, args.jobs)
         report["packages"][package] = summary
         patched += files
         print(package, summary, flush=True)
