@@ -421,7 +421,9 @@ class Planner:
         if check_one_block(statements, blocks, "assignments") is not None:
             return plan_tuple_across_arms(self, site, plan, targets, producer_of)
         ordered = sorted(statements, key=lambda s: blocks.block_of(s)[1])
-        aliases, names = _absorb_aliases(blocks, ordered, statements, names)
+        aliases, names = _absorb_aliases(
+            blocks, ordered, statements, names, names_in(plan.function)
+        )
         watched = set(names) | input_names(site) | {a.targets[0].id for a in aliases}  # type: ignore[attr-defined]
         require(check_between_untouched(blocks, ordered, watched, skip=aliases))
         text = tuple_assignment(names, call_text)
@@ -573,13 +575,18 @@ class Planner:
 
 
 def _absorb_aliases(
-    blocks: Blocks, ordered: list[ast.stmt], statements: list[ast.stmt], names: list[str]
+    blocks: Blocks,
+    ordered: list[ast.stmt],
+    statements: list[ast.stmt],
+    names: list[str],
+    taken: set[str],
 ) -> tuple[list[ast.stmt], list[str]]:
     """Copies of a result among the fused assignments (``residual = hidden_states`` between
     ``hidden_states = residual + hidden_states`` and ``hidden_states = norm(hidden_states)``):
     the statements that go with the tuple assignment, and the name each result is held by
-    after the original statements, which the tuple assigns instead. Without such copies, the
-    statements' own names."""
+    after the original statements, which the tuple assigns instead. A result that a later
+    fused assignment overwrites and no copy keeps (``h = a + b; h = norm(h)``) is dead after
+    them: it gets a fresh name, so that the tuple does not assign the dead value last."""
     held: dict[str, int] = {}
     aliases: list[ast.stmt] = []
     for statement in [ordered[0], *blocks.between(ordered[0], ordered[-1]), ordered[-1]]:
@@ -595,11 +602,13 @@ def _absorb_aliases(
         else:
             for name in assigned_names(statement):
                 held.pop(name, None)
-    if not aliases:
-        return [], names
     final: list[str] = []
     for index in range(len(statements)):
         holders = sorted(name for name, result in held.items() if result == index)
+        if not holders:
+            dead = f"unused_{names[index]}"
+            require(check_fresh_name(dead, taken | set(names) | set(final), "function"))
+            holders = [dead]
         require(check_one_holder(names[index], holders))
         final.append(holders[0])
     return aliases, final

@@ -374,3 +374,19 @@ def test_a_layer_norm_is_not_an_rms_norm():
     learned = learn([_add_norm_example()], rule_id="my.1")
     source = ADD_NORM_OTHER.replace("self.norm2 = MyRMSNorm(n)", "self.norm2 = nn.LayerNorm(n)")
     assert scan_snippet(source, [learned.rule]) == []
+
+
+def test_a_sum_the_norm_overwrites_is_not_assigned_last():
+    """``x = a + b; x = norm(x)`` with no copy: the sum is dead afterwards; the tuple must not
+    assign it to ``x`` after the normalised value (MiniMax's decoder layer)."""
+    learned = learn([_add_norm_example()], rule_id="my.1")
+    source = ADD_NORM_OTHER.replace(
+        "        x = skip + x\n        skip = x\n        x = self.norm2(x)\n",
+        "        x = skip * 0.5 + x\n        x = self.norm2(x)\n        skip = x\n",
+    )
+    assert "skip * 0.5 + x" in source
+    after = source.replace(
+        "        x = skip * 0.5 + x\n        x = self.norm2(x)\n",
+        "        x, unused_x = add_rms_norm(skip * 0.5, x, self.norm2)\n",
+    ).replace(HEADER, HEADER + KERNELS.format("add_rms_norm"))
+    assert_codemod(learned.rule, source, after)
