@@ -80,6 +80,43 @@ class RMSNormOp(Op):
         return self.finish(self.weight * hidden.to(self.x.dtype))
 
 
+class LlamaRMSNorm(nn.Module):
+    """The RMSNorm module of the transformers Llama family, as its ``forward`` spells it (the
+    spelling :func:`adopter.kernels.add_rms_norm` recognises)."""
+
+    def __init__(self, width: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(width))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class AddRMSNormOp(Op):
+    """A decoder layer's residual add and post-attention norm; both results are used (the sum
+    is the next residual)."""
+
+    def __init__(self, fused: bool) -> None:
+        super().__init__(fused)
+        self.x = _param(BATCH, TOKENS, WIDTH)
+        self.residual = _param(BATCH, TOKENS, WIDTH)
+        self.norm = LlamaRMSNorm(WIDTH)
+
+    def forward(self, _batch: torch.Tensor) -> Any:
+        if self.fused:
+            hidden, residual = kernels.add_rms_norm(self.residual, self.x, self.norm)
+            return self.finish(hidden, residual)
+        hidden = self.residual + self.x  # LlamaDecoderLayer.forward
+        residual = hidden
+        hidden = self.norm(hidden)
+        return self.finish(hidden, residual)
+
+
 class GatedMLPOp(Op):
     def __init__(self, fused: bool) -> None:
         super().__init__(fused)
@@ -256,6 +293,14 @@ CASES = {
             number=10,
             note="keeps the input and one inverse RMS per row instead of the input and the"
             " normalised activation",
+        ),
+        Case(
+            "add_rms_norm",
+            f"x, residual {BATCH}x{TOKENS}x{WIDTH}",
+            AddRMSNormOp,
+            number=10,
+            note="keeps the sum and one inverse RMS per row instead of the sum and the"
+            " normalised activation; the residual's gradient is added in place",
         ),
         Case(
             "gated_mlp",

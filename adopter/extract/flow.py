@@ -918,12 +918,17 @@ class FlowBuilder:
             if local is not None and frame.class_depth < MAX_CLASS_DEPTH:
                 forward = self.analysis.method(local, "forward")
                 if forward is not None:
-                    self.emit(
+                    summary = self.emit(
                         construction.kind, node, positional, keywords, module=ref, transparent=True
                     )
-                    return self.inline(
+                    result = self.inline(
                         forward, local, ref.path, positional, keywords, node, class_call=True
                     )
+                    if self.replay is None and summary.flows:
+                        self.flow.call_results[summary.flows[0].value] = tuple(
+                            f.value for f in result.flows
+                        )
+                    return result
         kind = ref.constructions[0].kind if ref.constructions else "?"
         return self.emit(kind, node, positional, keywords, module=ref)
 

@@ -218,6 +218,9 @@ class FunctionFlow:
     producers: dict[int, int] = field(default_factory=dict)
     branch_labels: dict[int, BranchPoint] = field(default_factory=dict)
     value_names: dict[int, str] = field(default_factory=dict)
+    # the output of a call's transparent summary step (a submodule of a class of this file,
+    # inlined) -> the values the inlined body returns: what the call's result is
+    call_results: dict[int, tuple[int, ...]] = field(default_factory=dict)
     truncated: bool = False
     # Why the sites of this flow are reported but not rewritten ("" when they may be): the
     # flow of an nn.Sequential container that no call of the file runs alone.

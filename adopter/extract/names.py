@@ -144,10 +144,21 @@ DROPOUT = "dropout"
 DROPOUT_FUNCTION = "torch.nn.functional.dropout"
 
 
+# A rule names any RMSNorm module with the family name ``rms_norm``: ``nn.RMSNorm`` and every
+# class whose name ends in ``RMSNorm`` / ``RmsNorm`` (transformers' per-model ``LlamaRMSNorm``
+# copies, diffusers' ``RMSNorm``, timm's ``RmsNorm``). The name says what the class is meant to
+# be, not what its forward computes: a kernel handed such a module checks that itself at run
+# time (``adopter.kernels.add_rms_norm`` recognises the spellings it fuses and calls any other
+# module as it is).
+RMS_NORM = "rms_norm"
+
+
 def construction_family(kind: str) -> str | None:
     """The family a rule may name instead of a construction's kind."""
     if kind in ("torch.nn.Dropout", DROPOUT_FUNCTION):
         return DROPOUT
+    if kind.split("[", 1)[0].rsplit(".", 1)[-1].lower().endswith("rmsnorm"):
+        return RMS_NORM
     return activation_family(kind)
 
 

@@ -1,7 +1,7 @@
 """Backends behind the kernels: each call of an op that has alternatives goes to one of them.
 
-An op (``linear_cross_entropy``, ``rms_norm``, ``attention``; :data:`OPS`) is computed by
-several implementations - the PyTorch core op (``torch``), Liger-Kernel's Triton kernels
+An op (``linear_cross_entropy``, ``rms_norm``, ``add_rms_norm``, ``attention``; :data:`OPS`) is
+computed by several implementations - the PyTorch core op (``torch``), Liger-Kernel's Triton kernels
 (``liger``, when ``liger_kernel`` is installed and the tensors are on CUDA), flash-attn
 (``flash_attn``, CUDA), Adopter's own (``adopter``) - each a :class:`Backend` that says which
 calls it accepts (device, dtype, options, shapes) and reproduces the original computation for
@@ -133,6 +133,14 @@ OPS: tuple[Op, ...] = (
         ("rms_norm",),
         # ours keeps one float per row for backward (the core op keeps what autograd keeps)
         # and has Triton kernels on CUDA (1.90x on an H200).
+        {"*": ("adopter", "torch", "liger")},
+    ),
+    Op(
+        "add_rms_norm",
+        "add_rms_norm",
+        ("add_rms_norm",),
+        # ours keeps the sum and one float per row; Liger's is one pass over both on CUDA but
+        # has not been measured here, so it is not preferred until a table says so.
         {"*": ("adopter", "torch", "liger")},
     ),
     Op(

@@ -161,6 +161,16 @@ ENTRIES: tuple[Entry, ...] = (
             "triton forward and backward kernels (eager for the T5 spelling)",
         ),
     ),
+    Entry(
+        "add_rms_norm",
+        "add_rms_norm",
+        K,
+        RandomDraws.NONE,
+        lambda b: (
+            "add + eager RMSNorm keeping the sum and the inverse RMS (recognised norms); "
+            + ("Liger fused add + RMSNorm" if b.cuda else "other norms called on the sum")
+        ),
+    ),
     Entry("rotary", "rotary", K, RandomDraws.NONE, _rotary),
     Entry("apply_rotary", "rotary", K, RandomDraws.NONE, _rotary),
     Entry("apply_rotary_complex", "rotary", K, RandomDraws.NONE, _rotary),

@@ -139,11 +139,16 @@ def _forward(
 
 
 def _normed_grad(
-    ctx: Any, grad_out: torch.Tensor, x: torch.Tensor, inv: torch.Tensor, weight: torch.Tensor
+    cast: str,
+    offset: float,
+    want_w: bool,
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    inv: torch.Tensor,
+    weight: torch.Tensor | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(dL/dn in float32, dL/dweight)`` where ``n = x32 * inv`` is the normalised input."""
-    cast, offset = ctx.cast, ctx.offset
-    want_w = weight is not None and ctx.needs_input_grad[1]
+    want_w = weight is not None and want_w
     grad_w = None
     if cast == "after_weight":
         g32 = grad_out.to(torch.float32)
@@ -172,6 +177,32 @@ def _normed_grad(
     return grad_n.to(torch.float32), grad_w
 
 
+def closed_form_grads(
+    cast: str,
+    offset: float,
+    wants: tuple[bool, bool],
+    grad_out: torch.Tensor,
+    x: torch.Tensor,
+    inv: torch.Tensor,
+    weight: torch.Tensor | None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(dL/dx, dL/dweight)`` of the spelling ``cast`` from what forward kept (``x`` and the
+    inverse RMS); ``wants`` says which of the two are needed. Shared with
+    :mod:`adopter.kernels.add_rms_norm`, whose backward is this one plus the residual's."""
+    grad_n, grad_w = _normed_grad(cast, offset, wants[1], grad_out, x, inv, weight)
+    if not wants[0]:
+        return None, grad_w
+    x32 = x.to(torch.float32)
+    # dL/dx = inv * g - x * inv^3 * mean(g * x): the variance path folded in.
+    coeff = (grad_n * x32).mean(-1, keepdim=True).mul_(inv.pow(3))
+    grad_x32 = grad_n.mul_(inv) if grad_n is not grad_out else grad_n * inv
+    if cast == "weight_dtype" and x.dtype != torch.float32:
+        # T5 multiplies the half-precision input itself, so autograd rounds the direct
+        # and the variance contributions to x's dtype separately and adds them there.
+        return grad_x32.to(x.dtype) - (x32 * coeff).to(x.dtype), grad_w
+    return grad_x32.sub_(x32 * coeff).to(x.dtype), grad_w
+
+
 def _row_sum(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1]).sum(0)
 
@@ -194,19 +225,8 @@ class _RMSNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, inv, weight = ctx.saved_tensors
-        grad_n, grad_w = _normed_grad(ctx, grad_out, x, inv, weight)
-        grad_x = None
-        if ctx.needs_input_grad[0]:
-            x32 = x.to(torch.float32)
-            # dL/dx = inv * g - x * inv^3 * mean(g * x): the variance path folded in.
-            coeff = (grad_n * x32).mean(-1, keepdim=True).mul_(inv.pow(3))
-            grad_x32 = grad_n.mul_(inv) if grad_n is not grad_out else grad_n * inv
-            if ctx.cast == "weight_dtype" and x.dtype != torch.float32:
-                # T5 multiplies the half-precision input itself, so autograd rounds the direct
-                # and the variance contributions to x's dtype separately and adds them there.
-                grad_x = grad_x32.to(x.dtype) - (x32 * coeff).to(x.dtype)
-            else:
-                grad_x = grad_x32.sub_(x32 * coeff).to(x.dtype)
+        wants = (ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+        grad_x, grad_w = closed_form_grads(ctx.cast, ctx.offset, wants, grad_out, x, inv, weight)
         return grad_x, grad_w, None, None, None
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import re
+import textwrap
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -301,10 +302,13 @@ def lift_forward(
     structure = analyse_source(before, before_path, opaque)
     flow = _flow_of(structure, region, before_path)
     first, last = region.removed
+    handed_modules = _handed_modules(region)
     selected = [
         s
         for s in flow.steps
-        if first <= _call_line(s) <= last and not s.inline_chain and not s.transparent
+        if first <= _call_line(s) <= last
+        and not s.inline_chain
+        and (not s.transparent or _module_handed(s, handed_modules))
     ]
     if options.subtract_kept and region.guard is None:  # a guard's else arm is the original
         for key in _kept_calls(region, after, after_path, opaque):
@@ -333,6 +337,11 @@ def lift_forward(
         )
     lifter = _Lifter(structure, flow, options)
     forward = tuple(lifter.step(step) for step in selected)
+    for step in selected:
+        # A submodule of a class of this file, inlined by extraction, that the kernel is handed:
+        # the call is one ``$module`` step, and what its inlined body returns is its result.
+        for value in flow.call_results.get(step.output, ()):
+            lifter.outputs.setdefault(value, lifter.outputs[step.output])
     replacement = _replacement(region, lifter, flow, selected, after_path)
     guard = None
     if region.guard is not None:
@@ -356,6 +365,57 @@ def lift_forward(
         forward=Section("forward", forward, replacement=replacement, guard=guard),
         scope=options.scope,
     )
+
+
+def _handed_modules(region: Region) -> set[str]:
+    """The texts of the kernel's arguments that name a ``self`` attribute (a submodule)."""
+    module = cst.Module([])
+    texts = {_normal(module.code_for_node(arg.value)) for arg in region.call.node.args}
+    return {text for text in texts if re.fullmatch(r"self(\.\w+)+", text)}
+
+
+def _module_handed(step: FlowStep, handed: set[str]) -> bool:
+    """A transparent step (the call of a submodule whose class extraction inlined) that the
+    kernel takes whole: it is handed that submodule."""
+    return step.module is not None and _indexed(step.module) in handed
+
+
+def _final_names(region: Region, flow: FunctionFlow, selected: list[FlowStep]) -> dict[str, int]:
+    """The selected step (by index) whose result each name holds after the removed
+    statements: ``name = <call>`` binds the name to the call's step, ``alias = name`` copies
+    the binding (``residual = hidden_states`` keeps the sum the next statement overwrites).
+    Calls are paired with steps by their text, in order."""
+    pending: dict[str, list[int]] = {}
+    for index, step in enumerate(selected):
+        if step.node is not None:
+            pending.setdefault(_normal(ast.unparse(step.node)), []).append(index)
+    module = cst.Module([])
+    held: dict[str, int] = {}
+    for node in region.removed_nodes:
+        try:
+            tree = ast.parse(textwrap.dedent(module.code_for_node(node)))
+        except SyntaxError:
+            return {}
+        for statement in tree.body:
+            _bind(statement, pending, held)
+    return held
+
+
+def _bind(statement: ast.stmt, pending: dict[str, list[int]], held: dict[str, int]) -> None:
+    if not isinstance(statement, ast.Assign):
+        return
+    names = [t.id for t in statement.targets if isinstance(t, ast.Name)]
+    value = statement.value
+    if isinstance(value, ast.Name):
+        source = held.get(value.id)
+    else:
+        queue = pending.get(_normal(ast.unparse(value)))
+        source = queue.pop(0) if queue else None
+    for name in names:
+        if source is None:
+            held.pop(name, None)
+        else:
+            held[name] = source
 
 
 def _replacement(
@@ -437,8 +497,11 @@ def _targets(
             return (lifter.outputs[escaping[-1].output],)
         return (lifter.outputs[selected[-1].output],)
     targets = []
+    final = _final_names(region, flow, selected)
     for name in region.targets:
         named = [s for s in selected if flow.value_names.get(s.output) == name]
+        if name in final:
+            named = [selected[final[name]]]
         if not named:
             raise LearnError(
                 after_path,

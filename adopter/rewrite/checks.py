@@ -684,15 +684,26 @@ def check_chain_conditions(tests: list[ast.If], moved: list[ast.stmt]) -> Refusa
 
 @check
 def check_between_untouched(
-    blocks: Blocks, ordered: list[ast.stmt], watched: set[str]
+    blocks: Blocks, ordered: list[ast.stmt], watched: set[str], skip: list[ast.stmt] = ()
 ) -> Refusal | None:
     """No other statement among the fused assignments (``ordered``) uses a name they set or
-    the kernel reads (``watched``)."""
+    the kernel reads (``watched``); ``skip``: statements the rewrite removes with them."""
     for statement in blocks.between(ordered[0], ordered[-1]):
-        if any(statement is s for s in ordered):
+        if any(statement is s for s in [*ordered, *skip]):
             continue
         if (read_names(statement) | assigned_names(statement)) & watched:
             return Refusal(f"line {statement.lineno} uses a name the fused assignment sets")
+    return None
+
+
+@check
+def check_one_holder(name: str, holders: list[str]) -> Refusal | None:
+    """After copies among the fused assignments (``residual = hidden_states``), each result
+    is held by exactly one name, which the tuple assignment then sets."""
+    if len(holders) != 1:
+        return Refusal(
+            f"a copy of `{name}` among the fused assignments leaves it under {len(holders)} names"
+        )
     return None
 
 

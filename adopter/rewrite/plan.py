@@ -60,6 +60,7 @@ from .checks import (
     check_one_block,
     check_one_branch,
     check_one_chain,
+    check_one_holder,
     check_one_result_each,
     check_one_spelling,
     check_outputs_of_pattern,
@@ -97,6 +98,7 @@ from .render import (
 from .source import (
     Blocks,
     SourceText,
+    assigned_names,
     contains,
     is_parallel_assignment,
     is_plain_assignment,
@@ -455,13 +457,17 @@ class Planner:
         if check_one_block(statements, blocks, "assignments") is not None:
             return plan_tuple_across_arms(self, site, plan, targets, producer_of)
         ordered = sorted(statements, key=lambda s: blocks.block_of(s)[1])
-        watched = set(names) | input_names(site) | spelling_names(site)
-        require(check_between_untouched(blocks, ordered, watched))
+        aliases, names = _absorb_aliases(
+            blocks, ordered, statements, names, names_in(plan.function)
+        )
+        alias_names = {a.targets[0].id for a in aliases}  # type: ignore[attr-defined]
+        watched = set(names) | input_names(site) | spelling_names(site) | alias_names
+        require(check_between_untouched(blocks, ordered, watched, skip=aliases))
         text = tuple_assignment(names, call_text)
         plan.replace_statements.append((ordered[0], text))
-        plan.delete_statements.extend(ordered[1:])
-        plan.touched.extend(ordered)
-        plan.statements.extend(ordered)
+        plan.delete_statements.extend([*ordered[1:], *aliases])
+        plan.touched.extend([*ordered, *aliases])
+        plan.statements.extend([*ordered, *aliases])
         plan.summary = f"{len(ordered)} assignments -> {text}"
         return plan
 
@@ -639,6 +645,58 @@ class Planner:
         return self.fuse_statements(
             plan, site, [stand_in, *rest], len(rest), call_text, frozenset(read_names(call))
         )
+
+
+def _absorb_aliases(
+    blocks: Blocks,
+    ordered: list[ast.stmt],
+    statements: list[ast.stmt],
+    names: list[str],
+    taken: set[str],
+) -> tuple[list[ast.stmt], list[str]]:
+    """Copies of a result among the fused assignments (``residual = hidden_states`` between
+    ``hidden_states = residual + hidden_states`` and ``hidden_states = norm(hidden_states)``):
+    the statements that go with the tuple assignment, and the name each result is held by
+    after the original statements, which the tuple assigns instead. A result that a later
+    fused assignment overwrites and no copy keeps (``h = a + b; h = norm(h)``) is dead after
+    them: it gets a fresh name, so that the tuple does not assign the dead value last."""
+    held: dict[str, int] = {}
+    aliases: list[ast.stmt] = []
+    for statement in [ordered[0], *blocks.between(ordered[0], ordered[-1]), ordered[-1]]:
+        results = [i for i, s in enumerate(statements) if s is statement]
+        for index in results:
+            held[names[index]] = index
+        if results:
+            continue
+        copied = _copied_name(statement)
+        if copied is not None and copied[1] in held:
+            held[copied[0]] = held[copied[1]]
+            aliases.append(statement)
+        else:
+            for name in assigned_names(statement):
+                held.pop(name, None)
+    final: list[str] = []
+    for index in range(len(statements)):
+        holders = sorted(name for name, result in held.items() if result == index)
+        if not holders:
+            dead = f"unused_{names[index]}"
+            require(check_fresh_name(dead, taken | set(names) | set(final), "function"))
+            holders = [dead]
+        require(check_one_holder(names[index], holders))
+        final.append(holders[0])
+    return aliases, final
+
+
+def _copied_name(statement: ast.stmt) -> tuple[str, str] | None:
+    """``(target, source)`` of ``target = source`` between two names, else ``None``."""
+    if (
+        isinstance(statement, ast.Assign)
+        and len(statement.targets) == 1
+        and isinstance(statement.targets[0], ast.Name)
+        and isinstance(statement.value, ast.Name)
+    ):
+        return statement.targets[0].id, statement.value.id
+    return None
 
 
 def _enclosing_branch(

@@ -44,6 +44,6 @@ def test_describe_backends_describes_every_kernel_and_nothing_else():
 
 
 def test_an_unknown_name_is_a_clear_error():
-    with pytest.raises(KeyError, match="no 'softmx'; known: apply_rotary"):
+    with pytest.raises(KeyError, match="no 'softmx'; known: add_rms_norm, apply_rotary"):
         registry.entry("softmx")
     assert registry.entry("softmax").role is Role.KERNEL

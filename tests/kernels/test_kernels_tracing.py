@@ -230,7 +230,44 @@ class _Scores(nn.Module):
         return (torch.bmm(query, key.transpose(-1, -2)) * self.scale).softmax(dim=-1)
 
 
+class _LlamaNorm(nn.Module):
+    """A transformers Llama RMSNorm: the spelling add_rms_norm computes fused."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(width))
+        self.variance_epsilon = 1e-6
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+def _add_norm(m, x, y):
+    """A decoder layer's residual add and post-attention norm, both results used."""
+    hidden = m.proj(x) + y
+    residual = hidden
+    return m.norm(hidden), residual
+
+
 MODERN_CASES = [
+    Case(
+        "add_rms_norm",
+        lambda m, x, y: kernels.add_rms_norm(m.proj(x), y, m.norm),
+        _add_norm,
+        lambda: {"proj": nn.Linear(8, 8), "norm": _LlamaNorm(8)},
+        lambda: (torch.randn(2, 3, 8), torch.randn(2, 3, 8)),
+    ),
+    Case(
+        "add_rms_norm",
+        lambda m, x, y: kernels.add_rms_norm(m.proj(x), y, m.norm),
+        _add_norm,
+        lambda: {"proj": nn.Linear(8, 8), "norm": nn.RMSNorm(8)},
+        lambda: (torch.randn(2, 3, 8), torch.randn(2, 3, 8)),
+    ),
     Case(
         "rms_norm",
         lambda m, x: kernels.rms_norm(x, m.norm.weight, 1e-6),

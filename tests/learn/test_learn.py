@@ -291,3 +291,102 @@ def test_cli_verify_checks_the_sites_the_learned_rule_patches(tmp_path: Path):
     assert result.exit_code == 0, result.output + str(result.exception)
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert "before.py" in result.stdout
+
+
+# -- two results, a copy of one of them, a submodule whose class the file defines ------------
+EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "learn_fusion"
+
+
+def _add_norm_example() -> Example:
+    return Example.read(EXAMPLE_DIR / "add_norm_before.py", EXAMPLE_DIR / "add_norm_after.py")
+
+
+def test_two_results_and_a_copy_learn_one_rule_with_both_outputs():
+    """The decoder layer's ``h = r + h; r = h; h = norm(h)``: the kernel returns the normalised
+    value and the sum, which the copy keeps under ``residual``; the norm's class is defined in
+    the file (extraction inlines it), so the call is kept whole as the module the kernel is
+    handed, and named by the ``rms_norm`` family."""
+    learned = learn([_add_norm_example()], rule_id="my.1")
+    rule = learned.rule
+    assert rule.kernel == "adopter.kernels.add_rms_norm"
+    (construction,) = rule.init.steps
+    assert construction.callee.dotted == "rms_norm"
+    (replacement,) = rule.forward.replacement
+    assert len(replacement.targets) == 2
+    assert [step.callee.dotted for step in rule.forward.steps[:1]] == ["add"]
+
+
+ADD_NORM_OTHER = HEADER + textwrap.dedent(
+    """
+    class MyRMSNorm(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(n))
+            self.eps = 1e-5
+
+        def forward(self, x):
+            return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+    class Layer(nn.Module):
+        def __init__(self, n):
+            super().__init__()
+            self.mix = nn.Linear(n, n)
+            self.norm2 = MyRMSNorm(n)
+            self.ffn = nn.Linear(n, n)
+
+        def forward(self, x):
+            skip = x
+            x = self.mix(x)
+            x = skip + x
+            skip = x
+            x = self.norm2(x)
+            return skip + self.ffn(x)
+    """
+)
+
+
+def test_learned_add_norm_rule_rewrites_another_layer_and_its_copy():
+    learned = learn([_add_norm_example()], rule_id="my.1")
+    after = ADD_NORM_OTHER.replace(
+        "        x = skip + x\n        skip = x\n        x = self.norm2(x)\n",
+        "        x, skip = add_rms_norm(skip, x, self.norm2)\n",
+    ).replace(HEADER, HEADER + KERNELS.format("add_rms_norm"))
+    assert "x, skip = add_rms_norm" in after
+    assert_codemod(learned.rule, ADD_NORM_OTHER, after)
+
+
+def test_a_copy_that_leaves_the_sum_under_two_names_is_not_rewritten():
+    """``s = x; t = x`` after the add: the sum would need two names; apply refuses."""
+    learned = learn([_add_norm_example()], rule_id="my.1")
+    source = ADD_NORM_OTHER.replace(
+        "        skip = x\n        x = self.norm2(x)\n",
+        "        skip = x\n        keep = x\n        x = self.norm2(x)\n",
+    ).replace("return skip + self.ffn(x)", "return skip + keep + self.ffn(x)")
+    assert "keep = x" in source
+    rewrite = rewrite_text(source, "model.py", Matcher([learned.rule]))
+    assert rewrite.patched == source
+    reasons = [result.reason for result in rewrite.results]
+    assert any("under 2 names" in reason for reason in reasons), reasons
+
+
+def test_a_layer_norm_is_not_an_rms_norm():
+    learned = learn([_add_norm_example()], rule_id="my.1")
+    source = ADD_NORM_OTHER.replace("self.norm2 = MyRMSNorm(n)", "self.norm2 = nn.LayerNorm(n)")
+    assert scan_snippet(source, [learned.rule]) == []
+
+
+def test_a_sum_the_norm_overwrites_is_not_assigned_last():
+    """``x = a + b; x = norm(x)`` with no copy: the sum is dead afterwards; the tuple must not
+    assign it to ``x`` after the normalised value (MiniMax's decoder layer)."""
+    learned = learn([_add_norm_example()], rule_id="my.1")
+    source = ADD_NORM_OTHER.replace(
+        "        x = skip + x\n        skip = x\n        x = self.norm2(x)\n",
+        "        x = skip * 0.5 + x\n        x = self.norm2(x)\n        skip = x\n",
+    )
+    assert "skip * 0.5 + x" in source
+    after = source.replace(
+        "        x = skip * 0.5 + x\n        x = self.norm2(x)\n",
+        "        x, unused_x = add_rms_norm(skip * 0.5, x, self.norm2)\n",
+    ).replace(HEADER, HEADER + KERNELS.format("add_rms_norm"))
+    assert_codemod(learned.rule, source, after)
