@@ -22,8 +22,8 @@ import os
 import platform
 from pathlib import Path
 
-from adopter.bench.command import run_bench
-from adopter.bench.measure import environment_info
+from adopter.bench.command import plan_variants, run_bench
+from adopter.bench.measure import environment_info, run_memory_probe
 from adopter.bench.report import from_json, to_json
 from adopter.rules import load_rule_set
 
@@ -51,6 +51,14 @@ def main() -> None:
     parser.add_argument(
         "--from-json", type=Path, default=None, help="render a saved --json file only"
     )
+    parser.add_argument(
+        "--memory-only",
+        action="store_true",
+        help="only the step peaks, one fresh process per variant (no timing): for shapes whose "
+        "steps are too slow to time interleaved on a CPU; prints a table",
+    )
+    parser.add_argument("--modes", nargs="+", choices=("eager", "compiled"), default=None)
+    parser.add_argument("--optimizers", nargs="+", choices=tuple(OPTIMIZERS), default=None)
     args = parser.parse_args()
     overrides = {
         "vocab_size": args.vocab,
@@ -63,6 +71,9 @@ def main() -> None:
         saved = json.loads(args.from_json.read_text())
         results = {k: from_json(v) for k, v in saved["results"].items()}
         args.output.write_text(_markdown(results, saved["loads"], args, overrides))
+        return
+    if args.memory_only:
+        print(_memory_only(args, overrides))
         return
     results = {}
     loads = {}
@@ -90,6 +101,41 @@ def main() -> None:
         saved = {"results": {k: to_json(v) for k, v in results.items()}, "loads": loads}
         args.json.write_text(json.dumps(saved, indent=1, default=str))
     args.output.write_text(_markdown(results, loads, args, overrides), encoding="utf-8")
+
+
+def _memory_only(args: argparse.Namespace, overrides: dict) -> str:
+    """Step peak RSS of original and patched, per optimizer and mode, as a markdown table."""
+    plan = plan_variants(
+        "llama",
+        rules=load_rule_set("all"),
+        model_class="LlamaForCausalLM",
+        config_overrides=overrides,
+        layers=args.layers,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+    )
+    rows = ["| optimizer | mode | original | patched | change |", "|---|---|---:|---:|---:|"]
+    for optimizer in args.optimizers or OPTIMIZERS:
+        for mode in args.modes or ("eager", "compiled"):
+            peaks = {}
+            for variant in plan.variants:
+                measured = run_memory_probe(
+                    variant,
+                    modes=("train",),
+                    compile=mode == "compiled",
+                    threads=args.threads,
+                    optimizer=optimizer,
+                    timeout=3600,
+                )["train"]
+                peaks[variant.name] = None if isinstance(measured, str) else measured.peak_bytes
+                print(f"{optimizer} {mode} {variant.name}: {measured}", flush=True)
+            original, patched = peaks.get("original"), peaks.get("patched")
+            change = f"{(patched / original - 1) * 100:+.0f}%" if original and patched else "-"
+            cells = [f"{p / 2**20:,.0f} MiB" if p else "failed" for p in (original, patched)]
+            rows.append(
+                f"| {OPTIMIZERS[optimizer]} | {mode} | {cells[0]} | {cells[1]} | {change} |"
+            )
+    return "\n".join(rows)
 
 
 def _markdown(results, loads, args, overrides) -> str:
