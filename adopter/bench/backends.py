@@ -1,7 +1,7 @@
 """``adopter bench --backends``: time every installed backend of each kernel op on this machine
 and record the winners in the table :mod:`adopter.kernels.backends` reads.
 
-For each op (``linear_cross_entropy``, ``rms_norm``, ``attention``) and shape, every backend
+For each op (``linear_cross_entropy``, ``rms_norm``, ``add_rms_norm``, ``attention``) and shape, every backend
 that is installed, runs on the device and accepts the call is timed beside the original
 computation, in interleaved rounds (one step of each per round, in a rotating order, so a
 shared machine's load falls on every candidate alike): one step is the forward and, in
@@ -28,6 +28,8 @@ from typing import Any
 import torch
 
 from ..kernels import backends as kernel_backends
+from ..kernels.add_rms_norm import AddNormCall, NormSpec, add_rms_norm_reference
+from ..kernels.add_rms_norm import bucket as add_norm_bucket
 from ..kernels.attention_function import AttentionCall, attention_call_reference
 from ..kernels.attention_function import bucket as attention_bucket
 from ..kernels.cross_entropy import LossCall, linear_cross_entropy_reference
@@ -76,13 +78,19 @@ def default_shapes(batch: int = 2, seq: int = 512) -> list[Shape]:
             f"{tokens}x768 -> 128256",
             {"tokens": tokens, "hidden": 768, "vocab": 128256},
         ),
-        Shape("rms_norm", f"{batch}x{seq}x768", {"batch": batch, "seq": seq, "hidden": 768}),
+        *_norm_shapes(batch, seq, 768),
         Shape(
             "attention",
             f"{batch}x12x{seq}x64, 4 kv heads",
             {"batch": batch, "heads": 12, "kv_heads": 4, "seq": seq, "head_dim": 64},
         ),
     ]
+
+
+def _norm_shapes(batch: int, seq: int, hidden: int) -> list[Shape]:
+    """RMSNorm over ``hidden``, alone and after the residual add (a decoder layer's norms)."""
+    sizes = {"batch": batch, "seq": seq, "hidden": hidden}
+    return [Shape(op, f"{batch}x{seq}x{hidden}", sizes) for op in ("rms_norm", "add_rms_norm")]
 
 
 def model_shapes(config: Any, batch: int, seq: int) -> list[Shape]:
@@ -103,9 +111,7 @@ def model_shapes(config: Any, batch: int, seq: int) -> list[Shape]:
                 {"tokens": tokens, "hidden": hidden, "vocab": vocab},
             )
         )
-    shapes.append(
-        Shape("rms_norm", f"{batch}x{seq}x{hidden}", {"batch": batch, "seq": seq, "hidden": hidden})
-    )
+    shapes.extend(_norm_shapes(batch, seq, hidden))
     if isinstance(heads, int) and heads > 0:
         kv = getattr(config, "num_key_value_heads", None) or heads
         head_dim = getattr(config, "head_dim", None) or hidden // heads
@@ -158,6 +164,20 @@ def _case(shape: Shape, device: torch.device, dtype: torch.dtype) -> _Case:
         return _Case(
             call, [x, weight], lambda: rms_norm_reference(x, weight, 1e-6), norm_bucket(call)
         )
+    if shape.op == "add_rms_norm":
+        x, residual = (
+            _leaf(s["batch"], s["seq"], s["hidden"], device=device, dtype=dtype) for _ in "xr"
+        )
+        weight = _leaf(s["hidden"], device=device, dtype=dtype)
+        call = AddNormCall(x, residual, NormSpec(weight, 1e-6, "before_weight"))
+        return _Case(
+            call,
+            [x, residual, weight],
+            lambda: add_rms_norm_reference(
+                x, residual, lambda summed: rms_norm_reference(summed, weight, 1e-6)
+            ),
+            add_norm_bucket(call),
+        )
     if shape.op == "attention":
         b, h, kv, n, d = s["batch"], s["heads"], s["kv_heads"], s["seq"], s["head_dim"]
         q = _leaf(b, h, n, d, device=device, dtype=dtype)
@@ -172,7 +192,7 @@ def _case(shape: Shape, device: torch.device, dtype: torch.dtype) -> _Case:
 
 
 def _step(
-    compute: Callable[[], torch.Tensor], leaves: list[torch.Tensor], train: bool
+    compute: Callable[[], Any], leaves: list[torch.Tensor], train: bool
 ) -> Callable[[], None]:
     def step() -> None:
         if not train:
@@ -182,7 +202,8 @@ def _step(
         for leaf in leaves:
             leaf.grad = None
         out = compute()
-        out.backward(torch.ones_like(out) if out.dim() else None)
+        outs = list(out) if isinstance(out, tuple) else [out]  # add_rms_norm: (normed, sum)
+        torch.autograd.backward(outs, [torch.ones_like(o) for o in outs])
 
     return step
 

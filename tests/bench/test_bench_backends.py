@@ -27,6 +27,7 @@ from adopter.kernels import backends
 TINY = [
     Shape("linear_cross_entropy", "8x4 -> 11", {"tokens": 8, "hidden": 4, "vocab": 11}),
     Shape("rms_norm", "2x3x8", {"batch": 2, "seq": 3, "hidden": 8}),
+    Shape("add_rms_norm", "2x3x8", {"batch": 2, "seq": 3, "hidden": 8}),
     Shape(
         "attention",
         "1x2x4x8",
@@ -56,6 +57,7 @@ def test_every_installed_backend_is_measured_and_the_winners_recorded(tmp_path: 
     assert reference == {
         "linear_cross_entropy": "adopter",
         "rms_norm": "adopter",
+        "add_rms_norm": "adopter",
         "attention": "original",
     }
     path = record(rows)
