@@ -35,7 +35,7 @@ from .base import (
     library_objects,
     modules_naming,
 )
-from .surveys import SurveyStore, candidate_order, survey_in_order
+from .surveys import SurveyStore, surveyed_candidates
 
 __all__ = ["DiffusersAdapter", "small_config"]
 
@@ -167,21 +167,17 @@ class DiffusersAdapter:
         patched classes (attention processors included), then the others that build them,
         smallest first; classes that could not be surveyed after those. The text of
         ``diffusers.models`` says which classes may (:meth:`_ranked`)."""
-        ranked = self._ranked(module_name, names)
-        needed = names & set(re.findall(r"^class\s+(\w+)", _module_text(module_name), re.M))
-        if not needed:
-            return [ModelCandidate(m, why) for m, why in ranked[:MAX_CANDIDATES]]
-        builds, sizes, ruled_out = survey_in_order(
-            [m for m, _ in ranked],
+        order, _ = surveyed_candidates(
+            self._ranked(module_name, names),
+            _module_text(module_name),
+            names,
             self._meta_look,
             self._store(),
             module_name,
-            needed,
             budget=SURVEY_BUDGET,
             choices=CHOICES_PER_CLASS,
             max_parameters=MAX_SMALL_PARAMETERS,
         )
-        order = candidate_order(ranked, builds, sizes, ruled_out, needed)
         return [ModelCandidate(model, why) for model, why in order[:MAX_CANDIDATES]]
 
     def _ranked(self, module_name: str, names: set[str]) -> list[tuple[str, str]]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -26,6 +27,7 @@ __all__ = [
     "covering_order",
     "survey_dir",
     "survey_in_order",
+    "surveyed_candidates",
 ]
 
 Look = Callable[[str], "tuple[dict[str, list[str]], int] | None"]
@@ -176,3 +178,35 @@ def candidate_order(
     ]
     taken = set(order) | ruled_out
     return chosen + [(model, why) for model, why in ranked if model not in taken]
+
+
+def surveyed_candidates(
+    ranked: list[tuple[str, str]],
+    own_text: str,
+    names: set[str],
+    look: Look,
+    store: SurveyStore,
+    module_name: str,
+    *,
+    budget: float,
+    choices: int,
+    max_parameters: int,
+) -> tuple[list[tuple[str, str]], Mapping[str, frozenset[str]] | None]:
+    """The :func:`candidate_order` of ``ranked`` after a :func:`survey_in_order` for the
+    classes of ``names`` that the module's text (``own_text``) defines, and what each surveyed
+    model builds; ``ranked`` as it is and ``None`` when the module defines none of them
+    (nothing to look for in a build)."""
+    needed = names & set(re.findall(r"^class\s+(\w+)", own_text, re.MULTILINE))
+    if not needed:
+        return ranked, None
+    builds, sizes, ruled_out = survey_in_order(
+        [model for model, _ in ranked],
+        look,
+        store,
+        module_name,
+        needed,
+        budget=budget,
+        choices=choices,
+        max_parameters=max_parameters,
+    )
+    return candidate_order(ranked, builds, sizes, ruled_out, needed), builds

@@ -40,7 +40,7 @@ from .base import (
     mentions,
     modules_naming,
 )
-from .surveys import SurveyStore, candidate_order, survey_in_order
+from .surveys import SurveyStore, surveyed_candidates
 
 __all__ = [
     "TimmAdapter",
@@ -155,25 +155,21 @@ class TimmAdapter:
         models a meta-device survey shows building the file's patched classes, then the other
         models that build them, smallest first; models that could not be surveyed after those.
         Which models are surveyed first is read from timm's text (:meth:`_ranked`)."""
-        ranked = self._ranked(module_name, names)
-        own = self._texts().get(_key(module_name), "")
-        needed = names & set(re.findall(r"^class\s+(\w+)", own, re.MULTILINE))
-        if not needed:
-            return [ModelCandidate(m, why) for m, why in ranked[:MAX_CANDIDATES]]
-        builds, sizes, ruled_out = survey_in_order(
-            [m for m, _ in ranked],
+        order, builds = surveyed_candidates(
+            self._ranked(module_name, names),
+            self._texts().get(_key(module_name), ""),
+            names,
             self._meta_look,
             self._store(),
             module_name,
-            needed,
             budget=SURVEY_BUDGET,
             choices=CHOICES_PER_CLASS,
             max_parameters=MAX_SMALL_PARAMETERS,
         )
-        order = candidate_order(ranked, builds, sizes, ruled_out, needed)
         # A model only the registry-wide look proposed is kept when its survey shows it
         # building a patched class: unsurveyed, it is no evidence of anything.
-        order = [(m, why) for m, why in order if m in builds or why != _ANY_MODEL]
+        if builds is not None:
+            order = [(m, why) for m, why in order if m in builds or why != _ANY_MODEL]
         return [ModelCandidate(model, why) for model, why in order[:MAX_CANDIDATES]]
 
     def _ranked(self, module_name: str, names: set[str]) -> list[tuple[str, str]]:
