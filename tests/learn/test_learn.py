@@ -457,7 +457,9 @@ QKV_NOT_HEADS = HEADER + textwrap.dedent(
 def test_consumers_the_example_keeps_become_where_constraints():
     """Each fused result is split into heads by the code AFTER keeps: the rule asks that of a
     site (``split_heads``, the family of every spelling), as the built-in paper.9 does."""
-    rule = learn([example(QKV_BEFORE, QKV_AFTER)], rule_id="my.1").rule
+    learned = learn([example(QKV_BEFORE, QKV_AFTER)], rule_id="my.1")
+    assert "A site must also hand each result to `split_heads`" in learned.text
+    rule = learned.rule
     where = rule.forward.where
     assert [step.callee.dotted for step in where] == ["split_heads"] * 3
     outputs = [step.targets[0].name for step in rule.forward.steps]
