@@ -3,7 +3,8 @@
 Two spellings with the same shape (the same callees in the same order, the same data flow, the
 same replacement) become one whose differences are variables: a constant that is ``-1`` in one
 example and ``1`` in the other is a variable, a construction flag they disagree on is no longer
-checked. Spellings of different shapes stay separate variants of the rule.
+checked, a ``where`` context (what the kept code does with the results) that only one of them
+shows is no longer asked. Spellings of different shapes stay separate variants of the rule.
 """
 
 from __future__ import annotations
@@ -118,19 +119,28 @@ class _AntiUnifier:
             if first is not second:
                 raise _Mismatch
             return None
-        if first.kind != second.kind or len(first.where) != len(second.where):
+        if first.kind != second.kind:
             raise _Mismatch
         replacement = first.replacement
         if isinstance(first.replacement, tuple) and isinstance(second.replacement, tuple):
             replacement = self.steps(first.replacement, second.replacement)
         elif first.replacement != second.replacement:
             raise _Mismatch
+        steps = self.steps(first.steps, second.steps)
         return replace(
-            first,
-            steps=self.steps(first.steps, second.steps),
-            where=self.steps(first.where, second.where),
-            replacement=replacement,
+            first, steps=steps, where=self.where(first.where, second.where), replacement=replacement
         )
+
+    def where(self, first: tuple[Step, ...], second: tuple[Step, ...]) -> tuple[Step, ...]:
+        """The context both spellings ask for: a ``where`` one example has and the other lacks
+        (the fused results split into heads in one, used as they are in the other) is dropped,
+        the least general rule asks neither."""
+        saved = (dict(self.pairs), dict(self.generalised), set(self.used))
+        try:
+            return self.steps(first, second)
+        except _Mismatch:
+            self.pairs, self.generalised, self.used = saved
+            return ()
 
 
 def _variables(spelling: Rule) -> set[str]:

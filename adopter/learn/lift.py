@@ -13,7 +13,9 @@ What is abstracted and what is kept:
 * constants (``dim=-1``, ``2``, ``torch.float32``) stay as they are: one example does not say
   which other values the kernel accepts (a second example that differs makes them variables);
 * the kernel call's arguments are bound to the pattern's variables by the text they have in
-  BEFORE (``self.dropout`` is the ``$dropout`` module, ``hidden_states`` the input value).
+  BEFORE (``self.dropout`` is the ``$dropout`` module, ``hidden_states`` the input value);
+* what the kept code does with the kernel's results becomes ``where`` context when all of them
+  (two or more) go through one call family (``split_heads``: each of q, k, v split into heads).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ..dsl import Keyword, Literal, Name, Positional, Rest, Rule, Section, Step,
 from ..dsl.syntax import Call, Expr
 from ..extract import Construction, FileStructure, FunctionFlow, Operand, analyse_source
 from ..extract import Step as FlowStep
-from ..extract.names import parameter_names
+from ..extract.names import parameter_names, step_family
 from .diff import LearnError, Region
 
 # How much of a construction the pattern keeps: its class alone, also its boolean flags, or
@@ -357,13 +359,49 @@ def lift_forward(
         )
         replacement = blanks + replacement
     init = lifter.init_steps()
+    where = _consumer_constraints(flow, selected, lifter, replacement[-1].targets)
     return Rule(
         id="learned",
         name="learned",
         kernel=region.call.kernel,
         init=Section("init", init) if init else None,
-        forward=Section("forward", forward, replacement=replacement, guard=guard),
+        forward=Section("forward", forward, where, replacement=replacement, guard=guard),
         scope=options.scope,
+    )
+
+
+def _consumer_constraints(
+    flow: FunctionFlow, selected: list[FlowStep], lifter: _Lifter, targets: tuple[Var, ...]
+) -> tuple[Step, ...]:
+    """``where`` steps for what the kept code does with the kernel's results: when every
+    result (two or more) is next handed, as its first argument, to a call of one family that
+    names many spellings (``split_heads``: ``view``, ``reshape``, ``transpose``, a helper doing
+    one), the example says the results are used alike, and the rule asks the same of a site
+    (paper.9's q, k and v each split into heads). A consumer of another kind, or one result
+    consumed differently, says nothing general, so nothing is asked."""
+    if len(targets) < 2:
+        return ()
+    chosen = {step.id for step in selected}
+    by_id = {step.id: step for step in flow.steps}
+    value_of = {lifter.outputs[step.output].name: step.output for step in selected}
+    common: set[str] | None = None
+    for target in targets:
+        value = value_of.get(target.name)
+        if value is None:
+            return ()
+        families = set()
+        for use in flow.consumers(value):
+            consumer = by_id.get(use.step) if use.step is not None else None
+            if consumer is None or consumer.id in chosen or not consumer.positional:
+                continue
+            family = step_family(consumer.kind)
+            if family and any(f.value == value for f in consumer.positional[0].flows):
+                families.add(family)
+        common = families if common is None else common & families
+    return tuple(
+        Step(Name(family), (Positional(target), Rest()))
+        for family in sorted(common or ())
+        for target in targets
     )
 
 

@@ -100,6 +100,7 @@ def header(rule: Rule, before_code: str, after_code: str, source: str, site: str
         "#",
         f"# What it does: finds the computation of the example's Before and calls `{kernel}`",
         f"# ({rule.kernel}) instead, with the same modules and values, as in After.",
+        *_context_lines(rule),
         "#",
         f"# Why: the example's author replaced this code with `{kernel}`; every other site that",
         "# computes the same thing can call it too.",
@@ -113,6 +114,16 @@ def header(rule: Rule, before_code: str, after_code: str, source: str, site: str
         "",
     ]
     return "\n".join(lines)
+
+
+def _context_lines(rule: Rule) -> list[str]:
+    """What the ``where`` block asks, in words: the consumers the example's kept code shows."""
+    where = rule.forward.where if rule.forward is not None else ()
+    families = sorted({expression(step.callee) for step in where})
+    if not families:
+        return []
+    calls = " / ".join(f"`{family}`" for family in families)
+    return [f"# A site must also hand each result to {calls}, as the example's kept code does."]
 
 
 def fixture_text(rule: Rule, before: str, site_lines: list[int], stem: str) -> str:

@@ -390,3 +390,122 @@ def test_a_sum_the_norm_overwrites_is_not_assigned_last():
         "        x, unused_x = add_rms_norm(skip * 0.5, x, self.norm2)\n",
     ).replace(HEADER, HEADER + KERNELS.format("add_rms_norm"))
     assert_codemod(learned.rule, source, after)
+
+
+QKV_BEFORE = HEADER + textwrap.dedent(
+    """
+    class Attention(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.q_proj = nn.Linear(d, d)
+            self.k_proj = nn.Linear(d, d)
+            self.v_proj = nn.Linear(d, d)
+
+        def forward(self, hidden_states):
+            query = self.q_proj(hidden_states)
+            key = self.k_proj(hidden_states)
+            value = self.v_proj(hidden_states)
+            query = query.view(2, 3, 4, 2)
+            key = key.view(2, 3, 4, 2)
+            value = value.view(2, 3, 4, 2)
+            return query, key, value
+    """
+)
+QKV_AFTER = (
+    HEADER
+    + KERNELS.format("qkv_projection")
+    + textwrap.dedent(
+        """
+        class Attention(nn.Module):
+            def __init__(self, d):
+                super().__init__()
+                self.q_proj = nn.Linear(d, d)
+                self.k_proj = nn.Linear(d, d)
+                self.v_proj = nn.Linear(d, d)
+
+            def forward(self, hidden_states):
+                query, key, value = qkv_projection(
+                    hidden_states, self.q_proj, self.k_proj, self.v_proj
+                )
+                query = query.view(2, 3, 4, 2)
+                key = key.view(2, 3, 4, 2)
+                value = value.view(2, 3, 4, 2)
+                return query, key, value
+        """
+    )
+)
+# Three projections of one input that are not attention heads (Conditional-DETR's content
+# projections): nothing splits them, so the fused-QKV example does not describe them.
+QKV_NOT_HEADS = HEADER + textwrap.dedent(
+    """
+    class Decoder(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.q_content = nn.Linear(d, d)
+            self.k_content = nn.Linear(d, d)
+            self.v = nn.Linear(d, d)
+
+        def forward(self, tgt, pos):
+            q = self.q_content(tgt)
+            k = self.k_content(tgt)
+            v = self.v(tgt)
+            return q + pos, k + pos, v
+    """
+)
+
+
+def test_consumers_the_example_keeps_become_where_constraints():
+    """Each fused result is split into heads by the code AFTER keeps: the rule asks that of a
+    site (``split_heads``, the family of every spelling), as the built-in paper.9 does."""
+    learned = learn([example(QKV_BEFORE, QKV_AFTER)], rule_id="my.1")
+    assert "A site must also hand each result to `split_heads`" in learned.text
+    rule = learned.rule
+    where = rule.forward.where
+    assert [step.callee.dotted for step in where] == ["split_heads"] * 3
+    outputs = [step.targets[0].name for step in rule.forward.steps]
+    assert [step.args[0].value.name for step in where] == outputs
+    other_spelling = HEADER + textwrap.dedent(
+        """
+        class LlamaAttention(nn.Module):
+            def __init__(self, config):
+                super().__init__()
+                self.wq = nn.Linear(8, 8, bias=False)
+                self.wk = nn.Linear(8, 4, bias=False)
+                self.wv = nn.Linear(8, 4, bias=False)
+
+            def forward(self, x):
+                q = self.wq(x).reshape(2, 3, -1, 2).transpose(1, 2)
+                k = self.wk(x).transpose(1, 2)
+                v = self.wv(x).unflatten(-1, (2, 2))
+                return q, k, v
+        """
+    )
+    assert len(scan_snippet(other_spelling, [rule])) == 1
+    assert scan_snippet(QKV_NOT_HEADS, [rule]) == []
+
+
+def test_one_result_or_results_used_differently_ask_for_no_consumer():
+    rule = learn([example(DROPOUT_BEFORE, DROPOUT_AFTER)]).rule
+    assert rule.forward.where == ()
+    mixed_before = QKV_BEFORE.replace("value = value.view(2, 3, 4, 2)", "value = value * 2")
+    mixed_after = QKV_AFTER.replace("value = value.view(2, 3, 4, 2)", "value = value * 2")
+    rule = learn([example(mixed_before, mixed_after)]).rule
+    assert rule.forward.where == ()
+
+
+def test_a_consumer_one_example_shows_and_another_lacks_is_anti_unified_away():
+    """Projections split into heads in one example, used as they are in the other: the rule of
+    both asks for neither, so it takes the unsplit projections too."""
+    unsplit_before = QKV_BEFORE.replace(".view(2, 3, 4, 2)", " * 2")
+    unsplit_after = QKV_AFTER.replace(".view(2, 3, 4, 2)", " * 2")
+    both = learn(
+        [example(QKV_BEFORE, QKV_AFTER), example(unsplit_before, unsplit_after, "other")]
+    ).rule
+    assert both.forward.where == ()
+    assert not both.variants or all(v.forward.where == () for v in both.variants)
+    assert len(scan_snippet(QKV_NOT_HEADS, [both])) == 1
+
+
+def test_a_counter_example_the_consumers_already_exclude_keeps_the_class_level():
+    learned = learn([example(QKV_BEFORE, QKV_AFTER)], counter_examples=[("n.py", QKV_NOT_HEADS)])
+    assert learned.construction_level == "class"
