@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -25,6 +25,9 @@ from .match.report import json_records, sarif_log
 from .match.scan import collect_python_files, scan_paths
 from .models.factories import FACTORY_HELP, parse_factory
 from .rules import DEFAULT_RULE_SET, RULE_SETS, load_rule_set
+
+if TYPE_CHECKING:
+    from .bench.many import BenchJob
 
 app = typer.Typer(
     help="Find (and patch) the places in deep-learning model source where optimized kernels fit.",
@@ -635,40 +638,45 @@ def bench(
     _check_factory("--patched-factory", patched_factory)
     rules = load_rules(rule_files, rule_set, select)
 
+    from dataclasses import replace
+
+    from .bench import many
     from .bench.command import BenchTargetError, run_bench
     from .bench.measure import MODES, VariantBuildError
+    from .bench.options import BenchOptions
 
-    mode_list = _comma_list(modes, "--modes", MODES)
-    options = {
-        "rules": rules,
-        "factory": factory,
-        "patched_factory": patched_factory,
-        "model_class": model_class,
-        "batch_size": batch_size,
-        "seq_len": seq_len,
-        "image_size": image_size,
-        "layers": layers or None,
-        "dropout": dropout,
-        "device": device,
-        "dtype": dtype,
-        "compile": compile_both,
-        "ablation": ablation,
-        "modes": mode_list,
-        "warmup": warmup,
-        "repeats": repeats,
-        "memory": None if memory is MemoryMethod.none else memory.value,
-        "threads": threads,
-        "full_size": full_size,
-    }
+    try:
+        options = BenchOptions(
+            factory=factory,
+            patched_factory=patched_factory,
+            model_class=model_class,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            image_size=image_size,
+            layers=layers or None,
+            dropout=dropout,
+            full_size=full_size,
+            ablation=ablation,
+            device=device,
+            dtype=dtype,
+            compile=compile_both,
+            modes=_comma_list(modes, "--modes", MODES),
+            warmup=warmup,
+            repeats=repeats,
+            memory=None if memory is MemoryMethod.none else memory.value,
+            threads=threads,
+        )
+    except ValueError as error:  # before anything is built: a bad option costs no run
+        raise _fail(str(error)) from None
     if len(targets or []) > 1 or executor_spec != "local":
-        _bench_many(targets or [None], options, executor_spec, runtime_env, json_out, plot_out)
+        jobs = [many.BenchJob(target, options, tuple(rules)) for target in targets or [None]]
+        _bench_many(jobs, executor_spec, runtime_env, json_out, plot_out)
         return
     try:
         result = run_bench(
             target,
-            **options,
-            plot_path=plot_out,
-            json_out=json_out,
+            replace(options, plot_path=plot_out, json_out=json_out),
+            rules=rules,
             progress=lambda message: _stderr().print(message, markup=False, highlight=False),
         )
     except (BenchTargetError, ValueError, VariantBuildError) as error:
@@ -740,8 +748,7 @@ def _print_bench(result) -> None:
 
 
 def _bench_many(
-    targets: list[str | None],
-    options: dict[str, object],
+    jobs: list[BenchJob],
     executor_spec: str,
     runtime_env: str | None,
     json_out: Path | None,
@@ -749,10 +756,9 @@ def _bench_many(
 ) -> None:
     """Benchmark several models through an executor, one per machine at a time; print each
     model's table as it is done."""
-    from .bench.many import BenchJob, bench_many
+    from .bench.many import bench_many
     from .bench.report import plot
 
-    jobs = [BenchJob(target, options) for target in targets]
     console = _stderr()
 
     def heard(index: int, outcome) -> None:

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from machine import describe_machine  # noqa: E402
 
-from adopter.bench.command import plan_variants  # noqa: E402
+from adopter.bench.command import BenchOptions, plan_variants  # noqa: E402
 from adopter.bench.stats import bootstrap_ratio_ci  # noqa: E402
 
 LAYOUTS = {"NCHW": torch.contiguous_format, "channels-last": torch.channels_last}
@@ -88,7 +88,8 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    plan = plan_variants("resnet", batch_size=args.batch_size, image_size=args.image_size, layers=2)
+    options = BenchOptions(batch_size=args.batch_size, image_size=args.image_size, layers=2)
+    plan = plan_variants("resnet", options)
     chosen = {v.name: v for v in plan.variants if v.name in ("original", "patched")}
     runs = {}
     for name, variant in chosen.items():

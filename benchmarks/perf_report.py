@@ -40,7 +40,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,8 @@ import torch  # noqa: E402
 
 from adopter.bench import BenchResult, from_json, plot, to_json  # noqa: E402
 from adopter.bench.command import (  # noqa: E402
+    FASTER_OPTIONS,
+    BenchOptions,
     base_model_class,
     bench_config,
     only_faster_rules,
@@ -310,14 +312,15 @@ def run_job(job: Job, settings: Settings, cache: Path, say: Callable[[str], None
                 "this configuration"
             )
         else:
+            options = BenchOptions(
+                config_overrides=overrides, layers=settings.layers, **job.options
+            )
             result = run_bench(
                 job.model,
+                options,
                 rules=_rules(settings),
                 rule_groups=_paper_group(settings) if job.study == "long" else None,
-                config_overrides=overrides,
-                layers=settings.layers,
                 progress=lambda message: say(f"  {job.study}/{job.model}: {message}"),
-                **job.options,
             )
             record["result"] = to_json(result)
     except Exception as exc:  # the report says which model failed and why; the rest go on
@@ -350,14 +353,18 @@ def run_only_faster(
         for key in ("seq_len", "batch_size", "image_size", "modes", "threads")
         if key in options
     }
-    kept, reasons = only_faster_rules(
-        job.model,
-        _rules(settings),
+    choosing = replace(
+        FASTER_OPTIONS,
         config_overrides=overrides,
         layers=settings.layers,
         optimizer=OPTIMIZER,
-        progress=lambda message: say(f"  only_faster/{job.model}: {message}"),
         **selection,
+    )
+    kept, reasons = only_faster_rules(
+        job.model,
+        _rules(settings),
+        choosing,
+        progress=lambda message: say(f"  only_faster/{job.model}: {message}"),
     )
     record: dict[str, Any] = {"kept": [rule.id for rule in kept], "reasons": reasons}
     if not kept:
@@ -365,12 +372,11 @@ def run_only_faster(
         return record
     result = run_bench(
         job.model,
+        BenchOptions(
+            config_overrides=overrides, layers=settings.layers, dropout="config", **options
+        ),
         rules=kept,
-        config_overrides=overrides,
-        layers=settings.layers,
-        dropout="config",
         progress=lambda message: say(f"  only_faster/{job.model}: {message}"),
-        **options,
     )
     record["result"] = to_json(result)
     return record
@@ -395,16 +401,16 @@ def memory_depth_job(
     }
     started = time.perf_counter()
     try:
-        plan = plan_variants(
-            name,
-            rules=_rules(settings),
-            rule_groups=_paper_group(settings),
+        options = BenchOptions(
             config_overrides=_overrides(name, settings),
             layers=depth,
             seq_len=settings.long_seq,
             batch_size=settings.long_batch,
             decoder_seq_len=settings.decoder(settings.long_seq),
             dropout="no-attention",
+        )
+        plan = plan_variants(
+            name, options, rules=_rules(settings), rule_groups=_paper_group(settings)
         )
         record["patched_sites"] = plan.info["patched_sites"]
         record["variants"] = {}
@@ -487,9 +493,7 @@ def profile_job(name: str, settings: Settings, cache: Path, say: Callable[[str],
         from torch.profiler import ProfilerActivity, profile
 
         torch.set_num_threads(settings.threads)
-        plan = plan_variants(
-            name,
-            rules=_rules(settings),
+        options = BenchOptions(
             config_overrides=_overrides(name, settings),
             layers=settings.layers,
             seq_len=settings.long_seq,
@@ -497,6 +501,7 @@ def profile_job(name: str, settings: Settings, cache: Path, say: Callable[[str],
             image_size=settings.image_size,
             dropout="no-attention",
         )
+        plan = plan_variants(name, options, rules=_rules(settings))
         reference = None
         record["variants"] = {}
         for variant in plan.variants:

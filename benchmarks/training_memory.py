@@ -22,7 +22,7 @@ import os
 import platform
 from pathlib import Path
 
-from adopter.bench.command import plan_variants, run_bench
+from adopter.bench.command import BenchOptions, plan_variants, run_bench
 from adopter.bench.measure import environment_info, run_memory_probe
 from adopter.bench.report import from_json, to_json
 from adopter.rules import load_rule_set
@@ -79,9 +79,7 @@ def main() -> None:
     loads = {}
     for optimizer in OPTIMIZERS:
         loads[optimizer] = [_load()]
-        results[optimizer] = run_bench(
-            "llama",
-            rules=load_rule_set("all"),
+        options = BenchOptions(
             model_class="LlamaForCausalLM",
             config_overrides=overrides,
             layers=args.layers,
@@ -94,6 +92,11 @@ def main() -> None:
             memory="auto",
             threads=args.threads,
             optimizer=optimizer,
+        )
+        results[optimizer] = run_bench(
+            "llama",
+            options,
+            rules=load_rule_set("all"),
             progress=lambda message: print(message, flush=True),
         )
         loads[optimizer].append(_load())
@@ -105,15 +108,14 @@ def main() -> None:
 
 def _memory_only(args: argparse.Namespace, overrides: dict) -> str:
     """Step peak RSS of original and patched, per optimizer and mode, as a markdown table."""
-    plan = plan_variants(
-        "llama",
-        rules=load_rule_set("all"),
+    options = BenchOptions(
         model_class="LlamaForCausalLM",
         config_overrides=overrides,
         layers=args.layers,
         batch_size=args.batch_size,
         seq_len=args.seq_len,
     )
+    plan = plan_variants("llama", options, rules=load_rule_set("all"))
     rows = ["| optimizer | mode | original | patched | change |", "|---|---|---:|---:|---:|"]
     for optimizer in args.optimizers or OPTIMIZERS:
         for mode in args.modes or ("eager", "compiled"):

@@ -1,10 +1,10 @@
 """``adopter bench``: measure what a rewrite buys - step time, throughput, peak memory.
 
 :func:`run_bench` rewrites a model's source with the rules and benchmarks original against
-patched (and per-rule) variants; :func:`only_faster_rules` picks the rules that pay off for
-``apply --only-faster``. Underneath, :func:`benchmark_variants` times named model variants
-(the original and one or more patched versions, e.g. one per rule for ablation) interleaved,
-on identical weights and inputs;
+patched (and per-rule) variants, as its :class:`BenchOptions` say; :func:`only_faster_rules`
+picks the rules that pay off for ``apply --only-faster``. Underneath, :func:`benchmark_variants`
+times named model variants (the original and one or more patched versions, e.g. one per rule
+for ablation) interleaved, on identical weights and inputs;
 :mod:`~adopter.bench.report` renders the result as a table, JSON or a PNG chart, and
 :func:`faster_variants` decides which variants ``apply --only-faster`` keeps. Importing this
 package imports ``torch`` and ``rich``; matplotlib only when plotting.
@@ -22,6 +22,7 @@ from .measure import (
     environment_info,
     run_memory_probe,
 )
+from .options import BenchOptions
 from .report import from_json, plot, render_table, to_json
 from .results import BenchResult, MemoryStats, ModeResult, Speedup, TimingStats
 from .selection import Decision, decide, faster_variants
@@ -29,6 +30,7 @@ from .selection import Decision, decide, faster_variants
 __all__ = [
     "MEMORY_METHODS",
     "MODES",
+    "BenchOptions",
     "BenchResult",
     "BenchTargetError",
     "CheckpointMismatchError",

@@ -61,7 +61,6 @@ from ..models.factories import make_importable, parse_factory
 from ..models.loading import load_sibling
 from ..rewrite import ApplyResult, FileRewrite, SiteStatus, rewrite_text
 from .measure import (
-    MODES,
     RSS_RESOLUTION,
     Factory,
     ModelVariant,
@@ -71,12 +70,15 @@ from .measure import (
     run_memory_probe,
     speedup_of,
 )
+from .options import DROPOUT_MODES, BenchOptions
 from .report import plot, to_json
 from .results import BenchResult, MemoryStats, TimingStats
 from .selection import Judgement, Outcome, judge_variant
 
 __all__ = [
     "DROPOUT_MODES",
+    "FASTER_OPTIONS",
+    "BenchOptions",
     "BenchTargetError",
     "FactoryBuild",
     "NoSiteError",
@@ -97,17 +99,6 @@ __all__ = [
     "resolve_transformers_target",
     "run_bench",
 ]
-
-DROPOUT_MODES = ("config", "no-attention", "none")
-"""How the training step treats dropout.
-
-``config``: as configured. ``no-attention``: attention-probability dropout set to 0 (the
-fused-attention kernels then take their fast path in training too; other dropout stays). Where
-a configuration has no separate attention-dropout setting (T5's ``dropout_rate`` covers every
-dropout) that shared rate is set to 0. ``none``: every dropout probability set to 0, drop path
-and LayerDrop included (the names :data:`adopter.models.config_names.DROPOUT_NAME` matches):
-a step that skips a random set of layers does a different amount of work in every variant.
-"""
 
 BASELINE = "original"
 PATCHED = "patched"
@@ -769,71 +760,46 @@ def _ablation_name(rule_id: str) -> str:
 
 def plan_variants(
     target: str | None = None,
+    options: BenchOptions | None = None,
     *,
     rules: Sequence[Rule] | None = None,
-    factory: str | None = None,
-    patched_factory: str | None = None,
-    model_class: str | None = None,
-    config_overrides: Mapping[str, Any] | None = None,
-    batch_size: int = 2,
-    seq_len: int = 128,
-    image_size: int = 224,
-    decoder_seq_len: int | None = None,
-    layers: int | None = 2,
-    dropout: str = "config",
-    ablation: bool = False,
     combined: bool = True,
     rule_groups: Mapping[str, Sequence[Rule]] | None = None,
-    seed: int = 0,
-    full_size: bool = False,
 ) -> VariantPlan:
-    """The :class:`ModelVariant` list for :func:`run_bench` (see there for the arguments).
+    """The :class:`ModelVariant` list for :func:`run_bench` (see there for the arguments; of
+    ``options`` only what to build is used here).
 
     ``combined=False`` leaves out the all-rules ``patched`` variant (used by
     :func:`only_faster_rules`, which judges rules one by one). Raises
     :class:`BenchTargetError` when nothing would be compared.
     """
-    if dropout not in DROPOUT_MODES:
-        raise ValueError(f"unknown dropout mode {dropout!r} (use {', '.join(DROPOUT_MODES)})")
+    opts = options or BenchOptions()
     if rules is None:
         from ..rules import load_rule_set
 
         rules = load_rule_set()
     rules = list(rules)
-    if patched_factory is not None:
-        return _plan_two_factories(factory, patched_factory, per_rule=ablation or not combined)
-    adapter = _library_adapter(target) if factory is None and target is not None else None
+    if opts.patched_factory is not None:
+        per_rule = opts.ablation or not combined
+        return _plan_two_factories(opts.factory, opts.patched_factory, per_rule=per_rule)
+    adapter = _library_adapter(target) if opts.factory is None and target is not None else None
     if adapter is not None:
         return _plan_library(
-            adapter, target, rules, full_size=full_size, seed=seed, ablation=ablation
+            adapter, target, rules, full_size=opts.full_size, seed=opts.seed, ablation=opts.ablation
         )
-    if factory is not None:
-        source = _factory_source(factory)
+    if opts.factory is not None:
+        source = _factory_source(opts.factory)
+    elif target is None:
+        raise BenchTargetError("give a target (model name or modeling file) or --factory")
     else:
-        if target is None:
-            raise BenchTargetError("give a target (model name or modeling file) or --factory")
-        build = TransformersBuild(
-            module_name="",  # each variant sets its module, source and tag
-            source=None,
-            tag="",
-            class_name=model_class,
-            overrides=tuple(sorted((config_overrides or {}).items())),
-            layers=layers,
-            dropout=dropout,
-            batch_size=batch_size,
-            seq_len=seq_len,
-            image_size=image_size,
-            decoder_seq_len=decoder_seq_len,
-            seed=seed,
-            full_size=full_size,
-        )
-        source = _transformers_source(target, build, dict(config_overrides or {}))
+        build = _transformers_build(opts)
+        source = _transformers_source(target, build, dict(opts.config_overrides))
     plan = _RewritePlan(source)
     combined_text, combined_sites = plan.patch(rules)
     if combined:
         plan.add_combined(combined_text, combined_sites, rules)
     same_as = combined_text if combined else None
-    no_site = plan.add_solo_rules(rules, same_as) if ablation or not combined else []
+    no_site = plan.add_solo_rules(rules, same_as) if opts.ablation or not combined else []
     if not combined and len(plan.variants) == 1:
         raise NoSiteError(f"no rule patches anything in {source.path}: nothing to compare")
     plan.add_rule_groups(rule_groups or {}, same_as)
@@ -843,9 +809,29 @@ def plan_variants(
         "patched_sites": plan.sites,
         "no_site": no_site,
         "notes": plan.notes,
-        "model_class": model_class,
+        "model_class": opts.model_class,
     }
     return VariantPlan(plan.variants, info=info, no_site=no_site)
+
+
+def _transformers_build(opts: BenchOptions) -> TransformersBuild:
+    """The configuration and inputs every transformers variant is built with; each variant
+    sets its module, source and tag."""
+    return TransformersBuild(
+        module_name="",
+        source=None,
+        tag="",
+        class_name=opts.model_class,
+        overrides=tuple(sorted(opts.config_overrides.items())),
+        layers=opts.layers,
+        dropout=opts.dropout,
+        batch_size=opts.batch_size,
+        seq_len=opts.seq_len,
+        image_size=opts.image_size,
+        decoder_seq_len=opts.decoder_seq_len,
+        seed=opts.seed,
+        full_size=opts.full_size,
+    )
 
 
 def _plan_two_factories(factory: str | None, patched_factory: str, per_rule: bool) -> VariantPlan:
@@ -1016,11 +1002,7 @@ def _probe_subset(
     *,
     names: Sequence[str],
     modes: Sequence[str],
-    dtype: str,
-    compile: bool,
-    threads: int | None,
-    optimizer: str,
-    seed: int,
+    opts: BenchOptions,
     progress: Callable[[str], None],
 ) -> None:
     """Fresh-process RSS probes for ``names`` x ``modes`` only, ratios against the baseline.
@@ -1040,11 +1022,11 @@ def _probe_subset(
         measured = run_memory_probe(
             variant,
             modes=ok_modes,
-            dtype=dtype,
-            compile=compile if variant.compiled is None else variant.compiled,
-            threads=threads if threads is not None else torch.get_num_threads(),
-            optimizer=optimizer,
-            seed=seed,
+            dtype=opts.dtype,
+            compile=opts.compile if variant.compiled is None else variant.compiled,
+            threads=opts.threads if opts.threads is not None else torch.get_num_threads(),
+            optimizer=opts.optimizer,
+            seed=opts.seed,
         )
         for mode, value in measured.items():
             res = result.get(name, mode)
@@ -1121,68 +1103,25 @@ def against_compiled(result: BenchResult) -> dict[str, dict[str, dict[str, float
 
 def run_bench(
     target: str | None = None,
+    options: BenchOptions | None = None,
     *,
     rules: Sequence[Rule] | None = None,
-    factory: str | None = None,
-    patched_factory: str | None = None,
-    model_class: str | None = None,
-    config_overrides: Mapping[str, Any] | None = None,
-    batch_size: int = 2,
-    seq_len: int = 128,
-    image_size: int = 224,
-    decoder_seq_len: int | None = None,
-    layers: int | None = 2,
-    dropout: str = "config",
-    device: str = "cpu",
-    dtype: str = "float32",
-    compile: bool = False,
-    ablation: bool = False,
     rule_groups: Mapping[str, Sequence[Rule]] | None = None,
-    modes: Sequence[str] = MODES,
-    warmup: int = 2,
-    repeats: int = 10,
-    memory: str | None = None,
-    memory_modes: Sequence[str] | None = None,
-    memory_variants: Sequence[str] | None = None,
-    threads: int | None = None,
-    optimizer: str = "adamw",
-    seed: int = 0,
-    plot_path: str | Path | None = None,
-    json_out: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
-    full_size: bool = False,
 ) -> BenchResult:
     """Benchmark the original model against its rewrite (and per-rule rewrites).
 
     Args:
         target: a transformers model name (``bert``, ``gpt_neo``), dotted module name, or path
-            to a modeling file or model folder of any transformers tree. Ignored with
-            ``factory``.
-        rules: the rules to apply (default: the ``paper`` set).
-        factory: ``module:function`` or ``file.py:function`` returning ``(model, inputs)``
-            for plain ``nn.Module`` code. Without ``patched_factory`` the function's own module
-            source is rewritten with ``rules`` and the function is called from the patched
-            copy; with it, the two factories are compared as given (no ablation).
-        patched_factory: the rewritten model's factory, same form.
-        model_class: transformers class to build (default: the base model, ``BertModel``).
-        config_overrides: configuration values to set (``{"hidden_size": 256}``; dotted keys
-            reach sub-configurations: ``text_config.hidden_size``).
-        batch_size, seq_len, image_size, decoder_seq_len: input sizes for transformers
-            targets (decoder length defaults to ``seq_len``; a multimodal text tower gets at
-            most its own context length).
-        layers: layer count of every stack (``None``: the default depth); widths stay default.
-        dropout: ``config``, ``no-attention`` or ``none`` (see :data:`DROPOUT_MODES`).
-        device, dtype, compile, modes, warmup, repeats, threads, optimizer, seed: passed to
-            :func:`~adopter.bench.measure.benchmark_variants`.
-        ablation: add one variant per rule that patches something alone (``paper.5 only``);
-            a rule whose solo rewrite equals the combined one is not repeated.
+            to a modeling file or model folder of any transformers tree; a model name another
+            library gives it (``resnet50``). Ignored with ``options.factory``.
+        options: what to build, how to measure and where to write (:class:`BenchOptions`;
+            default: its defaults). With ``ablation`` a rule whose solo rewrite equals the
+            combined one is not repeated.
+        rules: the rules to apply (default: the default rule set).
         rule_groups: named subsets of ``rules`` measured as variants of their own (``{"paper
             rules": load_rule_set("paper")}`` next to the ``all`` set); a group that patches
             nothing, or the same source as all the rules, is noted instead.
-        memory: ``None``, ``auto``, ``rss``, ``profiler`` or ``cuda`` (see ``benchmark_variants``).
-        memory_modes, memory_variants: with RSS probing (``auto`` on CPU), only these modes /
-            variants (the baseline always) are probed; other methods measure everything.
-        plot_path, json_out: also write a PNG chart / the JSON result here.
         progress: called with short status messages.
 
     Returns:
@@ -1193,66 +1132,13 @@ def run_bench(
         BenchTargetError: unknown target, nothing patched, unusable factory.
         CheckpointMismatchError: a rewrite changed parameter names or shapes.
     """
+    opts = options or BenchOptions()
     say = progress or (lambda _message: None)
-    plan = plan_variants(
-        target,
-        rules=rules,
-        factory=factory,
-        patched_factory=patched_factory,
-        model_class=model_class,
-        config_overrides=config_overrides,
-        batch_size=batch_size,
-        seq_len=seq_len,
-        image_size=image_size,
-        decoder_seq_len=decoder_seq_len,
-        layers=layers,
-        dropout=dropout,
-        ablation=ablation,
-        rule_groups=rule_groups,
-        seed=seed,
-        full_size=full_size,
-    )
-    if compile:  # all four: original and patched, eager and compiled, in one interleaved run
+    plan = plan_variants(target, opts, rules=rules, rule_groups=rule_groups)
+    if opts.compile:  # all four: original and patched, eager and compiled, in one interleaved run
         plan = replace(plan, variants=eager_and_compiled(plan.variants))
-    method = _resolve_memory_method(memory, torch.device(device))
-    subset = method == "rss_subprocess" and (
-        memory_modes is not None or memory_variants is not None
-    )
-    result = benchmark_variants(
-        plan.variants,
-        baseline=plan.baseline,
-        modes=modes,
-        warmup=warmup,
-        repeats=repeats,
-        device=device,
-        dtype=dtype,
-        compile=compile,
-        threads=threads,
-        memory=None if subset else method,
-        optimizer=optimizer,
-        seed=seed,
-        progress=say,
-    )
-    if subset:
-        previous = torch.get_num_threads()
-        if threads is not None:
-            torch.set_num_threads(threads)
-        try:
-            _probe_subset(
-                result,
-                plan,
-                names=list(memory_variants) if memory_variants is not None else result.names,
-                modes=list(memory_modes) if memory_modes is not None else list(result.modes),
-                dtype=dtype,
-                compile=compile,
-                threads=threads,
-                optimizer=optimizer,
-                seed=seed,
-                progress=say,
-            )
-        finally:
-            torch.set_num_threads(previous)
-    if compile:
+    result = _measure_plan(plan, opts, say)
+    if opts.compile:
         result.settings["against_compiled"] = against_compiled(result)
     info = dict(plan.info)
     try:
@@ -1260,69 +1146,87 @@ def run_bench(
     except Exception as exc:  # description only; the benchmark itself already succeeded
         info["model"] = {"error": repr(exc)}
     result.settings["target"] = info
-    if json_out is not None:
-        out = Path(json_out)
+    _write_outputs(result, opts, str(info.get("target") or "model"))
+    return result
+
+
+def _measure_plan(plan: VariantPlan, opts: BenchOptions, say: Callable[[str], None]) -> BenchResult:
+    """Time every variant of ``plan``; memory in the same run, or (RSS probes of a subset of
+    modes or variants) probed afterwards for that subset only."""
+    method = _resolve_memory_method(opts.memory, torch.device(opts.device))
+    subset = method == "rss_subprocess" and (
+        opts.memory_modes is not None or opts.memory_variants is not None
+    )
+    result = benchmark_variants(
+        plan.variants,
+        baseline=plan.baseline,
+        compile=opts.compile,
+        memory=None if subset else method,
+        progress=say,
+        **opts.measurement(),
+    )
+    if not subset:
+        return result
+    previous = torch.get_num_threads()
+    if opts.threads is not None:
+        torch.set_num_threads(opts.threads)
+    try:
+        _probe_subset(
+            result,
+            plan,
+            names=list(result.names if opts.memory_variants is None else opts.memory_variants),
+            modes=list(result.modes if opts.memory_modes is None else opts.memory_modes),
+            opts=opts,
+            progress=say,
+        )
+    finally:
+        torch.set_num_threads(previous)
+    return result
+
+
+def _write_outputs(result: BenchResult, opts: BenchOptions, label: str) -> None:
+    """The JSON result and the chart, where ``opts`` asks for them."""
+    if opts.json_out is not None:
+        out = Path(opts.json_out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(to_json(result), indent=1, default=str), encoding="utf-8")
-    if plot_path is not None:
-        label = str(info.get("target") or "model")
-        plot({Path(label).stem if label.endswith(".py") else label: result}, plot_path)
-    return result
+    if opts.plot_path is not None:
+        plot({Path(label).stem if label.endswith(".py") else label: result}, opts.plot_path)
+
+
+FASTER_OPTIONS = BenchOptions(warmup=1, repeats=5)
+"""The short run :func:`only_faster_rules` makes by default (``apply --only-faster``)."""
 
 
 def only_faster_rules(
     target: str | None,
     rules: Sequence[Rule],
+    options: BenchOptions = FASTER_OPTIONS,
     *,
-    factory: str | None = None,
-    model_class: str | None = None,
-    config_overrides: Mapping[str, Any] | None = None,
-    batch_size: int = 2,
-    seq_len: int = 128,
-    image_size: int = 224,
-    layers: int | None = 2,
-    device: str = "cpu",
-    dtype: str = "float32",
-    modes: Sequence[str] = MODES,
-    warmup: int = 1,
-    repeats: int = 5,
     max_repeats: int = 12,
-    threads: int | None = None,
-    optimizer: str = "adamw",
     threshold: float = 1.0,
-    seed: int = 0,
     progress: Callable[[str], None] | None = None,
 ) -> tuple[list[Rule], dict[str, str]]:
     """The rules worth applying to ``target`` on this machine, and why each was kept or not.
 
     Every rule that patches something alone becomes a variant (the source rewritten with that
-    rule only); all of them are timed against the original in one short interleaved run with
-    the configured dropout. Criterion, per rule, from the bootstrap confidence intervals of
-    the speedup:
+    rule only), timed against the original in one short interleaved run. A rule is **kept**
+    when it is reliably faster (CI lower bound ``>= threshold``) in at least one mode and
+    reliably slower in none (:func:`~adopter.bench.selection.judge_variant`): "faster in
+    inference" alone would drop rules that only pay off in training (dropout + residual +
+    layer norm), "faster in every mode" would drop eval-only folds (conv + batch-norm is the
+    original in training and exactly as fast there). Otherwise it is **dropped** with the
+    numbers (noise-level gains are not worth a rewrite) or the error of its variant;
+    ``no site`` when it patches nothing.
 
-    * **kept** when it is reliably faster in at least one mode (CI lower bound
-      ``>= threshold``, as :func:`~adopter.bench.selection.faster_variants` decides) and not
-      reliably slower in any mode (CI upper bound ``>= 1``). "Faster in inference" alone
-      would drop rules that only pay off in training (dropout + residual + layer norm) and
-      "faster in every mode" would drop eval-only folds (conv + batch-norm falls back to the
-      original in training and is exactly as fast there);
-    * **dropped** otherwise, with the numbers: noise-level gains are not worth a rewrite;
-    * ``no site``: the rule patches nothing in this file;
-    * a rule whose variant fails to build or run is dropped with the error.
-
-    A short run (``warmup=1, repeats=5``) keeps ``apply --only-faster`` quick; its intervals
-    are wide. Rules it leaves undecided - not kept, not reliably slower, but with a point
-    estimate above ``threshold`` in some mode - get ``max_repeats - repeats`` more rounds
-    against the original (those variants only) and are judged again on all their rounds, so a
-    real but modest gain is not dropped for want of samples. Rules that only the extension
-    could decide are still held to the same interval criterion (conservative by design).
+    The short default run (:data:`FASTER_OPTIONS`) keeps ``apply --only-faster`` quick, and its
+    intervals are wide: a rule it leaves undecided gets more rounds (:func:`_more_rounds`).
 
     Args:
-        target, factory, model_class, config_overrides, batch_size, seq_len, image_size,
-            layers: what to build, as for :func:`run_bench` (a factory's own module source is
-            rewritten; there is no ``patched_factory`` here).
+        target, options: what to build, as for :func:`run_bench`, and how to time it; every
+            rule is a variant of its own, and there is no ``patched_factory``, ``compile``,
+            ``memory`` or output here.
         rules: the candidate rules (e.g. what ``apply`` would use).
-        device, dtype, modes, warmup, repeats, threads, optimizer, seed: the measurement.
         threshold: the CI lower bound a rule must reach in some mode.
         max_repeats: rounds an undecided rule may get in all (``repeats`` or less: none).
         progress: called with short status messages.
@@ -1333,49 +1237,30 @@ def only_faster_rules(
 
     Raises:
         BenchTargetError: the target cannot be built (not a transformers file, bad factory).
+        ValueError: ``options`` asks for what this run does not do.
     """
+    _check_faster_options(options)
     say = progress or (lambda _message: None)
     rules = list(rules)
-    reasons: dict[str, str] = {}
     try:
-        plan = plan_variants(
-            target,
-            rules=rules,
-            factory=factory,
-            model_class=model_class,
-            config_overrides=config_overrides,
-            batch_size=batch_size,
-            seq_len=seq_len,
-            image_size=image_size,
-            layers=layers,
-            ablation=True,
-            combined=False,
-            seed=seed,
-        )
+        plan = plan_variants(target, options, rules=rules, combined=False)
     except NoSiteError:
         return [], dict.fromkeys(_rule_ids(rules), Judgement(Outcome.NO_SITE).reason)
-    for rule_id in plan.no_site:
-        reasons[rule_id] = Judgement(Outcome.NO_SITE).reason
+    reasons = dict.fromkeys(plan.no_site, Judgement(Outcome.NO_SITE).reason)
     measure = functools.partial(
-        benchmark_variants,
-        baseline=plan.baseline,
-        modes=modes,
-        warmup=warmup,
-        device=device,
-        dtype=dtype,
-        threads=threads,
-        optimizer=optimizer,
-        seed=seed,
-        progress=say,
+        benchmark_variants, baseline=plan.baseline, progress=say, **options.measurement()
     )
-    result = measure(plan.variants, repeats=repeats)
-    undecided = [
-        variant for variant in plan.variants[1:] if _undecided(result, variant.name, threshold)
-    ]
-    if undecided and max_repeats > repeats:
-        say(f"{len(undecided)} rule(s) undecided: {max_repeats - repeats} more rounds")
-        more = measure([plan.variants[0], *undecided], repeats=max_repeats - repeats)
-        _pool_rounds(result, more, [v.name for v in undecided], seed)
+    result = measure(plan.variants)
+    extra = max_repeats - options.repeats
+    _more_rounds(result, plan, measure, extra, threshold=threshold, seed=options.seed, say=say)
+    return _judge_rules(rules, result, reasons, threshold), reasons
+
+
+def _judge_rules(
+    rules: Sequence[Rule], result: BenchResult, reasons: dict[str, str], threshold: float
+) -> list[Rule]:
+    """The rules whose variant ``result`` shows worth keeping, in their given order; each
+    rule's reason is added to ``reasons`` (a rule already there, with no site, is skipped)."""
     kept: list[Rule] = []
     for rule in rules:
         if rule.id in reasons:
@@ -1384,7 +1269,43 @@ def only_faster_rules(
         reasons[rule.id] = judgement.reason
         if judgement.keep:
             kept.append(rule)
-    return kept, reasons
+    return kept
+
+
+def _more_rounds(
+    result: BenchResult,
+    plan: VariantPlan,
+    measure: Callable[..., BenchResult],
+    extra: int,
+    *,
+    threshold: float,
+    seed: int,
+    say: Callable[[str], None],
+) -> None:
+    """Give the rules ``result`` leaves undecided - not kept, not reliably slower, but with a
+    point estimate above ``threshold`` in some mode - ``extra`` more rounds against the
+    original (those variants only), pooled into ``result``: a real but modest gain is then not
+    dropped for want of samples, and is still held to the same interval criterion."""
+    undecided = [v for v in plan.variants[1:] if _undecided(result, v.name, threshold)]
+    if not undecided or extra <= 0:
+        return
+    say(f"{len(undecided)} rule(s) undecided: {extra} more rounds")
+    more = measure([plan.variants[0], *undecided], repeats=extra)
+    _pool_rounds(result, more, [v.name for v in undecided], seed)
+
+
+def _check_faster_options(options: BenchOptions) -> None:
+    """Reject the options :func:`only_faster_rules` would otherwise ignore without a word."""
+    unused = {
+        "patched_factory": options.patched_factory is not None,
+        "compile": options.compile,
+        "memory": options.memory is not None,
+        "plot_path": options.plot_path is not None,
+        "json_out": options.json_out is not None,
+    }
+    given = [name for name, set_ in unused.items() if set_]
+    if given:
+        raise ValueError(f"choosing the faster rules does not use {', '.join(given)}")
 
 
 def keep_faster_rules(

@@ -10,11 +10,13 @@ so a model measured on a Ray node is measured exactly as ``adopter bench MODEL``
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..dsl.syntax import Rule
 from ..executor import Executor, LocalExecutor, Task
+from .options import BenchOptions
 from .results import BenchResult
 
 __all__ = ["BenchJob", "BenchOutcome", "bench_many", "run_bench_jobs"]
@@ -22,15 +24,16 @@ __all__ = ["BenchJob", "BenchOutcome", "bench_many", "run_bench_jobs"]
 
 @dataclass(frozen=True)
 class BenchJob:
-    """One model to benchmark: ``target`` (or a factory in ``options``) and the keyword
-    arguments of :func:`~adopter.bench.run_bench` (rules included; no callbacks or paths)."""
+    """One model to benchmark: ``target`` (or a factory in ``options``), its options (no
+    output paths: the caller writes what comes back) and the rules (``None``: the default)."""
 
     target: str | None
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: BenchOptions = field(default_factory=BenchOptions)
+    rules: tuple[Rule, ...] | None = None
 
     @property
     def label(self) -> str:
-        return self.target or str(self.options.get("factory") or "model")
+        return self.target or str(self.options.factory or "model")
 
 
 @dataclass
@@ -67,7 +70,7 @@ def run_bench_jobs(
         if stop is not None and stop.is_set():
             return
         try:
-            result = run_bench(job.target, **dict(job.options))
+            result = run_bench(job.target, job.options, rules=job.rules)
         except (BenchTargetError, ValueError, VariantBuildError, RuntimeError) as error:
             yield BenchOutcome(job.label, None, f"{type(error).__name__}: {error}")
             continue

@@ -95,6 +95,7 @@ from .stats import bootstrap_ratio_ci
 __all__ = [
     "MEMORY_METHODS",
     "MODES",
+    "OPTIMIZERS",
     "CheckpointMismatchError",
     "Factory",
     "ModelVariant",
@@ -102,6 +103,8 @@ __all__ = [
     "VariantBuildError",
     "benchmark_variants",
     "check_compatible",
+    "check_optimizer",
+    "check_rounds",
     "derive_loss",
     "environment_info",
     "make_optimizer",
@@ -114,6 +117,8 @@ __all__ = [
 
 MODES = ("inference", "train")
 MEMORY_METHODS = ("cuda_allocator", "rss_subprocess", "profiler")
+OPTIMIZERS = ("adamw", "adamw-fused", "sgd")
+"""The training step's optimizers (:func:`make_optimizer`; ``adamw_fused`` is also accepted)."""
 RSS_RESOLUTION = 4 << 20
 """Smallest baseline step peak (bytes) for which RSS-based memory ratios are reported.
 
@@ -901,6 +906,14 @@ def _check_arguments(
         raise ValueError(f"variant names must be unique, got {names}")
     if baseline not in names:
         raise ValueError(f"baseline {baseline!r} is not among the variants {names}")
+    return check_rounds(modes, warmup=warmup, repeats=repeats, number=number)
+
+
+def check_rounds(
+    modes: Sequence[str], *, warmup: int, repeats: int, number: int = 1
+) -> tuple[str, ...]:
+    """The modes as a tuple, after rejecting an unknown mode or round counts that cannot be
+    run (shared by :func:`benchmark_variants` and :class:`~adopter.bench.options.BenchOptions`)."""
     modes = tuple(modes)
     for mode in modes:
         if mode not in MODES:
@@ -908,6 +921,12 @@ def _check_arguments(
     if repeats < 1 or warmup < 0 or number < 1:
         raise ValueError("need repeats >= 1, warmup >= 0 and number >= 1")
     return modes
+
+
+def check_optimizer(name: str) -> None:
+    """Reject an optimizer :func:`make_optimizer` does not know, before anything is built."""
+    if name.lower() not in (*OPTIMIZERS, "adamw_fused"):
+        raise ValueError(f"unknown optimizer {name!r} (use {', '.join(map(repr, OPTIMIZERS))})")
 
 
 @contextlib.contextmanager

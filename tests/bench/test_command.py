@@ -15,6 +15,7 @@ import pytest
 
 from adopter.bench import from_json
 from adopter.bench.command import (
+    BenchOptions,
     BenchTargetError,
     NoSiteError,
     _pool_rounds,
@@ -41,6 +42,11 @@ TINY_BERT = {
 QUICK = {"warmup": 1, "repeats": 3, "threads": 1}
 
 
+def quick(**settings) -> BenchOptions:
+    """A short run on one thread, with ``settings`` on top."""
+    return BenchOptions(**{**QUICK, **settings})
+
+
 def paper(*ids: str):
     """A subset of the paper rules, by id."""
     return [rule for rule in load_rule_set("paper") if rule.id in ids]
@@ -51,15 +57,16 @@ def test_run_bench_bert_original_patched_and_ablation(tmp_path: Path) -> None:
     json_out, png = tmp_path / "bench.json", tmp_path / "bench.png"
     result = run_bench(
         "bert",
+        quick(
+            config_overrides=TINY_BERT,
+            layers=1,
+            seq_len=16,
+            batch_size=2,
+            ablation=True,
+            json_out=json_out,
+            plot_path=png,
+        ),
         rules=load_rule_set("paper"),  # the paper's rules: what the figures below count
-        config_overrides=TINY_BERT,
-        layers=1,
-        seq_len=16,
-        batch_size=2,
-        ablation=True,
-        json_out=json_out,
-        plot_path=png,
-        **QUICK,
     )
     assert result.baseline == "original"
     assert result.names == [
@@ -97,7 +104,7 @@ def test_same_weights_and_outputs_original_vs_patched() -> None:
     """Both sides come from one configuration; the patched loads the original's weights."""
     import torch
 
-    plan = plan_variants("bert", config_overrides=TINY_BERT, layers=1, seq_len=16)
+    plan = plan_variants("bert", BenchOptions(config_overrides=TINY_BERT, layers=1, seq_len=16))
     (original, inputs), (patched, _) = (v.build() for v in plan.variants)
     assert type(original).__module__ == "transformers.models.bert.modeling_bert"
     assert "_adopter_bench_patched_" in type(patched).__module__
@@ -112,7 +119,7 @@ def test_same_weights_and_outputs_original_vs_patched() -> None:
 def test_only_faster_rules_reasons_for_every_rule() -> None:
     rules = paper("paper.2", "paper.5", "paper.6")
     kept, reasons = only_faster_rules(
-        "bert", rules, config_overrides=TINY_BERT, layers=1, seq_len=16, **QUICK
+        "bert", rules, quick(config_overrides=TINY_BERT, layers=1, seq_len=16)
     )
     assert set(reasons) == {"paper.2", "paper.5", "paper.6"}
     assert reasons["paper.2"] == "no site"
@@ -123,7 +130,7 @@ def test_only_faster_rules_reasons_for_every_rule() -> None:
 
 
 def test_only_faster_rules_without_any_site() -> None:
-    kept, reasons = only_faster_rules("resnet", paper("paper.1", "paper.2"), **QUICK)
+    kept, reasons = only_faster_rules("resnet", paper("paper.1", "paper.2"), quick())
     assert kept == []
     assert reasons == {"paper.1": "no site", "paper.2": "no site"}
 
@@ -214,10 +221,7 @@ def test_only_faster_gives_undecided_rules_more_rounds(monkeypatch: pytest.Monke
     kept, reasons = only_faster_rules(
         "bert",
         paper("paper.5", "paper.6"),
-        config_overrides=TINY_BERT,
-        layers=1,
-        seq_len=16,
-        repeats=5,
+        BenchOptions(config_overrides=TINY_BERT, layers=1, seq_len=16, repeats=5),
         max_repeats=12,
     )
     assert calls == [
@@ -231,11 +235,8 @@ def test_only_faster_gives_undecided_rules_more_rounds(monkeypatch: pytest.Monke
 def test_factory_source_is_rewritten(tmp_path: Path) -> None:
     """Plain nn.Module code: the factory's module is patched and the factory called from it."""
     result = run_bench(
-        factory="tests.bench.plain_model:build",
+        options=quick(factory="tests.bench.plain_model:build", ablation=True, modes=("inference",)),
         rules=paper("paper.5", "paper.7"),
-        ablation=True,
-        modes=("inference",),
-        **QUICK,
     )
     assert result.names == ["original", "patched", "paper.5 only", "paper.7 only"]
     sites = result.settings["target"]["patched_sites"]
@@ -246,7 +247,7 @@ def test_factory_source_is_rewritten(tmp_path: Path) -> None:
 def test_rule_groups_are_variants_of_their_own() -> None:
     """A named rule subset is measured next to all rules, unless it adds nothing new."""
     plan = plan_variants(
-        factory="tests.bench.plain_model:build",
+        options=BenchOptions(factory="tests.bench.plain_model:build"),
         rules=paper("paper.5", "paper.7"),
         rule_groups={"norm rules": paper("paper.5"), "same": paper("paper.5", "paper.7")},
     )
@@ -254,7 +255,7 @@ def test_rule_groups_are_variants_of_their_own() -> None:
     assert plan.info["patched_sites"]["norm rules"] == {"paper.5": 1}
     assert "'same' is the same source as 'patched'" in plan.info["notes"]
     plan = plan_variants(
-        factory="tests.bench.plain_model:build",
+        options=BenchOptions(factory="tests.bench.plain_model:build"),
         rules=paper("paper.5"),
         rule_groups={"attention": paper("paper.1")},
     )
@@ -279,12 +280,13 @@ def test_factory_pair_with_memory_subset(monkeypatch: pytest.MonkeyPatch) -> Non
 
     monkeypatch.setattr(command, "run_memory_probe", fake_probe)
     result = run_bench(
-        factory="tests.bench.toy:original",
-        patched_factory="tests.bench.toy:patched",
-        modes=("inference", "train"),
-        memory="auto",
-        memory_modes=("train",),
-        **QUICK,
+        options=quick(
+            factory="tests.bench.toy:original",
+            patched_factory="tests.bench.toy:patched",
+            modes=("inference", "train"),
+            memory="auto",
+            memory_modes=("train",),
+        )
     )
     assert result.names == ["original", "patched"]
     assert probed == [("original", ("train",)), ("patched", ("train",))]
@@ -299,11 +301,13 @@ def test_factory_pair_with_memory_subset(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_factory_errors() -> None:
     with pytest.raises(BenchTargetError, match="module:function"):
-        plan_variants(factory="no_colon")
+        plan_variants(options=BenchOptions(factory="no_colon"))
     with pytest.raises(BenchTargetError, match="ablation|per-rule"):
-        plan_variants(factory="a:b", patched_factory="c:d", ablation=True)
+        plan_variants(options=BenchOptions(factory="a:b", patched_factory="c:d", ablation=True))
     with pytest.raises(NoSiteError):
-        plan_variants(factory="tests.bench.plain_model:build", rules=paper("paper.1"))
+        plan_variants(
+            options=BenchOptions(factory="tests.bench.plain_model:build"), rules=paper("paper.1")
+        )
 
 
 def test_targets_resolve_from_names_paths_and_copies(tmp_path: Path) -> None:
@@ -372,7 +376,10 @@ def test_language_model_heads_train_with_their_labels_and_infer_without() -> Non
     from adopter.bench.measure import TrainOnly, make_step
 
     plan = plan_variants(
-        "bert", config_overrides=TINY_BERT, layers=1, seq_len=16, model_class="BertForMaskedLM"
+        "bert",
+        BenchOptions(
+            config_overrides=TINY_BERT, layers=1, seq_len=16, model_class="BertForMaskedLM"
+        ),
     )
     model, inputs = plan.variants[0].build()
     assert isinstance(inputs["labels"], TrainOnly)
@@ -388,5 +395,5 @@ def test_language_model_heads_train_with_their_labels_and_infer_without() -> Non
     make_step(runner, (), inputs, "inference")()
     assert torch.equal(seen[0]["labels"], inputs["input_ids"])
     assert "labels" not in seen[1]
-    base = plan_variants("bert", config_overrides=TINY_BERT, layers=1, seq_len=16)
+    base = plan_variants("bert", BenchOptions(config_overrides=TINY_BERT, layers=1, seq_len=16))
     assert "labels" not in base.variants[0].build()[1]

@@ -7,7 +7,13 @@ from __future__ import annotations
 import torch
 
 import adopter.bench.measure as measure
-from adopter.bench.command import COMPILED, against_compiled, eager_and_compiled, run_bench
+from adopter.bench.command import (
+    COMPILED,
+    BenchOptions,
+    against_compiled,
+    eager_and_compiled,
+    run_bench,
+)
 from adopter.bench.measure import ModelVariant
 from adopter.bench.report import against_compiled_lines, render_table
 from tests.bench import toy
@@ -39,14 +45,16 @@ def test_each_variant_is_eager_and_compiled_once():
 def test_one_run_reports_all_four_and_the_compiled_comparison(monkeypatch):
     compiled = _recording_compiler(monkeypatch)
     result = run_bench(
-        factory="tests.bench.toy:original",
-        patched_factory="tests.bench.toy:patched",
-        compile=True,
-        modes=("inference", "train"),
-        warmup=1,
-        repeats=3,
-        memory="profiler",
-        threads=1,
+        options=BenchOptions(
+            factory="tests.bench.toy:original",
+            patched_factory="tests.bench.toy:patched",
+            compile=True,
+            modes=("inference", "train"),
+            warmup=1,
+            repeats=3,
+            memory="profiler",
+            threads=1,
+        )
     )
     assert result.names == ["original", "patched", "original + compile", "patched + compile"]
     assert len(compiled) == 2  # the two "+ compile" variants, not the eager ones
@@ -79,13 +87,15 @@ def test_one_run_reports_all_four_and_the_compiled_comparison(monkeypatch):
 def test_without_compile_nothing_is_compiled(monkeypatch):
     compiled = _recording_compiler(monkeypatch)
     result = run_bench(
-        factory="tests.bench.toy:original",
-        patched_factory="tests.bench.toy:patched",
-        modes=("inference",),
-        warmup=0,
-        repeats=2,
-        memory=None,
-        threads=1,
+        options=BenchOptions(
+            factory="tests.bench.toy:original",
+            patched_factory="tests.bench.toy:patched",
+            modes=("inference",),
+            warmup=0,
+            repeats=2,
+            memory=None,
+            threads=1,
+        )
     )
     assert result.names == ["original", "patched"] and compiled == []
     assert "against_compiled" not in result.settings

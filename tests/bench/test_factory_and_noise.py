@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from adopter.bench.command import plan_variants
+from adopter.bench.command import BenchOptions, plan_variants
 from adopter.bench.measure import MemoryStats, _summarise
 from adopter.bench.report import noise_warnings, render_table
 from adopter.bench.results import BenchResult, ModeResult, Speedup, TimingStats
@@ -42,7 +42,7 @@ def test_parse_factory_forms(tmp_path):
 def test_a_file_factory_named_like_a_standard_module_builds_its_own_model(tmp_path):
     """``code.py:build`` used to import the standard library's ``code`` module instead."""
     (tmp_path / "code.py").write_text(PLAIN_MODEL)
-    plan = plan_variants(factory=f"{tmp_path / 'code.py'}:build")
+    plan = plan_variants(options=BenchOptions(factory=f"{tmp_path / 'code.py'}:build"))
     assert [variant.name for variant in plan.variants] == ["original", "patched"]
     model, inputs = plan.variants[0].build()
     assert type(model).__name__ == "TinyNet"
@@ -57,7 +57,7 @@ def test_a_module_factory_is_found_in_the_working_folder(tmp_path, monkeypatch):
     (tmp_path / "my_bench_factory_7f3.py").write_text(PLAIN_MODEL)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd())])
-    plan = plan_variants(factory="my_bench_factory_7f3:build")
+    plan = plan_variants(options=BenchOptions(factory="my_bench_factory_7f3:build"))
     model, _ = plan.variants[0].build()
     assert type(model).__name__ == "TinyNet"
     sys.modules.pop("my_bench_factory_7f3", None)
@@ -66,10 +66,11 @@ def test_a_module_factory_is_found_in_the_working_folder(tmp_path, monkeypatch):
 def test_a_factory_pair_accepts_files_too(tmp_path):
     (tmp_path / "original.py").write_text(PLAIN_MODEL)
     (tmp_path / "patched.py").write_text(PLAIN_MODEL)
-    plan = plan_variants(
+    options = BenchOptions(
         factory=f"{tmp_path / 'original.py'}:build",
         patched_factory=f"{tmp_path / 'patched.py'}:build",
     )
+    plan = plan_variants(options=options)
     for variant in plan.variants:
         model, _ = variant.build()
         assert type(model).__name__ == "TinyNet"
@@ -124,8 +125,8 @@ def test_bench_cli_with_a_file_factory(tmp_path, monkeypatch):
 def test_bench_measures_memory_by_default(monkeypatch):
     seen = {}
 
-    def fake_run_bench(target, **kwargs):
-        seen.update(kwargs)
+    def fake_run_bench(target, options, **_kwargs):
+        seen.update(vars(options))
         raise ValueError("stop")
 
     monkeypatch.setattr("adopter.bench.command.run_bench", fake_run_bench)
@@ -215,7 +216,8 @@ def test_noisy_ratios_are_flagged_in_the_table_the_warnings_and_the_json():
 
 def test_the_cli_prints_noise_warnings(monkeypatch):
     monkeypatch.setattr(
-        "adopter.bench.command.run_bench", lambda target, **kw: _result(_speedup(1.0, 0.6, 1.7))
+        "adopter.bench.command.run_bench",
+        lambda target, options, **kw: _result(_speedup(1.0, 0.6, 1.7)),
     )
     result = runner.invoke(app, ["bench", "bert"])
     assert result.exit_code == 0, result.stderr

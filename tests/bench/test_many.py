@@ -9,6 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from adopter.bench.many import BenchJob, bench_many
+from adopter.bench.options import BenchOptions
 from adopter.cli import app
 
 try:
@@ -23,8 +24,8 @@ QUICK = {"modes": ("inference",), "repeats": 2, "warmup": 0, "memory": None, "th
 def test_each_model_gets_its_result_or_its_error_in_order(tmp_path: Path) -> None:
     (tmp_path / "net.py").write_text(PLAIN_MODEL)
     jobs = [
-        BenchJob(None, {**QUICK, "factory": f"{tmp_path / 'net.py'}:build"}),
-        BenchJob("no_such_model_xyz", QUICK),
+        BenchJob(None, BenchOptions(**QUICK, factory=f"{tmp_path / 'net.py'}:build")),
+        BenchJob("no_such_model_xyz", BenchOptions(**QUICK)),
     ]
     heard: list[int] = []
     outcomes = bench_many(jobs, on_result=lambda index, _: heard.append(index))

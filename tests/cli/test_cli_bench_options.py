@@ -34,8 +34,8 @@ def test_plot_with_matplotlib_reaches_the_run(monkeypatch: pytest.MonkeyPatch) -
     # The other side of the check: with matplotlib importable the command goes on to run.
     reached: list[object] = []
 
-    def record(*args: object, **kwargs: object) -> None:
-        reached.append(kwargs.get("plot_path"))
+    def record(target: object, options: adopter.bench.command.BenchOptions, **_: object) -> None:
+        reached.append(options.plot_path)
         raise adopter.bench.command.BenchTargetError("stopped here by the test")
 
     monkeypatch.setattr(adopter.bench.command, "run_bench", record)
