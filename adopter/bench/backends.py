@@ -3,8 +3,8 @@ and record the winners in the table :mod:`adopter.kernels.backends` reads.
 
 For each op (``linear_cross_entropy``, ``rms_norm``, ``add_rms_norm``, ``attention``) and
 shape, every backend that is installed, runs on the device and accepts the call is timed beside
-the original computation, in interleaved rounds (one step of each per round, in a rotating order, so a
-shared machine's load falls on every candidate alike): one step is the forward and, in
+the original computation, in interleaved rounds (one step of each per round, in a rotating
+order, so a shared machine's load falls on every candidate alike): one step is the forward and, in
 ``train`` mode, the backward with every input gradient. Reported per candidate: the median
 step time, its ratio to the reference (Adopter's own backend where the op has one, else the
 original) with a 95% paired-bootstrap interval, and the step's peak tensor memory (profiler
