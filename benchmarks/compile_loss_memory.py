@@ -3,6 +3,7 @@
 training steps, profiler peak memory, 2x512 tokens of width 768, float32, one thread.
 
     PYTHONPATH=$PWD python benchmarks/compile_loss_memory.py 32000   # the vocabulary
+    PYTHONPATH=$PWD python benchmarks/compile_loss_memory.py 128256 96   # also rows per chunk 96
 """
 
 import gc
@@ -41,6 +42,13 @@ variants = {
     "kernel compiled": torch.compile(kern, fullgraph=True),
     "kernel eager": kern,
 }
+if len(sys.argv) > 2:  # a chunk size to compare with the default's (rows of logits per chunk)
+    ROWS = int(sys.argv[2])
+
+    def kern_rows(h, targets):
+        return kernels.causal_lm_loss(h, head, targets, V, chunk_size=ROWS)
+
+    variants[f"kernel compiled, {ROWS} rows per chunk"] = torch.compile(kern_rows, fullgraph=True)
 
 
 def step(fn):
@@ -61,7 +69,7 @@ print("compile+warmup s", time.perf_counter() - t0, flush=True)
 times = {n: [] for n in steps}
 for r in range(5):
     names = list(steps)
-    names = names[r % 3 :] + names[: r % 3]
+    names = names[r % len(names) :] + names[: r % len(names)]
     for n in names:
         t = time.perf_counter()
         steps[n]()
