@@ -79,12 +79,9 @@ def main() -> None:
     loads = {}
     for optimizer in OPTIMIZERS:
         loads[optimizer] = [_load()]
-        options = BenchOptions(
-            model_class="LlamaForCausalLM",
-            config_overrides=overrides,
-            layers=args.layers,
-            batch_size=args.batch_size,
-            seq_len=args.seq_len,
+        options = _options(
+            args,
+            overrides,
             compile=True,
             modes=("train",),
             warmup=1,
@@ -106,16 +103,21 @@ def main() -> None:
     args.output.write_text(_markdown(results, loads, args, overrides), encoding="utf-8")
 
 
-def _memory_only(args: argparse.Namespace, overrides: dict) -> str:
-    """Step peak RSS of original and patched, per optimizer and mode, as a markdown table."""
-    options = BenchOptions(
+def _options(args: argparse.Namespace, overrides: dict, **measuring: object) -> BenchOptions:
+    """The model both runs build (a Llama causal LM of the arguments' shape), measured so."""
+    return BenchOptions(
         model_class="LlamaForCausalLM",
         config_overrides=overrides,
         layers=args.layers,
         batch_size=args.batch_size,
         seq_len=args.seq_len,
+        **measuring,
     )
-    plan = plan_variants("llama", options, rules=load_rule_set("all"))
+
+
+def _memory_only(args: argparse.Namespace, overrides: dict) -> str:
+    """Step peak RSS of original and patched, per optimizer and mode, as a markdown table."""
+    plan = plan_variants("llama", _options(args, overrides), rules=load_rule_set("all"))
     rows = ["| optimizer | mode | original | patched | change |", "|---|---|---:|---:|---:|"]
     for optimizer in args.optimizers or OPTIMIZERS:
         for mode in args.modes or ("eager", "compiled"):

@@ -35,7 +35,7 @@ from .base import (
     library_objects,
     modules_naming,
 )
-from .surveys import SurveyStore, surveyed_candidates
+from .surveys import SurveyStore, module_survey, stored_look, surveyed_candidates
 
 __all__ = ["DiffusersAdapter", "small_config"]
 
@@ -205,22 +205,14 @@ class DiffusersAdapter:
         return SurveyStore("diffusers", diffusers.__version__)
 
     def survey(self, name: str, module_name: str) -> ModelSurvey | None:
-        found = self._meta_look(name)
-        if found is None:
-            return None
-        by_module, parameters = found
-        return ModelSurvey(frozenset(by_module.get(module_name, ())), parameters)
+        return module_survey(self._meta_look, name, module_name)
 
     def _meta_look(self, name: str) -> tuple[dict[str, list[str]], int] | None:
         """Model class ``name`` built at its small configuration on the meta device (no
         weights allocated): the diffusers classes it builds per module (its attention
         processors included) and its parameter count; ``None`` where it cannot be built so.
         Kept in the survey store, so each class is built once per diffusers version."""
-        store = self._store()
-        if name not in store:
-            store.put(name, self._meta_build(name))
-        found = store.get(name)
-        return None if found is None else (found["modules"], int(found["parameters"]))
+        return stored_look(self._store(), name, self._meta_build)
 
     def _meta_build(self, name: str) -> dict[str, Any] | None:
         import torch

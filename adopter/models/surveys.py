@@ -20,12 +20,16 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .base import ModelSurvey
+
 __all__ = [
     "Look",
     "SurveyStore",
     "candidate_order",
     "covering_order",
     "survey_dir",
+    "module_survey",
+    "stored_look",
     "survey_in_order",
     "surveyed_candidates",
 ]
@@ -210,3 +214,23 @@ def surveyed_candidates(
         max_parameters=max_parameters,
     )
     return candidate_order(ranked, builds, sizes, ruled_out, needed), builds
+
+
+def stored_look(
+    store: SurveyStore, name: str, build: Callable[[str], dict[str, Any] | None]
+) -> tuple[dict[str, list[str]], int] | None:
+    """A :data:`Look` through ``store``: ``build(name)`` (a meta-device build's
+    ``{"modules": ..., "parameters": ...}``, or ``None``) runs once per library version."""
+    if name not in store:
+        store.put(name, build(name))
+    found = store.get(name)
+    return None if found is None else (found["modules"], int(found["parameters"]))
+
+
+def module_survey(look: Look, name: str, module_name: str) -> ModelSurvey | None:
+    """What ``look`` saw model ``name`` build of ``module_name``'s classes, and its size."""
+    found = look(name)
+    if found is None:
+        return None
+    by_module, parameters = found
+    return ModelSurvey(frozenset(by_module.get(module_name, ())), parameters)

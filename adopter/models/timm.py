@@ -40,7 +40,7 @@ from .base import (
     mentions,
     modules_naming,
 )
-from .surveys import SurveyStore, surveyed_candidates
+from .surveys import SurveyStore, module_survey, stored_look, surveyed_candidates
 
 __all__ = [
     "TimmAdapter",
@@ -225,21 +225,13 @@ class TimmAdapter:
         return SurveyStore("timm", timm.__version__)
 
     def survey(self, name: str, module_name: str) -> ModelSurvey | None:
-        found = self._meta_look(name)
-        if found is None:
-            return None
-        by_module, parameters = found
-        return ModelSurvey(frozenset(by_module.get(module_name, ())), parameters)
+        return module_survey(self._meta_look, name, module_name)
 
     def _meta_look(self, name: str) -> tuple[dict[str, list[str]], int] | None:
         """Model ``name`` with a small head, built on the meta device: the timm classes it
         builds per module, and its parameter count; ``None`` where it cannot be built so.
         Kept in the survey store, so each model is built once per timm version."""
-        store = self._store()
-        if name not in store:
-            store.put(name, self._meta_build(name))
-        found = store.get(name)
-        return None if found is None else (found["modules"], int(found["parameters"]))
+        return stored_look(self._store(), name, self._meta_build)
 
     def _meta_build(self, name: str) -> dict[str, Any] | None:
         import torch
