@@ -1135,6 +1135,7 @@ def run_bench(
     opts = options or BenchOptions()
     say = progress or (lambda _message: None)
     plan = plan_variants(target, opts, rules=rules, rule_groups=rule_groups)
+    say(_comparing(plan))
     if opts.compile:  # all four: original and patched, eager and compiled, in one interleaved run
         plan = replace(plan, variants=eager_and_compiled(plan.variants))
     result = _measure_plan(plan, opts, say)
@@ -1148,6 +1149,18 @@ def run_bench(
     result.settings["target"] = info
     _write_outputs(result, opts, str(info.get("target") or "model"))
     return result
+
+
+def _comparing(plan: VariantPlan) -> str:
+    """The sites each variant patches, said before the run starts (a site in a class the run
+    does not build, such as a causal LM's loss when the base model is built, never runs)."""
+    sites = plan.info.get("patched_sites") or {}
+    patched = "; ".join(
+        f"{name}: " + ", ".join(f"{rule} x{count}" for rule, count in sorted(per_rule.items()))
+        for name, per_rule in sites.items()
+    )
+    built = plan.info.get("model_class")
+    return f"{built + ': ' if built else ''}sites patched per variant: {patched or 'none listed'}"
 
 
 def _measure_plan(plan: VariantPlan, opts: BenchOptions, say: Callable[[str], None]) -> BenchResult:
