@@ -13,7 +13,11 @@ fixed before anything is matched:
   (``=> if k(...) {``) calls ``kernel.attribute`` or a function of the kernel's own module (for
   ``adopter.kernels``: a registered helper defined beside the kernel, ``fused_loss_applies``);
 * a name passed as an argument is one the rule's own patterns mention (``BertSelfAttention``,
-  ``self.weight``): code the matched source already runs, never a new reference.
+  ``self.weight``): code the matched source already runs, never a new reference;
+* a submodule handed to a kernel of ``adopter.kernels`` whose entry declares what it must be
+  built with (``Entry.needs``: ``linear_bias_activation``'s Linear has ``bias=True``) is tied to
+  a construction that asks it (``@torch.nn.Linear(..., bias=True)``), so the registry is the
+  one place that says where a kernel applies and every rule, hand-written or learnt, agrees.
 
 Anything else is a :class:`DslError` at the place in the ``.adopt`` file.
 """
@@ -25,9 +29,11 @@ import importlib.util
 import keyword
 import sys
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from .errors import DslError
 from .syntax import (
@@ -39,13 +45,20 @@ from .syntax import (
     Literal,
     Name,
     Positional,
+    Rest,
     Rule,
     Step,
     Var,
     Wildcard,
 )
 
-__all__ = ["KERNEL_PACKAGE", "check_declared_kernels", "registered_kernels"]
+__all__ = [
+    "KERNEL_PACKAGE",
+    "NeededFlag",
+    "check_declared_kernels",
+    "needed_flags",
+    "registered_kernels",
+]
 
 KERNEL_PACKAGE = "adopter.kernels"
 
@@ -81,6 +94,92 @@ def registered_kernels() -> dict[str, tuple[str, str]]:
     return {entry.name: (str(entry.role), entry.module) for entry in _registry().ENTRIES}
 
 
+@dataclass(frozen=True)
+class NeededFlag:
+    """A flag the kernel's registry entry asks of a construction the rule hands it."""
+
+    construction: Step  # the ``init`` step that builds the submodule
+    key: str
+    value: bool
+    parameter: str  # the kernel's parameter the submodule is passed as
+    why: str
+
+    @property
+    def asked(self) -> bool:
+        """Whether the construction already asks it (``bias=True``, nothing looser)."""
+        return any(
+            isinstance(arg, Keyword)
+            and arg.key == self.key
+            and isinstance(arg.value, Literal)
+            and type(arg.value.value) is bool
+            and arg.value.value == self.value
+            for arg in self.construction.args
+        )
+
+
+def _names_kind(name: str, kind: str) -> bool:
+    """``nn.Linear`` (as a rule may write it) names ``torch.nn.Linear``, as the matcher reads
+    a construction's class."""
+    return kind == name or kind.endswith("." + name)
+
+
+def _handed(call: Step, position: int, parameter: str) -> Expr | None:
+    """The value a replacement call passes as the kernel's argument ``position`` or
+    ``parameter=``; None past a ``...`` (the positions after it are not known)."""
+    index = 0
+    for arg in call.args:
+        if isinstance(arg, Rest):
+            break
+        if isinstance(arg, Positional):
+            if index == position:
+                return arg.value
+            index += 1
+    for arg in call.args:
+        if isinstance(arg, Keyword) and arg.key == parameter:
+            return arg.value
+    return None
+
+
+def needed_flags(spelling: Rule, kernel: str) -> list[NeededFlag]:
+    """Every flag the registry entry of ``kernel`` (``adopter.kernels.<name>``) declares for a
+    submodule the spelling's replacement hands it, at that submodule's construction: the
+    constructions of the declared class only (a submodule built as another class, or named by a
+    family, is one the declaration says nothing about)."""
+    package, _, name = kernel.rpartition(".")
+    if package != KERNEL_PACKAGE or spelling.init is None:
+        return []
+    entry = _entries().get(name)
+    if entry is None or not entry.needs:
+        return []
+    constructions = {
+        step.targets[0].name: step
+        for step in spelling.init.steps
+        if step.construct and len(step.targets) == 1 and isinstance(step.callee, Name)
+    }
+    found: list[NeededFlag] = []
+    for call, _guard in _replacement_steps(spelling):
+        if not (isinstance(call.callee, Name) and call.callee.dotted == kernel):
+            continue
+        for need in entry.needs:
+            value = _handed(call, need.position, need.parameter)
+            construction = constructions.get(value.name) if isinstance(value, Var) else None
+            if construction is None:
+                continue
+            assert isinstance(construction.callee, Name)
+            if not _names_kind(construction.callee.dotted, need.kind):
+                continue
+            for key, flag in need.flags:
+                needed = NeededFlag(construction, key, flag, need.parameter, need.why)
+                if needed not in found:
+                    found.append(needed)
+    return found
+
+
+@cache
+def _entries() -> dict[str, Any]:
+    return {entry.name: entry for entry in _registry().ENTRIES}
+
+
 _CALLABLE_ROLES = ("kernel", "attention factory")
 # What a call-site rule (``Rule.call``: training code) may call: what builds an optimizer.
 _CALL_SITE_ROLES = ("optimizer",)
@@ -93,6 +192,23 @@ def check_declared_kernels(rules: Iterable[Rule]) -> None:
         _check_kernel(rule)
         for spelling in rule.spellings:
             _check_replacements(rule, spelling)
+            _check_needs(rule, spelling)
+
+
+def _check_needs(rule: Rule, spelling: Rule) -> None:
+    for needed in needed_flags(spelling, rule.kernel):
+        if needed.asked:
+            continue
+        step = needed.construction
+        raise DslError(
+            spelling.source,
+            step.line,
+            step.column + 1,  # past the ``@``
+            f"rule {rule.id}: {rule.kernel} is declared (adopter/kernels/registry.py) for a "
+            f"`{needed.parameter}` built with {needed.key}={needed.value}: {needed.why}; the "
+            f"construction `{step.callee}` -> {step.targets[0]} must ask "
+            f"`{needed.key}={needed.value}`",
+        )
 
 
 def _error_at_kernel(rule: Rule, message: str) -> DslError:

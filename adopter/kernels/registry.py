@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-__all__ = ["ENTRIES", "Backends", "Entry", "RandomDraws", "Role", "entry", "names"]
+__all__ = ["ENTRIES", "Backends", "Entry", "Needs", "RandomDraws", "Role", "entry", "names"]
 
 
 class Role(StrEnum):
@@ -50,6 +50,26 @@ class Backends:
 
 
 @dataclass(frozen=True)
+class Needs:
+    """What a submodule the kernel is handed must be built with for a site to be one the kernel
+    is for: a rule that passes, as the kernel's argument ``position`` (0-based; ``parameter`` is
+    its name in the kernel's signature), a submodule whose construction names ``kind`` asks each
+    of ``flags`` of that construction. A flag reads as in any rule: ``bias=True`` is anything but
+    a literal ``bias=False`` (a flag chosen by the configuration may be either).
+
+    Rules do not guess this from an example (one model's ``nn.Linear(a, b)`` does not say whether
+    an unbiased one would do): ``adopter learn`` writes these flags into the constructions of a
+    rule it learns, and loading any rule (``check_declared_kernels``) refuses one that hands the
+    kernel such a submodule without asking them."""
+
+    position: int
+    parameter: str
+    kind: str  # as a rule names the class: ``torch.nn.Linear``
+    flags: tuple[tuple[str, bool], ...]
+    why: str  # said in the error of a rule that does not ask them
+
+
+@dataclass(frozen=True)
 class Entry:
     name: str
     module: str  # the submodule of adopter.kernels that defines it
@@ -60,6 +80,7 @@ class Entry:
     # What a user must be told when code is rewritten to call it (``adopter.patch`` and
     # ``adopter run`` log it once per process): a visible change of the model's results.
     notice: str = ""
+    needs: tuple[Needs, ...] = ()
 
 
 def _softmax(b: Backends) -> str:
@@ -131,7 +152,23 @@ ENTRIES: tuple[Entry, ...] = (
     # the paper's kernels
     Entry("softmax", "softmax", K, RandomDraws.NONE, _softmax),
     Entry("dropout_add_layer_norm", "norm", K, RandomDraws.DROPOUT_EAGER_CPU, _dropout_add_norm),
-    Entry("linear_bias_activation", "linear", K, RandomDraws.NONE, _linear_activation),
+    Entry(
+        "linear_bias_activation",
+        "linear",
+        K,
+        RandomDraws.NONE,
+        _linear_activation,
+        needs=(
+            Needs(
+                1,
+                "linear",
+                "torch.nn.Linear",
+                (("bias", True),),
+                "what it fuses is the bias add, folded into the GEMM with the activation after "
+                "it; a Linear built with bias=False has no bias add to fold",
+            ),
+        ),
+    ),
     Entry("conv_batch_norm", "conv", K, RandomDraws.NONE, _fold),
     Entry("linear_batch_norm", "linear", K, RandomDraws.NONE, _fold),
     Entry("qkv_projection", "linear", K, RandomDraws.NONE, _qkv),

@@ -33,8 +33,9 @@ _ATTEMPTS = (
     LiftOptions(subtract_kept=False, scope="block"),
 )
 # Construction constraints from the most general to the most specific: a counter-example moves
-# the rule along this list until it stops matching. One example keeps the class alone: whether a
-# kernel also needs `bias=True` is what a counter-example (or a second example) says.
+# the rule along this list until it stops matching. One example keeps the class alone, plus the
+# flags the kernel's registry entry declares of what it is handed (`Entry.needs`: the Linear of
+# linear_bias_activation has `bias=True`); any other flag is what a counter-example says.
 NARROWING = ("class", "flags", "literals")
 
 

@@ -8,8 +8,10 @@ What is abstracted and what is kept:
   the removed code computes is the variable of the step that computes it;
 * submodules called by the removed code become ``$module`` callees tied to their ``__init__``
   construction, which is kept as a constraint: its class (or the family extraction names, e.g.
-  ``dropout`` for ``nn.Dropout`` and functional dropout, ``activation`` for any activation) and,
-  at the ``flags`` level, its boolean parameters (``bias=True``, given or by default);
+  ``dropout`` for ``nn.Dropout`` and functional dropout, ``activation`` for any activation), the
+  flags the kernel's registry entry declares of a submodule it is handed (``Entry.needs``:
+  ``linear_bias_activation``'s Linear has ``bias=True``) and, at the ``flags`` level, its
+  boolean parameters (``bias=True``, given or by default);
 * constants (``dim=-1``, ``2``, ``torch.float32``) stay as they are: one example does not say
   which other values the kernel accepts (a second example that differs makes them variables);
 * the kernel call's arguments are bound to the pattern's variables by the text they have in
@@ -23,11 +25,12 @@ from __future__ import annotations
 import ast
 import re
 import textwrap
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import libcst as cst
 
 from ..dsl import Keyword, Literal, Name, Positional, Rest, Rule, Section, Step, Var
+from ..dsl.declared import needed_flags
 from ..dsl.syntax import Call, Expr
 from ..extract import Construction, FileStructure, FunctionFlow, Operand, analyse_source
 from ..extract import Step as FlowStep
@@ -360,7 +363,7 @@ def lift_forward(
         replacement = blanks + replacement
     init = lifter.init_steps()
     where = _consumer_constraints(flow, selected, lifter, replacement[-1].targets)
-    return Rule(
+    rule = Rule(
         id="learned",
         name="learned",
         kernel=region.call.kernel,
@@ -368,6 +371,45 @@ def lift_forward(
         forward=Section("forward", forward, where, replacement=replacement, guard=guard),
         scope=options.scope,
     )
+    return _with_kernel_needs(rule, lifter)
+
+
+def _with_kernel_needs(rule: Rule, lifter: _Lifter) -> Rule:
+    """The rule with the flags the kernel's registry entry declares for the submodules it is
+    handed (``Entry.needs``: ``linear_bias_activation``'s Linear has ``bias=True``) asked of
+    their constructions. One example cannot say them: its ``nn.Linear(a, b)`` is biased by
+    default, but whether an unbiased one would do is the kernel's to say, not the example's, and
+    keeping every flag the example shows would also keep those the kernel does not care about
+    (paper.9's ``bias=False`` projections, which its kernel fuses biased or not). An example
+    whose own construction gives the flag another constant contradicts the kernel: an error."""
+    needed = needed_flags(rule, rule.kernel)
+    if not needed or rule.init is None:
+        return rule
+    built = {lifter.modules[path].name: c for path, c in lifter.constructions.items()}
+    added: dict[str, list[Keyword]] = {}
+    for flag in needed:
+        target = flag.construction.targets[0].name
+        construction = built.get(target)
+        operand = construction.arguments.get(flag.key) if construction is not None else None
+        if construction is not None and operand is not None and operand.is_constant:
+            if operand.constant is not flag.value:
+                raise LearnError(
+                    construction.path,
+                    construction.line,
+                    construction.column,
+                    f"`{construction.kind}` is built with {flag.key}={operand.constant!r}, but "
+                    f"{rule.kernel} is declared (adopter/kernels/registry.py) for a "
+                    f"`{flag.parameter}` with {flag.key}={flag.value}: {flag.why}",
+                )
+        if not flag.asked:
+            added.setdefault(target, []).append(Keyword(flag.key, Literal(flag.value)))
+    steps = tuple(
+        replace(step, args=(*step.args, *added[step.targets[0].name]))
+        if step.construct and step.targets and step.targets[0].name in added
+        else step
+        for step in rule.init.steps
+    )
+    return replace(rule, init=replace(rule.init, steps=steps))
 
 
 def _consumer_constraints(

@@ -151,6 +151,40 @@ def test_a_replacement_without_a_declared_kernel_is_an_error():
         adopter.dsl.check_declared_kernels([rule])
 
 
+def bias_activation_rule(linear: str) -> str:
+    # The construction of $linear is at 5:9 (its class at 5:10).
+    return (
+        "rule mine.2 {\n"
+        '    name: "mine"\n'
+        '    kernel: "adopter.kernels.linear_bias_activation"\n'
+        "    init {\n"
+        f"        @{linear} -> $linear;\n"
+        "        @activation(...) -> $act\n"
+        "    }\n"
+        "    forward { $linear($x) -> $h; $act($h) -> $y } => {\n"
+        "        adopter.kernels.linear_bias_activation($x, $linear, $act) -> $y\n"
+        "    }\n"
+        "}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "linear", ["torch.nn.Linear(...)", "nn.Linear(..., bias=False)", "nn.Linear(..., bias=$b)"]
+)
+def test_a_rule_must_ask_what_its_kernel_declares_of_a_construction(linear):
+    """The registry declares linear_bias_activation's Linear with ``bias=True``: a rule that
+    hands the kernel a Linear built with anything looser fails to load, at the construction."""
+    (rule,) = parse_rules(bias_activation_rule(linear), "bias.adopt")
+    with pytest.raises(DslError, match=r"bias\.adopt:5:10: rule mine\.2: .*must ask `bias=True`"):
+        adopter.dsl.check_declared_kernels([rule])
+
+
+@pytest.mark.parametrize("other", ["nn.Linear(..., bias=True)", "Conv1D(...)", "linear(...)"])
+def test_a_construction_that_asks_it_or_is_another_class_loads(other):
+    (rule,) = parse_rules(bias_activation_rule(other), "bias.adopt")
+    adopter.dsl.check_declared_kernels([rule])
+
+
 def test_a_third_party_kernel_on_the_path_is_allowed_reported_and_never_imported(tmp_path):
     marker = make_third_party(tmp_path)
     model = tmp_path / "model.py"

@@ -47,3 +47,13 @@ def test_an_unknown_name_is_a_clear_error():
     with pytest.raises(KeyError, match="no 'softmx'; known: add_rms_norm, apply_rotary"):
         registry.entry("softmx")
     assert registry.entry("softmax").role is Role.KERNEL
+
+
+@pytest.mark.parametrize("entry", [e for e in ENTRIES if e.needs], ids=lambda entry: entry.name)
+def test_a_declared_need_names_the_kernels_parameter_at_its_position(entry):
+    """Rules are checked against ``Entry.needs`` without importing the kernels, by position;
+    the parameter's name, said in the errors, is the signature's at that position."""
+    parameters = list(inspect.signature(getattr(kernels, entry.name)).parameters)
+    for need in entry.needs:
+        assert parameters[need.position] == need.parameter
+        assert need.flags and all(isinstance(value, bool) for _, value in need.flags)

@@ -216,6 +216,73 @@ def test_a_counter_example_that_computes_the_same_thing_is_refused():
         learn([example(CONV_BEFORE, CONV_AFTER)], counter_examples=[("not.py", CONV_BEFORE)])
 
 
+BIAS_ACT_BEFORE = HEADER + textwrap.dedent(
+    """
+    class Intermediate(nn.Module):
+        def __init__(self, hidden):
+            super().__init__()
+            self.dense = nn.Linear(hidden, 4 * hidden)
+            self.act = nn.GELU()
+
+        def forward(self, x):
+            h = self.dense(x)
+            return self.act(h)
+    """
+)
+BIAS_ACT_AFTER = (
+    HEADER
+    + KERNELS.format("linear_bias_activation")
+    + textwrap.dedent(
+        """
+        class Intermediate(nn.Module):
+            def __init__(self, hidden):
+                super().__init__()
+                self.dense = nn.Linear(hidden, 4 * hidden)
+                self.act = nn.GELU()
+
+            def forward(self, x):
+                return linear_bias_activation(x, self.dense, self.act)
+        """
+    )
+)
+
+
+def test_a_learned_rule_asks_what_its_kernel_declares_of_a_construction():
+    """``linear_bias_activation``'s registry entry declares a Linear with ``bias=True``: one
+    example, whose Linear is biased by default, gives a rule that asks it, at the class level,
+    so an unbiased Linear before an activation is no site and a configured bias is."""
+    learned = learn([example(BIAS_ACT_BEFORE, BIAS_ACT_AFTER)])
+    assert learned.construction_level == "class"
+    assert "@torch.nn.Linear(..., bias=True) -> $dense" in learned.text
+    unbiased = BIAS_ACT_BEFORE.replace("4 * hidden)", "4 * hidden, bias=False)")
+    assert scan_snippet(unbiased, [learned.rule]) == []
+    configured = BIAS_ACT_BEFORE.replace("4 * hidden)", "4 * hidden, bias=config.mlp_bias)")
+    assert len(scan_snippet(configured, [learned.rule])) == 1
+    # the counter-example the declaration already excludes narrows nothing further
+    narrowed = learn(
+        [example(BIAS_ACT_BEFORE, BIAS_ACT_AFTER)], counter_examples=[("not.py", unbiased)]
+    )
+    assert narrowed.construction_level == "class"
+
+
+def test_flags_a_kernel_does_not_declare_stay_unasked():
+    """qkv_projection declares nothing of its Linears: an example of bias-free projections
+    learns a rule that takes biased ones too (paper.9's)."""
+    unbiased_before = QKV_BEFORE.replace("nn.Linear(d, d)", "nn.Linear(d, d, bias=False)")
+    unbiased_after = QKV_AFTER.replace("nn.Linear(d, d)", "nn.Linear(d, d, bias=False)")
+    assert unbiased_before.count("bias=False") == 3
+    learned = learn([example(unbiased_before, unbiased_after)])
+    assert "bias" not in learned.text.split("rule learned.1", 1)[1]
+    assert len(scan_snippet(QKV_BEFORE, [learned.rule])) == 1
+
+
+def test_an_example_that_contradicts_its_kernels_declaration_is_refused():
+    before = BIAS_ACT_BEFORE.replace("4 * hidden)", "4 * hidden, bias=False)")
+    after = BIAS_ACT_AFTER.replace("4 * hidden)", "4 * hidden, bias=False)")
+    with pytest.raises(LearnError, match=r"bias=False, but .*linear_bias_activation is declared"):
+        learn([example(before, after)])
+
+
 def test_a_factory_edit_in_init_becomes_an_init_site_rule():
     before = HEADER + textwrap.dedent(
         """
