@@ -481,7 +481,7 @@ def apply(
 
         result = keep_faster_rules(result, rules, say)
     if verify:
-        from .verify.gate import keep_verified
+        from .gate import keep_verified
 
         keep_verified(result, rules, timeout=verify_timeout, say=say)
     out = Console(highlight=False)

@@ -3,11 +3,12 @@
 Every import in ``adopter/`` counts, at module level or inside a function (a lazy import is a
 dependency all the same). Stages, in order: ``dsl``, ``extract``, ``match``, ``rewrite``,
 ``models`` (the model-library adapters: ``verify`` and ``bench`` build models through them, so
-they come first and never import either), ``verify``, ``bench``, ``runtime``, ``auto``,
-``cli``, ``launcher``, ``__main__``. ``kernels``, ``files``, ``corpus`` and ``executor`` are
-leaves: anything may import them and they import nothing else of ``adopter`` (nor does anything
-count the package root, which offers its ``__version__`` and loads ``patch`` lazily). ``rules`` holds
-the rule files and their loader, written in the DSL: it imports ``dsl`` and nothing else.
+they come first and never import either), ``verify``, ``gate`` (``apply --verify`` and the
+runtime keep only what verify proved), ``bench``, ``runtime``, ``auto``, ``cli``, ``launcher``,
+``__main__``. ``kernels``, ``files``, ``corpus`` and ``executor`` are leaves: anything may
+import them and they import nothing else of ``adopter`` (nor does anything count the package
+root, which offers its ``__version__`` and loads ``patch`` lazily). ``rules`` holds the rule
+files and their loader, written in the DSL: it imports ``dsl`` and nothing else.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ ORDER = [
     "learn",
     "models",
     "verify",
+    "gate",
     "bench",
     "runtime",
     "auto",
