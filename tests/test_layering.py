@@ -47,6 +47,7 @@ HARNESS_MAY_IMPORT = {
     "adopter.models.factories",
     "adopter.models.base",  # the protocol of the library adapters
     "adopter.models.registry",  # which adapters there are, by library name
+    "adopter.models.sites",  # the kernel calls of a patched text, what reaches and guards each
 }
 
 

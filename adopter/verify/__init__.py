@@ -14,6 +14,7 @@ worker subprocess (:mod:`adopter.verify.worker`) under a timeout.
 """
 
 from ..models.origin import module_name_for
+from ..models.sites import PatchedSite
 from .options import VerifyOptions
 from .results import (
     NOT_CHECKABLE,
@@ -32,7 +33,6 @@ from .runner import (
     verify_patched_file,
     verify_patched_files,
 )
-from .sites import PatchedSite, find_sites
 
 __all__ = [
     "NOT_CHECKABLE",
@@ -46,7 +46,6 @@ __all__ = [
     "SiteCoverage",
     "Status",
     "VerifyOptions",
-    "find_sites",
     "module_name_for",
     "verify_factories",
     "verify_factory",

@@ -17,13 +17,13 @@ from typing import Any
 from ..models.common import cast_inputs, error_line, module_sources, short_traceback, torch_dtype
 from ..models.factories import resolve_factory
 from ..models.loading import ORIGINAL_PREFIX, PATCHED_PREFIX
+from ..models.sites import KERNEL_PACKAGE, PatchedSite, find_sites
 from .compare import tolerance_for
 from .coverage import SiteRecorder
 from .differential import conclude, seed_everything
 from .job import ResultWriter, WorkerJob
 from .prove import ModeRun, run_modes, sides_from, with_backends
 from .results import NOT_CHECKABLE, REFUTED, ClassVerification
-from .sites import KERNEL_PACKAGE, PatchedSite, find_sites
 
 __all__ = ["run_factory_job"]
 

@@ -16,12 +16,12 @@ from typing import Any
 from ..models.common import error_line, short_traceback
 from ..models.interface import BuildSettings, Unbuildable, setting_label
 from ..models.loading import import_original, import_patched
+from ..models.sites import PatchedSite
 from .coverage import SiteRecorder
 from .job import ResultWriter, WorkerJob
 from .prove import prove
 from .reach import Reach, reach
 from .results import NOT_CHECKABLE, REFUTED, ClassVerification
-from .sites import PatchedSite
 
 __all__ = ["check_class", "run_file_job"]
 

@@ -21,12 +21,12 @@ from ..models.base import MAX_SMALL_PARAMETERS, NotSmallError, adopt_patched_cla
 from ..models.common import cast_inputs, error_line, torch_dtype
 from ..models.loading import import_original, import_patched
 from ..models.registry import adapter_for
+from ..models.sites import PatchedSite
 from .compare import tolerance_for
 from .differential import conclude, zero_dropout_modules
 from .job import WorkerJob
 from .prove import ModeRun, sides_from, with_backends
 from .results import NOT_CHECKABLE, REFUTED, VERIFIED, ClassVerification
-from .sites import PatchedSite
 
 __all__ = ["run_library_job"]
 

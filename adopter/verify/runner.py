@@ -34,6 +34,7 @@ from ..executor import Executor, LocalExecutor, Task, TaskResult
 from ..models.interface import WORKER_ENVIRONMENT, adapter_for
 from ..models.origin import module_of
 from ..models.registry import library_of
+from ..models.sites import PatchedSite, find_sites
 from .contain import MARK_VARIABLE, PARENT_VARIABLE, end_worker, new_mark, resident_bytes
 from .job import FACTORY, FILE, LIBRARY, WorkerJob
 from .options import VerifyOptions
@@ -45,7 +46,6 @@ from .results import (
     FileVerification,
     site_coverage,
 )
-from .sites import PatchedSite, find_sites
 
 __all__ = [
     "PatchedFile",

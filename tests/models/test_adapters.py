@@ -16,6 +16,7 @@ from adopter.models.base import adopt_patched_classes, defined_names, entry_poin
 from adopter.models.diffusers import small_config
 from adopter.models.origin import find_origin, pristine_of
 from adopter.models.registry import library_of
+from adopter.models.sites import PatchedSite, calls_kernels
 from adopter.models.surveys import SurveyStore, covering_order
 from adopter.models.timm import (
     choosing_keywords,
@@ -24,7 +25,6 @@ from adopter.models.timm import (
     static_rank,
 )
 from adopter.verify.library import attribute_flips
-from adopter.verify.sites import PatchedSite, calls_kernels
 
 ORIGINAL = """
 from torch import nn

@@ -18,15 +18,10 @@ from types import ModuleType
 import pytest
 
 from adopter.match import Matcher
+from adopter.models.sites import find_sites
 from adopter.rewrite import rewrite_text
 from adopter.rules import load_rule_set
-from adopter.verify import (
-    FileVerification,
-    PatchedFile,
-    VerifyOptions,
-    find_sites,
-    verify_patched_files,
-)
+from adopter.verify import FileVerification, PatchedFile, VerifyOptions, verify_patched_files
 from adopter.verify.coverage import SiteRecorder
 
 pytestmark = pytest.mark.slow  # see pyproject.toml's markers

@@ -5,10 +5,14 @@ A rewrite reaches a kernel only through such a call, so "every patched site ran"
 of these calls ran" (a class-building kernel, ``fused_bert_self_attention(BertSelfAttention)``,
 counts when a module it built runs ``forward``). Each site also carries what guards it - the
 conditions of the ``if``/``while``/conditional expressions around it in its function - and the
-configuration fields those conditions read, so that verify can try to reach a site that the
-default configuration skips (``if self.config.use_weighted_layer_sum:``).
+configuration fields those conditions read, and the classes of the file whose code reaches it
+(``hosts``), so that verify can pick the models that build a site's code and the adapters can
+flip the options that guard it (``if self.config.use_weighted_layer_sum:``).
 
-Pure ``ast``: no torch, no model code; used by the parent and the worker alike.
+This is what a patched file asks of the models, read statically, beside how model code reads
+its configuration (:mod:`.config_reads`); the proof records which of these calls ran
+(:mod:`adopter.verify.coverage`). Pure ``ast``: no torch, no model code; used by verify's parent
+and worker, the adapters and the command line alike.
 """
 
 from __future__ import annotations
@@ -18,17 +22,11 @@ import difflib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..dsl.declared import KERNEL_PACKAGE
 from ..extract.names import attribute_chain
-from ..models.config_reads import (
-    config_reads,
-    locals_from_config,
-    self_attributes_from_config,
-)
-from ..models.interface import PER_ELEMENT
+from .config_reads import config_reads, locals_from_config, self_attributes_from_config
 
-__all__ = ["KERNEL_PACKAGE", "PER_ELEMENT", "PatchedSite", "calls_kernels", "find_sites"]
-
-KERNEL_PACKAGE = "adopter.kernels"
+__all__ = ["KERNEL_PACKAGE", "PatchedSite", "calls_kernels", "find_sites"]
 
 
 @dataclass
