@@ -45,6 +45,8 @@ HARNESS_MAY_IMPORT = {
     "adopter.models.loading",
     "adopter.models.origin",  # which installed module a file is (a copy of)
     "adopter.models.factories",
+    "adopter.models.factory_models",  # a factory pair's models built alike, the sites they use
+    "adopter.models.library_sides",  # both sides of a library's model, built by its adapter
     "adopter.models.base",  # the protocol of the library adapters
     "adopter.models.registry",  # which adapters there are, by library name
     "adopter.models.sites",  # the kernel calls of a patched text, what reaches and guards each

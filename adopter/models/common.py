@@ -6,6 +6,7 @@ inside the functions that need it.
 
 from __future__ import annotations
 
+import random
 import sys
 import traceback
 from pathlib import Path
@@ -17,6 +18,7 @@ __all__ = [
     "error_line",
     "module_sources",
     "module_text",
+    "seed_everything",
     "short_traceback",
     "torch_dtype",
 ]
@@ -30,6 +32,20 @@ def torch_dtype(name: str) -> Any:
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise ValueError(f"not a floating-point torch dtype: {name!r}")
     return dtype
+
+
+def seed_everything(seed: int) -> None:
+    """Seed every generator model code commonly draws from (LayerDrop uses ``random``)."""
+    import torch
+
+    torch.manual_seed(seed)
+    random.seed(seed)
+    try:
+        import numpy
+
+        numpy.random.seed(seed)
+    except ImportError:  # numpy is optional for the code under test
+        pass
 
 
 def cast_inputs(inputs: Any, dtype: Any) -> Any:

@@ -29,7 +29,6 @@ and exceptions never reach the referee.
 from __future__ import annotations
 
 import copy
-import random
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -38,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..models.common import seed_everything
 from ..models.config_names import DROPOUT_NAME
 from .compare import Difference, RefereeFigures, Tolerance, compare_values, referee_value
 from .results import NOT_CHECKABLE, REFUTED, VERIFIED, ClassVerification
@@ -51,7 +51,6 @@ __all__ = [
     "load_strictly",
     "pristine_copies",
     "run_side",
-    "seed_everything",
     "snapshot_state",
     "zero_dropout_modules",
 ]
@@ -148,18 +147,6 @@ def zero_dropout_modules(model: nn.Module) -> None:
         for name, value in list(vars(module).items()):
             if isinstance(value, float) and value != 0.0 and DROPOUT_NAME.search(name):
                 setattr(module, name, 0.0)
-
-
-def seed_everything(seed: int) -> None:
-    """Seed every generator model code commonly draws from (LayerDrop uses ``random``)."""
-    torch.manual_seed(seed)
-    random.seed(seed)
-    try:
-        import numpy
-
-        numpy.random.seed(seed)
-    except ImportError:  # numpy is optional for the code under test
-        pass
 
 
 def _flatten(value: Any, prefix: str, out: list[tuple[str, Any]]) -> None:

@@ -16,7 +16,7 @@ from adopter.models.base import adopt_patched_classes, defined_names, entry_poin
 from adopter.models.diffusers import small_config
 from adopter.models.origin import find_origin, pristine_of
 from adopter.models.registry import library_of
-from adopter.models.sites import PatchedSite, calls_kernels
+from adopter.models.sites import PatchedSite, attribute_flips, calls_kernels
 from adopter.models.surveys import SurveyStore, covering_order
 from adopter.models.timm import (
     choosing_keywords,
@@ -24,7 +24,6 @@ from adopter.models.timm import (
     registration_bodies,
     static_rank,
 )
-from adopter.verify.library import attribute_flips
 
 ORIGINAL = """
 from torch import nn
@@ -281,7 +280,7 @@ def test_guards_are_flipped_after_an_agreeing_check_where_no_site_ran(monkeypatc
         return ClassVerification(candidate.name, VERIFIED, "agrees", modes=modes, runs=runs)
 
     monkeypatch.setattr(library, "_checked", checked)
-    sides = SimpleNamespace(flags={}, adapter=SimpleNamespace(entries=lambda name: []))
+    sides = SimpleNamespace(flags={}, entries_reaching=lambda name, remaining: [])
     writer = SimpleNamespace(rows=[], add=lambda row: writer.rows.append(row))
     matched: set[str] = set()
     candidate = SimpleNamespace(name="vit", reason="builds Attention")
