@@ -13,6 +13,7 @@ classes that host a site still to reach is passed over unbuilt.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ..models.base import worth_building
@@ -44,6 +45,17 @@ def _load_sides(job: WorkerJob, writer: Any, adapter: Any, recorder: SiteRecorde
     return LibrarySides(adapter, job.module_name, given, patched, settings)
 
 
+@dataclass
+class _Checks:
+    """What every comparison of one file shares: how to build both sides, the recorder, the
+    job and the writer of its result."""
+
+    sides: LibrarySides
+    recorder: SiteRecorder
+    job: WorkerJob
+    writer: Any
+
+
 def run_library_job(job: WorkerJob, writer: Any) -> None:
     """Verify one patched library file (``job.library`` names the adapter)."""
     began = time.monotonic()  # the candidate search spends from the same budget as checks
@@ -60,7 +72,7 @@ def run_library_job(job: WorkerJob, writer: Any) -> None:
     if not candidates:
         writer.error(f"no {job.library} model is known to use {job.module_name}")
         return
-    checked = _check_candidates(candidates, sites, sides, recorder, job, writer, began)
+    checked = _check_candidates(candidates, sites, _Checks(sides, recorder, job, writer), began)
     if checked == 0:
         writer.error(
             f"none of the {len(candidates)} {job.library} model(s) that may use the file "
@@ -71,18 +83,12 @@ def run_library_job(job: WorkerJob, writer: Any) -> None:
 
 
 def _check_candidates(
-    candidates: list[Any],
-    sites: list[PatchedSite],
-    sides: LibrarySides,
-    recorder: SiteRecorder,
-    job: WorkerJob,
-    writer: Any,
-    began: float,
+    candidates: list[Any], sites: list[PatchedSite], checks: _Checks, began: float
 ) -> int:
     """Compare the candidate models in turn until every site ran in a matching comparison, the
     time budget (counted from ``began``, when the worker started on the file) is spent or
     :data:`MAX_MODELS` were checked; the number checked."""
-    budget = float(job.options.timeout) * 0.8
+    budget = float(checks.job.options.timeout) * 0.8
     matched: set[str] = set()
     checked = 0
     for candidate in candidates:
@@ -90,25 +96,19 @@ def _check_candidates(
         if not remaining or checked >= MAX_MODELS:
             break
         if time.monotonic() - began > budget:
-            writer.note(f"time budget spent after {checked} model(s)")
+            checks.writer.note(f"time budget spent after {checked} model(s)")
             break
         hosts = {name for site in remaining for name in site.reached_from}
-        wanted, why = worth_building(sides.adapter, candidate.name, job.module_name, hosts)
+        module_name = checks.job.module_name
+        wanted, why = worth_building(checks.sides.adapter, candidate.name, module_name, hosts)
         if wanted:
-            _check_one(candidate, why, sites, matched, sides, recorder, job, writer)
+            _check_one(candidate, why, sites, matched, checks)
             checked += 1
     return checked
 
 
 def _check_one(
-    candidate: Any,
-    why: str,
-    sites: list[PatchedSite],
-    matched: set[str],
-    sides: LibrarySides,
-    recorder: SiteRecorder,
-    job: WorkerJob,
-    writer: Any,
+    candidate: Any, why: str, sites: list[PatchedSite], matched: set[str], checks: _Checks
 ) -> None:
     """Compare one model through each entry point that may run a site still to reach, then
     with the guards' attributes flipped where its forward ran the file; ``matched`` grows by
@@ -116,13 +116,13 @@ def _check_one(
     remaining = [site for site in sites if site.key not in matched]
     runs = [
         ("forward", {}),
-        *[(e, {}) for e in sides.entries_reaching(candidate.name, remaining)],
+        *[(e, {}) for e in checks.sides.entries_reaching(candidate.name, remaining)],
     ]
     for entry, flags in runs:
         if not remaining:
             break
-        sides.flags = flags
-        verdict = _checked(candidate, entry, sides, recorder, job, writer)
+        checks.sides.flags = flags
+        verdict = _checked(candidate, entry, checks)
         flips = attribute_flips(remaining)
         agreed = bool(verdict.runs) or verdict.status == VERIFIED
         if flips and not flags and agreed and entry == "forward":
@@ -130,7 +130,7 @@ def _check_one(
             # every site from running (``fused_attn`` on by default): now where they lead.
             runs.append((entry, flips))
         verdict.reason = f"{verdict.reason}; {'; '.join(x for x in (candidate.reason, why) if x)}"
-        writer.add(verdict.to_json())
+        checks.writer.add(verdict.to_json())
         for mode, counts in verdict.runs.items():
             if verdict.matched_in(mode):
                 matched.update(counts)
@@ -144,18 +144,11 @@ def _label(name: str, entry: str, flags: dict[str, bool]) -> str:
     return label
 
 
-def _checked(
-    candidate: Any,
-    entry: str,
-    sides: LibrarySides,
-    recorder: SiteRecorder,
-    job: WorkerJob,
-    writer: Any,
-) -> ClassVerification:
+def _checked(candidate: Any, entry: str, checks: _Checks) -> ClassVerification:
     """One model of the library, original against patched, in the job's modes; ``entry`` the
     method the comparison calls (its label then names it)."""
-    label = _label(candidate.name, entry, sides.flags)
-    writer.plan([*writer.data["planned"], label])
-    writer.start(label)
-    found = sides.subject(candidate.name, label, entry)
-    return verdict_of(found, label, recorder, job.options)
+    label = _label(candidate.name, entry, checks.sides.flags)
+    checks.writer.plan([*checks.writer.data["planned"], label])
+    checks.writer.start(label)
+    found = checks.sides.subject(candidate.name, label, entry)
+    return verdict_of(found, label, checks.recorder, checks.job.options)

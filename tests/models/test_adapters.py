@@ -273,9 +273,10 @@ def test_guards_are_flipped_after_an_agreeing_check_where_no_site_ran(monkeypatc
     site.guards = ["not (self.fused_attn)"]
     tried: list[dict[str, bool]] = []
 
-    def checked(candidate, entry, sides, recorder, job, writer):
-        tried.append(dict(sides.flags))
-        runs = {"eval": {site.key: 1}} if sides.flags else {}  # the guard kept it from running
+    def checked(candidate, entry, checks):
+        flags = dict(checks.sides.flags)
+        tried.append(flags)
+        runs = {"eval": {site.key: 1}} if flags else {}  # the guard kept it from running
         modes = {"eval": "verified"}
         return ClassVerification(candidate.name, VERIFIED, "agrees", modes=modes, runs=runs)
 
@@ -284,7 +285,8 @@ def test_guards_are_flipped_after_an_agreeing_check_where_no_site_ran(monkeypatc
     writer = SimpleNamespace(rows=[], add=lambda row: writer.rows.append(row))
     matched: set[str] = set()
     candidate = SimpleNamespace(name="vit", reason="builds Attention")
-    library._check_one(candidate, "", [site], matched, sides, None, None, writer)
+    checks = SimpleNamespace(sides=sides, writer=writer)
+    library._check_one(candidate, "", [site], matched, checks)
     assert tried == [{}, {"fused_attn": False}]
     assert matched == {site.key}
 
