@@ -42,6 +42,7 @@ HARNESS_MAY_IMPORT = {
     "adopter.models.common",
     "adopter.models.config_names",
     "adopter.models.config_reads",
+    "adopter.models.dropout",  # where a model keeps its dropout, to switch it off
     "adopter.models.loading",
     "adopter.models.origin",  # which installed module a file is (a copy of)
     "adopter.models.factories",

@@ -17,7 +17,7 @@ from torch import nn
 
 from ..kernels.rng import rng_mismatch_reason
 from ..models.common import error_line, torch_dtype
-from ..models.config_names import zero_dropout_dict
+from ..models.dropout import has_dropout, zero_dropout_modules
 from ..models.interface import Subject, Unbuildable
 from .compare import Tolerance, tolerance_for
 from .differential import (
@@ -29,7 +29,6 @@ from .differential import (
     load_strictly,
     pristine_copies,
     snapshot_state,
-    zero_dropout_modules,
 )
 from .options import VerifyOptions
 from .results import NOT_CHECKABLE, REFUTED, ClassVerification
@@ -213,17 +212,6 @@ def _train_labels(
         outcomes["train-labels"] = outcome
     else:
         runs.pop("train-labels", None)
-
-
-def has_dropout(model: Any) -> bool:
-    """Whether training draws dropout masks: a dropout module with ``p > 0``, or a non-zero
-    dropout-like configuration value (many models call ``F.dropout(x, p=self.dropout)``)."""
-    for module in model.modules():
-        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
-            return True
-    config = getattr(model, "config", None)
-    to_dict = getattr(config, "to_dict", None)
-    return bool(callable(to_dict) and zero_dropout_dict(to_dict()))
 
 
 def _train_dropout_outcome(run: ModeRun, sides: Sides, sources: list[str]) -> Any:
