@@ -10,7 +10,10 @@ code built by user factories. ``verify_patched_files`` / ``verify_factories`` ch
 in one worker process, importing torch and the model library only once.
 
 Importing this package imports neither torch nor the code under test: all of that happens in a
-worker subprocess (:mod:`adopter.verify.worker`) under a timeout.
+worker subprocess (:mod:`adopter.verify.worker`) under a timeout. This is the proof alone: which
+models use a file and how to build them small is the adapters' (:mod:`adopter.models`, the
+file's kernel calls in :mod:`adopter.models.sites`), what ``apply --verify`` keeps
+:mod:`adopter.gate`'s.
 """
 
 from ..models.origin import module_name_for
