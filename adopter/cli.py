@@ -481,7 +481,7 @@ def apply(
 
         result = keep_faster_rules(result, rules, say)
     if verify:
-        from .verify.gate import keep_verified
+        from .gate import keep_verified
 
         keep_verified(result, rules, timeout=verify_timeout, say=say)
     out = Console(highlight=False)
@@ -946,8 +946,8 @@ def _patched_on_disk(unchanged, classes: list[str] | None) -> tuple[list, list[s
     with its pristine source (the installed module it is, or is a copy of; else git's HEAD).
     Also the paths of patched files with no pristine source found."""
     from .models.origin import pristine_of
+    from .models.sites import calls_kernels
     from .verify import PatchedFile
-    from .verify.sites import calls_kernels
 
     items, not_found = [], []
     for rewrite in unchanged:

@@ -28,11 +28,11 @@ from machine import describe_machine, git_revision  # noqa: E402
 from scan_benchmark import corpus_paths, load_expected  # noqa: E402
 
 from adopter.executor import EXECUTOR_HELP, make_executor  # noqa: E402
+from adopter.gate import file_status  # noqa: E402
 from adopter.match import Matcher  # noqa: E402
 from adopter.rewrite import rewrite_text  # noqa: E402
 from adopter.rules import load_rule_set  # noqa: E402
 from adopter.verify import PatchedFile, VerifyOptions, verify_patched_files  # noqa: E402
-from adopter.verify.gate import file_status  # noqa: E402
 
 
 def installed_models_dir() -> Path | None:

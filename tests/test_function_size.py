@@ -1,8 +1,8 @@
 """Functions of the proof harness and the model adapters stay small enough to read.
 
-No function in ``adopter/verify/`` or ``adopter/models/`` is longer than 60 lines (its
-decorators to its last line) or has a cyclomatic complexity above 20, counted as radon counts
-it: one, plus one per ``if``/``elif``, loop, ``except``, ``with``-less ``assert``, conditional
+No function in ``adopter/verify/``, ``adopter/models/`` or ``adopter/gate.py`` is longer than 60
+lines (its decorators to its last line) or has a cyclomatic complexity above 20, counted as
+radon counts it: one, plus one per ``if``/``elif``, loop, ``except``, ``with``-less ``assert``, conditional
 expression, comprehension ``for`` and ``if``, ``match`` case and each extra operand of
 ``and``/``or``; a nested function's count is its own.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "adopter"
-AREAS = ("verify", "models")
+AREAS = ("verify", "models", "gate.py")
 MAX_LINES = 60
 MAX_COMPLEXITY = 20
 _FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
@@ -70,7 +70,8 @@ def length(function: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
 def _functions() -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
     found = []
     for area in AREAS:
-        for path in sorted((PACKAGE / area).rglob("*.py")):
+        where = PACKAGE / area
+        for path in [where] if where.is_file() else sorted(where.rglob("*.py")):
             tree = ast.parse(path.read_text(encoding="utf-8"))
             for node in ast.walk(tree):
                 if isinstance(node, _FUNCTIONS):

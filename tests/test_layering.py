@@ -3,11 +3,12 @@
 Every import in ``adopter/`` counts, at module level or inside a function (a lazy import is a
 dependency all the same). Stages, in order: ``dsl``, ``extract``, ``match``, ``rewrite``,
 ``models`` (the model-library adapters: ``verify`` and ``bench`` build models through them, so
-they come first and never import either), ``verify``, ``bench``, ``runtime``, ``auto``,
-``cli``, ``launcher``, ``__main__``. ``kernels``, ``files``, ``corpus`` and ``executor`` are
-leaves: anything may import them and they import nothing else of ``adopter`` (nor does anything
-count the package root, which offers its ``__version__`` and loads ``patch`` lazily). ``rules`` holds
-the rule files and their loader, written in the DSL: it imports ``dsl`` and nothing else.
+they come first and never import either), ``verify``, ``gate`` (``apply --verify`` and the
+runtime keep only what verify proved), ``bench``, ``runtime``, ``auto``, ``cli``, ``launcher``,
+``__main__``. ``kernels``, ``files``, ``corpus`` and ``executor`` are leaves: anything may
+import them and they import nothing else of ``adopter`` (nor does anything count the package
+root, which offers its ``__version__`` and loads ``patch`` lazily). ``rules`` holds the rule
+files and their loader, written in the DSL: it imports ``dsl`` and nothing else.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ ORDER = [
     "learn",
     "models",
     "verify",
+    "gate",
     "bench",
     "runtime",
     "auto",
@@ -40,11 +42,15 @@ HARNESS_MAY_IMPORT = {
     "adopter.models.common",
     "adopter.models.config_names",
     "adopter.models.config_reads",
+    "adopter.models.dropout",  # where a model keeps its dropout, to switch it off
     "adopter.models.loading",
     "adopter.models.origin",  # which installed module a file is (a copy of)
     "adopter.models.factories",
+    "adopter.models.factory_models",  # a factory pair's models built alike, the sites they use
+    "adopter.models.library_sides",  # both sides of a library's model, built by its adapter
     "adopter.models.base",  # the protocol of the library adapters
     "adopter.models.registry",  # which adapters there are, by library name
+    "adopter.models.sites",  # the kernel calls of a patched text, what reaches and guards each
 }
 
 

@@ -33,6 +33,7 @@ __all__ = [
     "library_objects",
     "mentions",
     "modules_naming",
+    "worth_building",
 ]
 
 MAX_SMALL_PARAMETERS = 30_000_000
@@ -238,3 +239,20 @@ def adopt_patched_classes(model: Any, module_name: str, patched_module: ModuleTy
             obj.__class__ = patched
             swapped.add(cls.__name__)
     return swapped
+
+
+def worth_building(
+    adapter: ModelAdapter, name: str, module_name: str, hosts: set[str]
+) -> tuple[bool, str]:
+    """Whether to build model ``name`` for a check of ``module_name``, and why: its survey
+    shows it building one of ``hosts`` (the classes whose code reaches a site still to run;
+    none: any model of the module will do) at a small size, or it cannot be surveyed (then only
+    building it tells)."""
+    survey = adapter.survey(name, module_name)
+    if survey is None:
+        return True, "could not be surveyed"
+    if survey.parameters > MAX_SMALL_PARAMETERS:
+        return False, ""
+    if hosts and not survey.classes & hosts:
+        return False, ""
+    return True, f"builds {', '.join(sorted(survey.classes & hosts)) or 'the module'}"

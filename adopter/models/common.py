@@ -6,17 +6,22 @@ inside the functions that need it.
 
 from __future__ import annotations
 
+import random
 import sys
 import traceback
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 __all__ = [
+    "call_model",
     "cast_inputs",
     "error_line",
+    "map_tensors",
     "module_sources",
     "module_text",
+    "seed_everything",
     "short_traceback",
     "torch_dtype",
 ]
@@ -32,17 +37,47 @@ def torch_dtype(name: str) -> Any:
     return dtype
 
 
-def cast_inputs(inputs: Any, dtype: Any) -> Any:
-    """``inputs`` with every floating-point tensor in it cast to ``dtype``."""
+def seed_everything(seed: int) -> None:
+    """Seed every generator model code commonly draws from (LayerDrop uses ``random``)."""
     import torch
 
-    if isinstance(inputs, torch.Tensor):
-        return inputs.to(dtype) if inputs.is_floating_point() else inputs
-    if isinstance(inputs, dict):
-        return {k: cast_inputs(v, dtype) for k, v in inputs.items()}
+    torch.manual_seed(seed)
+    random.seed(seed)
+    try:
+        import numpy
+
+        numpy.random.seed(seed)
+    except ImportError:  # numpy is optional for the code under test
+        pass
+
+
+def map_tensors(value: Any, change: Callable[[Any], Any]) -> Any:
+    """``value`` with ``change`` applied to every tensor in it, nested in mappings (which come
+    back as dicts), tuples and lists; anything else as it is."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return change(value)
+    if isinstance(value, Mapping):
+        return {key: map_tensors(item, change) for key, item in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(map_tensors(item, change) for item in value)
+    return value
+
+
+def cast_inputs(inputs: Any, dtype: Any) -> Any:
+    """``inputs`` with every floating-point tensor in it cast to ``dtype``."""
+    return map_tensors(inputs, lambda t: t.to(dtype) if t.is_floating_point() else t)
+
+
+def call_model(model: Any, inputs: Any) -> Any:
+    """``model`` called with ``inputs``: a mapping as keyword arguments, a tuple or list as
+    positional ones, anything else as the one argument."""
+    if isinstance(inputs, Mapping):
+        return model(**inputs)
     if isinstance(inputs, (tuple, list)):
-        return type(inputs)(cast_inputs(v, dtype) for v in inputs)
-    return inputs
+        return model(*inputs)
+    return model(inputs)
 
 
 def short_traceback(exc: BaseException, limit: int = 1500) -> str:

@@ -3,9 +3,9 @@
 The transformers adapter shrinks a configuration to a tiny model
 (:mod:`adopter.models.transformers.shrink`) and sets its dropout to 0 for an exact comparison;
 ``bench`` cuts a configuration's depth while keeping its widths and sets the dropout a benchmark
-asks for (:func:`adopter.bench.command.bench_config`); verify's harness zeroes dropout-like
-module attributes. All read entries by name, and the names live here, so that a model family
-taught to one stage is known to the others.
+asks for (:func:`adopter.bench.command.bench_config`); verify's train mode zeroes dropout-like
+module attributes (:mod:`adopter.models.dropout`). All read entries by name, and the names live
+here, so that a model family taught to one stage is known to the others.
 
 Pure name matching: no torch, no model library.
 """

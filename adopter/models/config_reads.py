@@ -2,7 +2,7 @@
 fields a condition tests (``if config.use_cache``, ``self.x`` set from ``config.y`` in
 ``__init__``, a local set from ``config.y``), and with which constants.
 
-verify's site finder (:mod:`adopter.verify.sites`) notes these reads as the guards of a patched
+verify's site finder (:mod:`adopter.models.sites`) notes these reads as the guards of a patched
 site; the transformers adapter sets them when a site has not run. Only the ``config.<field>``
 convention is assumed, nothing of one library.
 """

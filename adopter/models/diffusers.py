@@ -35,6 +35,7 @@ from .base import (
     library_objects,
     modules_naming,
 )
+from .common import call_model
 from .surveys import SurveyStore, module_survey, stored_look, surveyed_candidates
 
 __all__ = ["DiffusersAdapter", "small_config"]
@@ -248,7 +249,7 @@ class DiffusersAdapter:
             built = self._make(name, seed=0, full_size=False, frames=frames)
             try:
                 with torch.no_grad():
-                    _call(built.model.eval(), built.inputs)
+                    call_model(built.model.eval(), built.inputs)
                 return built, frames
             except Exception as exc:  # the model's own error, reported if no shape runs
                 failure = failure or exc
@@ -291,10 +292,6 @@ class DiffusersAdapter:
         import contextlib
 
         return contextlib.nullcontext()
-
-
-def _call(model: Any, inputs: Any) -> Any:
-    return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
 
 
 def make_inputs(model: Any, seed: int, frames: int | None = None) -> dict[str, Any]:

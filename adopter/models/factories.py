@@ -10,7 +10,6 @@ from its path under a name of its own, with its folder on the import path for it
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import re
 import sys
@@ -18,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from .loading import exec_file
 
 FACTORY_HELP = (
     "module:function or path/to/file.py:function; the function takes no arguments and returns "
@@ -77,16 +78,7 @@ def load_factory(ref: FactoryRef, alias: str) -> tuple[Any, ModuleType]:
     ``alias`` (registered in ``sys.modules`` first: ``@dataclass`` and pickling look it up)."""
     make_importable(ref)
     if ref.path is not None:
-        module_spec = importlib.util.spec_from_file_location(alias, ref.path)
-        if module_spec is None or module_spec.loader is None:
-            raise ImportError(f"cannot load {ref.path}")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[alias] = module
-        try:
-            module_spec.loader.exec_module(module)
-        except BaseException:
-            sys.modules.pop(alias, None)
-            raise
+        module = exec_file(alias, ref.path)
     else:
         module = importlib.import_module(ref.module or "")
     obj: Any = module

@@ -36,6 +36,7 @@ __all__ = [
     "Subject",
     "Unbuildable",
     "adapter_for",
+    "prebuilt_first",
     "setting_label",
 ]
 
@@ -87,10 +88,13 @@ class BuildSettings:
 class Subject:
     """One model to check: builders of fresh seeded models of both sides and their inputs.
 
-    ``quiet`` builds both sides without any dropout (for train mode; ``None``: the same
-    builders, with dropout modules switched off by the harness). ``labelled_inputs`` are the
-    inputs of a training step with labels, where the model takes them. ``dropout_texts`` are
-    the sources whose kernels decide whether train mode with dropout can be compared.
+    ``label`` says how it was built (a recipe, the settings that made it small; ``""``: as
+    its factory builds it). ``quiet`` builds both sides without any dropout (for train mode;
+    ``None``: the same builders, with dropout modules switched off by the harness).
+    ``labelled_inputs`` are the inputs of a training step with labels, where the model takes
+    them. ``dropout_texts`` are the sources whose kernels decide whether train mode with dropout
+    can be compared; ``dropout_mode`` whether that comparison is made at all (``False``: train
+    mode is compared with dropout off only).
     """
 
     name: str
@@ -101,6 +105,18 @@ class Subject:
     quiet: Callable[[], tuple[Callable[[], Any], Callable[[], Any]]] | None = None
     labelled_inputs: Any = None
     dropout_texts: list[str] = field(default_factory=list)
+    dropout_mode: bool = True
+
+
+def prebuilt_first(model: Any, rebuild: Callable[[], Any]) -> Callable[[], Any]:
+    """A builder for a :class:`Subject` that hands out ``model`` (built and never run) first,
+    then fresh ones from ``rebuild``: the build that showed a model can be made is not wasted."""
+    waiting = [model]
+
+    def build() -> Any:
+        return waiting.pop() if waiting else rebuild()
+
+    return build
 
 
 @dataclass(frozen=True)

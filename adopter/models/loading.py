@@ -22,6 +22,7 @@ from types import ModuleType
 __all__ = [
     "ORIGINAL_PREFIX",
     "PATCHED_PREFIX",
+    "exec_file",
     "import_original",
     "import_patched",
     "load_sibling",
@@ -40,15 +41,18 @@ def sibling_stem(base: str) -> str:
 
 
 def load_sibling(module_name: str, prefix: str, file_path: Path) -> ModuleType:
-    """Execute ``file_path`` as module ``<package>.<prefix><name>`` next to ``module_name``.
-
-    Registered in ``sys.modules`` before execution (``@dataclass`` and pickling look the module
-    up there) and removed again if execution fails.
-    """
+    """Execute ``file_path`` as module ``<package>.<prefix><name>`` next to ``module_name``
+    (its package imported first, see :func:`exec_file`)."""
     package, _, base = module_name.rpartition(".")
     name = f"{package}.{prefix}{base}" if package else f"{prefix}{base}"
     if package:
         importlib.import_module(package)
+    return exec_file(name, file_path)
+
+
+def exec_file(name: str, file_path: str | Path) -> ModuleType:
+    """Execute ``file_path`` as module ``name``, registered in ``sys.modules`` before it runs
+    (``@dataclass`` and pickling look a module up there) and removed again if it fails."""
     spec = importlib.util.spec_from_file_location(name, file_path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {file_path} as {name}")

@@ -43,8 +43,8 @@ def _runtime_disabled() -> Iterator[None]:
 
 def prove(rewrite: FileRewrite, rules: list[Rule], timeout: float) -> Proof:
     """Verify a changed rewrite of a module file in a subprocess."""
+    from ..gate import gate_rewrites
     from ..verify import VERIFIED
-    from ..verify.gate import gate_rewrites
 
     with _runtime_disabled():
         (gated,) = gate_rewrites([rewrite], rules, timeout=timeout)

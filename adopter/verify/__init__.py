@@ -10,10 +10,14 @@ code built by user factories. ``verify_patched_files`` / ``verify_factories`` ch
 in one worker process, importing torch and the model library only once.
 
 Importing this package imports neither torch nor the code under test: all of that happens in a
-worker subprocess (:mod:`adopter.verify.worker`) under a timeout.
+worker subprocess (:mod:`adopter.verify.worker`) under a timeout. This is the proof alone: which
+models use a file and how to build them small is the adapters' (:mod:`adopter.models`, the
+file's kernel calls in :mod:`adopter.models.sites`), what ``apply --verify`` keeps
+:mod:`adopter.gate`'s.
 """
 
 from ..models.origin import module_name_for
+from ..models.sites import PatchedSite
 from .options import VerifyOptions
 from .results import (
     NOT_CHECKABLE,
@@ -32,7 +36,6 @@ from .runner import (
     verify_patched_file,
     verify_patched_files,
 )
-from .sites import PatchedSite, find_sites
 
 __all__ = [
     "NOT_CHECKABLE",
@@ -46,7 +49,6 @@ __all__ = [
     "SiteCoverage",
     "Status",
     "VerifyOptions",
-    "find_sites",
     "module_name_for",
     "verify_factories",
     "verify_factory",

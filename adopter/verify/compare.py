@@ -68,6 +68,7 @@ __all__ = [
     "RefereeFigures",
     "Tolerance",
     "compare_values",
+    "mismatch",
     "referee_value",
     "tolerance_for",
 ]
@@ -123,7 +124,8 @@ class Difference:
         return f"{self.name}: max |diff| {self.max_abs_diff:.3g} ({self.excess:.3g}x the tolerance)"
 
 
-def _mismatch(name: str, note: str) -> Difference:
+def mismatch(name: str, note: str) -> Difference:
+    """A structural mismatch of ``name``, which ``note`` explains."""
     return Difference(name, math.inf, math.inf, note)
 
 
@@ -133,23 +135,23 @@ def compare_values(name: str, original: Any, patched: Any, tol: Tolerance) -> Di
         if original is None and patched is None:
             return Difference(name, 0.0, 0.0)
         which = "original" if patched is None else "patched"
-        return _mismatch(name, f"present only in the {which} run")
+        return mismatch(name, f"present only in the {which} run")
     if isinstance(original, torch.Tensor) != isinstance(patched, torch.Tensor):
-        return _mismatch(
+        return mismatch(
             name, f"type differs: {type(original).__name__} vs {type(patched).__name__}"
         )
     if not isinstance(original, torch.Tensor):
         if original == patched:
             return Difference(name, 0.0, 0.0)
-        return _mismatch(name, f"value differs: {original!r} vs {patched!r}")
+        return mismatch(name, f"value differs: {original!r} vs {patched!r}")
     return _compare_tensors(name, original.detach(), patched.detach(), tol)
 
 
 def _compare_tensors(name: str, ref: torch.Tensor, got: torch.Tensor, tol: Tolerance) -> Difference:
     if ref.shape != got.shape:
-        return _mismatch(name, f"shape differs: {tuple(ref.shape)} vs {tuple(got.shape)}")
+        return mismatch(name, f"shape differs: {tuple(ref.shape)} vs {tuple(got.shape)}")
     if ref.dtype != got.dtype:
-        return _mismatch(name, f"dtype differs: {ref.dtype} vs {got.dtype}")
+        return mismatch(name, f"dtype differs: {ref.dtype} vs {got.dtype}")
     if ref.numel() == 0:
         return Difference(name, 0.0, 0.0)
     if not (ref.is_floating_point() or ref.is_complex()):
@@ -164,12 +166,12 @@ def _compare_tensors(name: str, ref: torch.Tensor, got: torch.Tensor, tol: Toler
     )
     ref_nan, got_nan = torch.isnan(ref64), torch.isnan(got64)
     if not torch.equal(ref_nan, got_nan):
-        return _mismatch(name, f"NaN in {int((ref_nan ^ got_nan).sum())} elements of one run only")
+        return mismatch(name, f"NaN in {int((ref_nan ^ got_nan).sum())} elements of one run only")
     same_inf = (ref64 == got64) & torch.isinf(ref64)
     if not torch.equal(torch.isinf(ref64), same_inf) or not torch.equal(
         torch.isinf(got64), same_inf
     ):
-        return _mismatch(name, "infinities differ")
+        return mismatch(name, "infinities differ")
     finite = ~(ref_nan | torch.isinf(ref64))
     if not bool(finite.any()):
         return Difference(name, 0.0, 0.0)

@@ -24,7 +24,8 @@ from contextlib import contextmanager
 from types import CodeType, FrameType, ModuleType
 from typing import Any
 
-from .sites import KERNEL_PACKAGE, PatchedSite
+from ..dsl.declared import KERNEL_PACKAGE
+from ..models.sites import PatchedSite
 
 __all__ = ["SiteRecorder"]
 

@@ -29,7 +29,6 @@ and exceptions never reach the referee.
 from __future__ import annotations
 
 import copy
-import random
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -38,8 +37,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..models.config_names import DROPOUT_NAME
-from .compare import Difference, RefereeFigures, Tolerance, compare_values, referee_value
+from ..models.common import call_model, cast_inputs, map_tensors, seed_everything
+from .compare import (
+    Difference,
+    RefereeFigures,
+    Tolerance,
+    compare_values,
+    mismatch,
+    referee_value,
+)
 from .results import NOT_CHECKABLE, REFUTED, VERIFIED, ClassVerification
 
 __all__ = [
@@ -51,20 +57,10 @@ __all__ = [
     "load_strictly",
     "pristine_copies",
     "run_side",
-    "seed_everything",
     "snapshot_state",
-    "zero_dropout_modules",
 ]
 
 SKIPPED = "skipped"
-_DROPOUT_TYPES = (
-    nn.Dropout,
-    nn.Dropout1d,
-    nn.Dropout2d,
-    nn.Dropout3d,
-    nn.AlphaDropout,
-    nn.FeatureAlphaDropout,
-)
 
 
 @dataclass
@@ -135,33 +131,6 @@ def load_strictly(model: nn.Module, state: dict[str, torch.Tensor]) -> str | Non
     return None
 
 
-def zero_dropout_modules(model: nn.Module) -> None:
-    """Switch off every dropout in ``model``, including ones hard-coded outside the config.
-
-    Dropout modules get ``p = 0``; float attributes with dropout-like names (T5's
-    ``self.dropout = config.dropout_rate``, passed to ``F.dropout`` in ``forward``) become 0.
-    """
-    for module in model.modules():
-        if isinstance(module, _DROPOUT_TYPES):
-            module.p = 0.0
-            continue
-        for name, value in list(vars(module).items()):
-            if isinstance(value, float) and value != 0.0 and DROPOUT_NAME.search(name):
-                setattr(module, name, 0.0)
-
-
-def seed_everything(seed: int) -> None:
-    """Seed every generator model code commonly draws from (LayerDrop uses ``random``)."""
-    torch.manual_seed(seed)
-    random.seed(seed)
-    try:
-        import numpy
-
-        numpy.random.seed(seed)
-    except ImportError:  # numpy is optional for the code under test
-        pass
-
-
 def _flatten(value: Any, prefix: str, out: list[tuple[str, Any]]) -> None:
     if isinstance(value, torch.Tensor):
         out.append((prefix or "output", value))
@@ -180,21 +149,7 @@ def _flatten(value: Any, prefix: str, out: list[tuple[str, Any]]) -> None:
 def _fresh(inputs: Any) -> Any:
     """A copy of the inputs' tensors, so that a model writing into its inputs in place cannot
     change what the next run sees."""
-    if isinstance(inputs, torch.Tensor):
-        return inputs.clone()
-    if isinstance(inputs, Mapping):
-        return {key: _fresh(value) for key, value in inputs.items()}
-    if isinstance(inputs, (tuple, list)):
-        return type(inputs)(_fresh(value) for value in inputs)
-    return inputs
-
-
-def _call(model: nn.Module, inputs: Any) -> Any:
-    if isinstance(inputs, Mapping):
-        return model(**inputs)
-    if isinstance(inputs, (tuple, list)):
-        return model(*inputs)
-    return model(inputs)
+    return map_tensors(inputs, torch.Tensor.clone)
 
 
 def _projection_loss(outputs: list[tuple[str, Any]], seed: int) -> torch.Tensor | None:
@@ -238,7 +193,7 @@ def run_side(
     seed_everything(seed)
     seeded = torch.get_rng_state()
     with torch.enable_grad():
-        result = _call(model, _fresh(inputs))
+        result = call_model(model, _fresh(inputs))
         outputs: list[tuple[str, Any]] = []
         _flatten(result, "", outputs)
         if objective is not None:
@@ -265,7 +220,7 @@ def run_side(
         seed_everything(seed)
         with torch.no_grad():
             inference: list[tuple[str, Any]] = []
-            _flatten(_call(model, _fresh(inputs)), "", inference)
+            _flatten(call_model(model, _fresh(inputs)), "", inference)
         outputs += [(f"no_grad {name}", value) for name, value in inference]
         drew_random = drew_random or not torch.equal(torch.get_rng_state(), seeded)
     detached = [(n, v.detach() if isinstance(v, torch.Tensor) else v) for n, v in outputs]
@@ -283,17 +238,13 @@ def _compare_named(
     for name, value in original:
         label = f"{kind} {name}"
         if name not in patched_by_name:
-            diffs.append(
-                Difference(label, float("inf"), float("inf"), "missing in the patched run")
-            )
+            diffs.append(mismatch(label, "missing in the patched run"))
             continue
         diffs.append(compare_values(label, value, patched_by_name[name], tol))
     original_names = {name for name, _ in original}
     for name, _ in patched:
         if name not in original_names:
-            diffs.append(
-                Difference(f"{kind} {name}", float("inf"), float("inf"), "only in the patched run")
-            )
+            diffs.append(mismatch(f"{kind} {name}", "only in the patched run"))
     return diffs
 
 
@@ -342,17 +293,6 @@ def pristine_copies(pristine: nn.Module, rebuild: ModelSource | None = None) -> 
 
 # The precisions a float64 run can referee (complex and float64 values stay as judged).
 _REFEREED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def _as_float64(value: Any) -> Any:
-    """``value`` with every floating tensor (nested in dicts, tuples, lists) cast to float64."""
-    if isinstance(value, torch.Tensor):
-        return value.to(torch.float64) if value.is_floating_point() else value
-    if isinstance(value, Mapping):
-        return {key: _as_float64(item) for key, item in value.items()}
-    if isinstance(value, (tuple, list)):
-        return type(value)(_as_float64(item) for item in value)
-    return value
 
 
 @dataclass
@@ -408,7 +348,7 @@ def _referee(
     def in_float64(source: Callable[[], nn.Module]) -> SideRun:
         return run_side(source().to(torch.float64), state64, inputs64, **side)
 
-    state64, inputs64 = _as_float64(state), _as_float64(inputs)
+    state64, inputs64 = cast_inputs(state, torch.float64), cast_inputs(inputs, torch.float64)
     try:
         reference = in_float64(reference_model)
     except Exception as exc:
@@ -507,7 +447,7 @@ def check_mode(
     """Run fresh models of both sides in one mode and judge: verified, refuted or not checkable.
 
     ``original`` and ``patched`` hand out fresh models (:func:`pristine_copies`); ``prepare``
-    is applied to each before it runs (e.g. :func:`zero_dropout_modules`); ``objective`` is
+    is applied to each before it runs (switching dropout off); ``objective`` is
     :func:`run_side`'s. A failure on finite floating-point differences alone goes to the float64
     referee (see the module docstring).
     """

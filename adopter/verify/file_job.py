@@ -2,7 +2,7 @@
 
 The adapter named in the job (:mod:`adopter.models.interface`) says which classes the file
 defines, which to check first and how to build each small with inputs that run; this module
-imports both sides, proves each class (:func:`adopter.verify.prove.prove`) and, while a
+imports both sides, proves each class (:func:`adopter.verify.prove.verdict_of`) and, while a
 patched site has not run, runs the further checks the adapter proposes (:mod:`.reach`).
 """
 
@@ -14,14 +14,14 @@ from types import ModuleType
 from typing import Any
 
 from ..models.common import error_line, short_traceback
-from ..models.interface import BuildSettings, Unbuildable, setting_label
+from ..models.interface import BuildSettings, setting_label
 from ..models.loading import import_original, import_patched
+from ..models.sites import PatchedSite
 from .coverage import SiteRecorder
 from .job import ResultWriter, WorkerJob
-from .prove import prove
+from .prove import verdict_of
 from .reach import Reach, reach
-from .results import NOT_CHECKABLE, REFUTED, ClassVerification
-from .sites import PatchedSite
+from .results import NOT_CHECKABLE, ClassVerification
 
 __all__ = ["check_class", "run_file_job"]
 
@@ -38,14 +38,9 @@ def check_class(
     built by ``adapter`` with ``overrides`` on its configuration; ``recorder`` (a
     :class:`SiteRecorder`) counts which patched sites run in each mode."""
     overrides = overrides or {}
-    options = job.options
-    settings = BuildSettings(options.seed, options.dtype)
+    settings = BuildSettings(job.options.seed, job.options.dtype)
     found = adapter.subject(name, modules[0], modules[1], overrides, settings)
-    if isinstance(found, Unbuildable):
-        status = REFUTED if found.refuted else NOT_CHECKABLE
-        verdict = ClassVerification(name, status, found.reason).to_json()
-    else:
-        verdict = prove(found, recorder, options.modes, options.seed, options.dtype).to_json()
+    verdict = verdict_of(found, name, recorder, job.options).to_json()
     verdict["setting"] = setting_label(overrides)
     return verdict
 

@@ -17,8 +17,8 @@ from torch import nn
 
 from ..kernels.rng import rng_mismatch_reason
 from ..models.common import error_line, torch_dtype
-from ..models.config_names import zero_dropout_dict
-from ..models.interface import Subject
+from ..models.dropout import has_dropout, zero_dropout_modules
+from ..models.interface import Subject, Unbuildable
 from .compare import Tolerance, tolerance_for
 from .differential import (
     SKIPPED,
@@ -29,11 +29,11 @@ from .differential import (
     load_strictly,
     pristine_copies,
     snapshot_state,
-    zero_dropout_modules,
 )
+from .options import VerifyOptions
 from .results import NOT_CHECKABLE, REFUTED, ClassVerification
 
-__all__ = ["ModeRun", "Sides", "prove", "run_modes", "sides_from", "sides_of"]
+__all__ = ["ModeRun", "Sides", "prove", "run_modes", "sides_from", "sides_of", "verdict_of"]
 
 
 @dataclass
@@ -123,8 +123,9 @@ def with_backends(verdict: Any, runs: dict[str, Any]) -> Any:
     return verdict
 
 
-def prove(subject: Subject, recorder: Any, modes: list[str], seed: int, dtype: str) -> Any:
-    """The verdict (a :class:`ClassVerification`) of ``subject``."""
+def prove(subject: Subject, recorder: Any, options: VerifyOptions) -> ClassVerification:
+    """The verdict of ``subject`` in the modes of ``options``; ``recorder`` (a
+    :class:`~adopter.verify.coverage.SiteRecorder`, or ``None``) counts the sites that run."""
     try:
         sides, problem = sides_of(subject.build_original, subject.build_patched)
     except Exception as exc:
@@ -133,18 +134,32 @@ def prove(subject: Subject, recorder: Any, modes: list[str], seed: int, dtype: s
     if problem is not None:
         return ClassVerification(subject.name, REFUTED, problem, where="state_dict")
     run = ModeRun(
-        modes, subject.inputs, tolerance_for(torch_dtype(dtype)), seed, recorder,
-        subject.labelled_inputs,
+        list(options.modes), subject.inputs, tolerance_for(torch_dtype(options.dtype)),
+        options.seed, recorder, subject.labelled_inputs,
     )  # fmt: skip
-    outcomes, runs = run_modes(run, sides, subject.quiet, subject.dropout_texts)
-    return with_backends(conclude(subject.name, outcomes, f"{subject.label}: "), runs)
+    texts = subject.dropout_texts if subject.dropout_mode else None
+    outcomes, runs = run_modes(run, sides, subject.quiet, texts)
+    prefix = f"{subject.label}: " if subject.label else ""
+    return with_backends(conclude(subject.name, outcomes, prefix), runs)
+
+
+def verdict_of(
+    found: Subject | Unbuildable, name: str, recorder: Any, options: VerifyOptions
+) -> ClassVerification:
+    """:func:`prove`'s verdict of what an adapter built, or, where it could build nothing, the
+    verdict its reason gives (under ``name``)."""
+    if isinstance(found, Unbuildable):
+        return ClassVerification(name, REFUTED if found.refuted else NOT_CHECKABLE, found.reason)
+    return prove(found, recorder, options)
 
 
 def run_modes(
-    run: ModeRun, sides: Sides, quiet: Any, dropout_texts: list[str]
+    run: ModeRun, sides: Sides, quiet: Any, dropout_texts: list[str] | None
 ) -> tuple[dict[str, ModeOutcome], dict[str, dict[str, int]]]:
     """Each mode's outcome, and the sites that ran in each. ``quiet`` builds both sides
-    without dropout for train mode (``None``: ``sides`` with dropout modules off)."""
+    without dropout for train mode (``None``: ``sides`` with dropout modules off);
+    ``dropout_texts`` decide whether train mode with dropout can be compared (``None``: it is
+    not compared)."""
     outcomes: dict[str, ModeOutcome] = {}
     runs: dict[str, dict[str, int]] = {}
     if "eval" in run.modes:
@@ -168,9 +183,10 @@ def run_modes(
             "train",
             lambda: run.compare(quiet_sides, True, prepare=zero_dropout_modules),
         )
-    outcomes["train-dropout"] = run.measured(
-        runs, "train-dropout", lambda: _train_dropout_outcome(run, sides, dropout_texts)
-    )
+    if dropout_texts is not None:
+        outcomes["train-dropout"] = run.measured(
+            runs, "train-dropout", lambda: _train_dropout_outcome(run, sides, dropout_texts)
+        )
     if run.labelled_inputs is not None and quiet_sides is not None:
         _train_labels(run, quiet_sides, outcomes, runs)
     return outcomes, runs
@@ -196,17 +212,6 @@ def _train_labels(
         outcomes["train-labels"] = outcome
     else:
         runs.pop("train-labels", None)
-
-
-def has_dropout(model: Any) -> bool:
-    """Whether training draws dropout masks: a dropout module with ``p > 0``, or a non-zero
-    dropout-like configuration value (many models call ``F.dropout(x, p=self.dropout)``)."""
-    for module in model.modules():
-        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
-            return True
-    config = getattr(model, "config", None)
-    to_dict = getattr(config, "to_dict", None)
-    return bool(callable(to_dict) and zero_dropout_dict(to_dict()))
 
 
 def _train_dropout_outcome(run: ModeRun, sides: Sides, sources: list[str]) -> Any:

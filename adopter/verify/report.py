@@ -18,68 +18,64 @@ from .results import ClassVerification, FileVerification
 __all__ = ["class_row", "unchanged_row", "verification_rows"]
 
 
-def class_row(path: str | Path, verdict: ClassVerification) -> dict[str, Any]:
+def _row(kind: str, path: str | Path, label: str, status: str, reason: str, **more: Any) -> dict:
+    """A row with the keys every row has (``max_abs_diff`` and ``where`` ``None`` unless
+    ``more`` sets them), then ``more``."""
     return {
-        "kind": "class",
+        "kind": kind,
         "path": str(path),
-        "class": verdict.label,
-        "status": verdict.status,
-        "reason": verdict.reason,
-        "max_abs_diff": verdict.max_abs_diff,
-        "where": verdict.where,
-        "modes": dict(verdict.modes),
-        "setting": verdict.setting,
-        "runs": {mode: dict(counts) for mode, counts in verdict.runs.items()},
-        "referee": {mode: dict(figures) for mode, figures in verdict.referee.items()},
-        "backends": {mode: dict(per_site) for mode, per_site in verdict.backends.items()},
+        "class": label,
+        "status": status,
+        "reason": reason,
+        "max_abs_diff": None,
+        "where": None,
+        **more,
     }
+
+
+def class_row(path: str | Path, verdict: ClassVerification) -> dict[str, Any]:
+    return _row(
+        "class",
+        path,
+        verdict.label,
+        verdict.status,
+        verdict.reason,
+        max_abs_diff=verdict.max_abs_diff,
+        where=verdict.where,
+        modes=dict(verdict.modes),
+        setting=verdict.setting,
+        runs={mode: dict(counts) for mode, counts in verdict.runs.items()},
+        referee={mode: dict(figures) for mode, figures in verdict.referee.items()},
+        backends={mode: dict(per_site) for mode, per_site in verdict.backends.items()},
+    )
 
 
 def unchanged_row(path: str | Path) -> dict[str, Any]:
     """The row of a file no rule changes: nothing to verify."""
-    return {
-        "kind": "file",
-        "path": str(path),
-        "class": "-",
-        "status": "unchanged",
-        "reason": "no site to patch",
-        "max_abs_diff": None,
-        "where": None,
-    }
+    return _row("file", path, "-", "unchanged", "no site to patch")
 
 
 def verification_rows(path: str | Path, verification: FileVerification) -> list[dict[str, Any]]:
     """The file's verdict, then each check, then each patched site."""
-    rows: list[dict[str, Any]] = [
-        {
-            "kind": "file",
-            "path": str(path),
-            "class": "(file)",
-            "status": verification.status,
-            "reason": verification.reason(),
-            "max_abs_diff": None,
-            "where": None,
-        }
-    ]
+    status, reason = verification.status, verification.reason()
+    rows = [_row("file", path, "(file)", status, reason)]
     rows += [class_row(path, verdict) for verdict in verification.classes]
     for entry in verification.sites:
         site = entry.site
         where = ", ".join(entry.matched_in) if entry.exercised else entry.reason
         rows.append(
-            {
-                "kind": "site",
-                "path": str(path),
-                "class": f"site: {site.describe()}",
-                "status": entry.status,
-                "reason": f"ran and matched in {where}" if entry.exercised else where,
-                "max_abs_diff": None,
-                "where": None,
-                "line": site.original_line or site.line,
-                "kernel": site.kernel,
-                "function": site.function,
-                "guards": list(site.guards),
-                "matched_in": dict(entry.matched_in),
-                "ran_in": dict(entry.ran_in),
-            }
+            _row(
+                "site",
+                path,
+                f"site: {site.describe()}",
+                entry.status,
+                f"ran and matched in {where}" if entry.exercised else where,
+                line=site.original_line or site.line,
+                kernel=site.kernel,
+                function=site.function,
+                guards=list(site.guards),
+                matched_in=dict(entry.matched_in),
+                ran_in=dict(entry.ran_in),
+            )
         )
     return rows

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from .sites import PatchedSite
+from ..models.sites import PatchedSite
 
 Status = Literal["verified", "refuted", "not checkable", "not exercised"]
 

@@ -34,6 +34,7 @@ from ..executor import Executor, LocalExecutor, Task, TaskResult
 from ..models.interface import WORKER_ENVIRONMENT, adapter_for
 from ..models.origin import module_of
 from ..models.registry import library_of
+from ..models.sites import PatchedSite, find_sites
 from .contain import MARK_VARIABLE, PARENT_VARIABLE, end_worker, new_mark, resident_bytes
 from .job import FACTORY, FILE, LIBRARY, WorkerJob
 from .options import VerifyOptions
@@ -45,7 +46,6 @@ from .results import (
     FileVerification,
     site_coverage,
 )
-from .sites import PatchedSite, find_sites
 
 __all__ = [
     "PatchedFile",
@@ -87,18 +87,15 @@ def _tail(text: str) -> str:
     return text if len(text) <= _OUTPUT_TAIL else "..." + text[-_OUTPUT_TAIL:]
 
 
-def _is_done(result_path: Path) -> bool:
-    try:
-        return bool(json.loads(result_path.read_text(encoding="utf-8")).get("done"))
-    except (OSError, json.JSONDecodeError):  # not written yet, or being replaced right now
-        return False
-
-
 def _read_result(result_path: Path) -> dict[str, Any] | None:
     try:
         return json.loads(result_path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+    except (OSError, json.JSONDecodeError):  # not written yet, or being replaced right now
         return None
+
+
+def _is_done(result_path: Path) -> bool:
+    return bool((_read_result(result_path) or {}).get("done"))
 
 
 def _end(process: subprocess.Popen[bytes], mark: str) -> None:
@@ -236,13 +233,6 @@ class _Watch:
                     f"({resident / _GIB:.2f} GiB resident)"
                 )
         return None
-
-
-def _run_batch(
-    jobs: list[WorkerJob], workdir: Path, timeout: float, python: str | None
-) -> list[_JobOutcome]:
-    """Every outcome of :func:`_iter_batch`, in order."""
-    return list(_iter_batch(jobs, workdir, timeout, python))
 
 
 def _file_verification(

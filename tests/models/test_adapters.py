@@ -16,6 +16,7 @@ from adopter.models.base import adopt_patched_classes, defined_names, entry_poin
 from adopter.models.diffusers import small_config
 from adopter.models.origin import find_origin, pristine_of
 from adopter.models.registry import library_of
+from adopter.models.sites import PatchedSite, attribute_flips, calls_kernels
 from adopter.models.surveys import SurveyStore, covering_order
 from adopter.models.timm import (
     choosing_keywords,
@@ -23,8 +24,6 @@ from adopter.models.timm import (
     registration_bodies,
     static_rank,
 )
-from adopter.verify.library import attribute_flips
-from adopter.verify.sites import PatchedSite, calls_kernels
 
 ORIGINAL = """
 from torch import nn
@@ -274,18 +273,20 @@ def test_guards_are_flipped_after_an_agreeing_check_where_no_site_ran(monkeypatc
     site.guards = ["not (self.fused_attn)"]
     tried: list[dict[str, bool]] = []
 
-    def checked(candidate, entry, sides, recorder, job, writer):
-        tried.append(dict(sides.flags))
-        runs = {"eval": {site.key: 1}} if sides.flags else {}  # the guard kept it from running
+    def checked(candidate, entry, checks):
+        flags = dict(checks.sides.flags)
+        tried.append(flags)
+        runs = {"eval": {site.key: 1}} if flags else {}  # the guard kept it from running
         modes = {"eval": "verified"}
         return ClassVerification(candidate.name, VERIFIED, "agrees", modes=modes, runs=runs)
 
     monkeypatch.setattr(library, "_checked", checked)
-    sides = SimpleNamespace(flags={}, adapter=SimpleNamespace(entries=lambda name: []))
+    sides = SimpleNamespace(flags={}, entries_reaching=lambda name, remaining: [])
     writer = SimpleNamespace(rows=[], add=lambda row: writer.rows.append(row))
     matched: set[str] = set()
     candidate = SimpleNamespace(name="vit", reason="builds Attention")
-    library._check_one(candidate, "", [site], matched, sides, None, None, writer)
+    checks = SimpleNamespace(sides=sides, writer=writer)
+    library._check_one(candidate, "", [site], matched, checks)
     assert tried == [{}, {"fused_attn": False}]
     assert matched == {site.key}
 

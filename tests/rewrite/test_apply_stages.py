@@ -8,13 +8,13 @@ import time
 
 from typer.testing import CliRunner
 
+from adopter import gate
 from adopter.bench import command
 from adopter.bench.command import BenchTargetError, keep_faster_rules
 from adopter.cli import app
+from adopter.gate import GatedFile, keep_verified
 from adopter.rewrite import WriteOptions, rewrite_paths, write_changed
 from adopter.rules import load_rule_set
-from adopter.verify import gate
-from adopter.verify.gate import GatedFile, keep_verified
 
 MODEL = """from torch import nn
 import torch.nn.functional as F

@@ -9,6 +9,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+from adopter.models.sites import find_sites
 from adopter.models.transformers.reach import (
     EveryLayer,
     SubConfig,
@@ -17,7 +18,6 @@ from adopter.models.transformers.reach import (
     reach_attempts,
     resolve_deferred,
 )
-from adopter.verify import find_sites
 from adopter.verify.job import ResultWriter
 from adopter.verify.reach import Reach, reach, reach_time_left
 from adopter.verify.results import ClassVerification, site_coverage

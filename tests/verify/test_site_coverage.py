@@ -18,15 +18,10 @@ from types import ModuleType
 import pytest
 
 from adopter.match import Matcher
+from adopter.models.sites import find_sites
 from adopter.rewrite import rewrite_text
 from adopter.rules import load_rule_set
-from adopter.verify import (
-    FileVerification,
-    PatchedFile,
-    VerifyOptions,
-    find_sites,
-    verify_patched_files,
-)
+from adopter.verify import FileVerification, PatchedFile, VerifyOptions, verify_patched_files
 from adopter.verify.coverage import SiteRecorder
 
 pytestmark = pytest.mark.slow  # see pyproject.toml's markers
@@ -211,7 +206,7 @@ def test_a_site_nothing_reaches_makes_the_file_not_exercised(
 def test_apply_verify_does_not_write_a_file_whose_sites_did_not_all_run() -> None:
     if importlib.util.find_spec("transformers") is None:
         pytest.skip("needs transformers")
-    from adopter.verify.gate import gate_rewrites
+    from adopter.gate import gate_rewrites
 
     rules = [r for r in load_rule_set("paper") if r.id == "paper.4"]
     text = FIXTURE.read_text(encoding="utf-8")

@@ -3,7 +3,7 @@
 A site that did not run sits behind a condition on the configuration (``if
 config.use_sparse:``), in a class only some model classes build, or in the eager attention
 class that a configuration choosing SDPA never builds. These functions turn the fields a site's
-conditions read (found statically, :mod:`adopter.verify.sites`) into configuration overrides:
+conditions read (found statically, :mod:`adopter.models.sites`) into configuration overrides:
 booleans negated, fields set to the constants they are compared with, per-layer lists made of
 one kind; and order the classes and overrides worth a check.
 """

@@ -1,6 +1,10 @@
 """The safety net between ``apply`` and the disk: verify each patched file and keep only what
 was proven. A refuted file is narrowed down rule by rule, so one bad rule does not cost the
-others; a file that cannot be checked is not written at all."""
+others; a file that cannot be checked is not written at all.
+
+This stage comes after ``verify`` (it asks for the proofs) and serves ``apply --verify`` and
+the runtime; the proof itself knows nothing of which rules made a file.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +12,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..dsl.syntax import Rule
-from ..match.matcher import Matcher
-from ..rewrite.apply import FileRewrite
-from ..rewrite.driver import ApplyResult, rewrite_text
-from .options import VerifyOptions
-from .results import NOT_EXERCISED, REFUTED, VERIFIED, FileVerification
-from .runner import PatchedFile, verify_patched_files
+from .dsl.syntax import Rule
+from .match.matcher import Matcher
+from .rewrite.apply import FileRewrite
+from .rewrite.driver import ApplyResult, rewrite_text
+from .verify.options import VerifyOptions
+from .verify.results import NOT_EXERCISED, REFUTED, VERIFIED, FileVerification
+from .verify.runner import PatchedFile, verify_patched_files
+
+__all__ = ["GatedFile", "describe", "file_status", "gate_rewrites", "keep_verified"]
 
 
 def file_status(verification: FileVerification) -> tuple[str, str]:
@@ -41,10 +47,8 @@ class GatedFile:
     verification: FileVerification | None = None
 
 
-def _verify(items: Sequence[tuple[str, str]], timeout: float, modes: Sequence[str], heads: int):
-    files = [PatchedFile(path, text) for path, text in items]
-    options = VerifyOptions(modes=tuple(modes), max_heads=heads, timeout=timeout)
-    return verify_patched_files(files, options)
+def _verify(items: Sequence[tuple[str, str]], options: VerifyOptions) -> list[FileVerification]:
+    return verify_patched_files([PatchedFile(path, text) for path, text in items], options)
 
 
 def gate_rewrites(
@@ -57,8 +61,9 @@ def gate_rewrites(
     progress: Callable[[str], None] | None = None,
 ) -> list[GatedFile]:
     """Verify changed files; narrow refuted ones down to the rules that verify on their own."""
+    options = VerifyOptions(modes=tuple(modes), max_heads=max_heads, timeout=timeout)
     changed = [r for r in rewrites if r.error is None and r.changed]
-    verdicts = _verify([(r.path, r.patched) for r in changed], timeout, modes, max_heads)
+    verdicts = _verify([(r.path, r.patched) for r in changed], options)
     gated: list[GatedFile] = []
     for rewrite, verification in zip(changed, verdicts, strict=True):
         status, reason = file_status(verification)
@@ -70,13 +75,9 @@ def gate_rewrites(
                 GatedFile(rewrite, status, reason, rewrite.patched, used, {}, verification)
             )
         elif status == REFUTED and len(used) > 1:
-            gated.append(_narrow(rewrite, rules, used, timeout, modes, max_heads, reason))
+            gated.append(_narrow(rewrite, rules, used, options, reason))
         elif status == NOT_EXERCISED:
-            gated.append(
-                _without_unexercised(
-                    rewrite, rules, used, verification, timeout, modes, max_heads, reason
-                )
-            )
+            gated.append(_without_unexercised(rewrite, rules, used, verification, options))
         else:
             dropped = dict.fromkeys(used, reason)
             gated.append(GatedFile(rewrite, status, reason, None, [], dropped, verification))
@@ -84,13 +85,7 @@ def gate_rewrites(
 
 
 def _narrow(
-    rewrite: FileRewrite,
-    rules: list[Rule],
-    used: list[str],
-    timeout: float,
-    modes: Sequence[str],
-    heads: int,
-    reason: str,
+    rewrite: FileRewrite, rules: list[Rule], used: list[str], options: VerifyOptions, reason: str
 ) -> GatedFile:
     """Try each rule alone; keep those that verify, then check them together."""
     by_id = {rule.id: rule for rule in rules}
@@ -98,7 +93,7 @@ def _narrow(
         rule_id: rewrite_text(rewrite.original, rewrite.path, Matcher([by_id[rule_id]])).patched
         for rule_id in used
     }
-    verdicts = _verify([(rewrite.path, text) for text in singles.values()], timeout, modes, heads)
+    verdicts = _verify([(rewrite.path, text) for text in singles.values()], options)
     kept, dropped = [], {}
     for rule_id, verification in zip(singles, verdicts, strict=True):
         status, why = file_status(verification)
@@ -108,22 +103,8 @@ def _narrow(
             dropped[rule_id] = f"{status}: {why}"
     if not kept:
         return GatedFile(rewrite, REFUTED, reason, None, [], dropped)
-    combined, verification = _with_only(rewrite, [by_id[i] for i in kept], timeout, modes, heads)
-    status, why = file_status(verification)
-    if status != VERIFIED:
-        dropped.update(dict.fromkeys(kept, f"refuted together: {why}"))
-        return GatedFile(rewrite, REFUTED, reason, None, [], dropped, verification)
-    note = f"verified with {', '.join(kept)}; dropped " + ", ".join(dropped)
-    return GatedFile(combined, VERIFIED, note, combined.patched, kept, dropped, verification)
-
-
-def _with_only(
-    rewrite: FileRewrite, rules: list[Rule], timeout: float, modes: Sequence[str], heads: int
-) -> tuple[FileRewrite, FileVerification]:
-    """The file rewritten with ``rules`` alone, and its verification."""
-    combined = rewrite_text(rewrite.original, rewrite.path, Matcher(rules))
-    (verification,) = _verify([(rewrite.path, combined.patched)], timeout, modes, heads)
-    return combined, verification
+    refused = _Refused(REFUTED, "refuted together", reason)
+    return _kept_together(rewrite, [by_id[i] for i in kept], dropped, options, refused)
 
 
 def _without_unexercised(
@@ -131,26 +112,51 @@ def _without_unexercised(
     rules: list[Rule],
     used: list[str],
     verification: FileVerification,
-    timeout: float,
-    modes: Sequence[str],
-    heads: int,
-    reason: str,
+    options: VerifyOptions,
 ) -> GatedFile:
     """Keep the rules whose kernels only appear at sites that ran and matched; the others are
     dropped (nothing is known about a site that never ran) and the rest is checked again."""
+    reason = verification.reason()
     by_id = {rule.id: rule for rule in rules}
     missing = {entry.site.kernel for entry in verification.not_exercised}
     kept = [rule_id for rule_id in used if _kernel_of(by_id[rule_id]) not in missing]
     dropped = {rule_id: f"{NOT_EXERCISED}: {reason}" for rule_id in used if rule_id not in kept}
     if not kept:
         return GatedFile(rewrite, NOT_EXERCISED, reason, None, [], dropped, verification)
-    combined, again = _with_only(rewrite, [by_id[i] for i in kept], timeout, modes, heads)
-    status, why = file_status(again)
+    refused = _Refused(None, "without the others", reason)
+    return _kept_together(rewrite, [by_id[i] for i in kept], dropped, options, refused)
+
+
+@dataclass(frozen=True)
+class _Refused:
+    """How a file whose kept rules fail together is reported: with ``status`` (``None``: the
+    status of that check), each kept rule dropped as ``what``, and the file's first ``reason``."""
+
+    status: str | None
+    what: str
+    reason: str
+
+
+def _kept_together(
+    rewrite: FileRewrite,
+    kept: list[Rule],
+    dropped: dict[str, str],
+    options: VerifyOptions,
+    refused: _Refused,
+) -> GatedFile:
+    """The file rewritten with the ``kept`` rules alone and verified again: kept where that
+    verifies, else nothing written and each kept rule ``dropped`` as well."""
+    combined = rewrite_text(rewrite.original, rewrite.path, Matcher(kept))
+    (verification,) = _verify([(rewrite.path, combined.patched)], options)
+    status, why = file_status(verification)
+    names = [rule.id for rule in kept]
     if status != VERIFIED:
-        dropped.update(dict.fromkeys(kept, f"{status} without the others: {why}"))
-        return GatedFile(rewrite, status, reason, None, [], dropped, again)
-    note = f"verified with {', '.join(kept)}; dropped " + ", ".join(dropped)
-    return GatedFile(combined, VERIFIED, note, combined.patched, kept, dropped, again)
+        what = refused.what if refused.status else f"{status} {refused.what}"
+        dropped.update(dict.fromkeys(names, f"{what}: {why}"))
+        reported = refused.status or status
+        return GatedFile(rewrite, reported, refused.reason, None, [], dropped, verification)
+    note = f"verified with {', '.join(names)}; dropped " + ", ".join(dropped)
+    return GatedFile(combined, VERIFIED, note, combined.patched, names, dropped, verification)
 
 
 def keep_verified(

@@ -5,30 +5,36 @@ A rewrite reaches a kernel only through such a call, so "every patched site ran"
 of these calls ran" (a class-building kernel, ``fused_bert_self_attention(BertSelfAttention)``,
 counts when a module it built runs ``forward``). Each site also carries what guards it - the
 conditions of the ``if``/``while``/conditional expressions around it in its function - and the
-configuration fields those conditions read, so that verify can try to reach a site that the
-default configuration skips (``if self.config.use_weighted_layer_sum:``).
+configuration fields those conditions read, and the classes of the file whose code reaches it
+(``hosts``), so that verify can pick the models that build a site's code and the adapters can
+flip the options that guard it (``if self.config.use_weighted_layer_sum:``).
 
-Pure ``ast``: no torch, no model code; used by the parent and the worker alike.
+This is what a patched file asks of the models, read statically, beside how model code reads
+its configuration (:mod:`.config_reads`); the proof records which of these calls ran
+(:mod:`adopter.verify.coverage`). Pure ``ast``: no torch, no model code; used by verify's parent
+and worker, the adapters and the command line alike.
 """
 
 from __future__ import annotations
 
 import ast
 import difflib
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..dsl.declared import KERNEL_PACKAGE
 from ..extract.names import attribute_chain
-from ..models.config_reads import (
-    config_reads,
-    locals_from_config,
-    self_attributes_from_config,
-)
-from ..models.interface import PER_ELEMENT
+from .config_reads import config_reads, locals_from_config, self_attributes_from_config
 
-__all__ = ["KERNEL_PACKAGE", "PER_ELEMENT", "PatchedSite", "calls_kernels", "find_sites"]
-
-KERNEL_PACKAGE = "adopter.kernels"
+__all__ = [
+    "KERNEL_PACKAGE",
+    "PatchedSite",
+    "attribute_flips",
+    "calls_kernels",
+    "find_sites",
+    "reaching_names",
+]
 
 
 @dataclass
@@ -71,6 +77,12 @@ class PatchedSite:
     def position(self) -> tuple[int, int, int, int]:
         """As ``code.co_positions()`` gives it: line, end line, column, end column."""
         return (self.line, self.end_line, self.column, self.end_column)
+
+    @property
+    def reached_from(self) -> set[str]:
+        """The file's classes whose code reaches the site: its own class and the static
+        ``hosts``."""
+        return {*(self.hosts or []), *([self.cls] if self.cls else [])}
 
     def describe(self) -> str:
         where = f"line {self.original_line}" if self.original_line else f"line {self.line}"
@@ -374,3 +386,27 @@ def calls_kernels(text: str) -> bool:
         return bool(find_sites(text))
     except (SyntaxError, ValueError):
         return False
+
+
+def reaching_names(sites: list[PatchedSite]) -> set[str]:
+    """The classes and functions of the file whose code holds one of ``sites`` or reaches one:
+    the names a library's models must use for a check of them to be worth building."""
+    names = {name for site in sites for name in site.reached_from}
+    names |= {site.function.split(".")[0] for site in sites if site.cls is None}
+    return names
+
+
+_ATTRIBUTE_GUARD = re.compile(r"^(not \()?self\.(\w+)\)?$")
+
+
+def attribute_flips(sites: list[PatchedSite]) -> dict[str, bool]:
+    """``self.<flag>`` guards of ``sites`` and the value that reaches each (``not
+    (self.fused_attn)``: ``fused_attn=False``): a module attribute set at construction from a
+    global option (an environment switch of the library) that a comparison can set on both sides."""
+    flips: dict[str, bool] = {}
+    for site in sites:
+        for guard in site.guards:
+            match = _ATTRIBUTE_GUARD.match(guard.strip())
+            if match:
+                flips[match.group(2)] = match.group(1) is None
+    return flips

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from adopter.dsl import parse_rules
+from adopter.gate import describe, gate_rewrites
 from adopter.match import Matcher
 from adopter.rewrite import rewrite_text
 from adopter.rules import load_rule_set
-from adopter.verify.gate import describe, gate_rewrites
 
 pytestmark = [
     pytest.mark.slow,
