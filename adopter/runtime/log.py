@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import time
 from collections import Counter, defaultdict
 
 LOGGER = logging.getLogger("adopter")
@@ -54,6 +55,13 @@ class _Summary(logging.Filter):
             self.counts[package]["sites"] += int(getattr(record, "adopter_sites", 0))
         return False
 
+    def rewritten(self, module: str, milliseconds: int) -> None:
+        """Count a module rewritten now (not read from the cache) and the time it took."""
+        package = module.partition(".")[0]
+        with _LOCK:
+            self.counts[package]["rewritten"] += 1
+            self.counts[package]["rewrite_ms"] += milliseconds
+
     def take(self) -> dict[str, Counter[str]]:
         with _LOCK:
             counts, self.counts = dict(self.counts), defaultdict(Counter)
@@ -69,8 +77,45 @@ def summary_line(package: str, counts: Counter[str]) -> str:
         parts.append(f"{counts['unpatched']} module(s) left unpatched")
     if counts["partial"]:
         parts.append(f"{counts['partial']} module(s) with sites not patched")
+    if counts["rewritten"]:
+        seconds = counts["rewrite_ms"] / 1000
+        parts.append(
+            f"rewrote {counts['rewritten']} module(s) in {seconds:.1f} s (cached for later runs)"
+        )
     held_back = counts["unpatched"] or counts["partial"]
     return ", ".join(parts) + (" (adopter run -v says which and why)" if held_back else "")
+
+
+def rewriting(module: str) -> None:
+    """Say, once per package, that its modules are being rewritten now: a first run (or one
+    after an upgrade or a rule change) spends seconds per module before the program goes on,
+    and without a line it looks hung."""
+    package = module.partition(".")[0]
+    once_per_key(
+        logging.INFO,
+        f"rewriting:{package}",
+        f"{package}: rewriting its imported modules (first run with these rules and this "
+        "version; later runs read the cache) ...",
+    )
+
+
+PROGRESS_EVERY_S = 10.0
+_PROGRESS: dict[str, tuple[float, int]] = {}  # package: (last line's time, modules rewritten)
+
+
+def rewritten(module: str, seconds: float) -> None:
+    """Count a module rewritten now for the package's summary line, and say how far the
+    rewriting has gone every :data:`PROGRESS_EVERY_S` seconds while it lasts."""
+    _SUMMARY.rewritten(module, round(seconds * 1000))
+    package = module.partition(".")[0]
+    now = time.monotonic()
+    with _LOCK:
+        last, count = _PROGRESS.get(package, (now, 0))
+        count += 1
+        due = now - last >= PROGRESS_EVERY_S
+        _PROGRESS[package] = (now if due else last, count)
+    if due:
+        LOGGER.info(f"{package}: {count} module(s) rewritten so far ...")
 
 
 def summarise() -> None:

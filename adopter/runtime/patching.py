@@ -35,7 +35,7 @@ from typing import Any
 from ..rules import DEFAULT_RULE_SET
 from . import hook
 from .cache import CacheRefused, RuntimeCache, cache_dir
-from .log import LOGGER, once, once_per_key, summarise
+from .log import LOGGER, once, once_per_key, rewriting, rewritten, summarise
 from .prepare import Prepared, prepare
 from .rulechoice import RuleArgument, RuleChoice
 from .transplant import (
@@ -174,9 +174,12 @@ def patch_module(module: ModuleType, options: RuntimeOptions) -> ModuleOutcome:
                 options.open_cache(),
                 verify=options.verify,
                 verify_timeout=options.verify_timeout,
+                on_rewrite=lambda: rewriting(name),
             )
         except Exception as error:  # a module we cannot read or rewrite stays as it is
             return _skip(name, f"rewriting failed: {type(error).__name__}: {error}")
+        if prepared.rewrite_seconds:
+            rewritten(name, prepared.rewrite_seconds)
         if prepared.error:
             return _skip(name, prepared.error)
         not_patched = [s for s in prepared.sites if s["status"] == "skipped"]

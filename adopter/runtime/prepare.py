@@ -8,6 +8,8 @@ text, one line per site, and the constructions whose class the rewrite wraps in 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ class Prepared:
     verdict: str | None = None  # with verify: "verified", "refuted", "not checkable"
     verdict_reason: str = ""
     cached: bool = False
+    rewrite_seconds: float = 0.0  # spent rewriting now (0: read from the cache)
 
 
 def _site_records(rewrite) -> list[dict[str, Any]]:
@@ -160,16 +163,23 @@ def prepare(
     *,
     verify: bool = False,
     verify_timeout: float = 300,
+    on_rewrite: Callable[[], None] | None = None,
 ) -> Prepared:
-    """Rewrite the module file at ``path`` (from the cache when this exact input was seen)."""
+    """Rewrite the module file at ``path`` (from the cache when this exact input was seen);
+    ``on_rewrite`` is called before a rewrite the cache does not hold."""
     name = str(path)
     data = Path(path).read_bytes()
     text = decode_source(data, name)
     key = entry_key(data, choice.fingerprint)
     record = cache.get(key) if cache is not None else None
     cached = _fresh(record, records.REWRITE)
+    rewrite_seconds = 0.0
     if not cached or record is None:
+        if on_rewrite is not None:
+            on_rewrite()
+        started = time.perf_counter()
         record = _rewrite_record(text, name, choice)
+        rewrite_seconds = time.perf_counter() - started
         if cache is not None:
             cache.put(key, record)
     prepared = Prepared(
@@ -180,6 +190,7 @@ def prepare(
         list(record.get("wrapped", [])),
         record.get("error"),
         cached=cached,
+        rewrite_seconds=rewrite_seconds,
     )
     if not verify or prepared.patched is None:
         return prepared

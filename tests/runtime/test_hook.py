@@ -84,7 +84,7 @@ def test_adopter_run_keeps_argv_and_exit_code(make_package, tmp_path):
     assert done.returncode == 3, done.stderr
     assert done.stdout.splitlines() == ["fused", "argv ['3', '--flag', 'x y']"]
     # By default one line per package, not one per module; -v gives the module lines.
-    assert "adopter: rt_auto: patched 2 site(s) in 1 module(s)\n" in done.stderr
+    assert "adopter: rt_auto: patched 2 site(s) in 1 module(s)" in done.stderr
     assert "adopter: patched rt_auto.blocks" not in done.stderr
     verbose = subprocess.run(
         [*command, "rt_auto", "-v", "--", "python", str(script)],

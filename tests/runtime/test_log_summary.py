@@ -53,3 +53,37 @@ def test_at_debug_every_line_is_printed(monkeypatch):
 )
 def test_a_clean_package_has_no_pointer_to_details(counts, line):
     assert log.summary_line("transformers", counts) == line
+
+
+def test_a_first_run_says_it_rewrites_and_the_summary_counts_what_it_rewrote(monkeypatch, caplog):
+    monkeypatch.setattr(log.LOGGER, "level", logging.INFO)
+    monkeypatch.setattr(log, "_SEEN", set())
+    summary = log._Summary()
+    monkeypatch.setattr(log, "_SUMMARY", summary)
+    with caplog.at_level(logging.INFO, logger="adopter"):
+        log.rewriting("timm.layers.mlp")
+        log.rewriting("timm.models.resnet")  # one line per package, before its first rewrite
+    assert [r.getMessage() for r in caplog.records] == [
+        "timm: rewriting its imported modules (first run with these rules and this version; "
+        "later runs read the cache) ..."
+    ]
+    log.rewritten("timm.layers.mlp", 1.25)
+    log.rewritten("timm.models.resnet", 0.5)
+    assert not summary.filter(_record("patched", "timm.layers.mlp", sites=3))
+    assert log.summary_line("timm", summary.take()["timm"]) == (
+        "timm: patched 3 site(s) in 1 module(s), rewrote 2 module(s) in 1.8 s "
+        "(cached for later runs)"
+    )
+
+
+def test_a_long_rewrite_says_how_far_it_has_gone(monkeypatch, caplog):
+    clock = iter([0.0, 4.0, 11.0, 12.0])
+    monkeypatch.setattr(log.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(log, "_PROGRESS", {})
+    monkeypatch.setattr(log, "_SUMMARY", log._Summary())
+    with caplog.at_level(logging.INFO, logger="adopter"):
+        for name in ("a", "b", "c", "d"):
+            log.rewritten(f"diffusers.models.{name}", 0.1)
+    assert [r.getMessage() for r in caplog.records] == [
+        "diffusers: 3 module(s) rewritten so far ..."
+    ]
