@@ -1,6 +1,7 @@
 """The LM-head loss under torch.compile (Inductor): the compiled original, the compiled kernel
-(which dispatches to torch's chunked custom op there) and the eager kernel; interleaved
-training steps, profiler peak memory, 2x512 tokens of width 768, float32, one thread.
+on each backend that compiles (ours as a torch.library op, torch's chunked op) and the eager
+kernel; interleaved training steps, profiler peak memory, 2x512 tokens of width 768, float32,
+one thread.
 
     PYTHONPATH=$PWD python benchmarks/compile_loss_memory.py 32000   # the vocabulary
     PYTHONPATH=$PWD python benchmarks/compile_loss_memory.py 128256 96   # also rows per chunk 96
@@ -18,7 +19,8 @@ sys.path.insert(0, ".")
 from adopter import kernels
 from adopter.bench.measure import _profiler_peak
 from adopter.bench.stats import bootstrap_ratio_ci, median
-from adopter.kernels.cross_entropy import causal_lm_loss_reference
+from adopter.kernels import backends
+from adopter.kernels.cross_entropy import OP, causal_lm_loss_reference
 
 torch.set_num_threads(1)
 torch.manual_seed(0)
@@ -37,9 +39,24 @@ def kern(h, targets):
     return kernels.causal_lm_loss(h, head, targets, V)
 
 
+def on_backend(name):
+    def fn(h, targets):
+        return kern(h, targets)
+
+    compiled = torch.compile(fn, fullgraph=True)
+
+    def run(h, targets):
+        # The preference is read at trace time and guarded on, so it holds for every call.
+        with backends.prefer(OP, name):
+            return compiled(h, targets)
+
+    return run
+
+
 variants = {
     "original compiled": torch.compile(orig, fullgraph=True),
-    "kernel compiled": torch.compile(kern, fullgraph=True),
+    "kernel compiled, adopter op": on_backend("adopter"),
+    "kernel compiled, torch op": on_backend("torch"),
     "kernel eager": kern,
 }
 if len(sys.argv) > 2:  # a chunk size to compare with the default's (rows of logits per chunk)
@@ -48,7 +65,13 @@ if len(sys.argv) > 2:  # a chunk size to compare with the default's (rows of log
     def kern_rows(h, targets):
         return kernels.causal_lm_loss(h, head, targets, V, chunk_size=ROWS)
 
-    variants[f"kernel compiled, {ROWS} rows per chunk"] = torch.compile(kern_rows, fullgraph=True)
+    rows_compiled = torch.compile(kern_rows, fullgraph=True)
+
+    def torch_rows(h, targets):
+        with backends.prefer(OP, "torch"):
+            return rows_compiled(h, targets)
+
+    variants[f"kernel compiled, torch op, {ROWS} rows per chunk"] = torch_rows
 
 
 def step(fn):

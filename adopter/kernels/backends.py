@@ -122,8 +122,9 @@ OPS: tuple[Op, ...] = (
         "linear_cross_entropy",
         "cross_entropy",
         ("linear_cross_entropy", "causal_lm_loss"),
-        # CPU: ours measured fastest in a training step; torch's chunked op is the one that
-        # compiles, so it runs under torch.compile (docs/kernels.md, "Backends"). CUDA: ours
+        # CPU: ours measured fastest in a training step, and under torch.compile (where it
+        # runs as a torch.library op) it holds a third of torch's chunked op's memory at vocab
+        # 128k (docs/training-memory.md). CUDA: ours
         # measured 0.82x of the unfused loss on an H200; Liger is the reference there.
         {"cpu": ("adopter", "torch"), "cuda": ("liger", "torch", "adopter")},
     ),

@@ -29,14 +29,15 @@ only use this kernel when nobody needs them; :func:`fused_loss_applies` is the r
 rewrite calls (labels given, training with autograd on, the model's loss function being
 ``ForCausalLMLoss``), falling back to the original ``lm_head`` + loss otherwise.
 
-Backends (:mod:`adopter.kernels.backends`, :data:`BACKENDS`): this module's chunked autograd
-function (``adopter``), PyTorch's chunked ``F.linear_cross_entropy`` (``torch``: float32/64
-heads without soft-cap or logit scaling; a ``torch.library`` op, so under ``torch.compile`` it
-is one opaque node and the compiled graph keeps the memory saving, where ours - whose chunking
-depends on the data - would break it) and Liger-Kernel's (``liger``, CUDA).
+Backends (:mod:`adopter.kernels.backends`, :data:`BACKENDS`): this module's chunked kernel
+(``adopter``; an autograd function in eager code and, under ``torch.compile``, the same kernel
+as the ``torch.library`` op ``adopter::chunked_linear_cross_entropy``, which Inductor keeps as
+one opaque node, so the compiled graph keeps the memory saving), PyTorch's chunked
+``F.linear_cross_entropy`` (``torch``: float32/64 heads without soft-cap or logit scaling; a
+``torch.library`` op too) and Liger-Kernel's (``liger``, CUDA).
 
 The original computation runs instead (inside the kernel) for ``torch.jit`` / ``torch.fx`` tracing,
-``torch.compile`` when no backend that compiles takes the call, autocast, a head that is
+autocast, a head that is
 not a stock ``nn.Linear`` (hooks, LoRA, quantised), weights of another dtype or device than the
 hidden states, non-``int64`` targets, targets out of range (which the original reports), and shapes
 the original would reject.
@@ -273,6 +274,77 @@ def _forward_chunks(
     return total
 
 
+def _loss_and_grads(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    ignore_index: int,
+    reduction: str,
+    divisor: Any,
+    softcap: float | None,
+    chunk_size: int | None,
+    scaling: tuple[Any, Any],
+    wanted: tuple[bool, bool, bool],
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """The loss and, for each of ``(hidden, weight, bias)`` that ``wanted`` names, its gradient
+    for ``d(loss) = 1``, computed chunk by chunk in one pass."""
+    want_h, want_w, want_b = wanted
+    want_b = want_b and bias is not None
+    counted = targets != ignore_index
+    rows = counted.nonzero().squeeze(1)
+    count = rows.numel()
+    # The reduction's scale of each counted token's gradient, as autograd computes it.
+    if reduction == "mean":
+        loss_divisor: Any = torch.tensor(float(count), device=hidden.device)
+    else:
+        loss_divisor = divisor
+    one = torch.ones((), dtype=torch.float32, device=hidden.device)
+    scale = one if loss_divisor is None else _divide(one, loss_divisor).to(torch.float32)
+
+    full = rows.numel() == hidden.shape[0]
+    picked = hidden if full else hidden.index_select(0, rows)
+    picked_targets = targets if full else targets.index_select(0, rows)
+    # Half-precision weights accumulate their gradient in float32 (one GEMM per chunk
+    # would otherwise round the running sum to 8 or 11 bits each time).
+    accumulate = torch.float32 if weight.dtype in HALF_DTYPES else None
+    grad_rows = torch.empty_like(picked) if want_h else None
+    grad_w = (
+        torch.zeros(weight.shape, dtype=accumulate or weight.dtype, device=weight.device)
+        if want_w
+        else None
+    )
+    grad_b = (
+        torch.zeros(bias.shape, dtype=accumulate or bias.dtype, device=bias.device)
+        if want_b and bias is not None
+        else None
+    )
+    chunk = _chunk_rows(weight, max(count, 1), chunk_size)
+    total = _forward_chunks(
+        picked,
+        weight,
+        bias,
+        picked_targets,
+        softcap,
+        scale if (want_h or want_w or want_b) else None,
+        chunk,
+        (grad_rows, grad_w, grad_b),
+        scaling,
+    )
+    if want_h and not full:
+        grad_h = torch.zeros_like(hidden)
+        grad_h.index_copy_(0, rows, grad_rows)
+    else:
+        grad_h = grad_rows
+    loss = total if loss_divisor is None else _divide(total, loss_divisor)
+    return (
+        loss,
+        grad_h,
+        None if grad_w is None else grad_w.to(weight.dtype),
+        None if grad_b is None or bias is None else grad_b.to(bias.dtype),
+    )
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -289,62 +361,22 @@ class _LinearCrossEntropy(torch.autograd.Function):
         recording: bool,
         scaling: tuple[Any, Any],
     ) -> torch.Tensor:
-        ctx.recording = recording
         # ``needs_input_grad`` ignores the grad mode: the caller says whether autograd records.
-        want_h, want_w, want_b = ctx.needs_input_grad[:3] if ctx.recording else (False,) * 3
-        want_b = want_b and bias is not None
-        counted = targets != ignore_index
-        rows = counted.nonzero().squeeze(1)
-        count = rows.numel()
-        # The reduction's scale of each counted token's gradient, as autograd computes it.
-        if reduction == "mean":
-            loss_divisor: Any = torch.tensor(float(count), device=hidden.device)
-        else:
-            loss_divisor = divisor
-        one = torch.ones((), dtype=torch.float32, device=hidden.device)
-        scale = one if loss_divisor is None else _divide(one, loss_divisor).to(torch.float32)
-
-        full = rows.numel() == hidden.shape[0]
-        picked = hidden if full else hidden.index_select(0, rows)
-        picked_targets = targets if full else targets.index_select(0, rows)
-        # Half-precision weights accumulate their gradient in float32 (one GEMM per chunk
-        # would otherwise round the running sum to 8 or 11 bits each time).
-        accumulate = torch.float32 if weight.dtype in HALF_DTYPES else None
-        grad_rows = torch.empty_like(picked) if want_h else None
-        grad_w = (
-            torch.zeros(weight.shape, dtype=accumulate or weight.dtype, device=weight.device)
-            if want_w
-            else None
-        )
-        grad_b = (
-            torch.zeros(bias.shape, dtype=accumulate or bias.dtype, device=bias.device)
-            if want_b
-            else None
-        )
-        wanted = want_h or want_w or want_b
-        chunk = _chunk_rows(weight, max(count, 1), chunk_size)
-        total = _forward_chunks(
-            picked,
+        wanted = tuple(ctx.needs_input_grad[:3]) if recording else (False,) * 3
+        loss, *grads = _loss_and_grads(
+            hidden,
             weight,
             bias,
-            picked_targets,
+            targets,
+            ignore_index,
+            reduction,
+            divisor,
             softcap,
-            scale if wanted else None,
-            chunk,
-            (grad_rows, grad_w, grad_b),
+            chunk_size,
             scaling,
+            wanted,  # type: ignore[arg-type]
         )
-        if want_h and not full:
-            grad_h = torch.zeros_like(hidden)
-            grad_h.index_copy_(0, rows, grad_rows)
-        else:
-            grad_h = grad_rows
-        ctx.grads = (
-            grad_h,
-            None if grad_w is None else grad_w.to(weight.dtype),
-            None if grad_b is None else grad_b.to(bias.dtype),
-        )
-        loss = total if loss_divisor is None else _divide(total, loss_divisor)
+        ctx.grads = tuple(grads)
         return loss
 
     @staticmethod
@@ -361,6 +393,130 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grads = tuple(None if g is None else g.mul_(grad_loss) for g in grads)
         grad_h, grad_w, grad_b = grads
         return grad_h, grad_w, grad_b, None, None, None, None, None, None, None, None
+
+
+# The same kernel as a torch.library op, for torch.compile: Dynamo cannot trace the autograd
+# function above (its chunking depends on how many targets count, which is data), and an opaque
+# op keeps the memory saving in the compiled graph, where Inductor's own lowering of the
+# original keeps the logits. The op returns the loss and its gradients (empty tensors for those
+# not wanted); its backward scales them in place by a second op, as the eager backward does.
+
+
+def _divisor_args(divisor: Any) -> tuple[torch.Tensor | None, float | None]:
+    if divisor is None or torch.is_tensor(divisor):
+        return divisor, None
+    return None, float(divisor)
+
+
+@torch.library.custom_op("adopter::chunked_linear_cross_entropy", mutates_args=())
+def _chunked_loss_op(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    ignore_index: int,
+    reduction: str,
+    divisor_tensor: torch.Tensor | None,
+    divisor_number: float | None,
+    softcap: float | None,
+    chunk_size: int | None,
+    logit_scale: float | None,
+    logit_divisor: float | None,
+    want_hidden: bool,
+    want_weight: bool,
+    want_bias: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    divisor = divisor_tensor if divisor_tensor is not None else divisor_number
+    loss, grad_h, grad_w, grad_b = _loss_and_grads(
+        hidden,
+        weight,
+        bias,
+        targets,
+        ignore_index,
+        reduction,
+        divisor,
+        softcap,
+        chunk_size,
+        (logit_scale, logit_divisor),
+        (want_hidden, want_weight, want_bias),
+    )
+    empty = hidden.new_empty(0)
+    return (
+        loss,
+        empty if grad_h is None else grad_h,
+        empty.clone() if grad_w is None else grad_w,
+        empty.clone() if grad_b is None else grad_b,
+    )
+
+
+@_chunked_loss_op.register_fake
+def _(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    ignore_index: int,
+    reduction: str,
+    divisor_tensor: torch.Tensor | None,
+    divisor_number: float | None,
+    softcap: float | None,
+    chunk_size: int | None,
+    logit_scale: float | None,
+    logit_divisor: float | None,
+    want_hidden: bool,
+    want_weight: bool,
+    want_bias: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    total = hidden.new_empty((), dtype=torch.float32)
+    divisor = divisor_tensor if divisor_tensor is not None else divisor_number
+    loss = total if divisor is None or reduction == "mean" else _divide(total, divisor)
+    return (
+        loss,
+        torch.empty_like(hidden) if want_hidden else hidden.new_empty(0),
+        torch.empty_like(weight) if want_weight else hidden.new_empty(0),
+        torch.empty_like(bias) if want_bias and bias is not None else hidden.new_empty(0),
+    )
+
+
+@torch.library.custom_op(
+    "adopter::scale_loss_grads_", mutates_args=("grad_hidden", "grad_weight", "grad_bias")
+)
+def _scale_grads_op(
+    grad_hidden: torch.Tensor,
+    grad_weight: torch.Tensor,
+    grad_bias: torch.Tensor,
+    grad_loss: torch.Tensor,
+) -> None:
+    # The gradients were computed for d(loss) = 1: scale only when it is not (the usual
+    # backward of a loss passes 1, and then no weight-sized pass is made).
+    if bool(grad_loss.ne(1).item()):
+        for grad in (grad_hidden, grad_weight, grad_bias):
+            grad.mul_(grad_loss)
+
+
+@_scale_grads_op.register_fake
+def _(
+    grad_hidden: torch.Tensor,
+    grad_weight: torch.Tensor,
+    grad_bias: torch.Tensor,
+    grad_loss: torch.Tensor,
+) -> None:
+    return None
+
+
+def _op_setup(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]) -> None:
+    ctx.wanted = inputs[-3:]
+    ctx.save_for_backward(*output[1:])
+
+
+def _op_backward(ctx: Any, grad_loss: torch.Tensor, *_: Any) -> tuple[torch.Tensor | None, ...]:
+    grad_h, grad_w, grad_b = ctx.saved_tensors
+    _scale_grads_op(grad_h, grad_w, grad_b, grad_loss)
+    grads = tuple(g if w else None for g, w in zip((grad_h, grad_w, grad_b), ctx.wanted))
+    return (*grads, *(None,) * 12)
+
+
+_chunked_loss_op.register_autograd(_op_backward, setup_context=_op_setup)
 
 
 _REDUCTIONS = ("mean", "sum")
@@ -505,6 +661,8 @@ def bucket(call: LossCall) -> str:
 
 
 def _run_adopter(call: LossCall) -> torch.Tensor:
+    if compiling():
+        return _run_adopter_op(call)
     return _LinearCrossEntropy.apply(
         call.hidden,
         call.weight,
@@ -518,6 +676,31 @@ def _run_adopter(call: LossCall) -> torch.Tensor:
         grad_needed(call.hidden, call.weight, call.bias),
         (call.logit_scale, call.logit_divisor),
     )
+
+
+def _run_adopter_op(call: LossCall) -> torch.Tensor:
+    recording = torch.is_grad_enabled()
+    wanted = [
+        recording and t is not None and t.requires_grad
+        for t in (call.hidden, call.weight, call.bias)
+    ]
+    divisor_tensor, divisor_number = _divisor_args(call.divisor)
+    loss, *_ = _chunked_loss_op(
+        call.hidden,
+        call.weight,
+        call.bias,
+        call.targets,
+        call.ignore_index,
+        call.reduction,
+        divisor_tensor,
+        divisor_number,
+        call.softcap,
+        call.chunk_size,
+        call.logit_scale,
+        call.logit_divisor,
+        *wanted,
+    )
+    return loss
 
 
 # torch's chunked op computes ``cross_entropy(linear(h, w, b), t)`` with its logits in the
@@ -603,6 +786,7 @@ BACKENDS: tuple[backends.Backend, ...] = (
         "adopter",
         lambda call: True,
         _run_adopter,
+        compiles=True,  # under torch.compile it runs as the torch.library op above
         summary="chunked LM head + log_softmax, gradients formed per chunk (logits never kept)",
     ),
     backends.Backend(
@@ -693,8 +877,8 @@ def causal_lm_loss(
             upcast=upcast,
         )
 
-    # Under torch.compile too: the dispatch then picks a backend that compiles (torch's
-    # chunked op keeps the memory saving in a compiled graph) or the original.
+    # Under torch.compile too: the dispatch then picks a backend that compiles (ours as a
+    # torch.library op, or torch's chunked op) and the compiled graph keeps the memory saving.
     if tracing(hidden_states, labels, shift_labels, logit_bias):
         return original()
     if not is_plain(lm_head, nn.Linear):
