@@ -5,7 +5,9 @@
 job logic (see :mod:`adopter.executor.base`); the executor only decides where and how many run
 at once, and streams :class:`TaskResult` objects back as tasks finish. :class:`LocalExecutor` is
 the default and needs nothing; :class:`RayExecutor` needs ``pip install 'adopter[ray]'`` and is
-imported only when asked for.
+imported only when asked for. A work function whose jobs must not run in this process (verify's
+run model code) hands them to :func:`run_contained`: worker processes with a timeout per job and
+a memory limit, whose every process is killed when they end (:mod:`adopter.executor.contained`).
 """
 
 from __future__ import annotations
@@ -17,18 +19,23 @@ from contextlib import contextmanager
 from typing import Any
 
 from .base import Executor, ExecutorUnavailable, Task, TaskResult, WorkFunction, round_robin
+from .contained import BatchJob, ContainedWorker, JobOutcome, run_contained
 from .local import LocalExecutor
 
 __all__ = [
     "EXECUTOR_HELP",
+    "BatchJob",
+    "ContainedWorker",
     "Executor",
     "ExecutorUnavailable",
+    "JobOutcome",
     "LocalExecutor",
     "Task",
     "TaskResult",
     "WorkFunction",
     "make_executor",
     "round_robin",
+    "run_contained",
     "terminate_as_interrupt",
 ]
 
