@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from .base import Executor, ExecutorUnavailable, Task, TaskResult, WorkFunction, round_robin
 from .contained import BatchJob, ContainedWorker, JobOutcome, run_contained
@@ -36,8 +36,11 @@ __all__ = [
     "make_executor",
     "round_robin",
     "run_contained",
+    "run_in_order",
     "terminate_as_interrupt",
 ]
+
+V = TypeVar("V")
 
 EXECUTOR_HELP = (
     "local (worker processes on this machine, the default) or ray[:ADDRESS] (a Ray cluster; "
@@ -76,6 +79,25 @@ def make_executor(
             runtime_env=runtime_env,
         )
     raise ValueError(f"unknown executor {spec!r}: use local, ray or ray:ADDRESS")
+
+
+def run_in_order(
+    function: WorkFunction,
+    tasks: Sequence[Task[Any]],
+    settle: Callable[[TaskResult, Any], V],
+    executor: Executor | None = None,
+    on_result: Callable[[int, V], None] | None = None,
+) -> list[V]:
+    """Run ``tasks`` through ``function`` on ``executor`` (default: one local worker) and return
+    what ``settle(result, payload)`` makes of each task's result (its value, or the failure that
+    left none), in the tasks' order; ``on_result(index, settled)`` hears of each as it
+    finishes."""
+    settled: list[V | None] = [None] * len(tasks)
+    for result in (executor or LocalExecutor()).run(function, tasks):
+        settled[result.index] = value = settle(result, tasks[result.index].payload)
+        if on_result is not None:
+            on_result(result.index, value)
+    return [value for value in settled if value is not None]
 
 
 @contextmanager

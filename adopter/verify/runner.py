@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..executor import Executor, LocalExecutor, Task, TaskResult
+from ..executor import Executor, Task, TaskResult, run_in_order
 from ..executor.contained import BatchJob, ContainedWorker, JobOutcome, run_contained
 from ..models.interface import WORKER_ENVIRONMENT, adapter_for
 from ..models.origin import module_of
@@ -265,13 +265,7 @@ def _run_jobs(
     """Verdicts for ``jobs``, in their order, run by ``executor`` (default: one local worker);
     ``on_result(index, verdict)`` hears of each as it is known."""
     tasks = [Task(job, job.label, job.timeout, job.memory_limit) for job in jobs]
-    verdicts: list[FileVerification | None] = [None] * len(jobs)
-    for result in (executor or LocalExecutor()).run(run_verify_jobs, tasks):
-        verdict = _verdict_of(result, jobs[result.index])
-        verdicts[result.index] = verdict
-        if on_result is not None:
-            on_result(result.index, verdict)
-    return [v for v in verdicts if v is not None]
+    return run_in_order(run_verify_jobs, tasks, _verdict_of, executor, on_result)
 
 
 def _verdict_of(result: TaskResult, job: VerifyJob) -> FileVerification:
