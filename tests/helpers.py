@@ -1,8 +1,10 @@
-"""Shared helpers: scan a snippet of model source with the built-in or given rules."""
+"""Shared helpers: scan a snippet of model source with the built-in or given rules; tell
+whether a process still runs."""
 
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -37,3 +39,12 @@ def sites_of(source: str, rule_id: str | None = None, rules=None) -> list[Site]:
 
 def extract(source: str, opaque=()):
     return analyse_source(textwrap.dedent(source), "model.py", opaque)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for its reaper counts as ended); Linux ``/proc``."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..dsl.syntax import Rule
-from ..executor import Executor, LocalExecutor, Task
+from ..executor import Executor, Task, TaskResult, run_in_order
 from .options import BenchOptions
 from .results import BenchResult
 
@@ -89,14 +89,13 @@ def bench_many(
     ``on_result(index, outcome)`` hears of each as it is done.
     """
     tasks = [Task(job, job.label) for job in jobs]
-    outcomes: list[BenchOutcome | None] = [None] * len(jobs)
-    for done in (executor or LocalExecutor(1)).run(run_bench_jobs, tasks):
+
+    def settle(done: TaskResult, job: BenchJob) -> BenchOutcome:
         if done.ok and isinstance(done.value, BenchOutcome):
             outcome = done.value
         else:
-            outcome = BenchOutcome(jobs[done.index].label, None, done.failure or "no result")
+            outcome = BenchOutcome(job.label, None, done.failure or "no result")
         outcome.where, outcome.seconds = done.where, done.seconds
-        outcomes[done.index] = outcome
-        if on_result is not None:
-            on_result(done.index, outcome)
-    return [o for o in outcomes if o is not None]
+        return outcome
+
+    return run_in_order(run_bench_jobs, tasks, settle, executor, on_result)

@@ -5,32 +5,42 @@
 job logic (see :mod:`adopter.executor.base`); the executor only decides where and how many run
 at once, and streams :class:`TaskResult` objects back as tasks finish. :class:`LocalExecutor` is
 the default and needs nothing; :class:`RayExecutor` needs ``pip install 'adopter[ray]'`` and is
-imported only when asked for.
+imported only when asked for. A work function whose jobs must not run in this process (verify's
+run model code) hands them to :func:`run_contained`: worker processes with a timeout per job and
+a memory limit, whose every process is killed when they end (:mod:`adopter.executor.contained`).
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from .base import Executor, ExecutorUnavailable, Task, TaskResult, WorkFunction, round_robin
+from .contained import BatchJob, ContainedWorker, JobOutcome, run_contained
 from .local import LocalExecutor
 
 __all__ = [
     "EXECUTOR_HELP",
+    "BatchJob",
+    "ContainedWorker",
     "Executor",
     "ExecutorUnavailable",
+    "JobOutcome",
     "LocalExecutor",
     "Task",
     "TaskResult",
     "WorkFunction",
     "make_executor",
     "round_robin",
+    "run_contained",
+    "run_in_order",
     "terminate_as_interrupt",
 ]
+
+V = TypeVar("V")
 
 EXECUTOR_HELP = (
     "local (worker processes on this machine, the default) or ray[:ADDRESS] (a Ray cluster; "
@@ -69,6 +79,25 @@ def make_executor(
             runtime_env=runtime_env,
         )
     raise ValueError(f"unknown executor {spec!r}: use local, ray or ray:ADDRESS")
+
+
+def run_in_order(
+    function: WorkFunction,
+    tasks: Sequence[Task[Any]],
+    settle: Callable[[TaskResult, Any], V],
+    executor: Executor | None = None,
+    on_result: Callable[[int, V], None] | None = None,
+) -> list[V]:
+    """Run ``tasks`` through ``function`` on ``executor`` (default: one local worker) and return
+    what ``settle(result, payload)`` makes of each task's result (its value, or the failure that
+    left none), in the tasks' order; ``on_result(index, settled)`` hears of each as it
+    finishes."""
+    settled: list[V | None] = [None] * len(tasks)
+    for result in (executor or LocalExecutor()).run(function, tasks):
+        settled[result.index] = value = settle(result, tasks[result.index].payload)
+        if on_result is not None:
+            on_result(result.index, value)
+    return [value for value in settled if value is not None]
 
 
 @contextmanager

@@ -1,19 +1,17 @@
 """The worker's protocol: the job it is handed and the result file it keeps up to date.
 
-A batch file holds ``{"jobs": [WorkerJob.to_json(), ...]}``; for each job the worker writes its
-result file after every change (atomically), so a timeout or a crash keeps the verdicts already
-reached and the parent can name the class that was running.
+A batch file (:mod:`adopter.executor.contained`) holds ``{"jobs": [WorkerJob.to_json(), ...]}``;
+for each job the worker writes its result file after every change (atomically), so a timeout or
+a crash keeps the verdicts already reached and the parent can name the class that was running.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..executor.contained import ResultFile
 from .options import VerifyOptions
 
 __all__ = ["FACTORY", "FILE", "LIBRARY", "ResultWriter", "WorkerJob"]
@@ -62,12 +60,12 @@ class WorkerJob:
         return cls(**fields)
 
 
-class ResultWriter:
-    """Keeps the result JSON on disk up to date (written atomically after every change)."""
+class ResultWriter(ResultFile):
+    """Keeps the result JSON on disk up to date (written atomically after every change): the
+    verdicts reached, the classes planned and the one being checked, the sites."""
 
     def __init__(self, path: Path, source_path: str) -> None:
-        self.path = path
-        self.data: dict[str, Any] = {
+        fields = {
             "path": source_path,
             "error": None,
             "notes": [],
@@ -75,16 +73,8 @@ class ResultWriter:
             "current": None,
             "classes": [],
             "sites": [],
-            "done": False,
-            "seconds": None,
         }
-        self.started = time.perf_counter()
-        self.flush()
-
-    def flush(self) -> None:
-        scratch = self.path.with_suffix(".tmp")
-        scratch.write_text(json.dumps(self.data, indent=1))
-        os.replace(scratch, self.path)
+        super().__init__(path, fields)
 
     def note(self, text: str) -> None:
         self.data["notes"].append(text)
@@ -105,10 +95,4 @@ class ResultWriter:
     def add(self, verdict: dict[str, Any]) -> None:
         self.data["classes"].append(verdict)
         self.data["current"] = None
-        self.flush()
-
-    def finish(self) -> None:
-        """Mark the job complete: the parent starts the next job's clock from here."""
-        self.data["done"] = True
-        self.data["seconds"] = round(time.perf_counter() - self.started, 3)
         self.flush()

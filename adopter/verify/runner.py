@@ -1,13 +1,13 @@
-"""Parent side of ``adopter verify``: write jobs, run the worker under timeouts, read verdicts.
+"""Parent side of ``adopter verify``: the jobs, run in a contained worker, and their verdicts.
 
 The parent never imports the code under test (nor torch): model code can hang, crash the
 interpreter or poison global state, and a verify run must survive all of that and report it as
 "not checkable". Everything that touches models happens in ``python -m adopter.verify.worker``,
-started in its own session and with a mark in its environment, so that when it ends - done,
-crashed or timed out - everything it started is killed with it, including processes that left
-its session (see :mod:`adopter.verify.contain`).
-Several files go to one worker in a batch (importing torch and a model library takes seconds, the
-check of a shrunk model a fraction of that); each file still has its own timeout.
+run by :func:`adopter.executor.contained.run_contained`: contained, so that whatever it started
+dies with it, with a timeout per file and a memory limit. Several files go to one worker in a
+batch (importing torch and a model library takes seconds, the check of a shrunk model a
+fraction of that). What a job's result file says, and what a timeout or a crash makes of the
+classes it did not finish, is decided here.
 
 Where the batches run is an :class:`~adopter.executor.Executor`'s business: the default runs them
 on this machine (one batch per worker), ``RayExecutor`` runs each file as a Ray task. Either way
@@ -18,24 +18,21 @@ so the logic never depends on where it runs.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..executor import Executor, LocalExecutor, Task, TaskResult
+from ..executor import Executor, Task, TaskResult, run_in_order
+from ..executor.contained import BatchJob, ContainedWorker, JobOutcome, run_contained
 from ..models.interface import WORKER_ENVIRONMENT, adapter_for
 from ..models.origin import module_of
 from ..models.registry import library_of
 from ..models.sites import PatchedSite, find_sites
-from .contain import MARK_VARIABLE, PARENT_VARIABLE, end_worker, new_mark, resident_bytes
 from .job import FACTORY, FILE, LIBRARY, WorkerJob
 from .options import VerifyOptions
 from .results import (
@@ -58,192 +55,18 @@ __all__ = [
     "verify_patched_files",
 ]
 
-_OUTPUT_TAIL = 2000
-_POLL_SECONDS = 0.05
-_MEMORY_POLL_SECONDS = 0.5
-_GIB = 1024**3
-
 OnResult = Callable[[int, Any], None]
 
 
-def _worker_env(mark: str) -> dict[str, str]:
-    """The worker's environment: this ``adopter`` importable, hubs offline, no stray threads,
-    and the mark that finds every process the worker starts."""
-    env = dict(os.environ)
-    env[MARK_VARIABLE] = mark
-    env[PARENT_VARIABLE] = str(os.getpid())
-    adopter_root = str(Path(__file__).resolve().parents[2])
-    existing = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = adopter_root + (os.pathsep + existing if existing else "")
-    for name, value in WORKER_ENVIRONMENT.items():  # what the adapters' libraries read
-        env.setdefault(name, value)
-    env.setdefault("PYTHONHASHSEED", "0")
-    env["OMP_NUM_THREADS"] = "1"  # see the worker: tiny models run fastest on one thread
-    return env
-
-
-def _tail(text: str) -> str:
-    text = text.strip()
-    return text if len(text) <= _OUTPUT_TAIL else "..." + text[-_OUTPUT_TAIL:]
-
-
-def _read_result(result_path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(result_path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):  # not written yet, or being replaced right now
-        return None
-
-
-def _is_done(result_path: Path) -> bool:
-    return bool((_read_result(result_path) or {}).get("done"))
-
-
-def _end(process: subprocess.Popen[bytes], mark: str) -> None:
-    """Kill the worker (when still running) and every process it started."""
-    end_worker(process.pid, mark)
-    process.wait()
-
-
-@dataclass
-class _JobOutcome:
-    """What the parent learnt about one job: its result JSON, what went wrong, how long."""
-
-    result: dict[str, Any] | None
-    trouble: str | None
-    seconds: float
-
-
-def _iter_batch(
-    jobs: list[WorkerJob],
-    workdir: Path,
-    timeout: float,
-    python: str | None,
-    *,
-    memory_limit: int | None = None,
-    stop: threading.Event | None = None,
-) -> Iterator[_JobOutcome]:
-    """Run ``jobs`` in as few worker processes as possible, each job under ``timeout``; yield
-    each job's outcome, in order, as soon as it is known.
-
-    One worker runs the jobs in order, so torch and the model library are imported once. The
-    parent watches each job's result file: a job that is not done ``timeout`` seconds after the
-    previous one finished (or the worker started) is timed out - the worker is killed and a new
-    one takes the remaining jobs; a worker that dies takes only its current job with it, and
-    so does one whose process tree holds more than ``memory_limit`` bytes resident.
-    A job's seconds count from that same point, so the first job's include the worker start.
-    Whatever ends this generator early - ``stop`` set, ``KeyboardInterrupt`` (also the one
-    ``ray.cancel`` raises), the caller closing it - kills the worker and all it started.
-    """
-    jobs = [
-        replace(job, tag=index, result_path=str(workdir / f"result-{index}.json"))
-        for index, job in enumerate(jobs)
-    ]
-    done = 0
-    launch = 0
-    while done < len(jobs):
-        log_path = workdir / f"worker-{launch}.log"
-        mark = new_mark()
-        batch_path = workdir / f"batch-{launch}.json"
-        process = _start_worker(jobs[done:], batch_path, log_path, mark, python)
-        watch = _Watch(process, mark, timeout, memory_limit, stop)
-        try:
-            for outcome in watch.outcomes(jobs, done):
-                done += 1
-                yield outcome
-        finally:
-            _end(process, mark)  # what the model code left running goes too
-        if watch.stopped:
-            return
-        if done < len(jobs):
-            trouble = watch.trouble
-            if trouble is None:
-                output = log_path.read_text(encoding="utf-8", errors="replace")
-                trouble = f"the worker exited with code {process.returncode}: {_tail(output)}"
-            result = _read_result(Path(jobs[done].result_path))
-            yield _JobOutcome(result, trouble, time.monotonic() - watch.clock)
-            done += 1
-        launch += 1
-
-
-def _start_worker(
-    jobs: list[WorkerJob], batch_path: Path, log_path: Path, mark: str, python: str | None
-) -> subprocess.Popen[bytes]:
-    """A worker for ``jobs``, in its own session, its output in ``log_path``."""
-    batch = {"jobs": [job.to_json() for job in jobs]}
-    batch_path.write_text(json.dumps(batch, indent=1), encoding="utf-8")
-    command = [python or sys.executable, "-m", "adopter.verify.worker", str(batch_path)]
-    with log_path.open("wb") as log:
-        return subprocess.Popen(
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=_worker_env(mark),
-            start_new_session=True,
-        )
-
-
-class _Watch:
-    """Watches one worker: yields each job's outcome as its result file says it is done, and
-    stops at the worker's end, a timeout, the memory limit or ``stop`` (``trouble`` then says
-    why, ``stopped`` whether ``stop`` ended it)."""
-
-    def __init__(
-        self,
-        process: subprocess.Popen[bytes],
-        mark: str,
-        timeout: float,
-        memory_limit: int | None,
-        stop: threading.Event | None,
-    ) -> None:
-        self.process, self.mark, self.timeout = process, mark, timeout
-        self.memory_limit, self.stop = memory_limit, stop
-        self.clock = self.weighed = time.monotonic()
-        self.trouble: str | None = None
-        self.stopped = False
-
-    def outcomes(self, jobs: list[WorkerJob], done: int) -> Iterator[_JobOutcome]:
-        while True:
-            returncode = self.process.poll()
-            while done < len(jobs) and _is_done(Path(jobs[done].result_path)):
-                now = time.monotonic()
-                result = _read_result(Path(jobs[done].result_path))
-                yield _JobOutcome(result, None, now - self.clock)
-                done, self.clock = done + 1, now
-            if returncode is not None or done == len(jobs):
-                return
-            if self.stop is not None and self.stop.is_set():
-                self.stopped = True
-                return
-            self.trouble = self._trouble(time.monotonic())
-            if self.trouble is not None:
-                return
-            time.sleep(_POLL_SECONDS)
-
-    def _trouble(self, now: float) -> str | None:
-        """Why the worker must stop now: its job timed out or it holds too much memory."""
-        if now - self.clock > self.timeout:
-            return f"timed out after {self.timeout:g} s"
-        if self.memory_limit and now - self.weighed > _MEMORY_POLL_SECONDS:
-            self.weighed = now
-            resident = resident_bytes(self.process.pid, self.mark)
-            if resident > self.memory_limit:
-                return (
-                    f"exceeded the memory limit of {self.memory_limit / _GIB:.2f} GiB "
-                    f"({resident / _GIB:.2f} GiB resident)"
-                )
-        return None
-
-
 def _file_verification(
-    path: Path, outcome: _JobOutcome, requested: list[str] | None
+    path: Path, outcome: JobOutcome, requested: list[str] | None
 ) -> FileVerification:
     """Turn a job's (possibly partial) result into verdicts.
 
     Classes the worker planned (or the caller requested) but did not finish are "not checkable"
     with the reason the worker stopped, so a timeout or crash never silently drops a class.
     """
-    result, trouble = outcome.result, outcome.trouble
+    result, trouble = outcome.result, outcome.failure
     seconds = round(outcome.seconds, 2)
     if result is not None and isinstance(result.get("seconds"), (int, float)):
         seconds = round(float(result["seconds"]), 2)  # the worker's own clock: no start-up
@@ -340,8 +163,10 @@ class VerifyJob:
 
 
 def _materialize(job: VerifyJob, scratch: Path, index: int) -> WorkerJob:
-    """The worker's job for ``job`` on this machine, its files written under ``scratch``."""
-    worker_job = job.worker_job
+    """The worker's job for ``job`` on this machine, its files written under ``scratch``: the
+    ``index``-th of its batch (its tag), its result file there too."""
+    result_path = str(scratch / f"result-{index}.json")
+    worker_job = replace(job.worker_job, tag=index, result_path=result_path)
     if job.patched_source is None:
         return worker_job
     folder = scratch / f"patched-{index}"
@@ -379,14 +204,8 @@ def run_verify_jobs(
     with tempfile.TemporaryDirectory(prefix="adopter-verify-") as scratch:
         workdir = Path(scratch)
         worker_jobs = [_materialize(job, workdir, index) for index, job in enumerate(jobs)]
-        outcomes = _iter_batch(
-            worker_jobs,
-            workdir,
-            first.timeout,
-            first.python,
-            memory_limit=first.memory_limit,
-            stop=stop,
-        )
+        batch = [BatchJob(job.to_json(), Path(job.result_path)) for job in worker_jobs]
+        outcomes = run_contained(batch, _worker(first), workdir, stop)
         try:
             for job, outcome in zip(jobs, outcomes):
                 verdict = _file_verification(Path(job.label), outcome, job.requested)
@@ -394,6 +213,17 @@ def run_verify_jobs(
                 yield verdict
         finally:
             outcomes.close()  # ends the worker now, before its folder goes
+
+
+def _worker(job: VerifyJob) -> ContainedWorker:
+    """Verify's worker under ``job``'s interpreter and limits. Its environment: what the
+    adapters' libraries read (hubs offline) unless set here, a fixed hash seed unless set, and
+    no stray threads."""
+    defaults = {**WORKER_ENVIRONMENT, "PYTHONHASHSEED": "0"}
+    environment = {name: os.environ.get(name, value) for name, value in defaults.items()}
+    environment["OMP_NUM_THREADS"] = "1"  # see the worker: tiny models run fastest on one thread
+    command = (job.python or sys.executable, "-m", "adopter.verify.worker")
+    return ContainedWorker(command, job.timeout, job.memory_limit, environment)
 
 
 def file_job(item: PatchedFile, options: VerifyOptions) -> VerifyJob:
@@ -435,13 +265,7 @@ def _run_jobs(
     """Verdicts for ``jobs``, in their order, run by ``executor`` (default: one local worker);
     ``on_result(index, verdict)`` hears of each as it is known."""
     tasks = [Task(job, job.label, job.timeout, job.memory_limit) for job in jobs]
-    verdicts: list[FileVerification | None] = [None] * len(jobs)
-    for result in (executor or LocalExecutor()).run(run_verify_jobs, tasks):
-        verdict = _verdict_of(result, jobs[result.index])
-        verdicts[result.index] = verdict
-        if on_result is not None:
-            on_result(result.index, verdict)
-    return [v for v in verdicts if v is not None]
+    return run_in_order(run_verify_jobs, tasks, _verdict_of, executor, on_result)
 
 
 def _verdict_of(result: TaskResult, job: VerifyJob) -> FileVerification:

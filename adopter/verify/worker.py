@@ -1,8 +1,9 @@
 """The subprocess that imports the code under test and runs the differential checks.
 
-Run as ``python -m adopter.verify.worker BATCH.json``. The parent (:mod:`adopter.verify.runner`)
-never imports model code: a modeling file can hang, crash the interpreter or leave global state
-behind, so all of that happens here, under the parent's timeout.
+Run as ``python -m adopter.verify.worker BATCH.json``, a contained worker of
+:mod:`adopter.executor.contained`. The parent (:mod:`adopter.verify.runner`) never imports model
+code: a modeling file can hang, crash the interpreter or leave global state behind, so all of
+that happens here, under the parent's timeout.
 
 Original and patched models live in this one process so their tensors can be compared directly.
 The original module is imported under its real name (``<library>.models.bert.modeling_bert``);
@@ -18,13 +19,13 @@ was running.
 
 from __future__ import annotations
 
-import json
 import sys
 import warnings
 from pathlib import Path
 
+from ..executor.contain import die_with_parent
+from ..executor.contained import read_batch
 from ..models.common import short_traceback
-from .contain import die_with_parent
 from .job import FACTORY, FILE, LIBRARY, ResultWriter, WorkerJob
 
 __all__ = ["main", "run_job"]
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m adopter.verify.worker BATCH.json", file=sys.stderr)
         return 2
-    batch = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+    jobs = read_batch(args[0])
     warnings.simplefilter("ignore")
     import torch
 
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     # OpenMP's spinning threads slow each tiny op down a hundredfold; one thread also keeps
     # reductions in a fixed order.
     torch.set_num_threads(1)
-    for job in batch["jobs"]:
+    for job in jobs:
         run_job(WorkerJob.from_json(job))
     return 0
 

@@ -16,6 +16,7 @@ from adopter.executor import (
     Task,
     make_executor,
     round_robin,
+    run_in_order,
 )
 
 
@@ -75,6 +76,23 @@ def test_closing_the_stream_stops_every_worker_at_once() -> None:
     stream.close()  # what Ctrl-C does to the loop reading it
     assert time.monotonic() - started < 5
     assert not [t for t in threading.enumerate() if t.name.startswith("adopter-local-")]
+
+
+def test_run_in_order_settles_every_task_in_submission_order() -> None:
+    tasks = [Task(v, str(v)) for v in (3, -1, 5)]  # one worker: -1 fails itself and 5
+    heard = []
+    settled = run_in_order(
+        fail_on_negative,
+        tasks,
+        lambda result, payload: (payload, result.value, result.failure),
+        on_result=lambda index, value: heard.append(index),
+    )
+    assert settled == [
+        (3, 3, None),
+        (-1, None, "RuntimeError: negative: -1"),
+        (5, None, "RuntimeError: negative: -1"),
+    ]
+    assert sorted(heard) == [0, 1, 2]
 
 
 def test_make_executor_parses_specs() -> None:

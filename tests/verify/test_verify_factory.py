@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from adopter.verify import ClassVerification, VerifyOptions, verify_factories, verify_factory
+from tests.helpers import process_alive
 
 pytestmark = pytest.mark.slow  # see pyproject.toml's markers
 
@@ -143,22 +144,13 @@ def test_bad_options_are_rejected_before_any_work() -> None:
         verify_factory(ORIGINAL, ORIGINAL, VerifyOptions(dtype="int8"))
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie waiting for its reaper counts as ended)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
-
-
 def _survivors(pid_file: Path) -> list[int]:
     pids = [int(line) for line in pid_file.read_text().split()]
     assert pids, "the factory did not get to start its process"
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+    while time.monotonic() < deadline and any(process_alive(pid) for pid in pids):
         time.sleep(0.1)
-    return [pid for pid in pids if _alive(pid)]
+    return [pid for pid in pids if process_alive(pid)]
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")

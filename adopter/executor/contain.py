@@ -1,9 +1,10 @@
-"""Keep verify's worker processes contained: nothing a worker starts outlives it.
+"""Keep worker processes contained: nothing a worker starts outlives it.
 
-A worker runs model code, and model code can start processes of its own: data-loader workers,
-a compiler, or a child that calls ``setsid()`` and so leaves the worker's process group and
-session, which is all a plain ``killpg`` reaches. Each worker is therefore started in a session
-of its own *and* with a random mark in its environment, which every process it starts inherits.
+A contained worker (:mod:`adopter.executor.contained`; verify's runs model code) can start
+processes of its own: data-loader workers, a compiler, or a child that calls ``setsid()`` and so
+leaves the worker's process group and session, which is all a plain ``killpg`` reaches. Each
+worker is therefore started in a session of its own *and* with a random mark in its environment,
+which every process it starts inherits.
 When the worker ends (finished, crashed or timed out) every process that is in its process group
 or session, descends from it, or carries its mark is stopped (``SIGSTOP``, so that none can fork
 while the rest are looked for) and then killed (``SIGKILL``).
@@ -35,8 +36,8 @@ __all__ = [
     "resident_bytes",
 ]
 
-MARK_VARIABLE = "ADOPTER_VERIFY_WORKER"
-PARENT_VARIABLE = "ADOPTER_VERIFY_PARENT"
+MARK_VARIABLE = "ADOPTER_CONTAINED_WORKER"
+PARENT_VARIABLE = "ADOPTER_CONTAINED_PARENT"
 _PR_SET_PDEATHSIG = 1
 _PROC = Path("/proc")
 _ROUNDS = 50  # a process that forks faster than we stop its children still ends in a few rounds
@@ -131,7 +132,7 @@ def resident_bytes(leader: int, mark: str) -> int:
 def die_with_parent() -> None:
     """Called by the worker first thing: on Linux, be killed when the process that started it
     dies without ending it (killed by force: ``kill -9`` of ``adopter``, a Ray worker that Ray
-    kills), so the worker is never left running on its own. ``$ADOPTER_VERIFY_PARENT`` names
+    kills), so the worker is never left running on its own. ``$ADOPTER_CONTAINED_PARENT`` names
     the parent, to catch one that died before this call. What the worker itself started is not
     covered (see the module's limits); a parent that ends normally kills all of it."""
     try:
