@@ -8,9 +8,16 @@ them exactly once, where it did, just after the conditions; in each arm that hol
 a match, the copy becomes the fused call and the arm's projections read its results. Arms that
 do not reach the match keep the plain copy.
 
+The mirror image, the keys and values projected in the arms and the query after the chain
+(BLIP-2's and UMT5's attention), copies the shared statements to the *end* of every arm that
+falls through (an arm that returns or raises never ran them); a fused arm opens with the fused
+call and ends with the copies, reading its results.
+
 Copying is allowed only when it cannot change what runs: the conditions call nothing and read
-nothing the copied statement sets, nothing between the statement and the chain depends on it,
-and in a fused arm nothing before the last projection changes an input or uses a result.
+nothing the copied statement sets (before the chain only: after it, the copies still run after
+the conditions), nothing between the statement and the chain depends on it, and in a fused arm
+nothing before the last projection changes an input or uses a result (with the shared
+statements after the chain: nothing in the whole arm changes an input, as they ran after it).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from typing import TYPE_CHECKING
 from ..match.matcher import Site
 from .checks import (
     check_arm_chain,
+    check_arm_keeps_inputs,
     check_between,
     check_between_untouched,
     check_chain_conditions,
@@ -30,13 +38,14 @@ from .checks import (
     check_inputs_kept,
     check_one_spelling,
     check_simple_statement,
+    check_sinkable_past,
     input_names,
     require,
     spelling_names,
     step_expression,
 )
 from .render import tuple_assignment
-from .source import chain_arms, encloses, is_plain_assignment, names_in
+from .source import chain_arms, encloses, is_plain_assignment, names_in, outer_block
 
 if TYPE_CHECKING:
     from .plan import Plan, Planner
@@ -51,19 +60,24 @@ class ArmStart:
     text: str
     copy_of: ast.stmt | None = None
     node: ast.expr | None = None
+    at_end: bool = False  # a copy of a statement after the chain closes the arm instead
 
 
 @dataclass
 class Spread:
     """Statements moved from before ``branch`` to the start of each arm of its ``if``/``elif``
-    chain (arm 0 is the ``if`` body, the last arm the ``else``, added when missing); the arms in
-    ``fused`` start with their statements instead of the copies."""
+    chain (arm 0 is the ``if`` body, the last arm the ``else``, added when missing), or with
+    ``after`` from after it to the end of each arm that falls through; the arms in ``fused``
+    have their statements instead of the copies."""
 
     moved: list[ast.stmt]
     branch: ast.If
     arms: int
     has_else: bool
     fused: dict[int, list[ArmStart]] = field(default_factory=dict)
+    after: bool = False
+    # arms that end in a return, raise or loop jump: a statement after the chain never ran there
+    closed: set[int] = field(default_factory=set)
 
 
 def plan_tuple_across_arms(
@@ -80,19 +94,32 @@ def plan_tuple_across_arms(
         [match.steps[producer_of[target]].statement for target in targets] for match in matches
     ]
     require(check_arm_chain(planner.source, blocks, statements_of))
-    first = statements_of[0][0]
-    assert first is not None
-    block, index, _, _ = blocks.block_of(first)
+    block = outer_block(blocks, statements_of[0])  # type: ignore[arg-type]
+    assert block is not None
     shared = [s for s in statements_of[0] if blocks.block_of(s)[0] is block]  # type: ignore[arg-type]
     rest = [s for s in statements_of[0] if not any(s is m for m in shared)]
-    branch = next(s for s in block[index + 1 :] if encloses(s, rest[0]))  # type: ignore[arg-type]
+    branch = next(s for s in block if encloses(s, rest[0]))  # type: ignore[arg-type]
     assert isinstance(branch, ast.If)
+    after = blocks.block_of(shared[0])[1] > block.index(branch)  # type: ignore[arg-type]
     tests, bodies = chain_arms(planner.source.lines, branch)
     inputs = input_names(site)
-    for statement in shared:
-        require(check_between(statement, branch, shared, inputs, blocks))
-    require(check_chain_conditions(tests, shared))
-    spread = Spread(moved=shared, branch=branch, arms=len(bodies), has_else=bool(bodies[-1]))
+    if after:
+        shared.sort(key=lambda s: blocks.block_of(s)[1])  # type: ignore[arg-type]
+        for statement in shared:
+            between = list(blocks.between(branch, statement))
+            require(check_sinkable_past(statement, between, shared))  # type: ignore[arg-type]
+    else:
+        for statement in shared:
+            require(check_between(statement, branch, shared, inputs, blocks))  # type: ignore[arg-type]
+        require(check_chain_conditions(tests, shared))  # type: ignore[arg-type]
+    spread = Spread(
+        moved=shared,  # type: ignore[arg-type]
+        branch=branch,
+        arms=len(bodies),
+        has_else=bool(bodies[-1]),
+        after=after,
+        closed={i for i, body in enumerate(bodies) if body and _ends_flow(body[-1])},
+    )
     pattern = site.rule.forward.steps  # type: ignore[union-attr]
     (new_step,) = site.rule.forward.replacement  # type: ignore[union-attr,misc]
     final_index = max(producer_of[t] for t in targets)
@@ -114,8 +141,11 @@ def plan_tuple_across_arms(
         # every spelling of an input (read by the identity test at the arm's start) stays too
         kept = inputs | spelling_names(site)
         require(check_inputs_kept(blocks, span, kept))  # type: ignore[arg-type]
+        if after:  # the shared projections ran after the whole arm, now at its start
+            require(check_arm_keeps_inputs(body, kept))
         steps = [match.steps[producer_of[target]] for target in targets]
-        plain = all(
+        # after the chain, the copies keep their place at the arm's end, reading new names
+        plain = not after and all(
             is_plain_assignment(step.statement, step_expression(step))  # type: ignore[arg-type]
             for step in steps
         )
@@ -129,15 +159,19 @@ def plan_tuple_across_arms(
             for step in steps:
                 require(check_simple_statement(step))
             names = []
-            for target in targets:
-                name = target if target not in taken else f"fused_{target}"
+            for target, step in zip(targets, steps, strict=True):
+                # after the chain, the query is the match's last step and so bound to the
+                # pattern's last name: the projection's own name says what each result is
+                base = _module_name(step) if after else None
+                base = base if base and base not in names else target
+                name = base if base not in taken else f"fused_{base}"
                 require(check_fresh_name(name, taken | set(names), "function"))
                 names.append(name)
             starts = [ArmStart(tuple_assignment(names, call_text))]
             for step, name in zip(steps, names, strict=True):
                 node = step_expression(step)
                 if any(step.statement is s for s in shared):
-                    starts.append(ArmStart(name, copy_of=step.statement, node=node))
+                    starts.append(ArmStart(name, copy_of=step.statement, node=node, at_end=after))
                 else:
                     plan.replace_expressions.append((node, name))
             spread.fused[arm] = _in_source_order(starts, shared)
@@ -147,11 +181,28 @@ def plan_tuple_across_arms(
     plan.touched.extend([*shared, branch])
     plan.statements.extend([*shared, branch])
     fused = ", ".join(str(tests[a].lineno) if a < len(tests) else "else" for a in spread.fused)
+    place = "the end of" if after else ""
     plan.summary = (
-        f"lines {', '.join(str(s.lineno) for s in shared)} copied into {spread.arms} arms of "
-        f"the branch at line {branch.lineno}; fused in the arms at {fused}"
+        f"lines {', '.join(str(s.lineno) for s in shared)} copied into {place}"
+        f"{' ' if place else ''}{spread.arms} arms of the branch at line {branch.lineno}; "
+        f"fused in the arms at {fused}"
     )
     return plan
+
+
+def _module_name(step) -> str | None:
+    """``key`` for a step that calls ``self.key(...)``; ``None`` for any other callee."""
+    node = step_expression(step)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        owner = node.func.value
+        if isinstance(owner, ast.Name) and owner.id == "self":
+            return node.func.attr
+    return None
+
+
+def _ends_flow(statement: ast.stmt) -> bool:
+    """The arm's last statement leaves it: what follows the chain never runs after it."""
+    return isinstance(statement, (ast.Return, ast.Raise, ast.Continue, ast.Break))
 
 
 def _in_source_order(starts: list[ArmStart], shared: list[ast.stmt]) -> list[ArmStart]:

@@ -45,6 +45,7 @@ from .source import (
     has_call,
     is_plain_assignment,
     mutated_names,
+    outer_block,
     read_names,
 )
 
@@ -624,25 +625,29 @@ def check_arm_chain(
     source: SourceText, blocks: Blocks, statements_of: list[list[ast.stmt | None]]
 ) -> Refusal | None:
     """Statements of several results that sit in different blocks are rewritten across arms
-    (paper Fig. 4) only in one shape: each match's statements either sit in the block of its
-    first one, before an ``if``/``elif`` chain of that block, each holding one result, the
-    same statements for every match, or directly in one arm of that chain, a different arm
-    for each match."""
+    (paper Fig. 4) only in one shape: each match's statements either sit in one block (the
+    shared ones), all before or all after an ``if``/``elif`` chain of that block, each holding
+    one result, the same statements for every match, or directly in one arm of that chain, a
+    different arm for each match."""
     first_match = statements_of[0]
     lines = ", ".join(str(s.lineno) for s in first_match if s is not None)
     different = f"the fused assignments (lines {lines}) sit in different blocks"
     if any(s is None for match in statements_of for s in match):
         return Refusal(different)
-    block = blocks.block_of(first_match[0])[0]  # type: ignore[arg-type]
+    block = outer_block(blocks, first_match)  # type: ignore[arg-type]
+    if block is None:
+        return Refusal(f"{different}, not in the arms of one `if` beside the others")
     shared = [s for s in first_match if blocks.block_of(s)[0] is block]  # type: ignore[arg-type]
     if len({id(s) for s in shared}) != len(shared):
         return Refusal(f"{different}, and one statement holds two of them")
-    last_shared = max(blocks.block_of(s)[1] for s in shared)  # type: ignore[arg-type]
     rest = [s for s in first_match if not any(s is m for m in shared)]
-    after = block[last_shared + 1 :]
-    branch = next((s for s in after if encloses(s, rest[0])), None) if rest else None
+    branch = next((s for s in block if encloses(s, rest[0])), None) if rest else None  # type: ignore[arg-type]
     if not isinstance(branch, ast.If):
-        return Refusal(f"{different}, not in the arms of an `if` after the first")
+        return Refusal(f"{different}, not in the arms of one `if` beside the others")
+    where = block.index(branch)
+    sides = {blocks.block_of(s)[1] < where for s in shared}  # type: ignore[arg-type]
+    if len(sides) != 1:
+        return Refusal(f"{different}, on both sides of the branch at line {branch.lineno}")
     _, bodies = chain_arms(source.lines, branch)
     used: set[int] = set()
     for match in statements_of:
@@ -663,6 +668,16 @@ def check_arm_chain(
         if arms & used:
             return Refusal(f"{different}; two matches share the arm of line {in_arm[0].lineno}")  # type: ignore[union-attr]
         used |= arms
+    return None
+
+
+@check
+def check_arm_keeps_inputs(body: list[ast.stmt], inputs: set[str]) -> Refusal | None:
+    """A statement after a chain that is fused at the start of an arm ran after the whole arm:
+    no statement of the arm may change an input (rebound, or changed in place)."""
+    for statement in body:
+        if (assigned_names(statement) | mutated_names(statement)) & inputs:
+            return Refusal(f"line {statement.lineno} changes an input of the fused call")
     return None
 
 

@@ -149,3 +149,132 @@ def test_an_arm_that_changes_the_input_before_the_projections_is_refused(arm, re
     assert result.status.value == "skipped"
     assert reason in result.reason
     assert not rewrite.changed
+
+
+# The mirror image (BLIP-2's Q-Former attention, UMT5's): the keys and values projected in the
+# arms, the query after the chain. Its copies close the arms instead of opening them.
+QUERY_AFTER = (
+    HEAD
+    + """\
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.query = nn.Linear(8, 8)
+        self.key = nn.Linear(8, 8)
+        self.value = nn.Linear(8, 8)
+
+    def split(self, x):
+        return x.view(x.shape[0], -1, 2, 4).transpose(1, 2)
+
+    def forward(self, hidden_states, encoder_hidden_states=None, past_key_value=None):
+        is_cross_attention = encoder_hidden_states is not None
+        if is_cross_attention:
+            key_layer = self.split(self.key(encoder_hidden_states))
+            value_layer = self.split(self.value(encoder_hidden_states))
+        elif past_key_value is not None:
+            key_layer = self.split(self.key(hidden_states))
+            value_layer = self.split(self.value(hidden_states))
+            key_layer = torch.cat([past_key_value[0], key_layer], dim=2)
+            value_layer = torch.cat([past_key_value[1], value_layer], dim=2)
+        else:
+            key_layer = self.split(self.key(hidden_states))
+            value_layer = self.split(self.value(hidden_states))
+
+        mixed_query_layer = self.query(hidden_states)  # the query
+        return self.split(mixed_query_layer), key_layer, value_layer
+"""
+)
+
+QUERY_AFTER_NO_ELSE = (
+    HEAD
+    + """\
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.q_proj = nn.Linear(8, 8)
+        self.k_proj = nn.Linear(8, 8)
+        self.v_proj = nn.Linear(8, 8)
+
+    def forward(self, x, cache=None, refresh=False):
+        key = value = None
+        if cache is not None and not refresh:
+            return cache[0], cache[1], cache[2]
+        elif refresh:
+            key = self.k_proj(x).view(2, 3, 2, 4)
+            value = self.v_proj(x).view(2, 3, 2, 4)
+        query = self.q_proj(x).view(2, 3, 2, 4)
+        return query, key, value
+"""
+)
+
+
+def test_a_query_after_the_chain_is_copied_to_the_end_of_every_arm():
+    rewrite, matcher = _rewrite(QUERY_AFTER)
+    assert [r.status.value for r in rewrite.results] == ["patched"]
+    patched = rewrite.patched
+    fused = "key, value, query = qkv_projection(hidden_states, self.key, self.value, self.query)"
+    assert patched.count(fused) == 2  # both self-attention arms, each named after its module
+    assert patched.count("mixed_query_layer = query  # the query") == 2
+    # the cross-attention arm ends with the plain copy; nothing is left after the chain
+    assert patched.count("mixed_query_layer = self.query(hidden_states)  # the query") == 1
+    assert "value_layer = self.split(self.value(encoder_hidden_states))\n" in patched
+    assert not rewrite_text(patched, "attention.py", matcher).changed  # second apply: nothing
+    h, kv = torch.randn(2, 3, 8), torch.randn(2, 5, 8)
+    past = (torch.randn(2, 2, 5, 4), torch.randn(2, 2, 5, 4))
+    _same_on(
+        QUERY_AFTER,
+        patched,
+        [
+            {"hidden_states": h},
+            {"hidden_states": h, "past_key_value": past},
+            {"hidden_states": h, "encoder_hidden_states": kv},
+        ],
+    )
+
+
+def test_a_query_after_the_chain_skips_an_arm_that_returns_and_fills_a_new_else():
+    rewrite, matcher = _rewrite(QUERY_AFTER_NO_ELSE)
+    assert [r.status.value for r in rewrite.results] == ["patched"]
+    patched = rewrite.patched
+    assert "k_proj, v_proj, q_proj = qkv_projection(x, self.k_proj, self.v_proj, self.q_proj)" in (
+        patched
+    )
+    # the arm that returns never ran the query: no copy after its return
+    assert "return cache[0], cache[1], cache[2]\n        elif refresh:" in patched
+    assert "        else:\n            query = self.q_proj(x).view(2, 3, 2, 4)\n" in patched
+    assert not rewrite_text(patched, "attention.py", matcher).changed
+    x = torch.randn(2, 3, 8)
+    cache = (torch.randn(2, 3, 2, 4), torch.randn(2, 3, 2, 4), torch.randn(2, 3, 2, 4))
+    original, new = _module(QUERY_AFTER_NO_ELSE), _module(patched)
+    new.load_state_dict(original.state_dict(), strict=True)
+    for kwargs in [{"x": x, "refresh": True}, {"x": x, "cache": cache}]:
+        for want, have in zip(original(**kwargs), new(**kwargs), strict=True):
+            torch.testing.assert_close(have, want)
+    want, key, value = original(x=x)
+    have, *rest = new(x=x)
+    torch.testing.assert_close(have, want)
+    assert key is None and value is None and rest == [None, None]
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        # the query read the input after the arm, the fused call reads it at the arm's start
+        (("            value = self.v_proj(x).view(2, 3, 2, 4)\n", "x.mul_(2)"), "changes an input"),
+        # a call between the chain and the query could see the query's projection run early
+        (("        query = self.q_proj(x)", "t = torch.zeros(1)"), "depends on the statement"),
+    ],
+)
+def test_a_query_after_the_chain_is_refused_where_moving_it_could_change_what_runs(edit, reason):
+    after, statement = edit
+    indent = after[: len(after) - len(after.lstrip())]
+    if after.endswith("\n"):
+        text = QUERY_AFTER_NO_ELSE.replace(after, f"{after}{indent}{statement}\n")
+    else:
+        text = QUERY_AFTER_NO_ELSE.replace(after, f"{indent}{statement}\n{after}")
+    assert text != QUERY_AFTER_NO_ELSE
+    rewrite, _ = _rewrite(text)
+    (result,) = rewrite.results
+    assert result.status.value == "skipped"
+    assert reason in result.reason
+    assert not rewrite.changed

@@ -344,6 +344,53 @@ def test_arm_chain():
     )
 
 
+def test_arm_chain_after_the_chain():
+    """The shared statement may follow the chain instead of preceding it, but not straddle it."""
+    code = (
+        "def f(x, c):\n"
+        "    if c:\n"
+        "        k = b(x)\n"
+        "        v = e(x)\n"
+        "    else:\n"
+        "        k = b(x)\n"
+        "        v = e(x)\n"
+        "    q = a(x)\n"
+        "    w = a(x)\n"
+    )
+    source, function, blocks = _function(code)
+    branch, query, other = function.body
+    arm, else_arm = branch.body, branch.orelse  # type: ignore[attr-defined]
+    assert checks.check_arm_chain(source, blocks, [[*arm, query], [*else_arm, query]]) is None
+    before = ast.parse("q = a(x)").body[0]
+    function.body.insert(0, before)
+    blocks = Blocks(function)
+    _refused(
+        checks.check_arm_chain(source, blocks, [[before, *arm, query]]),
+        checks.check_arm_chain,
+        "on both sides of the branch at line 2",
+    )
+    nested = ast.parse("for i in y:\n    k = b(x)\n").body[0]
+    loop = ast.parse("for i in y:\n    v = e(x)\n").body[0]
+    function.body = [nested, loop, query]
+    blocks = Blocks(function)
+    _refused(
+        checks.check_arm_chain(source, blocks, [[nested.body[0], loop.body[0], query]]),  # type: ignore[attr-defined]
+        checks.check_arm_chain,
+        "not in the arms of one `if` beside the others",
+    )
+
+
+def test_arm_keeps_inputs():
+    _, function, _ = _function("def f(x, c):\n    k = b(x)\n    y = k * 2\n    x.add_(1)\n")
+    first, second, third = function.body
+    assert checks.check_arm_keeps_inputs([first, second], {"x"}) is None
+    _refused(
+        checks.check_arm_keeps_inputs([first, second, third], {"x"}),
+        checks.check_arm_keeps_inputs,
+        "line 4 changes an input of the fused call",
+    )
+
+
 def test_chain_conditions():
     code = "def f(x, c):\n    q = a(x)\n    if {}:\n        pass\n    elif {}:\n        pass\n"
     _, function, _ = _function(code.format("c", "c is None"))
