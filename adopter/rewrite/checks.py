@@ -970,6 +970,211 @@ def check_helper_tail(
     return None
 
 
+# -- a submodule's work copied into the caller (rewrite/inline.py) ---------------------------
+@check
+def check_module_helper_call(owner: str, calls: list[ast.Call]) -> Refusal | None:
+    """The submodule whose work the kernel arm copies is called once by the edited function
+    (the kernel arm replaces that one call)."""
+    if len(calls) != 1:
+        how = "not called directly" if not calls else "called more than once"
+        return Refusal(f"{owner}() is {how} by the function the replacement edits")
+    return None
+
+
+@check
+def check_same_file(
+    helper: ast.FunctionDef, inner: list[FlowStep], outer: list[FlowStep]
+) -> Refusal | None:
+    """The submodule is a class of the edited file: the globals its copied statements read
+    are the caller's."""
+    if len({step.path for step in [*inner, *outer]}) != 1:
+        return Refusal(f"{helper.name}() belongs to a class of another file; not copied")
+    return None
+
+
+@check
+def check_helper_ends_with_match(
+    helper: ast.FunctionDef, tail: list[ast.stmt], statements: list[ast.stmt], final: ast.expr
+) -> Refusal | None:
+    """From its first matched statement on, the helper does only matched work, or names the
+    matched value again (``prediction_scores = hidden_states``), and returns the last matched
+    value (``final``) there, its only ``return``."""
+    if sum(isinstance(n, ast.Return) for n in ast.walk(helper)) != 1:
+        return Refusal(f"{helper.name}() returns in several places")
+    aliases: dict[str, ast.expr] = {}
+    for statement in tail[:-1]:
+        if any(statement is s for s in statements):
+            if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+                target = statement.targets[0]
+                if isinstance(target, ast.Name):
+                    aliases[target.id] = statement.value
+            continue
+        if (
+            isinstance(statement, ast.Assign)
+            and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name)
+            and isinstance(statement.value, ast.Name)
+        ):
+            aliases[statement.targets[0].id] = aliases.get(statement.value.id, statement.value)
+            continue
+        return Refusal(
+            f"line {statement.lineno}: {helper.name}() does more after the matched "
+            "computation starts"
+        )
+    last = tail[-1] if tail else None
+    returned = last.value if isinstance(last, ast.Return) else None
+    while isinstance(returned, ast.Name) and returned.id in aliases:
+        returned = aliases.pop(returned.id)
+    if returned is not final:
+        return Refusal(f"{helper.name}() does not end by returning the matched value")
+    return None
+
+
+_NOT_COPIED = (
+    ast.Lambda,
+    ast.ListComp,
+    ast.SetComp,
+    ast.DictComp,
+    ast.GeneratorExp,
+    ast.NamedExpr,
+    ast.Yield,
+    ast.YieldFrom,
+    ast.Await,
+    ast.Starred,
+)
+
+
+@check
+def check_copyable_prefix(helper: ast.FunctionDef, prefix: list[ast.stmt]) -> Refusal | None:
+    """The helper's statements before the match can be copied into the caller: each binds one
+    name to a value (no other scope, no control flow), and ``self`` only reaches attributes."""
+    for statement in prefix:
+        plain = (
+            isinstance(statement, ast.Assign)
+            and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name)
+        ) or (
+            isinstance(statement, ast.AnnAssign)
+            and statement.value is not None
+            and isinstance(statement.target, ast.Name)
+        )
+        parents = {
+            id(child): node for node in ast.walk(statement) for child in ast.iter_child_nodes(node)
+        }
+        bare_self = any(
+            isinstance(node, ast.Name)
+            and node.id == "self"
+            and not isinstance(parents.get(id(node)), ast.Attribute)
+            for node in ast.walk(statement)
+        )
+        if not plain or bare_self or any(isinstance(n, _NOT_COPIED) for n in ast.walk(statement)):
+            return Refusal(
+                f"line {statement.lineno}: {helper.name}() does work before the match that is "
+                "not copied into its caller"
+            )
+    return None
+
+
+def _stable(node: ast.expr) -> bool:
+    """A name, an attribute of one or an item of one at a constant (``outputs[0]``): the same
+    value read twice, nothing of the model's run."""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        if isinstance(node, ast.Subscript) and not isinstance(node.slice, ast.Constant):
+            return False
+        node = node.value
+    return isinstance(node, ast.Name)
+
+
+@check
+def check_operand_copyable(variable: str, node: ast.expr, later: set[str]) -> Refusal | None:
+    """A helper's value the kernel arm reads is computed by the statements copied before the
+    match, not by the matched ones (``later``: the names those bind)."""
+    late = read_names(node) & later
+    if late:
+        names = ", ".join(f"`{n}`" for n in sorted(late))
+        return Refusal(f"${variable} reads {names}, which the submodule sets among the matched")
+    return None
+
+
+@check
+def check_helper_arguments(
+    helper: ast.FunctionDef,
+    call: ast.Call,
+    wanted: list[str],
+    given: dict[str, ast.expr],
+    defaults: dict[str, ast.expr],
+) -> Refusal | None:
+    """Each parameter the copied statements read (``wanted``) is given by the call as a name or
+    an attribute of one (read again where the copy runs), or left at a constant default."""
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(
+        k.arg is None for k in call.keywords
+    ):
+        return Refusal(f"line {call.lineno}: {helper.name}() is called with unpacked arguments")
+    for name in wanted:
+        value = given.get(name)
+        if value is None and isinstance(defaults.get(name), ast.Constant):
+            continue
+        if value is None or not _stable(value):
+            return Refusal(
+                f"line {call.lineno}: the argument for `{name}` of {helper.name}() is not a "
+                "name (or an attribute or constant item of one) the copied statements can read"
+            )
+    return None
+
+
+@check
+def check_globals_kept(
+    helper: ast.FunctionDef, globals_read: set[str], caller_bound: set[str]
+) -> Refusal | None:
+    """No global the copied statements read is a local of the caller."""
+    shadowed = globals_read & caller_bound
+    if shadowed:
+        names = ", ".join(f"`{n}`" for n in sorted(shadowed))
+        return Refusal(f"the caller binds {names}, which {helper.name}() reads as a global")
+    return None
+
+
+@check
+def check_one_copied_helper(helper: ast.FunctionDef, earlier: object) -> Refusal | None:
+    """At most one submodule's work is copied into a kernel arm."""
+    if earlier is not None:
+        return Refusal(f"{helper.name}(): a second submodule's work would be copied; not rewritten")
+    return None
+
+
+@check
+def check_helper_result_named(
+    step: FlowStep, result_of: FlowStep | None, holder: ast.stmt, call: ast.Call
+) -> Refusal | None:
+    """A value the kernel arm binds that a copied submodule computed is the one it returns,
+    and the caller binds that call's result to one name (``scores = self.lm_head(x)``)."""
+    if step is not result_of:
+        return Refusal(f"line {step.line}: the kernel arm would bind a value local to a submodule")
+    if not (
+        isinstance(holder, ast.Assign)
+        and holder.value is call
+        and len(holder.targets) == 1
+        and isinstance(holder.targets[0], ast.Name)
+    ):
+        return Refusal(f"line {holder.lineno}: the submodule's result is not bound to a name")
+    return None
+
+
+@check
+def check_arguments_unchanged(
+    wrapped: list[ast.stmt], holder: ast.stmt, call: ast.Call
+) -> Refusal | None:
+    """The kernel arm runs where the range starts and its copied statements read the call's
+    arguments: nothing of the range before the call may rebind them."""
+    names = set().union(set(), *(read_names(a) for a in [*call.args, *call.keywords]))
+    for statement in wrapped:
+        if contains(statement, holder):
+            return None
+        if assigned_names(statement) & names:
+            return Refusal(f"line {statement.lineno} rebinds an argument of the submodule's call")
+    return None
+
+
 @check
 def check_result_followed(found: object) -> Refusal | None:
     """The call of the helper whose result the caller's matched computation reads was found."""
@@ -1164,8 +1369,15 @@ def check_only_matched_work(
     replacement's value. In a guarded range (``guarded``) no statement assigns a value the
     match did not compute either."""
     for statement in wrapped:
+        # a local variable's annotation is never evaluated (``loss: Tensor | None = None``)
+        annotations = {
+            id(part)
+            for node in ast.walk(statement)
+            if isinstance(node, ast.AnnAssign)
+            for part in ast.walk(node.annotation)
+        }
         for node in ast.walk(statement):
-            if node is final_return:
+            if node is final_return or id(node) in annotations:
                 continue
             if isinstance(node, _CONTROL) or isinstance(node, (ast.FunctionDef, ast.ClassDef)):
                 return Refusal(

@@ -260,7 +260,10 @@ def test_a_query_after_the_chain_skips_an_arm_that_returns_and_fills_a_new_else(
     ("edit", "reason"),
     [
         # the query read the input after the arm, the fused call reads it at the arm's start
-        (("            value = self.v_proj(x).view(2, 3, 2, 4)\n", "x.mul_(2)"), "changes an input"),
+        (
+            ("            value = self.v_proj(x).view(2, 3, 2, 4)\n", "x.mul_(2)"),
+            "changes an input",
+        ),
         # a call between the chain and the query could see the query's projection run early
         (("        query = self.q_proj(x)", "t = torch.zeros(1)"), "depends on the statement"),
     ],
