@@ -114,6 +114,7 @@ class _ArmStatement(NamedTuple):
     copied: tuple[int, int] | None
     span: tuple[int, ...] | None
     at_end: bool
+    plain: bool = False  # the copied statement as it is
 
 
 class _Spread(NamedTuple):
@@ -184,6 +185,7 @@ class _FunctionEditor(cst.CSTTransformer):
                                 if start.node is not None
                                 else None,
                                 start.at_end,
+                                start.plain,
                             )
                             for start in starts
                         ]
@@ -415,14 +417,20 @@ class _FunctionEditor(cst.CSTTransformer):
         def copies() -> list[cst.BaseStatement]:
             return [self.hoisted[k].with_changes(leading_lines=()) for k in plan.moved]
 
+        def statement(start: _ArmStatement) -> cst.BaseStatement:
+            if start.plain:
+                assert start.copied is not None
+                return self.hoisted[start.copied].with_changes(leading_lines=())
+            return self._arm_start(*start[:3])
+
         def opening(arm: int) -> list[cst.BaseStatement]:
             if arm in plan.fused:
-                return [self._arm_start(*s[:3]) for s in plan.fused[arm] if not s.at_end]
+                return [statement(s) for s in plan.fused[arm] if not s.at_end]
             return [] if plan.after else copies()
 
         def closing(arm: int) -> list[cst.BaseStatement]:
             if arm in plan.fused:
-                return [self._arm_start(*s[:3]) for s in plan.fused[arm] if s.at_end]
+                return [statement(s) for s in plan.fused[arm] if s.at_end]
             return copies() if plan.after and arm not in plan.closed else []
 
         def extended(block: cst.BaseSuite, arm: int) -> cst.IndentedBlock:

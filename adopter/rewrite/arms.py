@@ -32,6 +32,7 @@ from .checks import (
     check_arm_keeps_inputs,
     check_between,
     check_between_untouched,
+    check_carried,
     check_chain_conditions,
     check_dropped_arguments,
     check_fresh_name,
@@ -45,7 +46,15 @@ from .checks import (
     step_expression,
 )
 from .render import tuple_assignment
-from .source import chain_arms, encloses, is_plain_assignment, names_in, outer_block
+from .source import (
+    assigned_names,
+    chain_arms,
+    encloses,
+    is_plain_assignment,
+    names_in,
+    outer_block,
+    read_names,
+)
 
 if TYPE_CHECKING:
     from .plan import Plan, Planner
@@ -61,6 +70,7 @@ class ArmStart:
     copy_of: ast.stmt | None = None
     node: ast.expr | None = None
     at_end: bool = False  # a copy of a statement after the chain closes the arm instead
+    plain: bool = False  # an unchanged copy of ``copy_of``
 
 
 @dataclass
@@ -78,6 +88,8 @@ class Spread:
     after: bool = False
     # arms that end in a return, raise or loop jump: a statement after the chain never ran there
     closed: set[int] = field(default_factory=set)
+    # the statements of ``moved`` that use what the shared ones set: copied into every arm
+    carried: list[ast.stmt] = field(default_factory=list)
 
 
 def plan_tuple_across_arms(
@@ -108,12 +120,20 @@ def plan_tuple_across_arms(
         for statement in shared:
             between = list(blocks.between(branch, statement))
             require(check_sinkable_past(statement, between, shared))  # type: ignore[arg-type]
-    else:
-        for statement in shared:
-            require(check_between(statement, branch, shared, inputs, blocks))  # type: ignore[arg-type]
-        require(check_chain_conditions(tests, shared))  # type: ignore[arg-type]
+    carried: list[ast.stmt] = []
+    if not after:
+        # statements between the shared ones and the chain that use what they set (the
+        # query's norm, rotary, transpose) move with them, in order
+        carried = _carried(blocks, shared, branch)  # type: ignore[arg-type]
+        moved = sorted([*shared, *carried], key=lambda s: blocks.block_of(s)[1])  # type: ignore[arg-type]
+        for statement in carried:
+            require(check_carried(statement, inputs))
+        for statement in moved:
+            require(check_between(statement, branch, moved, inputs, blocks))  # type: ignore[arg-type]
+        require(check_chain_conditions(tests, moved))  # type: ignore[arg-type]
     spread = Spread(
-        moved=shared,  # type: ignore[arg-type]
+        moved=sorted([*shared, *carried], key=lambda s: blocks.block_of(s)[1]),  # type: ignore[arg-type]
+        carried=carried,
         branch=branch,
         arms=len(bodies),
         has_else=bool(bodies[-1]),
@@ -151,9 +171,16 @@ def plan_tuple_across_arms(
         )
         if plain:
             names = [planner.source.segment(s.targets[0]) for s in statements]  # type: ignore[union-attr]
-            require(check_between_untouched(blocks, span, set(names) | kept))  # type: ignore[arg-type]
+            # a statement among the projections that uses their names (``k = k.view(...)``
+            # between ``k = ...`` and ``v = ...``) keeps them: the results get names of their
+            # own, which only the input check above needs
+            plain = check_between_untouched(blocks, span, set(names) | kept) is None  # type: ignore[arg-type]
+        if plain:
             # one statement binds all results: the first copy's line, with its comment
-            spread.fused[arm] = [ArmStart(tuple_assignment(names, call_text), copy_of=shared[0])]
+            spread.fused[arm] = [
+                ArmStart(tuple_assignment(names, call_text), copy_of=shared[0]),
+                *(ArmStart("", copy_of=c, plain=True) for c in carried),
+            ]
             plan.delete_statements.extend(ordered)  # type: ignore[arg-type]
         else:
             for step in steps:
@@ -174,20 +201,38 @@ def plan_tuple_across_arms(
                     starts.append(ArmStart(name, copy_of=step.statement, node=node, at_end=after))
                 else:
                     plan.replace_expressions.append((node, name))
-            spread.fused[arm] = _in_source_order(starts, shared)
+            starts += [ArmStart("", copy_of=c, plain=True) for c in carried]
+            spread.fused[arm] = _in_source_order(starts, spread.moved)
         plan.touched.extend(in_arm)  # type: ignore[arg-type]
         plan.statements.extend(in_arm)  # type: ignore[arg-type]
     plan.spread = spread
-    plan.touched.extend([*shared, branch])
-    plan.statements.extend([*shared, branch])
+    plan.touched.extend([*spread.moved, branch])
+    plan.statements.extend([*spread.moved, branch])
     fused = ", ".join(str(tests[a].lineno) if a < len(tests) else "else" for a in spread.fused)
     place = "the end of" if after else ""
     plan.summary = (
-        f"lines {', '.join(str(s.lineno) for s in shared)} copied into {place}"
+        f"lines {', '.join(str(s.lineno) for s in spread.moved)} copied into {place}"
         f"{' ' if place else ''}{spread.arms} arms of the branch at line {branch.lineno}; "
         f"fused in the arms at {fused}"
     )
     return plan
+
+
+def _carried(blocks, shared: list[ast.stmt], branch: ast.If) -> list[ast.stmt]:
+    """The statements between the shared ones and the chain that read or rebind what those
+    (or one carried before) set: they move into the arms with them."""
+    first = min(blocks.block_of(s)[1] for s in shared)
+    block = blocks.block_of(shared[0])[0]
+    written: set[str] = set()
+    carried: list[ast.stmt] = []
+    for statement in block[first : block.index(branch)]:
+        if any(statement is s for s in shared):
+            written |= assigned_names(statement)
+            continue
+        if (read_names(statement) | assigned_names(statement)) & written:
+            carried.append(statement)
+            written |= assigned_names(statement)
+    return carried
 
 
 def _module_name(step) -> str | None:

@@ -672,6 +672,19 @@ def check_arm_chain(
 
 
 @check
+def check_carried(statement: ast.stmt, inputs: set[str]) -> Refusal | None:
+    """A statement that moves into the arms with the shared ones (it uses what they set) is a
+    simple one, and changes no input of the fused call: the fused call, which now runs before
+    it, reads the inputs the arms' projections read after it."""
+    simple = isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr))
+    if not simple or any(isinstance(n, _CONTROL) for n in ast.walk(statement)):
+        return Refusal(f"line {statement.lineno} uses what would move, and is not a simple line")
+    if (assigned_names(statement) | mutated_names(statement)) & inputs:
+        return Refusal(f"line {statement.lineno} changes an input of the fused call")
+    return None
+
+
+@check
 def check_arm_keeps_inputs(body: list[ast.stmt], inputs: set[str]) -> Refusal | None:
     """A statement after a chain that is fused at the start of an arm ran after the whole arm:
     no statement of the arm may change an input (rebound, or changed in place)."""
@@ -720,6 +733,39 @@ def check_one_holder(name: str, holders: list[str]) -> Refusal | None:
             f"a copy of `{name}` among the fused assignments leaves it under {len(holders)} names"
         )
     return None
+
+
+@check
+def check_runs_with_its_statement(step: FlowStep) -> Refusal | None:
+    """A result the fused call computes ahead of its statement is computed whenever that
+    statement runs: not in an arm of a conditional expression, after a short-circuit operand,
+    or in a lambda or comprehension (``v = self.v_proj(h) if self.v_proj is not None else k``
+    must not call a missing projection)."""
+    statement, node = step.statement, step_expression(step)
+    if statement is None:
+        return None
+    path = _path_to(statement, node)
+    for parent, child in zip(path, path[1:]):
+        conditional = (
+            (isinstance(parent, ast.IfExp) and child is not parent.test)
+            or (isinstance(parent, ast.BoolOp) and child is not parent.values[0])
+            or isinstance(parent, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp))
+            or isinstance(parent, ast.GeneratorExp)
+        )
+        if conditional:
+            return Refusal(f"line {step.line}: the projection runs only on some paths of its line")
+    return None
+
+
+def _path_to(root: ast.AST, node: ast.AST) -> list[ast.AST]:
+    """The nodes from ``root`` down to ``node`` (empty when it is not inside)."""
+    if root is node:
+        return [root]
+    for child in ast.iter_child_nodes(root):
+        found = _path_to(child, node)
+        if found:
+            return [root, *found]
+    return []
 
 
 @check
@@ -1593,11 +1639,14 @@ def check_edit(
         for node in moved:
             kept.setdefault(ast.dump(node), 0)
         if plan.spread is not None:
-            # copied unchanged into each arm that does not fuse: one arm runs on a path
+            # copied unchanged into each arm that does not fuse (the carried ones into every
+            # arm): one arm runs on a path
             copies = plan.spread.arms - len(plan.spread.fused)
             for node in plan.spread.moved:
                 dumped = ast.dump(node)
-                kept[dumped] = kept.get(dumped, 0) + copies - 1
+                carried = any(node is c for c in plan.spread.carried)
+                extra = plan.spread.arms if carried else copies
+                kept[dumped] = kept.get(dumped, 0) + extra - 1
     before = _dump_counts(old, set(removed) | set(kept))
     after = _dump_counts(new, set(removed) | set(kept))
     for dumped, count in removed.items():

@@ -66,6 +66,7 @@ from .checks import (
     check_outputs_of_pattern,
     check_rest_outside,
     check_rewrites,
+    check_runs_with_its_statement,
     check_sequential_call,
     check_sequential_elements,
     check_simple_statement,
@@ -443,6 +444,9 @@ class Planner:
         producer_of: dict[str, int],
     ) -> Plan:
         """``q = a(x); k = b(x); v = c(x)`` -> ``q, k, v = kernel(x, a, b, c)``."""
+        for match in [site, *site.alternatives]:  # the fused call runs each projection ahead
+            for target in targets:
+                require(check_runs_with_its_statement(match.steps[producer_of[target]]))
         blocks = self.blocks(plan.function)
         statements: list[ast.stmt] = []
         names: list[str] = []

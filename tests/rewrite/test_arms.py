@@ -281,3 +281,86 @@ def test_a_query_after_the_chain_is_refused_where_moving_it_could_change_what_ru
     assert result.status.value == "skipped"
     assert reason in result.reason
     assert not rewrite.changed
+
+
+# Gemma's and Megatron-BERT's shape: the query's later statements (its norm, its head split)
+# use what the projection set, so they move into the arms with it.
+QUERY_WITH_FOLLOWERS = (
+    HEAD
+    + """\
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.query = nn.Linear(8, 8)
+        self.key = nn.Linear(8, 8)
+        self.value = nn.Linear(8, 8)
+        self.q_norm = nn.LayerNorm(4)
+
+    def forward(self, hidden_states, shared_kv=None):
+        hidden_shape = (*hidden_states.shape[:-1], -1, 4)
+        query_layer = self.query(hidden_states)
+        query_layer = self.q_norm(query_layer.view(hidden_shape))
+        scale = 0.5
+        query_layer = query_layer.transpose(1, 2) * scale
+        if shared_kv is not None:
+            key_layer, value_layer = shared_kv
+        else:
+            key_layer = self.key(hidden_states)
+            key_layer = key_layer.view(hidden_shape).transpose(1, 2)
+            value_layer = self.value(hidden_states)
+            value_layer = value_layer.view(hidden_shape).transpose(1, 2)
+        return query_layer, key_layer, value_layer
+"""
+)
+
+
+def test_statements_that_use_the_query_move_into_the_arms_with_it():
+    rewrite, matcher = _rewrite(QUERY_WITH_FOLLOWERS)
+    assert [r.status.value for r in rewrite.results] == ["patched"]
+    patched = rewrite.patched
+    # the two statements that read the query are copied into both arms, the one that does not
+    # (``scale = 0.5``) stays where it was
+    assert patched.count("query_layer = self.q_norm(query_layer.view(hidden_shape))") == 2
+    assert patched.count("query_layer = query_layer.transpose(1, 2) * scale") == 2
+    assert patched.count("scale = 0.5") == 1
+    # the key's own head split sits between the projections: the results get names of their own
+    assert (
+        "query, key, value = qkv_projection(hidden_states, self.query, self.key, self.value)"
+        in (patched)
+    )
+    assert "key_layer = key\n" in patched
+    assert not rewrite_text(patched, "attention.py", matcher).changed
+    h = torch.randn(2, 3, 8)
+    shared = (torch.randn(2, 2, 3, 4), torch.randn(2, 2, 3, 4))
+    _same_on(
+        QUERY_WITH_FOLLOWERS,
+        patched,
+        [{"hidden_states": h}, {"hidden_states": h, "shared_kv": shared}],
+    )
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "reason"),
+    [
+        # a follower that is not a simple line does not move
+        (
+            "        scale = 0.5\n",
+            "        scale = 0.5\n        if scale:\n            query_layer = query_layer * 1.0\n",
+            "is not a simple line",
+        ),
+        # the value projection runs only when there is one: the fused call would always run it
+        (
+            "            value_layer = self.value(hidden_states)\n",
+            "            value_layer = self.value(hidden_states) if self.value is not None else key_layer\n",
+            "runs only on some paths of its line",
+        ),
+    ],
+)
+def test_followers_and_projections_that_cannot_move_are_refused(old, new, reason):
+    text = QUERY_WITH_FOLLOWERS.replace(old, new)
+    assert text != QUERY_WITH_FOLLOWERS
+    rewrite, _ = _rewrite(text)
+    (result,) = rewrite.results
+    assert result.status.value == "skipped"
+    assert reason in result.reason
+    assert not rewrite.changed

@@ -444,3 +444,79 @@ def test_between_a_moved_statement_and_its_branch_only_dependences_count():
             checks.check_between,
             "line 3 depends on the statement to be moved",
         )
+
+
+def test_carried():
+    _, function, _ = _function(
+        "def f(x, q):\n    q = q.view(2)\n    x.mul_(q)\n    if q:\n        q = 1\n"
+    )
+    simple, changes, compound = function.body
+    assert checks.check_carried(simple, {"x"}) is None
+    _refused(checks.check_carried(changes, {"x"}), checks.check_carried, "changes an input")
+    _refused(checks.check_carried(compound, {"x"}), checks.check_carried, "not a simple line")
+
+
+def test_runs_with_its_statement():
+    _, function, _ = _function("def f(h):\n    v = p(h) if p else h\n    w = p(h) if c else h\n")
+    conditional, _ = function.body
+    value = conditional.value  # type: ignore[attr-defined]
+    assert checks.check_runs_with_its_statement(_flow_step(value.test, conditional, 2)) is None
+    _refused(
+        checks.check_runs_with_its_statement(_flow_step(value.body, conditional, 2)),
+        checks.check_runs_with_its_statement,
+        "line 2: the projection runs only on some paths of its line",
+    )
+
+
+def test_copied_submodule_checks():
+    _, helper, _ = _function(
+        "def forward(self, features, scale=2):\n"
+        "    x = self.dense(features) * scale\n"
+        "    if x:\n"
+        "        x = 1\n"
+        "    y = self\n"
+        "    return self.decoder(x)\n"
+    )
+    plain, compound, bare, returned = helper.body
+    assert checks.check_copyable_prefix(helper, [plain]) is None
+    for statement in (compound, bare):
+        _refused(
+            checks.check_copyable_prefix(helper, [statement]),
+            checks.check_copyable_prefix,
+            "does work before the match that is not copied",
+        )
+    final = returned.value  # type: ignore[attr-defined]
+    assert checks.check_helper_ends_with_match(helper, [returned], [returned], final) is None
+    _refused(
+        checks.check_helper_ends_with_match(helper, [compound, returned], [returned], final),
+        checks.check_helper_ends_with_match,
+        "does more after the matched computation starts",
+    )
+    call = ast.parse("self.lm_head(h, scale=f(h))").body[0].value  # type: ignore[attr-defined]
+    given = {"features": call.args[0], "scale": call.keywords[0].value}
+    defaults = {"scale": ast.Constant(2)}
+    assert checks.check_helper_arguments(helper, call, ["features"], given, defaults) is None
+    _refused(
+        checks.check_helper_arguments(helper, call, ["scale"], given, defaults),
+        checks.check_helper_arguments,
+        "the argument for `scale` of forward() is not a name",
+    )
+    assert checks.check_module_helper_call("self.lm_head", [call]) is None
+    _refused(
+        checks.check_module_helper_call("self.lm_head", [call, call]),
+        checks.check_module_helper_call,
+        "self.lm_head() is called more than once",
+    )
+    assert checks.check_globals_kept(helper, {"gelu"}, {"x"}) is None
+    _refused(
+        checks.check_globals_kept(helper, {"gelu"}, {"gelu"}),
+        checks.check_globals_kept,
+        "the caller binds `gelu`, which forward() reads as a global",
+    )
+    x = plain.value  # type: ignore[attr-defined]
+    assert checks.check_operand_copyable("hidden", x, {"y"}) is None
+    _refused(
+        checks.check_operand_copyable("hidden", x, {"features"}),
+        checks.check_operand_copyable,
+        "$hidden reads `features`, which the submodule sets among the matched",
+    )
