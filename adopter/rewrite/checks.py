@@ -736,6 +736,20 @@ def check_one_holder(name: str, holders: list[str]) -> Refusal | None:
 
 
 @check
+def check_distinct_calls(steps: list[FlowStep]) -> Refusal | None:
+    """The results come from calls of their own: three projections that are one call of a
+    wrapper module reached three times (``return self.linear(x)`` in the module each of
+    ``q_proj``, ``k_proj`` and ``v_proj`` is) have no three places to fuse."""
+    if len({id(step.node) for step in steps}) != len(steps):
+        line = steps[0].line
+        return Refusal(
+            f"line {line}: the projections are one call of a module reached once for each; "
+            "not rewritten"
+        )
+    return None
+
+
+@check
 def check_runs_with_its_statement(step: FlowStep) -> Refusal | None:
     """A result the fused call computes ahead of its statement is computed whenever that
     statement runs: not in an arm of a conditional expression, after a short-circuit operand,

@@ -41,6 +41,7 @@ from .checks import (
     check_condition_stays,
     check_consecutive,
     check_construction_site,
+    check_distinct_calls,
     check_dropped_arguments,
     check_elements_lead,
     check_expanded_by_a_call,
@@ -445,8 +446,10 @@ class Planner:
     ) -> Plan:
         """``q = a(x); k = b(x); v = c(x)`` -> ``q, k, v = kernel(x, a, b, c)``."""
         for match in [site, *site.alternatives]:  # the fused call runs each projection ahead
-            for target in targets:
-                require(check_runs_with_its_statement(match.steps[producer_of[target]]))
+            producers = [match.steps[producer_of[target]] for target in targets]
+            require(check_distinct_calls(producers))
+            for step in producers:
+                require(check_runs_with_its_statement(step))
         blocks = self.blocks(plan.function)
         statements: list[ast.stmt] = []
         names: list[str] = []

@@ -520,3 +520,15 @@ def test_copied_submodule_checks():
         checks.check_operand_copyable,
         "$hidden reads `features`, which the submodule sets among the matched",
     )
+
+
+def test_distinct_calls():
+    _, function, _ = _function("def f(h):\n    q = a(h)\n    k = b(h)\n")
+    first, second = function.body
+    one, other = _flow_step(first.value, first, 2), _flow_step(second.value, second, 3)  # type: ignore[attr-defined]
+    assert checks.check_distinct_calls([one, other]) is None
+    _refused(
+        checks.check_distinct_calls([one, one]),
+        checks.check_distinct_calls,
+        "line 2: the projections are one call of a module reached once for each",
+    )
