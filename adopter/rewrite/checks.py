@@ -1194,6 +1194,31 @@ def check_globals_kept(
     return None
 
 
+# -- a match whose later calls each sit in an ``if`` (rewrite/conditioned.py) ----------------
+@check
+def check_condition_first(branch: ast.If, before: list[ast.stmt]) -> Refusal | None:
+    """An ``if`` around a matched statement is tested before the first of them now: its test
+    calls nothing and reads nothing the statements before it assign."""
+    if has_call(branch.test):
+        return Refusal(f"line {branch.lineno}: the condition calls something")
+    changed = set().union(set(), *(assigned_names(s) | mutated_names(s) for s in before))
+    read = read_names(branch.test) & changed
+    if read:
+        names = ", ".join(f"`{n}`" for n in sorted(read))
+        return Refusal(
+            f"line {branch.lineno}: the condition reads {names}, set by the matched statements"
+        )
+    return None
+
+
+@check
+def check_inputs_not_moved(moved_calls: list[ast.stmt]) -> Refusal | None:
+    """The kernel's inputs are values, not calls it would evaluate in the test's place."""
+    if moved_calls:
+        return Refusal(f"line {moved_calls[0].lineno}: an input with a call would move")
+    return None
+
+
 @check
 def check_one_copied_helper(helper: ast.FunctionDef, earlier: object) -> Refusal | None:
     """At most one submodule's work is copied into a kernel arm."""

@@ -35,6 +35,7 @@ from ..match.matcher import Site
 from .across import plan_across_call
 from .arms import Spread, plan_tuple_across_arms
 from .checks import (
+    Refusal,
     check_arm_keeps_values,
     check_between,
     check_between_untouched,
@@ -85,6 +86,7 @@ from .checks import (
     step_expression,
     step_input_names,
 )
+from .conditioned import plan_conditioned
 from .guarded import plan_guarded
 from .render import (
     SEQUENTIAL_INPUT,
@@ -264,7 +266,15 @@ class Planner:
             call_text = self.identity_guarded(site, plan, call_text, targets, producer_of)
         if len(targets) > 1:
             return self.plan_tuple(site, plan, call_text, targets, producer_of)
-        return self.fuse_statements(plan, site, steps, final_index, call_text)
+        try:
+            return self.fuse_statements(plan, site, steps, final_index, call_text)
+        except Refusal:
+            # the norm and the activation each under an ``if`` of its own: the kernel where
+            # every test holds (conditioned.py); otherwise the refusal stands
+            conditioned = plan_conditioned(self, site, plan, final_index, call_text)
+            if conditioned is None:
+                raise
+            return conditioned
 
     def identity_guarded(
         self,

@@ -532,3 +532,28 @@ def test_distinct_calls():
         checks.check_distinct_calls,
         "line 2: the projections are one call of a module reached once for each",
     )
+
+
+def test_condition_first():
+    _, function, _ = _function(
+        "def f(self, x):\n    x = conv(x)\n    if self.norm is not None:\n        x = 1\n"
+        "    if self.ok():\n        x = 2\n    if x:\n        x = 3\n"
+    )
+    first, plain, calls, reads = function.body
+    assert checks.check_condition_first(plain, [first]) is None  # type: ignore[arg-type]
+    _refused(
+        checks.check_condition_first(calls, [first]),  # type: ignore[arg-type]
+        checks.check_condition_first,
+        "line 5: the condition calls something",
+    )
+    _refused(
+        checks.check_condition_first(reads, [first]),  # type: ignore[arg-type]
+        checks.check_condition_first,
+        "line 7: the condition reads `x`, set by the matched statements",
+    )
+    assert checks.check_inputs_not_moved([]) is None
+    _refused(
+        checks.check_inputs_not_moved([first]),
+        checks.check_inputs_not_moved,
+        "line 2: an input with a call would move",
+    )
