@@ -598,15 +598,16 @@ def check_moved_calls(
 def _moves_whole(
     hoist: tuple[list[ast.stmt], ast.If, int], owner: ast.stmt, final: ast.stmt, blocks: Blocks
 ) -> bool:
-    """A statement moved into the arms of the ``if`` right after it runs at the same point
-    when the fused statement opens its arm (the condition was checked to call nothing)."""
+    """A statement moved into the arms of the ``if`` after it runs at the same point when the
+    fused statement opens its arm: only statements that move too lie between them (the
+    residual add after a helper's call), and the condition was checked to call nothing."""
     moved, branch, arm = hoist
     arm_body = branch.body if arm == 0 else branch.orelse
     return (
         any(owner is statement for statement in moved)
         and bool(arm_body)
         and arm_body[0] is final
-        and not list(blocks.between(owner, branch))
+        and all(any(s is m for m in moved) for s in blocks.between(owner, branch))
     )
 
 
