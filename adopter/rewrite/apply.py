@@ -119,13 +119,13 @@ class _ArmStatement(NamedTuple):
 
 class _Spread(NamedTuple):
     """A chain's copies: the statements copied into each arm, the arm count, the fused arms'
-    statements, whether the copies close the arms (statements after the chain) and the arms
-    that never reach what follows the chain."""
+    statements, the copies that close the arms instead of opening them (statements after the
+    chain) and the arms that never reach what follows the chain."""
 
     moved: list[tuple[int, int]]
     arms: int
     fused: dict[int, list[_ArmStatement]]
-    after: bool
+    late: frozenset[tuple[int, int]]
     closed: frozenset[int]
 
 
@@ -191,11 +191,10 @@ class _FunctionEditor(cst.CSTTransformer):
                         ]
                         for arm, starts in spread.fused.items()
                     },
-                    spread.after,
+                    frozenset(locate(s) for s in spread.late),
                     frozenset(spread.closed),
                 )
-                if spread.after:
-                    self.copied_later.update(locate(s) for s in spread.moved)
+                self.copied_later.update(locate(s) for s in spread.late)
                 outer = indentation(spread.branch.lineno)
                 inner = indentation(spread.branch.body[0].lineno)
                 self.arm_indents[locate(spread.branch)] = inner[len(outer) :] or "    "
@@ -414,8 +413,12 @@ class _FunctionEditor(cst.CSTTransformer):
         plan = self.spreads[key]
         indent = self.arm_indents[key]
 
-        def copies() -> list[cst.BaseStatement]:
-            return [self.hoisted[k].with_changes(leading_lines=()) for k in plan.moved]
+        def copies(late: bool) -> list[cst.BaseStatement]:
+            return [
+                self.hoisted[k].with_changes(leading_lines=())
+                for k in plan.moved
+                if (k in plan.late) == late
+            ]
 
         def statement(start: _ArmStatement) -> cst.BaseStatement:
             if start.plain:
@@ -426,12 +429,12 @@ class _FunctionEditor(cst.CSTTransformer):
         def opening(arm: int) -> list[cst.BaseStatement]:
             if arm in plan.fused:
                 return [statement(s) for s in plan.fused[arm] if not s.at_end]
-            return [] if plan.after else copies()
+            return copies(late=False)
 
         def closing(arm: int) -> list[cst.BaseStatement]:
             if arm in plan.fused:
                 return [statement(s) for s in plan.fused[arm] if s.at_end]
-            return copies() if plan.after and arm not in plan.closed else []
+            return copies(late=True) if arm not in plan.closed else []
 
         def extended(block: cst.BaseSuite, arm: int) -> cst.IndentedBlock:
             if isinstance(block, cst.SimpleStatementSuite):

@@ -37,9 +37,11 @@ from .checks import (
     check_dropped_arguments,
     check_fresh_name,
     check_inputs_kept,
+    check_one_result_each,
     check_one_spelling,
     check_simple_statement,
     check_sinkable_past,
+    check_some_arm_fuses,
     input_names,
     require,
     spelling_names,
@@ -90,6 +92,8 @@ class Spread:
     closed: set[int] = field(default_factory=set)
     # the statements of ``moved`` that use what the shared ones set: copied into every arm
     carried: list[ast.stmt] = field(default_factory=list)
+    # the statements of ``moved`` that followed the chain: their copies close the arms
+    late: list[ast.stmt] = field(default_factory=list)
 
 
 def plan_tuple_across_arms(
@@ -139,6 +143,7 @@ def plan_tuple_across_arms(
         has_else=bool(bodies[-1]),
         after=after,
         closed={i for i, body in enumerate(bodies) if body and _ends_flow(body[-1])},
+        late=list(shared) if after else [],  # type: ignore[arg-type]
     )
     pattern = site.rule.forward.steps  # type: ignore[union-attr]
     (new_step,) = site.rule.forward.replacement  # type: ignore[union-attr,misc]
@@ -214,6 +219,95 @@ def plan_tuple_across_arms(
         f"lines {', '.join(str(s.lineno) for s in spread.moved)} copied into {place}"
         f"{' ' if place else ''}{spread.arms} arms of the branch at line {branch.lineno}; "
         f"fused in the arms at {fused}"
+    )
+    return plan
+
+
+def plan_tuple_around_branch(
+    planner: Planner,
+    site: Site,
+    plan: Plan,
+    targets: list[str],
+    producer_of: dict[str, int],
+    call_text: str,
+) -> Plan | None:
+    """The query projected before an ``if`` that may rebind the input (SegFormer's and PVT's
+    sequence reduction), the keys and values after it: every arm gets the query at its start
+    and the keys and values at its end (an ``else:`` is added when there is none), and each
+    arm that keeps the input fuses the three at its start. ``None`` when the statements are not
+    laid out so (one ``if`` among them, statements on both sides of it)."""
+    blocks = planner.blocks(plan.function)
+    steps = [site.steps[producer_of[target]] for target in targets]
+    block = blocks.block_of(steps[0].statement)[0]  # type: ignore[arg-type]
+    ordered: list[ast.stmt] = []
+    for step in steps:
+        if not any(step.statement is s for s in ordered):
+            ordered.append(step.statement)  # type: ignore[arg-type]
+    ordered.sort(key=lambda s: blocks.block_of(s)[1])
+    first, last = blocks.block_of(ordered[0])[1], blocks.block_of(ordered[-1])[1]
+    others = [s for s in block[first + 1 : last] if not any(s is m for m in ordered)]
+    branches = [s for s in others if isinstance(s, ast.If)]
+    if len(branches) != 1:
+        return None
+    branch = branches[0]
+    where = block.index(branch)
+    early = [s for s in ordered if blocks.block_of(s)[1] < where]
+    late = [s for s in ordered if blocks.block_of(s)[1] > where]
+    if not early or not late:
+        return None
+    require(check_one_result_each(ordered, steps))
+    tests, bodies = chain_arms(planner.source.lines, branch)
+    require(check_chain_conditions(tests, early))
+    inputs = input_names(site) | spelling_names(site)
+    # the query moves past what stays before the branch; what follows it (the keys' shape)
+    # moves into the arms' ends with the keys and values, ahead of them
+    for statement in early:
+        staying = [s for s in others if blocks.block_of(s)[1] < where]
+        require(check_sinkable_past(statement, staying, early))
+    post = [s for s in others if blocks.block_of(s)[1] > where]
+    for statement in post:
+        require(check_carried(statement, inputs))
+    closed = {i for i, body in enumerate(bodies) if body and _ends_flow(body[-1])}
+    fused_arms = [
+        i
+        for i, body in enumerate(bodies)
+        if i not in closed and check_arm_keeps_inputs(body, inputs) is None
+    ]
+    require(check_some_arm_fuses(branch, fused_arms))
+    taken = names_in(plan.function)
+    names: list[str] = []
+    for target in targets:
+        name = target if target not in taken else f"fused_{target}"
+        require(check_fresh_name(name, taken | set(names), "function"))
+        names.append(name)
+    moved = sorted([*ordered, *post], key=lambda s: blocks.block_of(s)[1])
+    spread = Spread(
+        moved=moved,
+        branch=branch,
+        arms=len(bodies),
+        has_else=bool(bodies[-1]),
+        closed=closed,
+        carried=post,
+        late=[s for s in moved if blocks.block_of(s)[1] > where],
+    )
+    for arm in fused_arms:
+        starts = [ArmStart(tuple_assignment(names, call_text))]
+        for step, name in zip(steps, names, strict=True):
+            at_end = any(step.statement is s for s in late)
+            starts.append(
+                ArmStart(name, copy_of=step.statement, node=step_expression(step), at_end=at_end)
+            )
+        starts += [ArmStart("", copy_of=s, plain=True, at_end=True) for s in post]
+        spread.fused[arm] = _in_source_order(starts, moved)
+    plan.kernel_calls[:] = plan.kernel_calls * len(fused_arms)  # the call in each fused arm
+    plan.spread = spread
+    plan.touched.extend([*moved, branch])
+    plan.statements.extend([*moved, branch])
+    arms = ", ".join(str(tests[a].lineno) if a < len(tests) else "else" for a in fused_arms)
+    plan.summary = (
+        f"lines {', '.join(str(s.lineno) for s in early)} copied to the start and "
+        f"{', '.join(str(s.lineno) for s in late)} to the end of the {len(bodies)} arms of "
+        f"the branch at line {branch.lineno}; fused in the arms at {arms}"
     )
     return plan
 

@@ -673,6 +673,18 @@ def check_arm_chain(
 
 
 @check
+def check_some_arm_fuses(branch: ast.If, fused: list[int]) -> Refusal | None:
+    """Of the arms of the ``if`` between the projections, one at least keeps the input (and
+    falls through): there the three are one tensor's."""
+    if not fused:
+        return Refusal(
+            f"line {branch.lineno}: every arm of the branch between the projections changes "
+            "their input"
+        )
+    return None
+
+
+@check
 def check_carried(statement: ast.stmt, inputs: set[str]) -> Refusal | None:
     """A statement that moves into the arms with the shared ones (it uses what they set) is a
     simple one, and changes no input of the fused call: the fused call, which now runs before

@@ -33,7 +33,7 @@ from ..dsl.syntax import Step as PatternStep
 from ..extract.model import Step as FlowStep
 from ..match.matcher import Site
 from .across import plan_across_call
-from .arms import Spread, plan_tuple_across_arms
+from .arms import Spread, plan_tuple_across_arms, plan_tuple_around_branch
 from .checks import (
     Refusal,
     check_arm_keeps_values,
@@ -515,7 +515,15 @@ class Planner:
             names = step_input_names(site, producer_of[target])
             reads[id(statement)] = reads.get(id(statement), set()) | names
         kept = check_inputs_kept_until_read(blocks, ordered, reads)
-        moved = self.sunk_to_inputs(blocks, ordered, reads) if kept is not None else []
+        try:
+            moved = self.sunk_to_inputs(blocks, ordered, reads) if kept is not None else []
+        except Refusal:
+            # an ``if`` between them rebinds the input on some path (sequence reduction):
+            # fused in the arms that keep it, when the statements are laid out so
+            around = plan_tuple_around_branch(self, site, plan, targets, producer_of, call_text)
+            if around is None:
+                raise
+            return around
         require(kept if moved is None else None)
         moved = moved or []
         anchor = ordered[len(moved)]

@@ -364,3 +364,76 @@ def test_followers_and_projections_that_cannot_move_are_refused(old, new, reason
     assert result.status.value == "skipped"
     assert reason in result.reason
     assert not rewrite.changed
+
+
+# SegFormer's and PVT's efficient self-attention: the query first, an `if` that reduces the
+# sequence the keys and values read, then the keys and values. The arm that keeps the input
+# (here the `else:` added for it) fuses the three.
+SEQUENCE_REDUCTION = (
+    HEAD
+    + """\
+class Attention(nn.Module):
+    def __init__(self, ratio):
+        super().__init__()
+        self.ratio = ratio
+        self.q_proj = nn.Linear(8, 8)
+        self.k_proj = nn.Linear(8, 8)
+        self.v_proj = nn.Linear(8, 8)
+        self.reduction = nn.Linear(8, 8)
+
+    def forward(self, hidden_states):
+        hidden_shape = (*hidden_states.shape[:-1], -1, 4)
+        query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+
+        kv_hidden_states = hidden_states
+        if self.ratio > 1:
+            kv_hidden_states = self.reduction(hidden_states)[:, ::2]
+
+        kv_shape = (*kv_hidden_states.shape[:-1], -1, 4)
+        key_states = self.k_proj(kv_hidden_states).view(kv_shape).transpose(1, 2)
+        value_states = self.v_proj(kv_hidden_states).view(kv_shape).transpose(1, 2)
+        return query_states, key_states, value_states
+"""
+)
+
+
+def _reduction_model(text: str, ratio: int):
+    namespace: dict[str, object] = {}
+    exec(compile(text, "attention.py", "exec"), namespace)  # noqa: S102 - our own fixture
+    torch.manual_seed(0)
+    return namespace["Attention"](ratio)  # type: ignore[operator]
+
+
+def test_projections_around_a_sequence_reduction_are_fused_in_the_arm_that_keeps_the_input():
+    rewrite, matcher = _rewrite(SEQUENCE_REDUCTION)
+    assert [r.status.value for r in rewrite.results] == ["patched"]
+    patched = rewrite.patched
+    # the reducing arm keeps the three projections, in their order around its work
+    assert (
+        "            query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)\n"
+        "            kv_hidden_states = self.reduction(hidden_states)[:, ::2]\n"
+        "            kv_shape = (*kv_hidden_states.shape[:-1], -1, 4)\n"
+    ) in patched
+    assert "        else:\n            query, key, value = (\n" in patched
+    assert "kv_hidden_states = hidden_states\n" in patched  # stays before the branch
+    assert not rewrite_text(patched, "attention.py", matcher).changed
+    h = torch.randn(2, 6, 8)
+    for ratio in (1, 2):
+        original = _reduction_model(SEQUENCE_REDUCTION, ratio)
+        new = _reduction_model(patched, ratio)
+        new.load_state_dict(original.state_dict(), strict=True)
+        for want, have in zip(original(h), new(h), strict=True):
+            torch.testing.assert_close(have, want)
+
+
+def test_projections_around_a_branch_whose_every_arm_changes_the_input_are_refused():
+    # changed in place on both paths (no rebinding, so the match still holds)
+    text = SEQUENCE_REDUCTION.replace(
+        "            kv_hidden_states = self.reduction(hidden_states)[:, ::2]\n",
+        "            kv_hidden_states.mul_(2)\n        else:\n            kv_hidden_states.add_(1)\n",
+    )
+    rewrite, _ = _rewrite(text)
+    (result,) = rewrite.results
+    assert result.status.value == "skipped"
+    assert "every arm of the branch between the projections changes their input" in result.reason
+    assert not rewrite.changed

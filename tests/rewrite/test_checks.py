@@ -557,3 +557,14 @@ def test_condition_first():
         checks.check_inputs_not_moved,
         "line 2: an input with a call would move",
     )
+
+
+def test_some_arm_fuses():
+    _, function, _ = _function("def f(x, c):\n    if c:\n        x = 1\n")
+    (branch,) = function.body
+    assert checks.check_some_arm_fuses(branch, [1]) is None  # type: ignore[arg-type]
+    _refused(
+        checks.check_some_arm_fuses(branch, []),  # type: ignore[arg-type]
+        checks.check_some_arm_fuses,
+        "line 2: every arm of the branch between the projections changes their input",
+    )
