@@ -1148,16 +1148,6 @@ def check_copyable_prefix(helper: ast.FunctionDef, prefix: list[ast.stmt]) -> Re
     return None
 
 
-def _stable(node: ast.expr) -> bool:
-    """A name, an attribute of one or an item of one at a constant (``outputs[0]``): the same
-    value read twice, nothing of the model's run."""
-    while isinstance(node, (ast.Attribute, ast.Subscript)):
-        if isinstance(node, ast.Subscript) and not isinstance(node.slice, ast.Constant):
-            return False
-        node = node.value
-    return isinstance(node, ast.Name)
-
-
 @check
 def check_operand_copyable(variable: str, node: ast.expr, later: set[str]) -> Refusal | None:
     """A helper's value the kernel arm reads is computed by the statements copied before the
@@ -1177,20 +1167,23 @@ def check_helper_arguments(
     given: dict[str, ast.expr],
     defaults: dict[str, ast.expr],
 ) -> Refusal | None:
-    """Each parameter the copied statements read (``wanted``) is given by the call as a name or
-    an attribute of one (read again where the copy runs), or left at a constant default."""
+    """The kernel arm evaluates the call's arguments as the call did, once: none may call
+    anything (one it does not read would not run at all), none is unpacked, and each parameter
+    the copied statements read (``wanted``) is given or left at a constant default."""
     if any(isinstance(a, ast.Starred) for a in call.args) or any(
         k.arg is None for k in call.keywords
     ):
         return Refusal(f"line {call.lineno}: {helper.name}() is called with unpacked arguments")
-    for name in wanted:
-        value = given.get(name)
-        if value is None and isinstance(defaults.get(name), ast.Constant):
-            continue
-        if value is None or not _stable(value):
+    for name, value in given.items():
+        if has_call(value):
             return Refusal(
-                f"line {call.lineno}: the argument for `{name}` of {helper.name}() is not a "
-                "name (or an attribute or constant item of one) the copied statements can read"
+                f"line {call.lineno}: the argument for `{name}` of {helper.name}() calls "
+                "something; not copied"
+            )
+    for name in wanted:
+        if name not in given and not isinstance(defaults.get(name), ast.Constant):
+            return Refusal(
+                f"line {call.lineno}: {helper.name}() reads `{name}`, which the call does not give"
             )
     return None
 

@@ -108,9 +108,19 @@ def module_helper(
     local = set().union(set(), *(assigned_names(s) for s in prefix))
     globals_read = read - local - set(parameters) - {"self"}
     require(check_globals_kept(helper, globals_read, assigned_names(function) | _args(function)))
-    names = dict(given)  # helper name -> caller text, as it stands before each statement
+    names: dict[str, str] = {}  # helper name -> caller text, as it stands before each statement
     lines: list[str] = []
     bound: set[str] = set()
+    for parameter, (text, stable) in given.items():
+        if stable:  # a name or an attribute: read again where the copies run
+            names[parameter] = text
+            continue
+        # an expression (``outputs.text_features if return_dict else outputs[0]``) is
+        # evaluated once, as the call evaluated it, into a name of the kernel arm
+        name = _fresh(parameter, owner, taken | bound)
+        names[parameter] = name
+        bound.add(name)
+        lines.append(f"{name} = {text}")
     renamed: dict[str, str] = {}  # each local of the copied statements -> its caller name
     for statement in prefix:
         assert isinstance(statement, (ast.Assign, ast.AnnAssign))
@@ -167,8 +177,9 @@ def _arguments(
     call: ast.Call,
     parameters: list[str],
     read: set[str],
-) -> dict[str, str]:
-    """The caller's text for each parameter of ``helper`` its copied statements read."""
+) -> dict[str, tuple[str, bool]]:
+    """The caller's text for each parameter of ``helper`` its copied statements read, and
+    whether it is a name or an attribute (read again) rather than an expression (bound once)."""
     arguments = helper.args
     positional = [a.arg for a in [*arguments.posonlyargs, *arguments.args]][1:]
     given: dict[str, ast.expr] = dict(zip(positional, call.args, strict=False))
@@ -181,7 +192,21 @@ def _arguments(
     )
     wanted = [p for p in parameters if p in read]
     require(check_helper_arguments(helper, call, wanted, given, defaults))
-    return {p: source.segment(given[p]) if p in given else ast.unparse(defaults[p]) for p in wanted}
+    return {
+        p: (source.segment(given[p]), _stable(given[p]))
+        if p in given
+        else (ast.unparse(defaults[p]), True)
+        for p in wanted
+    }
+
+
+def _stable(node: ast.expr) -> bool:
+    """A name, an attribute of one or an item of one at a constant (``outputs[0]``)."""
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        if isinstance(node, ast.Subscript) and not isinstance(node.slice, ast.Constant):
+            return False
+        node = node.value
+    return isinstance(node, ast.Name)
 
 
 def _in_caller(node: ast.expr, names: dict[str, str], owner: str) -> str:

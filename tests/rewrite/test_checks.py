@@ -495,11 +495,22 @@ def test_copied_submodule_checks():
     call = ast.parse("self.lm_head(h, scale=f(h))").body[0].value  # type: ignore[attr-defined]
     given = {"features": call.args[0], "scale": call.keywords[0].value}
     defaults = {"scale": ast.Constant(2)}
-    assert checks.check_helper_arguments(helper, call, ["features"], given, defaults) is None
+    chosen = ast.parse("self.lm_head(h if c else g)").body[0].value  # type: ignore[attr-defined]
+    assert (
+        checks.check_helper_arguments(
+            helper, chosen, ["features"], {"features": chosen.args[0]}, defaults
+        )
+        is None
+    )
     _refused(
-        checks.check_helper_arguments(helper, call, ["scale"], given, defaults),
+        checks.check_helper_arguments(helper, call, ["features"], given, defaults),
         checks.check_helper_arguments,
-        "the argument for `scale` of forward() is not a name",
+        "the argument for `scale` of forward() calls something",
+    )
+    _refused(
+        checks.check_helper_arguments(helper, chosen, ["features", "other"], {}, defaults),
+        checks.check_helper_arguments,
+        "forward() reads `features`, which the call does not give",
     )
     assert checks.check_module_helper_call("self.lm_head", [call]) is None
     _refused(

@@ -186,10 +186,10 @@ def test_a_rebound_parameter_an_alias_and_a_logit_bias():
             ("        x = self.encoder(hidden_states)\n", "        gelu = torch.tanh\n"),
             "which forward() reads as a global",
         ),
-        # the argument is computed in the call: the copy would compute it again
+        # the argument calls something: the copy would run it again, or not at all
         (
             ("self.lm_head(sequence_output)", "self.lm_head(torch.tanh(x))"),
-            "is not a name",
+            "the argument for `features` of forward() calls something",
         ),
         # control flow before the head: not copied
         (
@@ -214,3 +214,16 @@ def test_where_copying_could_change_what_runs_the_site_is_skipped_and_scan_agree
     mark_unwritable(text, "model.py", sites)
     (site,) = [s for s in sites if s.applicable]
     assert not site.rewritable and site.rewrite_reason == result.reason
+
+
+def test_an_argument_that_is_an_expression_is_evaluated_once_into_a_name():
+    text = (HEAD + LM_HEAD + CALLER).replace(
+        "self.lm_head(sequence_output)", "self.lm_head(sequence_output if labels is None else x)"
+    )
+    rewrite, matcher = _rewrite(text)
+    assert [r.status.value for r in rewrite.results] == ["patched"]
+    patched = rewrite.patched
+    assert "            features = sequence_output if labels is None else x\n" in patched
+    assert "            lm_head_x = self.lm_head.dense(features)\n" in patched
+    assert not rewrite_text(patched, "model.py", matcher).changed
+    _same_model(text, patched)
