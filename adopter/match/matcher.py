@@ -265,13 +265,15 @@ class Matcher:
                         if not flow.report_only:
                             found[site.key] = site
                     elif (
-                        previous.rule is not site.rule
+                        (previous.rule is not site.rule and previous.flow is site.flow)
                         or _part_of(previous, site)
                         or _part_of(site, previous)
                     ):
                         # Two spellings of one rule at one place (a Llama MLP is also a gated
                         # product; a variant with the mask added where the other took the path
                         # without): one site, the applicable one that accounts for more code.
+                        # (Another spelling matched from another method's flow is the same
+                        # place reached through another call: an instance, below.)
                         if _preferred(site, previous):
                             site.instances = previous.instances
                             found[site.key] = site

@@ -1034,23 +1034,40 @@ def plan_sites(
     for site in sites:
         if not site.applicable or site.call is not None:  # call sites: see _call_edits
             continue
-        try:
-            site_plans = [planner.plan(site)]
-            for instance in site.instances:
-                extra = planner.plan(instance)
-                site_plans[0].imports |= extra.imports
-                if _same_helper_edit(site_plans[0], extra):
-                    extra.companions = []
-                site_plans.append(extra)
-        except AlreadyPatched:
+        # A site reached through several calls (an MLM head two task heads call) is edited
+        # through each call that allows it; the others keep the original, named in the summary.
+        site_plans: list[Plan] = []
+        refused: list[tuple[Site, Refusal]] = []
+        patched_before = False
+        for candidate in (site, *site.instances):
+            try:
+                site_plans.append(planner.plan(candidate))
+            except AlreadyPatched:
+                patched_before = True
+            except Refusal as refusal:
+                refused.append((candidate, refusal))
+        if not site_plans:
+            if not patched_before:
+                results.append(SiteResult.skipped(site, SkipReason.UNSAFE, str(refused[0][1])))
             continue
-        except Refusal as refusal:
-            results.append(SiteResult.skipped(site, SkipReason.UNSAFE, str(refusal)))
-            continue
-        for extra in site_plans[1:]:
+        main, extras = site_plans[0], site_plans[1:]
+        for extra in extras:
+            main.imports |= extra.imports
+            if _same_helper_edit(main, extra):
+                extra.companions = []
             extra.instance_of = site
+        if refused:
+            main.summary += "".join(f"; not through {_caller(c)}: {r}" for c, r in refused)
         plans.extend(site_plans)
     return planner, plans, results
+
+
+def _caller(site: Site) -> str:
+    """The function a site's match runs from (its steps inlined least deep)."""
+    step = min(site.steps, key=lambda s: len(s.inline_chain), default=None)
+    if step is None:
+        return f"line {site.line}"
+    return f"{step.cls}.{step.method}" if step.cls else step.method
 
 
 def rewrite_source(

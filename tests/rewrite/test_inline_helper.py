@@ -227,3 +227,44 @@ def test_an_argument_that_is_an_expression_is_evaluated_once_into_a_name():
     assert "            lm_head_x = self.lm_head.dense(features)\n" in patched
     assert not rewrite_text(patched, "model.py", matcher).changed
     _same_model(text, patched)
+
+
+PRETRAINING = """
+class ForPreTraining(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        self.lm_head = LMHead(config)
+        self.order = nn.Linear(config.hidden_size, 2)
+
+    def forward(self, sequence_output, pooled_output=None, labels=None):
+        prediction_scores = self.lm_head(sequence_output)
+        order_scores = self.order(pooled_output)
+        loss = None
+        if labels is not None:
+            loss_fct = CrossEntropyLoss()
+            loss = loss_fct(prediction_scores.view(-1, self.config.vocab_size), labels.view(-1))
+        return loss, prediction_scores, order_scores
+"""
+
+
+def test_a_head_two_models_call_is_patched_through_the_call_that_allows_it():
+    # ALBERT's shape: the masked-LM model and the pre-training one (which scores the sentence
+    # order among the head's statements) share the head
+    text = HEAD + LM_HEAD + CALLER + PRETRAINING
+    rewrite, matcher = _rewrite(text)
+    (result,) = rewrite.results
+    assert result.status.value == "patched"
+    assert "not through ForPreTraining.forward: line " in result.summary
+    assert "order_scores = self.order(pooled_output)` computes among" in result.summary
+    patched = rewrite.patched
+    assert patched.count("fused_loss_applies(") == 1  # the masked-LM model's call only
+    assert (
+        "        prediction_scores = self.lm_head(sequence_output)\n        order_scores" in patched
+    )
+    again = rewrite_text(patched, "model.py", matcher)
+    assert not again.changed and not again.results
+    sites = scan_source(text, "model.py", Matcher(_rules()))
+    mark_unwritable(text, "model.py", sites)
+    assert [s.rewritable for s in sites if s.applicable] == [True]
+    _same_model(HEAD + LM_HEAD + CALLER, patched.split("\nclass ForPreTraining")[0] + "\n")
