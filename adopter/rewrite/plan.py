@@ -479,7 +479,10 @@ class Planner:
         )
         alias_names = {a.targets[0].id for a in aliases}  # type: ignore[attr-defined]
         watched = set(names) | input_names(site) | spelling_names(site) | alias_names
-        require(check_between_untouched(blocks, ordered, watched, skip=aliases))
+        if check_between_untouched(blocks, ordered, watched, skip=aliases) is not None:
+            # a statement among them uses a result (``qk = cat([q, k])`` before the values):
+            # the results get names of their own and each assignment stays where it is
+            return self.plan_tuple_nested(site, plan, call_text, targets, producer_of)
         text = tuple_assignment(names, call_text)
         plan.replace_statements.append((ordered[0], text))
         plan.delete_statements.extend([*ordered[1:], *aliases])
