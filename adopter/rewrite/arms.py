@@ -150,6 +150,7 @@ def plan_tuple_across_arms(
     final_index = max(producer_of[t] for t in targets)
     taken = names_in(plan.function)
     plan.kernel_calls.clear()  # rendered again below, once for each fused arm
+    plan.fallback.clear()  # and so are the original arms of their guards
     for match, statements in zip(matches, statements_of, strict=True):
         if match is not site:
             require(check_one_spelling(match))
@@ -158,6 +159,7 @@ def plan_tuple_across_arms(
             new_step, match, plan, pattern[final_index], match.steps[final_index]
         )
         call_text = planner.identity_guarded(match, plan, call_text, targets, producer_of)
+        call_text = planner.condition_guarded(match, plan, call_text, targets, producer_of)
         in_arm = [s for s in statements if not any(s is m for m in shared)]
         arm = next(i for i, body in enumerate(bodies) if any(in_arm[0] is s for s in body))
         body = bodies[arm]

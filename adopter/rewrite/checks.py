@@ -765,22 +765,61 @@ def check_distinct_calls(steps: list[FlowStep]) -> Refusal | None:
 @check
 def check_runs_with_its_statement(step: FlowStep) -> Refusal | None:
     """A result the fused call computes ahead of its statement is computed whenever that
-    statement runs: not in an arm of a conditional expression, after a short-circuit operand,
-    or in a lambda or comprehension (``v = self.v_proj(h) if self.v_proj is not None else k``
-    must not call a missing projection)."""
+    statement runs, or in one arm of a conditional expression (see :func:`path_conditions`):
+    not after a short-circuit operand, nor in a lambda or comprehension."""
     statement, node = step.statement, step_expression(step)
     if statement is None:
         return None
     path = _path_to(statement, node)
     for parent, child in zip(path, path[1:]):
         conditional = (
-            (isinstance(parent, ast.IfExp) and child is not parent.test)
-            or (isinstance(parent, ast.BoolOp) and child is not parent.values[0])
+            (isinstance(parent, ast.BoolOp) and child is not parent.values[0])
             or isinstance(parent, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp))
             or isinstance(parent, ast.GeneratorExp)
         )
         if conditional:
             return Refusal(f"line {step.line}: the projection runs only on some paths of its line")
+    return None
+
+
+def path_conditions(step: FlowStep) -> list[tuple[ast.expr, bool]]:
+    """The tests of the conditional expressions whose arm holds the step's call, each with the
+    arm (``True``: the body): ``v = self.v_proj(h) if self.v_proj is not None else k`` calls
+    ``v_proj`` only where its test holds."""
+    statement, node = step.statement, step_expression(step)
+    if statement is None:
+        return []
+    path = _path_to(statement, node)
+    return [
+        (parent.test, child is parent.body)
+        for parent, child in zip(path, path[1:])
+        if isinstance(parent, ast.IfExp) and child is not parent.test
+    ]
+
+
+@check
+def check_one_guard(identity: str | None) -> Refusal | None:
+    """A fused call guarded by a conditional projection's test has no identity test besides."""
+    if identity is not None:
+        return Refusal("a conditional projection and an input chosen on some paths: not rewritten")
+    return None
+
+
+@check
+def check_one_condition(
+    function: ast.FunctionDef, conditions: list[list[tuple[ast.expr, bool]]]
+) -> Refusal | None:
+    """The projections that run in an arm of a conditional expression all run in the same arm
+    of the same test, one level deep, and that test can be evaluated where the fused call is:
+    it calls nothing and reads nothing the function assigns (``self.v_proj is not None``)."""
+    held = [c for c in conditions if c]
+    if any(len(c) != 1 for c in held) or len({(ast.dump(c[0][0]), c[0][1]) for c in held}) != 1:
+        return Refusal("the projections run in the arms of different conditional expressions")
+    test = held[0][0][0]
+    if has_call(test) or read_names(test) & assigned_names(function):
+        return Refusal(
+            f"line {test.lineno}: the conditional projection's test cannot be evaluated ahead"  # type: ignore[attr-defined]
+        )
     return None
 
 

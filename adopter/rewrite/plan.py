@@ -62,6 +62,8 @@ from .checks import (
     check_one_block,
     check_one_branch,
     check_one_chain,
+    check_one_condition,
+    check_one_guard,
     check_one_holder,
     check_one_result_each,
     check_one_spelling,
@@ -81,6 +83,7 @@ from .checks import (
     check_unpacked_reads,
     identity_guard,
     input_names,
+    path_conditions,
     require,
     spelling_names,
     step_expression,
@@ -265,6 +268,7 @@ class Planner:
             require(check_spellings_guardable(site, targets, len(pattern)))
             call_text = self.identity_guarded(site, plan, call_text, targets, producer_of)
         if len(targets) > 1:
+            call_text = self.condition_guarded(site, plan, call_text, targets, producer_of)
             return self.plan_tuple(site, plan, call_text, targets, producer_of)
         try:
             return self.fuse_statements(plan, site, steps, final_index, call_text)
@@ -275,6 +279,34 @@ class Planner:
             if conditioned is None:
                 raise
             return conditioned
+
+    def condition_guarded(
+        self,
+        site: Site,
+        plan: Plan,
+        call_text: str,
+        targets: list[str],
+        producer_of: dict[str, int],
+    ) -> str:
+        """``call_text`` where each projection runs whenever its statement does; with one in an
+        arm of a conditional expression (Gemma 4's ``self.v_proj(h) if self.v_proj is not None
+        else key_states``), the kernel where that arm is taken and, elsewhere, the other
+        projections alone, ``None`` in its place (its statement takes the other arm there)."""
+        steps = [site.steps[producer_of[t]] for t in targets]
+        conditions = [path_conditions(step) for step in steps]
+        if not any(conditions):
+            return call_text
+        require(check_one_condition(plan.function, conditions))
+        require(check_one_guard(identity_guard(site)))
+        test, arm = next(c for c in conditions if c)[0]
+        text = self.source.segment(test)
+        guard = text if arm else f"not ({text})"
+        nodes = [step_expression(step) for step in steps]
+        plan.fallback.extend(n for n, c in zip(nodes, conditions, strict=True) if not c)
+        original = [
+            "None" if c else self.source.segment(n) for n, c in zip(nodes, conditions, strict=True)
+        ]
+        return f"(\n    {call_text}\n    if {guard}\n    else ({', '.join(original)})\n)"
 
     def identity_guarded(
         self,

@@ -348,12 +348,6 @@ def test_statements_that_use_the_query_move_into_the_arms_with_it():
             "        scale = 0.5\n        if scale:\n            query_layer = query_layer * 1.0\n",
             "is not a simple line",
         ),
-        # the value projection runs only when there is one: the fused call would always run it
-        (
-            "            value_layer = self.value(hidden_states)\n",
-            "            value_layer = self.value(hidden_states) if self.value is not None else key_layer\n",
-            "runs only on some paths of its line",
-        ),
     ],
 )
 def test_followers_and_projections_that_cannot_move_are_refused(old, new, reason):
@@ -437,3 +431,45 @@ def test_projections_around_a_branch_whose_every_arm_changes_the_input_are_refus
     assert result.status.value == "skipped"
     assert "every arm of the branch between the projections changes their input" in result.reason
     assert not rewrite.changed
+
+
+# Gemma 4's shared K=V layers: no value projection, the keys stand in for the values
+OPTIONAL_VALUE = (
+    HEAD
+    + """\
+class Attention(nn.Module):
+    def __init__(self, with_values):
+        super().__init__()
+        self.q_proj = nn.Linear(8, 8)
+        self.k_proj = nn.Linear(8, 8)
+        self.v_proj = nn.Linear(8, 8) if with_values else None
+
+    def forward(self, hidden_states):
+        query_states = self.q_proj(hidden_states).view(2, 3, 2, 4)
+        key_states = self.k_proj(hidden_states).view(2, 3, 2, 4)
+        value_states = self.v_proj(hidden_states).view(2, 3, 2, 4) if self.v_proj is not None else key_states
+        return query_states, key_states, value_states
+"""
+)
+
+
+def test_a_projection_in_an_arm_of_a_conditional_expression_is_fused_where_that_arm_runs():
+    rewrite, matcher = _rewrite(OPTIONAL_VALUE)
+    assert [r.status.value for r in rewrite.results] == ["patched"]
+    patched = rewrite.patched
+    assert (
+        "            qkv_projection(hidden_states, self.q_proj, self.k_proj, self.v_proj)\n"
+        "            if self.v_proj is not None\n"
+        "            else (self.q_proj(hidden_states), self.k_proj(hidden_states), None)\n"
+    ) in patched
+    assert "value.view(2, 3, 2, 4) if self.v_proj is not None else key_states" in patched
+    assert not rewrite_text(patched, "attention.py", matcher).changed
+    h = torch.randn(2, 3, 8)
+    for with_values in (True, False):
+        original, new = (
+            _reduction_model(OPTIONAL_VALUE, with_values),
+            _reduction_model(patched, with_values),
+        )
+        new.load_state_dict(original.state_dict(), strict=True)
+        for want, have in zip(original(h), new(h), strict=True):
+            torch.testing.assert_close(have, want)

@@ -457,15 +457,40 @@ def test_carried():
 
 
 def test_runs_with_its_statement():
-    _, function, _ = _function("def f(h):\n    v = p(h) if p else h\n    w = p(h) if c else h\n")
-    conditional, _ = function.body
+    _, function, _ = _function("def f(h):\n    v = p(h) if p else h\n    w = c and p(h)\n")
+    conditional, short = function.body
     value = conditional.value  # type: ignore[attr-defined]
-    assert checks.check_runs_with_its_statement(_flow_step(value.test, conditional, 2)) is None
+    assert checks.check_runs_with_its_statement(_flow_step(value.body, conditional, 2)) is None
+    assert checks.path_conditions(_flow_step(value.body, conditional, 2)) == [(value.test, True)]
+    right = short.value.values[1]  # type: ignore[attr-defined]
     _refused(
-        checks.check_runs_with_its_statement(_flow_step(value.body, conditional, 2)),
+        checks.check_runs_with_its_statement(_flow_step(right, short, 3)),
         checks.check_runs_with_its_statement,
-        "line 2: the projection runs only on some paths of its line",
+        "line 3: the projection runs only on some paths of its line",
     )
+
+
+def test_one_condition_and_one_guard():
+    _, function, _ = _function(
+        "def f(self, h, c):\n    v = p(h) if self.p is not None else h\n"
+        "    w = p(h) if c else h\n    c = 1\n"
+    )
+    first, second, _ = function.body
+    on_self = [(first.value.test, True)]  # type: ignore[attr-defined]
+    on_local = [(second.value.test, True)]  # type: ignore[attr-defined]
+    assert checks.check_one_condition(function, [[], on_self]) is None
+    _refused(
+        checks.check_one_condition(function, [on_self, on_local]),
+        checks.check_one_condition,
+        "the projections run in the arms of different conditional expressions",
+    )
+    _refused(
+        checks.check_one_condition(function, [[], on_local]),
+        checks.check_one_condition,
+        "line 3: the conditional projection's test cannot be evaluated ahead",
+    )
+    assert checks.check_one_guard(None) is None
+    _refused(checks.check_one_guard("a is b"), checks.check_one_guard, "a conditional projection")
 
 
 def test_copied_submodule_checks():
