@@ -1606,10 +1606,13 @@ def check_arm_reads_unchanged(
     wrapped: list[ast.stmt],
     guard: PatternStep | None,
     body: tuple[PatternStep, ...],
+    computed: frozenset[str] = frozenset(),
 ) -> Refusal | None:
     """The kernel arm runs where the range starts: each value it reads must be the one the
-    matched call that read it saw (no statement of the range assigns it before that call)."""
-    changed = _changed_before_read(site, site.steps, holders, wrapped, guard, body)
+    matched call that read it saw (no statement of the range assigns it before that call),
+    unless the kernel arm computes it first itself (``computed``: the cap read from the
+    configuration)."""
+    changed = _changed_before_read(site, site.steps, holders, wrapped, guard, body) - computed
     if changed:
         return Refusal(
             "the kernel arm reads "

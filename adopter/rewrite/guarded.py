@@ -56,7 +56,7 @@ from .checks import (
     step_expression,
 )
 from .inline import InlinedHelper, module_helper
-from .source import Blocks, contains
+from .source import Blocks, assigned_names, contains, read_names
 
 if TYPE_CHECKING:
     from .plan import Plan, Planner
@@ -78,14 +78,7 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
     blocks = planner.blocks(function)
     wrapped = _wrapped_range(planner, blocks, steps, holders, guard)
     matched_nodes = [step_expression(s) for s in steps] + helper_calls
-    # ``loss_fct = CrossEntropyLoss()`` among them: a matched module built where it is used.
-    allowed = matched_nodes + _modules_built_in(site, function)
     final_return = wrapped[-1] if isinstance(wrapped[-1], ast.Return) else None
-    require(
-        check_only_matched_work(
-            planner.source, wrapped, allowed, final_return, guarded=guard is not None
-        )
-    )
     module_text = inlined.module_text if inlined is not None else None
     planner.render.var_text = dict(inlined.var_text) if inlined is not None else {}
     try:
@@ -97,6 +90,18 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
         )
     finally:
         planner.render.var_text = {}
+    # ``loss_fct = CrossEntropyLoss()`` among them: a matched module built where it is used;
+    # and what the kernel arm reads that the range computes from outside the match (the cap
+    # read from the configuration), which the kernel arm computes first too
+    setups = _setups(planner, wrapped, matched_nodes, lines, guard_text)
+    allowed = matched_nodes + _modules_built_in(site, function) + [n for _, _, n in setups]
+    require(
+        check_only_matched_work(
+            planner.source, wrapped, allowed, final_return, guarded=guard is not None
+        )
+    )
+    lines = [f"{name} = {planner.source.segment(value)}" for name, value, _ in setups] + lines
+    bound |= {name for name, _, _ in setups}
     if inlined is not None:  # the copied statements read the call's arguments where it ran
         holder = planner.statement_containing(function, inlined.call)
         require(check_arguments_unchanged(wrapped, holder, inlined.call))
@@ -104,7 +109,8 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
         bound |= inlined.bound
     planner.render.moved_calls = []  # arguments are evaluated where the range began: the same
     require(check_arm_sets_what_is_read(function, wrapped, bound, blocks))
-    require(check_arm_reads_unchanged(site, holders, wrapped, guard, body))
+    computed = frozenset(name for name, _, _ in setups)
+    require(check_arm_reads_unchanged(site, holders, wrapped, guard, body, computed))
 
     outer = planner.source.indentation(function.lineno)
     inner = planner.source.indentation(function.body[0].lineno)
@@ -115,6 +121,52 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
         f"if {guard_text}: ..." if guard else "; ".join(lines)
     )
     return plan
+
+
+def _setups(
+    planner: Planner,
+    wrapped: list[ast.stmt],
+    matched: list[ast.expr],
+    lines: list[str],
+    guard_text: str,
+) -> list[tuple[str, ast.expr, ast.AST]]:
+    """The values the range binds, outside the match, that the kernel arm reads (T5Gemma's
+    ``decoder_config = self.get_decoder().config``, Gemma 3n's ``(cap := ...) is not None``):
+    each a name bound once in the range, by an assignment of its own or a ``:=`` in a
+    condition, from nothing the range assigns before it and nothing the match computes, so the
+    kernel arm can compute it first. Each comes as (name, value, node the checks allow)."""
+    read = set().union(set(), *(read_names(ast.parse(line)) for line in lines))
+    guard_reads = read_names(ast.parse(guard_text, mode="eval"))
+    bound = [
+        n.id
+        for s in wrapped
+        for n in ast.walk(s)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+    ]
+    before: set[str] = set()
+    found: list[tuple[str, ast.expr, ast.AST]] = []
+    for statement in wrapped:
+        candidates: list[tuple[str, ast.expr, ast.AST]] = []
+        if (
+            isinstance(statement, ast.Assign)
+            and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name)
+        ):
+            candidates.append((statement.targets[0].id, statement.value, statement.value))
+        for node in ast.walk(statement):
+            if isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
+                candidates.append((node.target.id, node.value, node))
+        for name, value, node in candidates:
+            if (
+                name in read
+                and name not in guard_reads
+                and bound.count(name) == 1
+                and not read_names(value) & before
+                and not any(contains(value, m) or contains(m, value) for m in matched)
+            ):
+                found.append((name, value, node))
+        before |= assigned_names(statement)
+    return found
 
 
 def _wrapped_range(
