@@ -1462,17 +1462,35 @@ def check_unpacked_reads(
         for node in ast.walk(function)
         if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and contains(node, statement)
     ]
+    rebound = {} if loops else _rebound_after(function, statement, names)
     for node in ast.walk(function):
         if isinstance(node, ast.Name) and node.id in names and isinstance(node.ctx, ast.Load):
             later = (node.lineno, node.col_offset) >= end
             if not later and not any(contains(loop, node) for loop in loops):
                 continue
+            if node.id in rebound and any(contains(s, node) for s in rebound[node.id]):
+                continue  # reads a later binding of the name (``h = act(g) * h`` then ``fc2(h)``)
             if not any(contains(m, node) for m in matched):
                 return Refusal(
                     f"line {node.lineno}: `{node.id}`, unpacked at line {statement.lineno}, "
                     "is also read where the match does not run"
                 )
     return None
+
+
+def _rebound_after(
+    function: ast.FunctionDef, statement: ast.stmt, names: set[str]
+) -> dict[str, list[ast.stmt]]:
+    """For each of ``names``, the statements of ``statement``'s block after the first plain
+    assignment there that rebinds it: whatever they read of it is that later binding."""
+    body, index, _, _ = Blocks(function).block_of(statement)
+    found: dict[str, list[ast.stmt]] = {}
+    for position in range(index + 1, len(body)):
+        later = body[position]
+        if isinstance(later, (ast.Assign, ast.AnnAssign)):
+            for name in assigned_names(later) & names:
+                found.setdefault(name, body[position + 1 :])
+    return found
 
 
 def _unmatched_value(node: ast.AST, matched: list[ast.expr]) -> bool:
