@@ -1,5 +1,6 @@
 """A match whose later calls each sit in an ``if`` of their own (MobileNet's and MobileViT's
-conv layer: the norm and the activation are optional modules)::
+conv layer: the norm and the activation are optional modules), or that skips an ``if`` among
+them (Gemma 3n's gate, passed through a top-k only when sparsity is configured)::
 
     features = self.convolution(features)
     if self.normalization is not None:
@@ -7,8 +8,9 @@ conv layer: the norm and the activation are optional modules)::
     if self.activation is not None:
         features = self.activation(features)
 
-The match holds on the path where every test is true; the kernel runs there and the original
-statements everywhere else, tested where the first matched statement was::
+The match holds on the path where every test holding a matched statement is true and every
+skipped one is false; the kernel runs there and the original statements everywhere else,
+tested where the first matched statement was::
 
     if self.normalization is not None and self.activation is not None:
         features = conv_bn_act(features, self.convolution, self.normalization, self.activation)
@@ -17,7 +19,7 @@ statements everywhere else, tested where the first matched statement was::
         ...
 
 Allowed only where testing first means the same: each ``if`` has no ``else`` and holds only
-matched statements, nothing else sits among them, each test calls nothing and reads nothing
+matched statements or none, nothing else sits among them, each test calls nothing and reads nothing
 the statements before it assign, the matched statements do only matched work, and the final
 one binds the only name read after them.
 """
@@ -58,14 +60,25 @@ def plan_conditioned(
         return None
     block = blocks.block_of(statements[0])[0]  # type: ignore[arg-type]
     holders = [_holder(blocks, block, s) for s in statements]  # type: ignore[arg-type]
-    if any(h is None for h in holders) or not any(isinstance(h, ast.If) for h in holders):
+    if any(h is None for h in holders):
         return None
     indices = sorted({block.index(h) for h in holders})  # type: ignore[arg-type]
     wrapped = block[indices[0] : indices[-1] + 1]
-    if len(wrapped) != len(indices):  # another statement among them
-        return None
     matched_statements = [s for s in statements if s is not None]
+    # an ``if`` among them that holds none of the matched statements is one the match's path
+    # skips (Gemma 3n's optional top-k of the gate): the kernel runs where its test is false
+    skipped = [
+        s
+        for s in wrapped
+        if not any(s is h for h in holders) and isinstance(s, ast.If) and not s.orelse
+    ]
+    if len(wrapped) != len(indices) + len(skipped):  # another statement among them
+        return None
+    if not skipped and not any(isinstance(h, ast.If) for h in holders):
+        return None
     for holder in wrapped:
+        if any(holder is k for k in skipped):
+            continue
         if isinstance(holder, ast.If) and any(
             not any(s is m for m in matched_statements) for s in holder.body
         ):
@@ -73,7 +86,13 @@ def plan_conditioned(
     parent, field = blocks.block_of(wrapped[0])[2:]
     if _inside_own_kernel(planner, parent, field, site):
         raise AlreadyPatched("already guarded by its kernel (patched before)")
-    tests = [h.test for h in wrapped if isinstance(h, ast.If)]
+    tests = [
+        _negated(planner.source.segment(h.test), h.test)
+        if any(h is k for k in skipped)
+        else _operand(planner.source.segment(h.test), h.test)
+        for h in wrapped
+        if isinstance(h, ast.If)
+    ]
     for index, holder in enumerate(wrapped):
         if isinstance(holder, ast.If):
             require(check_condition_first(holder, wrapped[:index]))
@@ -86,7 +105,7 @@ def plan_conditioned(
     require(check_inputs_not_moved(planner.render.moved_calls))
     conditioned = Plan(site=site, function=function)
     conditioned.imports, conditioned.kernel_calls = plan.imports, plan.kernel_calls
-    guard = " and ".join(_operand(planner.source.segment(t), t) for t in tests)
+    guard = " and ".join(tests)
     outer = planner.source.indentation(function.lineno)
     inner = planner.source.indentation(function.body[0].lineno)
     conditioned.wrap = (wrapped, guard, [f"{name} = {call_text}"], inner[len(outer) :] or "    ")
@@ -132,6 +151,14 @@ def _unique(statements: list[ast.stmt]) -> list[ast.stmt]:
         if not any(statement is s for s in seen):
             seen.append(statement)
     return seen
+
+
+def _negated(text: str, test: ast.expr) -> str:
+    """``not`` of a test, as an operand of ``and``."""
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _operand(text[len("not") :].strip(), test.operand)
+    atom = isinstance(test, (ast.Name, ast.Attribute, ast.Call, ast.Subscript))
+    return f"not {text}" if atom else f"not ({text})"
 
 
 def _operand(text: str, test: ast.expr) -> str:

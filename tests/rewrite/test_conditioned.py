@@ -118,3 +118,55 @@ def test_other_layouts_keep_their_refusal(old, new):
     rewrite, _ = _rewrite(text)
     assert all(r.status.value != "patched" for r in rewrite.results)
     assert not rewrite.changed
+
+
+# Gemma 3n's gated MLP: the gate goes through a top-k only when sparsity is configured; the
+# match's path skips that `if`, so the kernel runs where its test is false
+SPARSE_GATE = """\
+import torch
+from torch import nn
+
+
+class MLP(nn.Module):
+    def __init__(self, sparsity=0.0):
+        super().__init__()
+        self.gate_proj = nn.Linear(8, 16, bias=False)
+        self.up_proj = nn.Linear(8, 16, bias=False)
+        self.down_proj = nn.Linear(16, 8, bias=False)
+        self.act_fn = nn.GELU()
+        self.activation_sparsity = sparsity
+
+    def _topk(self, inputs):
+        return inputs * (inputs > inputs.mean(dim=-1, keepdim=True))
+
+    def forward(self, hidden_states):
+        gate_proj = self.gate_proj(hidden_states)
+        if self.activation_sparsity > 0.0:
+            gate_proj = self._topk(gate_proj)
+        activations = self.act_fn(gate_proj)
+        up_proj = self.up_proj(hidden_states)
+        down_proj = self.down_proj(activations * up_proj)
+        return down_proj
+"""
+
+
+def test_an_if_the_match_skips_guards_the_kernel_by_its_negation():
+    matcher = Matcher([rule for rule in load_rule_set("all") if rule.id == "modern.2"])
+    rewrite = rewrite_text(SPARSE_GATE, "mlp.py", matcher)
+    assert [r.status.value for r in rewrite.results] == ["patched"]
+    patched = rewrite.patched
+    assert (
+        "        if not (self.activation_sparsity > 0.0):\n            down_proj = gated_mlp("
+        in (patched)
+    )
+    assert not rewrite_text(patched, "mlp.py", matcher).changed
+    x = torch.randn(2, 3, 8)
+    for sparsity in (0.0, 0.5):
+        namespaces: list[dict[str, object]] = [{}, {}]
+        for namespace, text in zip(namespaces, (SPARSE_GATE, patched), strict=True):
+            exec(compile(text, "mlp.py", "exec"), namespace)  # noqa: S102 - our own fixture
+        torch.manual_seed(0)
+        original = namespaces[0]["MLP"](sparsity)  # type: ignore[operator]
+        new = namespaces[1]["MLP"](sparsity)  # type: ignore[operator]
+        new.load_state_dict(original.state_dict(), strict=True)
+        torch.testing.assert_close(new(x), original(x))
