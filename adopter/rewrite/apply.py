@@ -92,6 +92,9 @@ class FileRewrite:
     patched: str
     results: list[SiteResult] = field(default_factory=list)
     error: str | None = None
+    # an edit wrote code other rules may match anew (the original kept in the else arm of a
+    # guard, a submodule's statements copied into a kernel arm): apply looks once more
+    reopened: bool = False
 
     @property
     def changed(self) -> bool:
@@ -1156,7 +1159,8 @@ def rewrite_source(
             if done.instance_of is None:
                 results.append(SiteResult.patched(done.site, plan.summary))
     results.extend(patched_calls)
-    return FileRewrite(path, text, patched, _ordered(results))
+    reopened = any(plan.reopens for plan in plans)
+    return FileRewrite(path, text, patched, _ordered(results), reopened=reopened)
 
 
 def _call_edits(

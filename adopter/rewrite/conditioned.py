@@ -112,6 +112,7 @@ def plan_conditioned(
     conditioned.statements.extend(wrapped)
     conditioned.touched.extend(matched)
     conditioned.summary = f"if {guard}: {name} = {call_text}"
+    conditioned.reopens = True  # the else arm keeps the original, where other paths may fuse
     return conditioned
 
 

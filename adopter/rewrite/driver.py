@@ -63,7 +63,9 @@ def rewrite_text(text: str, path: str, matcher: Matcher, *, modular: bool = Fals
         return replace(inner, original=text, patched=inner.patched.replace("\n", newline))
     rounds = [rewrite_once(text, path, matcher, modular)]
     to_original: list[Callable[[int], int]] = [lambda line: line]
-    while rounds[-1].changed and any(r.status is SiteStatus.SKIPPED for r in rounds[-1].results):
+    while rounds[-1].changed and (
+        rounds[-1].reopened or any(r.status is SiteStatus.SKIPPED for r in rounds[-1].results)
+    ):
         current = rounds[-1].patched
         try:
             following = rewrite_once(current, path, matcher, modular)

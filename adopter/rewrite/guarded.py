@@ -107,6 +107,7 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
         require(check_arguments_unchanged(wrapped, holder, inlined.call))
         lines = [*inlined.lines, *lines]
         bound |= inlined.bound
+        plan.reopens = bool(inlined.lines)  # the copied statements may hold other sites
     planner.render.moved_calls = []  # arguments are evaluated where the range began: the same
     require(check_arm_sets_what_is_read(function, wrapped, bound, blocks))
     computed = frozenset(name for name, _, _ in setups)

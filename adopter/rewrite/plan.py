@@ -163,6 +163,8 @@ class Plan:
     touched: list[ast.AST] = field(default_factory=list)
     statements: list[ast.stmt] = field(default_factory=list)  # every statement edited
     summary: str = ""
+    # the edit writes code other rules may match anew (see FileRewrite.reopened)
+    reopens: bool = False
 
 
 class Planner:

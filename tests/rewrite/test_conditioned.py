@@ -170,3 +170,19 @@ def test_an_if_the_match_skips_guards_the_kernel_by_its_negation():
         new = namespaces[1]["MLP"](sparsity)  # type: ignore[operator]
         new.load_state_dict(original.state_dict(), strict=True)
         torch.testing.assert_close(new(x), original(x))
+
+
+def test_with_every_rule_one_apply_reaches_the_fixpoint():
+    # the else arm keeps the original, where conv + norm alone (paper.7) fuse on the path
+    # without the activation: apply looks once more, so a second apply has nothing left
+    matcher = Matcher(load_rule_set("all"))
+    rewrite = rewrite_text(LAYER, "layer.py", matcher)
+    assert "conv_bn_act(" in rewrite.patched and "conv_batch_norm(" in rewrite.patched
+    assert not rewrite_text(rewrite.patched, "layer.py", matcher).changed
+    x = torch.randn(2, 3, 5, 5)
+    for options in ({}, {"use_act": False}):
+        original, new = _layer(LAYER, **options), _layer(rewrite.patched, **options)
+        new.load_state_dict(original.state_dict(), strict=True)
+        original.eval()
+        new.eval()
+        torch.testing.assert_close(new(x), original(x))

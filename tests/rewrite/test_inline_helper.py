@@ -268,3 +268,13 @@ def test_a_head_two_models_call_is_patched_through_the_call_that_allows_it():
     mark_unwritable(text, "model.py", sites)
     assert [s.rewritable for s in sites if s.applicable] == [True]
     _same_model(HEAD + LM_HEAD + CALLER, patched.split("\nclass ForPreTraining")[0] + "\n")
+
+
+def test_with_every_rule_the_copied_statements_are_fused_in_the_same_apply():
+    # ALBERT's head applies its activation to the dense layer's output: once copied into the
+    # kernel arm, the two are a bias + activation site of their own
+    text = (HEAD + LM_HEAD + CALLER).replace("x = gelu(x)", "x = torch.nn.functional.gelu(x)")
+    matcher = Matcher(load_rule_set("all"))
+    rewrite = rewrite_text(text, "model.py", matcher)
+    assert "causal_lm_loss(" in rewrite.patched
+    assert not rewrite_text(rewrite.patched, "model.py", matcher).changed
