@@ -97,21 +97,26 @@ def plan_conditioned(
         if isinstance(holder, ast.If):
             require(check_condition_first(holder, wrapped[:index]))
     final = steps[final_index]
-    require(check_assigned_plainly(final))
-    name = final.statement.targets[0].id  # type: ignore[union-attr]
     matched = [step_expression(s) for s in steps]
-    require(check_only_matched_work(planner.source, _unique(matched_statements), matched, None))
-    require(check_arm_sets_what_is_read(function, wrapped, {name}, blocks))
+    returned = final.statement if isinstance(final.statement, ast.Return) else None
+    if returned is not None and returned.value is matched[final_index]:
+        line, bound = f"return {call_text}", set()  # TextNet's ``return act(main + ...)``
+    else:
+        require(check_assigned_plainly(final))
+        name = final.statement.targets[0].id  # type: ignore[union-attr]
+        line, bound, returned = f"{name} = {call_text}", {name}, None
+    require(check_only_matched_work(planner.source, _unique(matched_statements), matched, returned))
+    require(check_arm_sets_what_is_read(function, wrapped, bound, blocks))
     require(check_inputs_not_moved(planner.render.moved_calls))
     conditioned = Plan(site=site, function=function)
     conditioned.imports, conditioned.kernel_calls = plan.imports, plan.kernel_calls
     guard = " and ".join(tests)
     outer = planner.source.indentation(function.lineno)
     inner = planner.source.indentation(function.body[0].lineno)
-    conditioned.wrap = (wrapped, guard, [f"{name} = {call_text}"], inner[len(outer) :] or "    ")
+    conditioned.wrap = (wrapped, guard, [line], inner[len(outer) :] or "    ")
     conditioned.statements.extend(wrapped)
     conditioned.touched.extend(matched)
-    conditioned.summary = f"if {guard}: {name} = {call_text}"
+    conditioned.summary = f"if {guard}: {line}"
     conditioned.reopens = True  # the else arm keeps the original, where other paths may fuse
     return conditioned
 
@@ -154,10 +159,21 @@ def _unique(statements: list[ast.stmt]) -> list[ast.stmt]:
     return seen
 
 
+_OPPOSITE: dict[type, type] = {
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+}
+
+
 def _negated(text: str, test: ast.expr) -> str:
-    """``not`` of a test, as an operand of ``and``."""
+    """``not`` of a test, as an operand of ``and`` (``x is not None`` becomes ``x is None``)."""
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         return _operand(text[len("not") :].strip(), test.operand)
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and type(test.ops[0]) in _OPPOSITE:
+        opposite = ast.Compare(test.left, [_OPPOSITE[type(test.ops[0])]()], test.comparators)
+        return ast.unparse(opposite)
     atom = isinstance(test, (ast.Name, ast.Attribute, ast.Call, ast.Subscript))
     return f"not {text}" if atom else f"not ({text})"
 

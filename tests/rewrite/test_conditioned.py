@@ -186,3 +186,52 @@ def test_with_every_rule_one_apply_reaches_the_fixpoint():
         original.eval()
         new.eval()
         torch.testing.assert_close(new(x), original(x))
+
+
+# TextNet's conv layer: optional vertical and horizontal branches added before the activation,
+# which the final statement returns
+BRANCHES = """\
+import torch
+from torch import nn
+
+
+class ConvLayer(nn.Module):
+    def __init__(self, vertical=False):
+        super().__init__()
+        self.main_conv = nn.Conv2d(3, 4, 3, padding=1, bias=False)
+        self.main_batch_norm = nn.BatchNorm2d(4)
+        self.vertical_conv = nn.Conv2d(3, 4, (3, 1), padding=(1, 0), bias=False) if vertical else None
+        self.activation_function = nn.ReLU()
+
+    def forward(self, hidden_states):
+        main_outputs = self.main_conv(hidden_states)
+        main_outputs = self.main_batch_norm(main_outputs)
+        if self.vertical_conv is not None:
+            main_outputs = main_outputs + self.vertical_conv(hidden_states)
+        return self.activation_function(main_outputs)
+"""
+
+
+def test_a_returned_activation_after_a_skipped_branch():
+    rewrite, matcher = _rewrite(BRANCHES)
+    assert [r.status.value for r in rewrite.results] == ["patched"]
+    patched = rewrite.patched
+    assert (
+        "        if self.vertical_conv is None:\n"
+        "            return conv_bn_act(hidden_states, self.main_conv, self.main_batch_norm, "
+        "self.activation_function)\n"
+    ) in patched
+    assert not rewrite_text(patched, "layer.py", matcher).changed
+    x = torch.randn(2, 3, 5, 5)
+    for vertical in (False, True):
+        namespaces: list[dict[str, object]] = [{}, {}]
+        for namespace, text in zip(namespaces, (BRANCHES, patched), strict=True):
+            exec(compile(text, "layer.py", "exec"), namespace)  # noqa: S102 - our own fixture
+        torch.manual_seed(0)
+        original = namespaces[0]["ConvLayer"](vertical)  # type: ignore[operator]
+        new = namespaces[1]["ConvLayer"](vertical)  # type: ignore[operator]
+        new.load_state_dict(original.state_dict(), strict=True)
+        for train in (True, False):
+            original.train(train)
+            new.train(train)
+            torch.testing.assert_close(new(x), original(x))
