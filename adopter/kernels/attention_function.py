@@ -93,6 +93,7 @@ def attention_function_reference(
     position_bias: torch.Tensor | None = None,
     weights_to_value_dtype: bool = False,
     contiguous: bool = True,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """transformers' ``eager_attention_forward`` in the spelling the options describe."""
     if scaling is None:
@@ -102,6 +103,10 @@ def attention_function_reference(
         value = _repeat_kv(value, module.num_key_value_groups)
     key_t = key.transpose(-1, -2) if transpose_last else key.transpose(2, 3)
     attn_weights = torch.matmul(query, key_t) * scaling
+    if softcap is not None:
+        attn_weights = attn_weights / softcap
+        attn_weights = torch.tanh(attn_weights)
+        attn_weights = attn_weights * softcap
     if position_bias is not None:
         attn_weights = attn_weights + position_bias
     if attention_mask is not None:
@@ -402,6 +407,7 @@ def attention_function(
     position_bias: torch.Tensor | None = None,
     weights_to_value_dtype: bool = False,
     contiguous: bool = True,
+    softcap: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """transformers 5 ``eager_attention_forward`` through SDPA.
@@ -427,6 +433,9 @@ def attention_function(
             (``attn_weights.type(value.dtype)``, GPT-2); SDPA runs only when the two agree.
         contiguous: the spelling ends with ``.contiguous()`` after the transpose back; without
             it (GPT-2) the output is the transposed view, with the same values.
+        softcap: the scores' soft cap (``tanh(scores / cap) * cap`` after the scale: Gemma 2,
+            which sets it); SDPA has no such step, so the original runs when it is given and
+            SDPA only where it is ``None`` (Gemma 3 and 4, whose configurations leave it unset).
         kwargs: the caller's remaining keyword arguments; only ``output_attentions`` is read.
 
     Returns ``(attn_output, attn_weights)``; ``attn_weights`` is ``None`` when SDPA ran.
@@ -439,6 +448,7 @@ def attention_function(
         "position_bias": position_bias,
         "weights_to_value_dtype": weights_to_value_dtype,
         "contiguous": contiguous,
+        "softcap": softcap,
     }
 
     def original() -> tuple[torch.Tensor, torch.Tensor]:
@@ -447,6 +457,8 @@ def attention_function(
         )
 
     if tracing(query, key, value, attention_mask) or attention_weights_needed(module, kwargs):
+        return original()
+    if softcap is not None:
         return original()
     p = float(dropout) if module.training else 0.0
     if not _sdpa_inputs_ok(query, key, value, attention_mask, p, 4):

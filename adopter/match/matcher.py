@@ -265,13 +265,15 @@ class Matcher:
                         if not flow.report_only:
                             found[site.key] = site
                     elif (
-                        previous.rule is not site.rule
+                        (previous.rule is not site.rule and previous.flow is site.flow)
                         or _part_of(previous, site)
                         or _part_of(site, previous)
                     ):
                         # Two spellings of one rule at one place (a Llama MLP is also a gated
                         # product; a variant with the mask added where the other took the path
                         # without): one site, the applicable one that accounts for more code.
+                        # (Another spelling matched from another method's flow is the same
+                        # place reached through another call: an instance, below.)
                         if _preferred(site, previous):
                             site.instances = previous.instances
                             found[site.key] = site
@@ -957,18 +959,45 @@ def _argument_miss(
 
 def _without_overlaps(sites: list[Site]) -> list[Site]:
     """One site per computation and rule: a match that reuses a call an earlier site of the
-    same rule already took (six projections of one tensor make several triples) is dropped."""
-    claimed: dict[str, set[tuple[int, str | None]]] = {}
+    same rule already took (six projections of one tensor make several triples) is dropped,
+    unless the rest of it runs only on paths the earlier one's rest does not (the keys and
+    values projected in another arm of a branch, the query after it): then it is that site's
+    alternative, which a rewrite across the arms fuses in its own arm."""
+    claimed: dict[str, dict[tuple[int, str | None], Site]] = {}
     kept: list[Site] = []
     for site in sites:
         # the elements of one nn.Sequential call share its node: the module tells them apart
         nodes = {(id(step.node), step.module) for step in site.steps if step.node is not None}
-        taken = claimed.setdefault(site.rule.id, set())
-        if len(site.steps) > 1 and nodes & taken:
+        taken = claimed.setdefault(site.rule.id, {})
+        if len(site.steps) > 1 and nodes & taken.keys():
+            owners = {id(taken[node]): taken[node] for node in nodes & taken.keys()}
+            if len(owners) == 1:
+                (earlier,) = owners.values()
+                if _in_another_arm(earlier, site, nodes & taken.keys()):
+                    earlier.alternatives.append(site)
+                    taken.update(dict.fromkeys(nodes, earlier))
             continue
-        taken |= nodes
+        taken.update(dict.fromkeys(nodes, site))
         kept.append(site)
     return kept
+
+
+def _in_another_arm(earlier: Site, site: Site, shared: set[tuple[int, str | None]]) -> bool:
+    """``site`` shares only ``shared`` with ``earlier`` and its other calls run on no path that
+    runs the other calls of ``earlier`` or of an alternative it has already."""
+    if not (earlier.applicable and site.applicable):
+        return False
+    if len(earlier.alternatives) >= MAX_ALTERNATIVES or len(site.steps) != len(earlier.steps):
+        return False
+
+    def rest(match: Site) -> Context:
+        steps = [s for s in match.steps if (id(s.node), s.module) not in shared]
+        return frozenset().union(*(step.context for step in steps))
+
+    own = rest(site)
+    if not own:
+        return False
+    return all(not consistent(own, rest(other)) for other in [earlier, *earlier.alternatives])
 
 
 @dataclass(frozen=True)

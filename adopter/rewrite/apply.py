@@ -14,6 +14,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
@@ -91,6 +92,9 @@ class FileRewrite:
     patched: str
     results: list[SiteResult] = field(default_factory=list)
     error: str | None = None
+    # an edit wrote code other rules may match anew (the original kept in the else arm of a
+    # guard, a submodule's statements copied into a kernel arm): apply looks once more
+    reopened: bool = False
 
     @property
     def changed(self) -> bool:
@@ -103,6 +107,29 @@ class FileRewrite:
     def rules_patched(self) -> list[str]:
         """The rules of the sites patched, each once, sorted."""
         return sorted({result.site.rule.id for result in self.with_status(SiteStatus.PATCHED)})
+
+
+class _ArmStatement(NamedTuple):
+    """A statement a fused arm gets: its text, the statement it copies (``None``: new), the
+    span of the node of that copy the text replaces, and whether it closes the arm."""
+
+    text: str
+    copied: tuple[int, int] | None
+    span: tuple[int, ...] | None
+    at_end: bool
+    plain: bool = False  # the copied statement as it is
+
+
+class _Spread(NamedTuple):
+    """A chain's copies: the statements copied into each arm, the arm count, the fused arms'
+    statements, the copies that close the arms instead of opening them (statements after the
+    chain) and the arms that never reach what follows the chain."""
+
+    moved: list[tuple[int, int]]
+    arms: int
+    fused: dict[int, list[_ArmStatement]]
+    late: frozenset[tuple[int, int]]
+    closed: frozenset[int]
 
 
 class _FunctionEditor(cst.CSTTransformer):
@@ -118,16 +145,11 @@ class _FunctionEditor(cst.CSTTransformer):
         self.hoists: dict[tuple[int, int], tuple[list[tuple[int, int]], int]] = {}
         self.sinks: dict[tuple[int, int], list[str]] = {}
         self.hoisted: dict[tuple[int, int], cst.SimpleStatementLine] = {}
-        # an if/elif chain -> (statements copied into each arm, arm count, the fused arms'
-        # opening statements: (text, statement copied, span of the node the text replaces))
-        self.spreads: dict[
-            tuple[int, int],
-            tuple[
-                list[tuple[int, int]],
-                int,
-                dict[int, list[tuple[str, tuple[int, int] | None, tuple[int, ...] | None]]],
-            ],
-        ] = {}
+        # an if/elif chain -> its copies (see _Spread)
+        self.spreads: dict[tuple[int, int], _Spread] = {}
+        # statements after a chain copied into its arms: LibCST reaches them after the chain,
+        # so they are taken from the original tree before the walk (visit_Module)
+        self.copied_later: set[tuple[int, int]] = set()
         self.inserted: dict[tuple[int, int], list[str]] = {}
         self.new_keywords: dict[tuple[int, int], list[str]] = {}
         # first statement -> (statements wrapped, guard, kernel arm, indentation step)
@@ -154,23 +176,28 @@ class _FunctionEditor(cst.CSTTransformer):
                 spread = plan.spread
                 for statement in spread.moved:
                     self.statements[locate(statement)] = None
-                self.spreads[locate(spread.branch)] = (
+                self.spreads[locate(spread.branch)] = _Spread(
                     [locate(s) for s in spread.moved],
                     spread.arms,
                     {
                         arm: [
-                            (
+                            _ArmStatement(
                                 start.text,
                                 locate(start.copy_of) if start.copy_of is not None else None,
                                 (*locate(start.node), *locate_end(start.node))
                                 if start.node is not None
                                 else None,
+                                start.at_end,
+                                start.plain,
                             )
                             for start in starts
                         ]
                         for arm, starts in spread.fused.items()
                     },
+                    frozenset(locate(s) for s in spread.late),
+                    frozenset(spread.closed),
                 )
+                self.copied_later.update(locate(s) for s in spread.late)
                 outer = indentation(spread.branch.lineno)
                 inner = indentation(spread.branch.body[0].lineno)
                 self.arm_indents[locate(spread.branch)] = inner[len(outer) :] or "    "
@@ -187,6 +214,34 @@ class _FunctionEditor(cst.CSTTransformer):
     def _start(self, node: cst.CSTNode) -> tuple[int, int]:
         position = self.get_metadata(PositionProvider, node).start
         return position.line, position.column
+
+    def visit_Module(self, node: cst.Module) -> bool:  # noqa: N802 - LibCST visitor name
+        """Keep aside, from the original tree, the statements after a chain that are copied
+        into its arms (the chain is rebuilt before the walk reaches them)."""
+        if not self.copied_later:
+            return True
+        editor = self
+
+        class Collect(cst.CSTVisitor):
+            def visit_SimpleStatementLine(  # noqa: N802 - LibCST visitor name
+                inner,
+                line: cst.SimpleStatementLine,  # noqa: N805 - nested visitor
+            ) -> bool:
+                for small in line.body:
+                    key = editor._start(small)
+                    if key not in editor.copied_later:
+                        continue
+                    editor.hoisted[key] = (
+                        line
+                        if len(line.body) == 1
+                        else cst.SimpleStatementLine(
+                            body=[small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)]
+                        )
+                    )
+                return False
+
+        node.visit(Collect())
+        return True
 
     _CST_TO_AST = {
         "Call": "Call",
@@ -310,7 +365,7 @@ class _FunctionEditor(cst.CSTTransformer):
     def _moved(self, key: tuple[int, int]) -> bool:
         """The statement at ``key`` moves into the arms of an ``if``: kept aside to copy."""
         return any(key in targets for targets, _ in self.hoists.values()) or any(
-            key in targets for targets, _, _ in self.spreads.values()
+            key in spread.moved for spread in self.spreads.values()
         )
 
     def _arm_start(
@@ -356,27 +411,46 @@ class _FunctionEditor(cst.CSTTransformer):
         return statement.deep_replace(found[0], replacement)  # type: ignore[return-value]
 
     def _spread(self, key: tuple[int, int], updated: cst.If) -> cst.If:
-        """Every arm of the chain starts with the moved statements, or with its fused ones."""
-        moved_keys, arms, fused = self.spreads[key]
+        """Every arm of the chain starts with the moved statements (ends with them, for those
+        after the chain), or with its fused ones."""
+        plan = self.spreads[key]
         indent = self.arm_indents[key]
 
+        def copies(late: bool) -> list[cst.BaseStatement]:
+            return [
+                self.hoisted[k].with_changes(leading_lines=())
+                for k in plan.moved
+                if (k in plan.late) == late
+            ]
+
+        def statement(start: _ArmStatement) -> cst.BaseStatement:
+            if start.plain:
+                assert start.copied is not None
+                return self.hoisted[start.copied].with_changes(leading_lines=())
+            return self._arm_start(*start[:3])
+
         def opening(arm: int) -> list[cst.BaseStatement]:
-            if arm in fused:
-                return [self._arm_start(*start) for start in fused[arm]]
-            return [self.hoisted[k].with_changes(leading_lines=()) for k in moved_keys]
+            if arm in plan.fused:
+                return [statement(s) for s in plan.fused[arm] if not s.at_end]
+            return copies(late=False)
+
+        def closing(arm: int) -> list[cst.BaseStatement]:
+            if arm in plan.fused:
+                return [statement(s) for s in plan.fused[arm] if s.at_end]
+            return copies(late=True) if arm not in plan.closed else []
 
         def extended(block: cst.BaseSuite, arm: int) -> cst.IndentedBlock:
             if isinstance(block, cst.SimpleStatementSuite):
                 block = _as_block(block, indent)
             assert isinstance(block, cst.IndentedBlock)
             body = list(block.body)
-            if len(body) == 1 and _is_pass(body[0]) and arm in fused:
+            if len(body) == 1 and _is_pass(body[0]) and arm in plan.fused:
                 body = []  # the arm's statements all went into the fused call
             head = opening(arm)
-            if body and body[0].leading_lines:  # the arm's opening comment stays on top
+            if head and body and body[0].leading_lines:  # the arm's opening comment stays on top
                 head[0] = head[0].with_changes(leading_lines=body[0].leading_lines)
                 body[0] = body[0].with_changes(leading_lines=())
-            return block.with_changes(body=[*head, *body])
+            return block.with_changes(body=[*head, *body, *closing(arm)])
 
         def arm_chain(node: cst.If, arm: int) -> cst.If:
             orelse = node.orelse
@@ -385,12 +459,16 @@ class _FunctionEditor(cst.CSTTransformer):
             elif isinstance(orelse, cst.Else):
                 orelse = orelse.with_changes(body=extended(orelse.body, arm + 1))
             else:
-                block = cst.IndentedBlock(body=opening(arm + 1), indent=indent)
+                block = cst.IndentedBlock(
+                    body=[*opening(arm + 1), *closing(arm + 1)]
+                    or [cst.SimpleStatementLine([cst.Pass()])],
+                    indent=indent,
+                )
                 orelse = cst.Else(body=block)
             return node.with_changes(body=extended(node.body, arm), orelse=orelse)
 
         spread = arm_chain(updated, 0)
-        if _chain_length(spread) != arms:
+        if _chain_length(spread) != plan.arms:
             raise Refusal(f"line {key[0]}: the branch's arms are not where the plan has them")
         return spread
 
@@ -959,23 +1037,40 @@ def plan_sites(
     for site in sites:
         if not site.applicable or site.call is not None:  # call sites: see _call_edits
             continue
-        try:
-            site_plans = [planner.plan(site)]
-            for instance in site.instances:
-                extra = planner.plan(instance)
-                site_plans[0].imports |= extra.imports
-                if _same_helper_edit(site_plans[0], extra):
-                    extra.companions = []
-                site_plans.append(extra)
-        except AlreadyPatched:
+        # A site reached through several calls (an MLM head two task heads call) is edited
+        # through each call that allows it; the others keep the original, named in the summary.
+        site_plans: list[Plan] = []
+        refused: list[tuple[Site, Refusal]] = []
+        patched_before = False
+        for candidate in (site, *site.instances):
+            try:
+                site_plans.append(planner.plan(candidate))
+            except AlreadyPatched:
+                patched_before = True
+            except Refusal as refusal:
+                refused.append((candidate, refusal))
+        if not site_plans:
+            if not patched_before:
+                results.append(SiteResult.skipped(site, SkipReason.UNSAFE, str(refused[0][1])))
             continue
-        except Refusal as refusal:
-            results.append(SiteResult.skipped(site, SkipReason.UNSAFE, str(refusal)))
-            continue
-        for extra in site_plans[1:]:
+        main, extras = site_plans[0], site_plans[1:]
+        for extra in extras:
+            main.imports |= extra.imports
+            if _same_helper_edit(main, extra):
+                extra.companions = []
             extra.instance_of = site
+        if refused:
+            main.summary += "".join(f"; not through {_caller(c)}: {r}" for c, r in refused)
         plans.extend(site_plans)
     return planner, plans, results
+
+
+def _caller(site: Site) -> str:
+    """The function a site's match runs from (its steps inlined least deep)."""
+    step = min(site.steps, key=lambda s: len(s.inline_chain), default=None)
+    if step is None:
+        return f"line {site.line}"
+    return f"{step.cls}.{step.method}" if step.cls else step.method
 
 
 def rewrite_source(
@@ -1064,7 +1159,8 @@ def rewrite_source(
             if done.instance_of is None:
                 results.append(SiteResult.patched(done.site, plan.summary))
     results.extend(patched_calls)
-    return FileRewrite(path, text, patched, _ordered(results))
+    reopened = any(plan.reopens for plan in plans)
+    return FileRewrite(path, text, patched, _ordered(results), reopened=reopened)
 
 
 def _call_edits(

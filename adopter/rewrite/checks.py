@@ -45,6 +45,7 @@ from .source import (
     has_call,
     is_plain_assignment,
     mutated_names,
+    outer_block,
     read_names,
 )
 
@@ -597,15 +598,16 @@ def check_moved_calls(
 def _moves_whole(
     hoist: tuple[list[ast.stmt], ast.If, int], owner: ast.stmt, final: ast.stmt, blocks: Blocks
 ) -> bool:
-    """A statement moved into the arms of the ``if`` right after it runs at the same point
-    when the fused statement opens its arm (the condition was checked to call nothing)."""
+    """A statement moved into the arms of the ``if`` after it runs at the same point when the
+    fused statement opens its arm: only statements that move too lie between them (the
+    residual add after a helper's call), and the condition was checked to call nothing."""
     moved, branch, arm = hoist
     arm_body = branch.body if arm == 0 else branch.orelse
     return (
         any(owner is statement for statement in moved)
         and bool(arm_body)
         and arm_body[0] is final
-        and not list(blocks.between(owner, branch))
+        and all(any(s is m for m in moved) for s in blocks.between(owner, branch))
     )
 
 
@@ -624,25 +626,29 @@ def check_arm_chain(
     source: SourceText, blocks: Blocks, statements_of: list[list[ast.stmt | None]]
 ) -> Refusal | None:
     """Statements of several results that sit in different blocks are rewritten across arms
-    (paper Fig. 4) only in one shape: each match's statements either sit in the block of its
-    first one, before an ``if``/``elif`` chain of that block, each holding one result, the
-    same statements for every match, or directly in one arm of that chain, a different arm
-    for each match."""
+    (paper Fig. 4) only in one shape: each match's statements either sit in one block (the
+    shared ones), all before or all after an ``if``/``elif`` chain of that block, each holding
+    one result, the same statements for every match, or directly in one arm of that chain, a
+    different arm for each match."""
     first_match = statements_of[0]
     lines = ", ".join(str(s.lineno) for s in first_match if s is not None)
     different = f"the fused assignments (lines {lines}) sit in different blocks"
     if any(s is None for match in statements_of for s in match):
         return Refusal(different)
-    block = blocks.block_of(first_match[0])[0]  # type: ignore[arg-type]
+    block = outer_block(blocks, first_match)  # type: ignore[arg-type]
+    if block is None:
+        return Refusal(f"{different}, not in the arms of one `if` beside the others")
     shared = [s for s in first_match if blocks.block_of(s)[0] is block]  # type: ignore[arg-type]
     if len({id(s) for s in shared}) != len(shared):
         return Refusal(f"{different}, and one statement holds two of them")
-    last_shared = max(blocks.block_of(s)[1] for s in shared)  # type: ignore[arg-type]
     rest = [s for s in first_match if not any(s is m for m in shared)]
-    after = block[last_shared + 1 :]
-    branch = next((s for s in after if encloses(s, rest[0])), None) if rest else None
+    branch = next((s for s in block if encloses(s, rest[0])), None) if rest else None  # type: ignore[arg-type]
     if not isinstance(branch, ast.If):
-        return Refusal(f"{different}, not in the arms of an `if` after the first")
+        return Refusal(f"{different}, not in the arms of one `if` beside the others")
+    where = block.index(branch)
+    sides = {blocks.block_of(s)[1] < where for s in shared}  # type: ignore[arg-type]
+    if len(sides) != 1:
+        return Refusal(f"{different}, on both sides of the branch at line {branch.lineno}")
     _, bodies = chain_arms(source.lines, branch)
     used: set[int] = set()
     for match in statements_of:
@@ -663,6 +669,41 @@ def check_arm_chain(
         if arms & used:
             return Refusal(f"{different}; two matches share the arm of line {in_arm[0].lineno}")  # type: ignore[union-attr]
         used |= arms
+    return None
+
+
+@check
+def check_some_arm_fuses(branch: ast.If, fused: list[int]) -> Refusal | None:
+    """Of the arms of the ``if`` between the projections, one at least keeps the input (and
+    falls through): there the three are one tensor's."""
+    if not fused:
+        return Refusal(
+            f"line {branch.lineno}: every arm of the branch between the projections changes "
+            "their input"
+        )
+    return None
+
+
+@check
+def check_carried(statement: ast.stmt, inputs: set[str]) -> Refusal | None:
+    """A statement that moves into the arms with the shared ones (it uses what they set) is a
+    simple one, and changes no input of the fused call: the fused call, which now runs before
+    it, reads the inputs the arms' projections read after it."""
+    simple = isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr))
+    if not simple or any(isinstance(n, _CONTROL) for n in ast.walk(statement)):
+        return Refusal(f"line {statement.lineno} uses what would move, and is not a simple line")
+    if (assigned_names(statement) | mutated_names(statement)) & inputs:
+        return Refusal(f"line {statement.lineno} changes an input of the fused call")
+    return None
+
+
+@check
+def check_arm_keeps_inputs(body: list[ast.stmt], inputs: set[str]) -> Refusal | None:
+    """A statement after a chain that is fused at the start of an arm ran after the whole arm:
+    no statement of the arm may change an input (rebound, or changed in place)."""
+    for statement in body:
+        if (assigned_names(statement) | mutated_names(statement)) & inputs:
+            return Refusal(f"line {statement.lineno} changes an input of the fused call")
     return None
 
 
@@ -705,6 +746,92 @@ def check_one_holder(name: str, holders: list[str]) -> Refusal | None:
             f"a copy of `{name}` among the fused assignments leaves it under {len(holders)} names"
         )
     return None
+
+
+@check
+def check_distinct_calls(steps: list[FlowStep]) -> Refusal | None:
+    """The results come from calls of their own: three projections that are one call of a
+    wrapper module reached three times (``return self.linear(x)`` in the module each of
+    ``q_proj``, ``k_proj`` and ``v_proj`` is) have no three places to fuse."""
+    if len({id(step.node) for step in steps}) != len(steps):
+        line = steps[0].line
+        return Refusal(
+            f"line {line}: the projections are one call of a module reached once for each; "
+            "not rewritten"
+        )
+    return None
+
+
+@check
+def check_runs_with_its_statement(step: FlowStep) -> Refusal | None:
+    """A result the fused call computes ahead of its statement is computed whenever that
+    statement runs, or in one arm of a conditional expression (see :func:`path_conditions`):
+    not after a short-circuit operand, nor in a lambda or comprehension."""
+    statement, node = step.statement, step_expression(step)
+    if statement is None:
+        return None
+    path = _path_to(statement, node)
+    for parent, child in zip(path, path[1:]):
+        conditional = (
+            (isinstance(parent, ast.BoolOp) and child is not parent.values[0])
+            or isinstance(parent, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp))
+            or isinstance(parent, ast.GeneratorExp)
+        )
+        if conditional:
+            return Refusal(f"line {step.line}: the projection runs only on some paths of its line")
+    return None
+
+
+def path_conditions(step: FlowStep) -> list[tuple[ast.expr, bool]]:
+    """The tests of the conditional expressions whose arm holds the step's call, each with the
+    arm (``True``: the body): ``v = self.v_proj(h) if self.v_proj is not None else k`` calls
+    ``v_proj`` only where its test holds."""
+    statement, node = step.statement, step_expression(step)
+    if statement is None:
+        return []
+    path = _path_to(statement, node)
+    return [
+        (parent.test, child is parent.body)
+        for parent, child in zip(path, path[1:])
+        if isinstance(parent, ast.IfExp) and child is not parent.test
+    ]
+
+
+@check
+def check_one_guard(identity: str | None) -> Refusal | None:
+    """A fused call guarded by a conditional projection's test has no identity test besides."""
+    if identity is not None:
+        return Refusal("a conditional projection and an input chosen on some paths: not rewritten")
+    return None
+
+
+@check
+def check_one_condition(
+    function: ast.FunctionDef, conditions: list[list[tuple[ast.expr, bool]]]
+) -> Refusal | None:
+    """The projections that run in an arm of a conditional expression all run in the same arm
+    of the same test, one level deep, and that test can be evaluated where the fused call is:
+    it calls nothing and reads nothing the function assigns (``self.v_proj is not None``)."""
+    held = [c for c in conditions if c]
+    if any(len(c) != 1 for c in held) or len({(ast.dump(c[0][0]), c[0][1]) for c in held}) != 1:
+        return Refusal("the projections run in the arms of different conditional expressions")
+    test = held[0][0][0]
+    if has_call(test) or read_names(test) & assigned_names(function):
+        return Refusal(
+            f"line {test.lineno}: the conditional projection's test cannot be evaluated ahead"  # type: ignore[attr-defined]
+        )
+    return None
+
+
+def _path_to(root: ast.AST, node: ast.AST) -> list[ast.AST]:
+    """The nodes from ``root`` down to ``node`` (empty when it is not inside)."""
+    if root is node:
+        return [root]
+    for child in ast.iter_child_nodes(root):
+        found = _path_to(child, node)
+        if found:
+            return [root, *found]
+    return []
 
 
 @check
@@ -955,6 +1082,229 @@ def check_helper_tail(
     return None
 
 
+# -- a submodule's work copied into the caller (rewrite/inline.py) ---------------------------
+@check
+def check_module_helper_call(owner: str, calls: list[ast.Call]) -> Refusal | None:
+    """The submodule whose work the kernel arm copies is called once by the edited function
+    (the kernel arm replaces that one call)."""
+    if len(calls) != 1:
+        how = "not called directly" if not calls else "called more than once"
+        return Refusal(f"{owner}() is {how} by the function the replacement edits")
+    return None
+
+
+@check
+def check_same_file(
+    helper: ast.FunctionDef, inner: list[FlowStep], outer: list[FlowStep]
+) -> Refusal | None:
+    """The submodule is a class of the edited file: the globals its copied statements read
+    are the caller's."""
+    if len({step.path for step in [*inner, *outer]}) != 1:
+        return Refusal(f"{helper.name}() belongs to a class of another file; not copied")
+    return None
+
+
+@check
+def check_helper_ends_with_match(
+    helper: ast.FunctionDef, tail: list[ast.stmt], statements: list[ast.stmt], final: ast.expr
+) -> Refusal | None:
+    """From its first matched statement on, the helper does only matched work, or names the
+    matched value again (``prediction_scores = hidden_states``), and returns the last matched
+    value (``final``) there, its only ``return``."""
+    if sum(isinstance(n, ast.Return) for n in ast.walk(helper)) != 1:
+        return Refusal(f"{helper.name}() returns in several places")
+    aliases: dict[str, ast.expr] = {}
+    for statement in tail[:-1]:
+        if any(statement is s for s in statements):
+            if isinstance(statement, ast.Assign) and len(statement.targets) == 1:
+                target = statement.targets[0]
+                if isinstance(target, ast.Name):
+                    aliases[target.id] = statement.value
+            continue
+        if (
+            isinstance(statement, ast.Assign)
+            and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name)
+            and isinstance(statement.value, ast.Name)
+        ):
+            aliases[statement.targets[0].id] = aliases.get(statement.value.id, statement.value)
+            continue
+        return Refusal(
+            f"line {statement.lineno}: {helper.name}() does more after the matched "
+            "computation starts"
+        )
+    last = tail[-1] if tail else None
+    returned = last.value if isinstance(last, ast.Return) else None
+    while isinstance(returned, ast.Name) and returned.id in aliases:
+        returned = aliases.pop(returned.id)
+    if returned is not final:
+        return Refusal(f"{helper.name}() does not end by returning the matched value")
+    return None
+
+
+_NOT_COPIED = (
+    ast.Lambda,
+    ast.ListComp,
+    ast.SetComp,
+    ast.DictComp,
+    ast.GeneratorExp,
+    ast.NamedExpr,
+    ast.Yield,
+    ast.YieldFrom,
+    ast.Await,
+    ast.Starred,
+)
+
+
+@check
+def check_copyable_prefix(helper: ast.FunctionDef, prefix: list[ast.stmt]) -> Refusal | None:
+    """The helper's statements before the match can be copied into the caller: each binds one
+    name to a value (no other scope, no control flow), and ``self`` only reaches attributes."""
+    for statement in prefix:
+        plain = (
+            isinstance(statement, ast.Assign)
+            and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name)
+        ) or (
+            isinstance(statement, ast.AnnAssign)
+            and statement.value is not None
+            and isinstance(statement.target, ast.Name)
+        )
+        parents = {
+            id(child): node for node in ast.walk(statement) for child in ast.iter_child_nodes(node)
+        }
+        bare_self = any(
+            isinstance(node, ast.Name)
+            and node.id == "self"
+            and not isinstance(parents.get(id(node)), ast.Attribute)
+            for node in ast.walk(statement)
+        )
+        if not plain or bare_self or any(isinstance(n, _NOT_COPIED) for n in ast.walk(statement)):
+            return Refusal(
+                f"line {statement.lineno}: {helper.name}() does work before the match that is "
+                "not copied into its caller"
+            )
+    return None
+
+
+@check
+def check_operand_copyable(variable: str, node: ast.expr, later: set[str]) -> Refusal | None:
+    """A helper's value the kernel arm reads is computed by the statements copied before the
+    match, not by the matched ones (``later``: the names those bind)."""
+    late = read_names(node) & later
+    if late:
+        names = ", ".join(f"`{n}`" for n in sorted(late))
+        return Refusal(f"${variable} reads {names}, which the submodule sets among the matched")
+    return None
+
+
+@check
+def check_helper_arguments(
+    helper: ast.FunctionDef,
+    call: ast.Call,
+    wanted: list[str],
+    given: dict[str, ast.expr],
+    defaults: dict[str, ast.expr],
+) -> Refusal | None:
+    """The kernel arm evaluates the call's arguments as the call did, once: none may call
+    anything (one it does not read would not run at all), none is unpacked, and each parameter
+    the copied statements read (``wanted``) is given or left at a constant default."""
+    if any(isinstance(a, ast.Starred) for a in call.args) or any(
+        k.arg is None for k in call.keywords
+    ):
+        return Refusal(f"line {call.lineno}: {helper.name}() is called with unpacked arguments")
+    for name, value in given.items():
+        if has_call(value):
+            return Refusal(
+                f"line {call.lineno}: the argument for `{name}` of {helper.name}() calls "
+                "something; not copied"
+            )
+    for name in wanted:
+        if name not in given and not isinstance(defaults.get(name), ast.Constant):
+            return Refusal(
+                f"line {call.lineno}: {helper.name}() reads `{name}`, which the call does not give"
+            )
+    return None
+
+
+@check
+def check_globals_kept(
+    helper: ast.FunctionDef, globals_read: set[str], caller_bound: set[str]
+) -> Refusal | None:
+    """No global the copied statements read is a local of the caller."""
+    shadowed = globals_read & caller_bound
+    if shadowed:
+        names = ", ".join(f"`{n}`" for n in sorted(shadowed))
+        return Refusal(f"the caller binds {names}, which {helper.name}() reads as a global")
+    return None
+
+
+# -- a match whose later calls each sit in an ``if`` (rewrite/conditioned.py) ----------------
+@check
+def check_condition_first(branch: ast.If, before: list[ast.stmt]) -> Refusal | None:
+    """An ``if`` around a matched statement is tested before the first of them now: its test
+    calls nothing and reads nothing the statements before it assign."""
+    if has_call(branch.test):
+        return Refusal(f"line {branch.lineno}: the condition calls something")
+    changed = set().union(set(), *(assigned_names(s) | mutated_names(s) for s in before))
+    read = read_names(branch.test) & changed
+    if read:
+        names = ", ".join(f"`{n}`" for n in sorted(read))
+        return Refusal(
+            f"line {branch.lineno}: the condition reads {names}, set by the matched statements"
+        )
+    return None
+
+
+@check
+def check_inputs_not_moved(moved_calls: list[ast.stmt]) -> Refusal | None:
+    """The kernel's inputs are values, not calls it would evaluate in the test's place."""
+    if moved_calls:
+        return Refusal(f"line {moved_calls[0].lineno}: an input with a call would move")
+    return None
+
+
+@check
+def check_one_copied_helper(helper: ast.FunctionDef, earlier: object) -> Refusal | None:
+    """At most one submodule's work is copied into a kernel arm."""
+    if earlier is not None:
+        return Refusal(f"{helper.name}(): a second submodule's work would be copied; not rewritten")
+    return None
+
+
+@check
+def check_helper_result_named(
+    step: FlowStep, result_of: FlowStep | None, holder: ast.stmt, call: ast.Call
+) -> Refusal | None:
+    """A value the kernel arm binds that a copied submodule computed is the one it returns,
+    and the caller binds that call's result to one name (``scores = self.lm_head(x)``)."""
+    if step is not result_of:
+        return Refusal(f"line {step.line}: the kernel arm would bind a value local to a submodule")
+    if not (
+        isinstance(holder, ast.Assign)
+        and holder.value is call
+        and len(holder.targets) == 1
+        and isinstance(holder.targets[0], ast.Name)
+    ):
+        return Refusal(f"line {holder.lineno}: the submodule's result is not bound to a name")
+    return None
+
+
+@check
+def check_arguments_unchanged(
+    wrapped: list[ast.stmt], holder: ast.stmt, call: ast.Call
+) -> Refusal | None:
+    """The kernel arm runs where the range starts and its copied statements read the call's
+    arguments: nothing of the range before the call may rebind them."""
+    names = set().union(set(), *(read_names(a) for a in [*call.args, *call.keywords]))
+    for statement in wrapped:
+        if contains(statement, holder):
+            return None
+        if assigned_names(statement) & names:
+            return Refusal(f"line {statement.lineno} rebinds an argument of the submodule's call")
+    return None
+
+
 @check
 def check_result_followed(found: object) -> Refusal | None:
     """The call of the helper whose result the caller's matched computation reads was found."""
@@ -1112,17 +1462,35 @@ def check_unpacked_reads(
         for node in ast.walk(function)
         if isinstance(node, (ast.For, ast.AsyncFor, ast.While)) and contains(node, statement)
     ]
+    rebound = {} if loops else _rebound_after(function, statement, names)
     for node in ast.walk(function):
         if isinstance(node, ast.Name) and node.id in names and isinstance(node.ctx, ast.Load):
             later = (node.lineno, node.col_offset) >= end
             if not later and not any(contains(loop, node) for loop in loops):
                 continue
+            if node.id in rebound and any(contains(s, node) for s in rebound[node.id]):
+                continue  # reads a later binding of the name (``h = act(g) * h`` then ``fc2(h)``)
             if not any(contains(m, node) for m in matched):
                 return Refusal(
                     f"line {node.lineno}: `{node.id}`, unpacked at line {statement.lineno}, "
                     "is also read where the match does not run"
                 )
     return None
+
+
+def _rebound_after(
+    function: ast.FunctionDef, statement: ast.stmt, names: set[str]
+) -> dict[str, list[ast.stmt]]:
+    """For each of ``names``, the statements of ``statement``'s block after the first plain
+    assignment there that rebinds it: whatever they read of it is that later binding."""
+    body, index, _, _ = Blocks(function).block_of(statement)
+    found: dict[str, list[ast.stmt]] = {}
+    for position in range(index + 1, len(body)):
+        later = body[position]
+        if isinstance(later, (ast.Assign, ast.AnnAssign)):
+            for name in assigned_names(later) & names:
+                found.setdefault(name, body[position + 1 :])
+    return found
 
 
 def _unmatched_value(node: ast.AST, matched: list[ast.expr]) -> bool:
@@ -1149,8 +1517,15 @@ def check_only_matched_work(
     replacement's value. In a guarded range (``guarded``) no statement assigns a value the
     match did not compute either."""
     for statement in wrapped:
+        # a local variable's annotation is never evaluated (``loss: Tensor | None = None``)
+        annotations = {
+            id(part)
+            for node in ast.walk(statement)
+            if isinstance(node, ast.AnnAssign)
+            for part in ast.walk(node.annotation)
+        }
         for node in ast.walk(statement):
-            if node is final_return:
+            if node is final_return or id(node) in annotations:
                 continue
             if isinstance(node, _CONTROL) or isinstance(node, (ast.FunctionDef, ast.ClassDef)):
                 return Refusal(
@@ -1249,10 +1624,13 @@ def check_arm_reads_unchanged(
     wrapped: list[ast.stmt],
     guard: PatternStep | None,
     body: tuple[PatternStep, ...],
+    computed: frozenset[str] = frozenset(),
 ) -> Refusal | None:
     """The kernel arm runs where the range starts: each value it reads must be the one the
-    matched call that read it saw (no statement of the range assigns it before that call)."""
-    changed = _changed_before_read(site, site.steps, holders, wrapped, guard, body)
+    matched call that read it saw (no statement of the range assigns it before that call),
+    unless the kernel arm computes it first itself (``computed``: the cap read from the
+    configuration)."""
+    changed = _changed_before_read(site, site.steps, holders, wrapped, guard, body) - computed
     if changed:
         return Refusal(
             "the kernel arm reads "
@@ -1366,11 +1744,14 @@ def check_edit(
         for node in moved:
             kept.setdefault(ast.dump(node), 0)
         if plan.spread is not None:
-            # copied unchanged into each arm that does not fuse: one arm runs on a path
+            # copied unchanged into each arm that does not fuse (the carried ones into every
+            # arm): one arm runs on a path
             copies = plan.spread.arms - len(plan.spread.fused)
             for node in plan.spread.moved:
                 dumped = ast.dump(node)
-                kept[dumped] = kept.get(dumped, 0) + copies - 1
+                carried = any(node is c for c in plan.spread.carried)
+                extra = plan.spread.arms if carried else copies
+                kept[dumped] = kept.get(dumped, 0) + extra - 1
     before = _dump_counts(old, set(removed) | set(kept))
     after = _dump_counts(new, set(removed) | set(kept))
     for dumped, count in removed.items():

@@ -63,7 +63,9 @@ def rewrite_text(text: str, path: str, matcher: Matcher, *, modular: bool = Fals
         return replace(inner, original=text, patched=inner.patched.replace("\n", newline))
     rounds = [rewrite_once(text, path, matcher, modular)]
     to_original: list[Callable[[int], int]] = [lambda line: line]
-    while rounds[-1].changed and any(r.status is SiteStatus.SKIPPED for r in rounds[-1].results):
+    while rounds[-1].changed and (
+        rounds[-1].reopened or any(r.status is SiteStatus.SKIPPED for r in rounds[-1].results)
+    ):
         current = rounds[-1].patched
         try:
             following = rewrite_once(current, path, matcher, modular)
@@ -132,10 +134,16 @@ def _merge_rounds(
 ) -> list[SiteResult]:
     """One list of results over all rounds, in lines of the original text: every patched site;
     the skipped and covered ones of the last round (their reasons still hold); and those of
-    earlier rounds that no later round saw again (a site another rewrite took away)."""
+    earlier rounds that no later round saw again (a site another rewrite took away).
+
+    A later round's skip of a site the first round did not have is left out: the earlier
+    rounds' edits made it (the other arm a fused norm left behind now meets a norm that the
+    original's overlapping site did not take), scan never reported it, and apply skipping it
+    leaves the file as scan saw it there."""
     merged: list[SiteResult] = []
     seen_later: Counter[tuple[str, int]] = Counter()
     last = len(rounds) - 1
+    original = {(result.site.rule.id, to_original[0](result.line)) for result in rounds[0]}
     for index in range(last, -1, -1):
         to_line = to_original[index]
         mapped = [_in_original(result, to_line) for result in rounds[index]]
@@ -143,6 +151,8 @@ def _merge_rounds(
         # of one line, one covered here and one skipped for overlapping, seen once more later)
         for result in sorted(mapped, key=lambda r: r.status is not SiteStatus.SKIPPED):
             key = (result.site.rule.id, result.line)
+            if index and result.status is SiteStatus.SKIPPED and key not in original:
+                continue
             if result.status is SiteStatus.PATCHED or index == last:
                 merged.append(result)
             elif seen_later[key]:

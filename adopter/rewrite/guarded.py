@@ -35,12 +35,15 @@ from ..dsl.syntax import Step as PatternStep
 from ..extract.model import Step as FlowStep
 from ..match.matcher import Site
 from .checks import (
+    check_arguments_unchanged,
     check_arm_reads_unchanged,
     check_arm_sets_what_is_read,
     check_assigned_plainly,
     check_helper_called_once,
+    check_helper_result_named,
     check_in_block,
     check_inlined_alike,
+    check_one_copied_helper,
     check_one_root,
     check_only_matched_work,
     check_renderable_step,
@@ -52,7 +55,8 @@ from .checks import (
     require,
     step_expression,
 )
-from .source import Blocks, contains
+from .inline import InlinedHelper, module_helper
+from .source import Blocks, assigned_names, contains, read_names
 
 if TYPE_CHECKING:
     from .plan import Plan, Planner
@@ -69,24 +73,45 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
     steps = site.steps
     pattern = site.rule.forward.steps  # type: ignore[union-attr]
     require(check_statements_matched(steps))
-    function, holders, helper_calls = _root_and_holders(planner, steps)
+    function, holders, helper_calls, inlined = _root_and_holders(planner, site, steps)
     plan = Plan(site=site, function=function)
     blocks = planner.blocks(function)
     wrapped = _wrapped_range(planner, blocks, steps, holders, guard)
     matched_nodes = [step_expression(s) for s in steps] + helper_calls
-    # ``loss_fct = CrossEntropyLoss()`` among them: a matched module built where it is used.
-    allowed = matched_nodes + _modules_built_in(site, function)
     final_return = wrapped[-1] if isinstance(wrapped[-1], ast.Return) else None
+    module_text = inlined.module_text if inlined is not None else None
+    planner.render.var_text = dict(inlined.var_text) if inlined is not None else {}
+    try:
+        lines, bound = _kernel_arm(planner, site, plan, body, final_return, inlined, function)
+        guard_text = (
+            planner.render.call(guard, site, plan, pattern[-1], steps[-1], module_text)
+            if guard
+            else "True"
+        )
+    finally:
+        planner.render.var_text = {}
+    # ``loss_fct = CrossEntropyLoss()`` among them: a matched module built where it is used;
+    # and what the kernel arm reads that the range computes from outside the match (the cap
+    # read from the configuration), which the kernel arm computes first too
+    setups = _setups(planner, wrapped, matched_nodes, lines, guard_text)
+    allowed = matched_nodes + _modules_built_in(site, function) + [n for _, _, n in setups]
     require(
         check_only_matched_work(
             planner.source, wrapped, allowed, final_return, guarded=guard is not None
         )
     )
-    lines, bound = _kernel_arm(planner, site, plan, body, final_return)
-    guard_text = planner.render.call(guard, site, plan, pattern[-1], steps[-1]) if guard else "True"
+    lines = [f"{name} = {planner.source.segment(value)}" for name, value, _ in setups] + lines
+    bound |= {name for name, _, _ in setups}
+    if inlined is not None:  # the copied statements read the call's arguments where it ran
+        holder = planner.statement_containing(function, inlined.call)
+        require(check_arguments_unchanged(wrapped, holder, inlined.call))
+        lines = [*inlined.lines, *lines]
+        bound |= inlined.bound
+        plan.reopens = bool(inlined.lines)  # the copied statements may hold other sites
     planner.render.moved_calls = []  # arguments are evaluated where the range began: the same
     require(check_arm_sets_what_is_read(function, wrapped, bound, blocks))
-    require(check_arm_reads_unchanged(site, holders, wrapped, guard, body))
+    computed = frozenset(name for name, _, _ in setups)
+    require(check_arm_reads_unchanged(site, holders, wrapped, guard, body, computed))
 
     outer = planner.source.indentation(function.lineno)
     inner = planner.source.indentation(function.body[0].lineno)
@@ -97,6 +122,52 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
         f"if {guard_text}: ..." if guard else "; ".join(lines)
     )
     return plan
+
+
+def _setups(
+    planner: Planner,
+    wrapped: list[ast.stmt],
+    matched: list[ast.expr],
+    lines: list[str],
+    guard_text: str,
+) -> list[tuple[str, ast.expr, ast.AST]]:
+    """The values the range binds, outside the match, that the kernel arm reads (T5Gemma's
+    ``decoder_config = self.get_decoder().config``, Gemma 3n's ``(cap := ...) is not None``):
+    each a name bound once in the range, by an assignment of its own or a ``:=`` in a
+    condition, from nothing the range assigns before it and nothing the match computes, so the
+    kernel arm can compute it first. Each comes as (name, value, node the checks allow)."""
+    read = set().union(set(), *(read_names(ast.parse(line)) for line in lines))
+    guard_reads = read_names(ast.parse(guard_text, mode="eval"))
+    bound = [
+        n.id
+        for s in wrapped
+        for n in ast.walk(s)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+    ]
+    before: set[str] = set()
+    found: list[tuple[str, ast.expr, ast.AST]] = []
+    for statement in wrapped:
+        candidates: list[tuple[str, ast.expr, ast.AST]] = []
+        if (
+            isinstance(statement, ast.Assign)
+            and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name)
+        ):
+            candidates.append((statement.targets[0].id, statement.value, statement.value))
+        for node in ast.walk(statement):
+            if isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
+                candidates.append((node.target.id, node.value, node))
+        for name, value, node in candidates:
+            if (
+                name in read
+                and name not in guard_reads
+                and bound.count(name) == 1
+                and not read_names(value) & before
+                and not any(contains(value, m) or contains(m, value) for m in matched)
+            ):
+                found.append((name, value, node))
+        before |= assigned_names(statement)
+    return found
 
 
 def _wrapped_range(
@@ -138,23 +209,30 @@ def _kernel_arm(
     plan: Plan,
     body: tuple[PatternStep, ...],
     final_return: ast.Return | None,
+    inlined: InlinedHelper | None = None,
+    function: ast.FunctionDef | None = None,
 ) -> tuple[list[str], set[str]]:
     """The kernel arm's lines, each target bound to the name its producer's statement
-    assigns, and the names they bind."""
+    assigns (a value a copied submodule returns: the name its call is assigned to), and the
+    names they bind."""
     pattern = site.rule.forward.steps  # type: ignore[union-attr]
     producer = {t.name: (p, s) for p, s in zip(pattern, site.steps, strict=True) for t in p.targets}
+    module_text = inlined.module_text if inlined is not None else None
     lines: list[str] = []
     bound: set[str] = set()
     for new_step in body:
         require(check_targets_named(new_step, producer))
-        names = [_bound_name(producer[t.name][1], final_return) for t in new_step.targets]
+        names = [
+            _bound_name(producer[t.name][1], final_return, planner, inlined, function)
+            for t in new_step.targets
+        ]
         require(check_return_last(names, new_step, body))
         require(check_renderable_step(new_step))
         if isinstance(new_step.callee, Literal):
             value = repr(new_step.callee.value)
         else:
             pattern_step, step = producer[new_step.targets[-1].name]
-            value = planner.render.call(new_step, site, plan, pattern_step, step)
+            value = planner.render.call(new_step, site, plan, pattern_step, step, module_text)
         name = ", ".join(names)
         lines.append(f"return {value}" if names == ["return"] else f"{name} = {value}")
         bound.update(names)
@@ -162,8 +240,20 @@ def _kernel_arm(
     return lines, bound
 
 
-def _bound_name(step: FlowStep, final_return: ast.Return | None) -> str:
-    """The name the matched statement of ``step`` binds its value to (``return``: returned)."""
+def _bound_name(
+    step: FlowStep,
+    final_return: ast.Return | None,
+    planner: Planner | None = None,
+    inlined: InlinedHelper | None = None,
+    function: ast.FunctionDef | None = None,
+) -> str:
+    """The name the matched statement of ``step`` binds its value to (``return``: returned);
+    for the value a copied submodule returns, the name its call's result is bound to."""
+    if inlined is not None and step.function is not function:
+        assert planner is not None and function is not None
+        holder = planner.statement_containing(function, inlined.call)
+        require(check_helper_result_named(step, inlined.result_of, holder, inlined.call))
+        return holder.targets[0].id  # type: ignore[attr-defined]
     node = step_expression(step)
     if step.statement is final_return and final_return.value is node:  # type: ignore[union-attr]
         return "return"
@@ -175,15 +265,17 @@ def _bound_name(step: FlowStep, final_return: ast.Return | None) -> str:
 
 
 def _root_and_holders(
-    planner: Planner, steps: list[FlowStep]
-) -> tuple[ast.FunctionDef, list[ast.stmt], list[ast.expr]]:
+    planner: Planner, site: Site, steps: list[FlowStep]
+) -> tuple[ast.FunctionDef, list[ast.stmt], list[ast.expr], InlinedHelper | None]:
     """The function the replacement edits, the statement of it that runs each matched step,
-    and the calls of helpers whose matched steps it runs.
+    the calls of helpers whose matched steps it runs, and the submodule whose work before the
+    match the kernel arm copies (see :mod:`.inline`), if any.
 
     All steps in one function: that function and their statements. Otherwise the function of
     the steps inlined least deep, and for a step in a helper it calls (``self._norm(x)``), the
     statement holding the one call of that helper; a helper must be called once there, lie one
-    call deeper, and do nothing but matched work (so the replacement may skip its call)."""
+    call deeper, and do nothing but matched work (so the replacement may skip its call), or be
+    a submodule's ``forward`` whose work before the match the kernel arm can copy."""
     shallow = min(len(s.inline_chain) for s in steps)
     roots = {id(s.function): s.function for s in steps if len(s.inline_chain) == shallow}
     require(check_one_root(roots))  # type: ignore[arg-type]
@@ -192,6 +284,7 @@ def _root_and_holders(
     matched = [step_expression(s) for s in steps]
     holders: list[ast.stmt] = []
     calls: dict[int, ast.expr] = {}
+    inlined: InlinedHelper | None = None
     for step in steps:
         require(check_inlined_alike(step, function, shallow, chain))  # type: ignore[arg-type]
         if step.function is function:
@@ -202,10 +295,18 @@ def _root_and_holders(
         call = calls.get(id(helper))
         if call is None:
             sites = _calls_of(function, helper)  # type: ignore[arg-type]
-            require(check_helper_called_once(helper, sites, matched))
-            call = calls[id(helper)] = sites[0]
+            copied = (
+                None if sites else module_helper(planner.source, site, function, helper)  # type: ignore[arg-type]
+            )
+            if copied is not None:
+                require(check_one_copied_helper(helper, inlined))
+                inlined = copied
+                call = calls[id(helper)] = copied.call
+            else:
+                require(check_helper_called_once(helper, sites, matched))
+                call = calls[id(helper)] = sites[0]
         holders.append(planner.statement_containing(function, call))  # type: ignore[arg-type]
-    return function, holders, list(calls.values())  # type: ignore[return-value]
+    return function, holders, list(calls.values()), inlined  # type: ignore[return-value]
 
 
 def _calls_of(function: ast.FunctionDef, helper: ast.FunctionDef) -> list[ast.Call]:

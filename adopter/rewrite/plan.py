@@ -33,14 +33,16 @@ from ..dsl.syntax import Step as PatternStep
 from ..extract.model import Step as FlowStep
 from ..match.matcher import Site
 from .across import plan_across_call
-from .arms import Spread, plan_tuple_across_arms
+from .arms import Spread, plan_tuple_across_arms, plan_tuple_around_branch
 from .checks import (
+    Refusal,
     check_arm_keeps_values,
     check_between,
     check_between_untouched,
     check_condition_stays,
     check_consecutive,
     check_construction_site,
+    check_distinct_calls,
     check_dropped_arguments,
     check_elements_lead,
     check_expanded_by_a_call,
@@ -60,12 +62,15 @@ from .checks import (
     check_one_block,
     check_one_branch,
     check_one_chain,
+    check_one_condition,
+    check_one_guard,
     check_one_holder,
     check_one_result_each,
     check_one_spelling,
     check_outputs_of_pattern,
     check_rest_outside,
     check_rewrites,
+    check_runs_with_its_statement,
     check_sequential_call,
     check_sequential_elements,
     check_simple_statement,
@@ -78,11 +83,13 @@ from .checks import (
     check_unpacked_reads,
     identity_guard,
     input_names,
+    path_conditions,
     require,
     spelling_names,
     step_expression,
     step_input_names,
 )
+from .conditioned import plan_conditioned
 from .guarded import plan_guarded
 from .render import (
     SEQUENTIAL_INPUT,
@@ -156,6 +163,8 @@ class Plan:
     touched: list[ast.AST] = field(default_factory=list)
     statements: list[ast.stmt] = field(default_factory=list)  # every statement edited
     summary: str = ""
+    # the edit writes code other rules may match anew (see FileRewrite.reopened)
+    reopens: bool = False
 
 
 class Planner:
@@ -261,8 +270,45 @@ class Planner:
             require(check_spellings_guardable(site, targets, len(pattern)))
             call_text = self.identity_guarded(site, plan, call_text, targets, producer_of)
         if len(targets) > 1:
+            call_text = self.condition_guarded(site, plan, call_text, targets, producer_of)
             return self.plan_tuple(site, plan, call_text, targets, producer_of)
-        return self.fuse_statements(plan, site, steps, final_index, call_text)
+        try:
+            return self.fuse_statements(plan, site, steps, final_index, call_text)
+        except Refusal:
+            # the norm and the activation each under an ``if`` of its own: the kernel where
+            # every test holds (conditioned.py); otherwise the refusal stands
+            conditioned = plan_conditioned(self, site, plan, final_index, call_text)
+            if conditioned is None:
+                raise
+            return conditioned
+
+    def condition_guarded(
+        self,
+        site: Site,
+        plan: Plan,
+        call_text: str,
+        targets: list[str],
+        producer_of: dict[str, int],
+    ) -> str:
+        """``call_text`` where each projection runs whenever its statement does; with one in an
+        arm of a conditional expression (Gemma 4's ``self.v_proj(h) if self.v_proj is not None
+        else key_states``), the kernel where that arm is taken and, elsewhere, the other
+        projections alone, ``None`` in its place (its statement takes the other arm there)."""
+        steps = [site.steps[producer_of[t]] for t in targets]
+        conditions = [path_conditions(step) for step in steps]
+        if not any(conditions):
+            return call_text
+        require(check_one_condition(plan.function, conditions))
+        require(check_one_guard(identity_guard(site)))
+        test, arm = next(c for c in conditions if c)[0]
+        text = self.source.segment(test)
+        guard = text if arm else f"not ({text})"
+        nodes = [step_expression(step) for step in steps]
+        plan.fallback.extend(n for n, c in zip(nodes, conditions, strict=True) if not c)
+        original = [
+            "None" if c else self.source.segment(n) for n, c in zip(nodes, conditions, strict=True)
+        ]
+        return f"(\n    {call_text}\n    if {guard}\n    else ({', '.join(original)})\n)"
 
     def identity_guarded(
         self,
@@ -443,6 +489,11 @@ class Planner:
         producer_of: dict[str, int],
     ) -> Plan:
         """``q = a(x); k = b(x); v = c(x)`` -> ``q, k, v = kernel(x, a, b, c)``."""
+        for match in [site, *site.alternatives]:  # the fused call runs each projection ahead
+            producers = [match.steps[producer_of[target]] for target in targets]
+            require(check_distinct_calls(producers))
+            for step in producers:
+                require(check_runs_with_its_statement(step))
         blocks = self.blocks(plan.function)
         statements: list[ast.stmt] = []
         names: list[str] = []
@@ -462,7 +513,10 @@ class Planner:
         )
         alias_names = {a.targets[0].id for a in aliases}  # type: ignore[attr-defined]
         watched = set(names) | input_names(site) | spelling_names(site) | alias_names
-        require(check_between_untouched(blocks, ordered, watched, skip=aliases))
+        if check_between_untouched(blocks, ordered, watched, skip=aliases) is not None:
+            # a statement among them uses a result (``qk = cat([q, k])`` before the values):
+            # the results get names of their own and each assignment stays where it is
+            return self.plan_tuple_nested(site, plan, call_text, targets, producer_of)
         text = tuple_assignment(names, call_text)
         plan.replace_statements.append((ordered[0], text))
         plan.delete_statements.extend([*ordered[1:], *aliases])
@@ -498,7 +552,15 @@ class Planner:
             names = step_input_names(site, producer_of[target])
             reads[id(statement)] = reads.get(id(statement), set()) | names
         kept = check_inputs_kept_until_read(blocks, ordered, reads)
-        moved = self.sunk_to_inputs(blocks, ordered, reads) if kept is not None else []
+        try:
+            moved = self.sunk_to_inputs(blocks, ordered, reads) if kept is not None else []
+        except Refusal:
+            # an ``if`` between them rebinds the input on some path (sequence reduction):
+            # fused in the arms that keep it, when the statements are laid out so
+            around = plan_tuple_around_branch(self, site, plan, targets, producer_of, call_text)
+            if around is None:
+                raise
+            return around
         require(kept if moved is None else None)
         moved = moved or []
         anchor = ordered[len(moved)]

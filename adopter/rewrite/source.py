@@ -84,6 +84,16 @@ def encloses(outer: ast.stmt, statement: ast.stmt) -> bool:
     return any(node is statement for node in ast.walk(outer))
 
 
+def outer_block(blocks: Blocks, statements: list[ast.stmt]) -> list[ast.stmt] | None:
+    """The block holding some of ``statements`` and, nested in its other statements, the rest
+    (the block of an ``if`` whose arms hold the others); ``None`` when there is none."""
+    for statement in statements:
+        block = blocks.block_of(statement)[0]
+        if all(any(encloses(s, other) for s in block) for other in statements):
+            return block
+    return None
+
+
 def function_start(function: ast.FunctionDef) -> int:
     """First line of a function including its decorators."""
     return min([function.lineno] + [d.lineno for d in function.decorator_list])

@@ -708,3 +708,76 @@ def test_gpt2_spelling_keeps_the_transposed_view():
     out, weights = attention_function(module, q, k, v.double(), mask, 0.3, **options)
     expected = gpt2_eager(module, q, k, v.double(), mask, 0.3)
     assert torch.equal(out, expected[0]) and torch.equal(weights, expected[1])
+
+
+def gemma_eager(module, query, key, value, attention_mask, scaling, dropout=0.0, softcap=None):
+    key_states = repeat_kv(key, module.num_key_value_groups)
+    value_states = repeat_kv(value, module.num_key_value_groups)
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+    if softcap is not None:
+        attn_weights = attn_weights / softcap
+        attn_weights = torch.tanh(attn_weights)
+        attn_weights = attn_weights * softcap
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value_states)
+    attn_output = attn_output.transpose(1, 2).contiguous()
+    return attn_output, attn_weights
+
+
+@pytest.mark.parametrize("mask", [False, True])
+def test_gemma_spelling_soft_capped_runs_the_original_and_uncapped_runs_sdpa(mask):
+    module = Attn(3)
+    q, k, v = qkv(heads=6, kv_heads=2)
+    attention_mask = causal_mask(2, 7, 7) if mask else None
+    # no cap (Gemma 3 and 4): SDPA, as for Llama
+    assert_same_function(
+        fused_only(
+            lambda q, k, v: attention_function(module, q, k, v, attention_mask, 0.3, softcap=None)
+        ),
+        lambda q, k, v: gemma_eager(module, q, k, v, attention_mask, 0.3)[0],
+        [q, k, v],
+    )
+    # a cap (Gemma 2): SDPA cannot apply it, so the original runs, its weights returned
+    ours = attention_function(module, q, k, v, attention_mask, 0.3, softcap=2.0)
+    theirs = gemma_eager(module, q, k, v, attention_mask, 0.3, softcap=2.0)
+    assert ours[1] is not None
+    assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
+    capped = attention_function_reference(module, q, k, v, attention_mask, 0.3, softcap=2.0)
+    uncapped = attention_function_reference(module, q, k, v, attention_mask, 0.3)
+    assert not torch.allclose(capped[0], uncapped[0])  # the cap is applied, not ignored
+
+
+def inkling_eager(
+    module, query, key, value, attention_mask, scaling, dropout=0.0, position_bias=None
+):
+    key_states = repeat_kv(key, module.num_key_value_groups)
+    value_states = repeat_kv(value, module.num_key_value_groups)
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
+    if position_bias is not None:
+        attn_weights = attn_weights + position_bias
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value_states)
+    attn_output = attn_output.transpose(1, 2).contiguous()
+    return attn_output, attn_weights
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_grouped_heads_with_an_optional_position_bias(with_bias, with_mask):
+    module = Attn(3)
+    q, k, v = qkv(heads=6, kv_heads=2)
+    bias = torch.randn(1, 6, 7, 7) if with_bias else None
+    mask = causal_mask(2, 7, 7) if with_mask else None
+    assert_same_function(
+        fused_only(
+            lambda q, k, v: attention_function(module, q, k, v, mask, 0.3, position_bias=bias)
+        ),
+        lambda q, k, v: inkling_eager(module, q, k, v, mask, 0.3, position_bias=bias)[0],
+        [q, k, v],
+    )

@@ -344,6 +344,53 @@ def test_arm_chain():
     )
 
 
+def test_arm_chain_after_the_chain():
+    """The shared statement may follow the chain instead of preceding it, but not straddle it."""
+    code = (
+        "def f(x, c):\n"
+        "    if c:\n"
+        "        k = b(x)\n"
+        "        v = e(x)\n"
+        "    else:\n"
+        "        k = b(x)\n"
+        "        v = e(x)\n"
+        "    q = a(x)\n"
+        "    w = a(x)\n"
+    )
+    source, function, blocks = _function(code)
+    branch, query, other = function.body
+    arm, else_arm = branch.body, branch.orelse  # type: ignore[attr-defined]
+    assert checks.check_arm_chain(source, blocks, [[*arm, query], [*else_arm, query]]) is None
+    before = ast.parse("q = a(x)").body[0]
+    function.body.insert(0, before)
+    blocks = Blocks(function)
+    _refused(
+        checks.check_arm_chain(source, blocks, [[before, *arm, query]]),
+        checks.check_arm_chain,
+        "on both sides of the branch at line 2",
+    )
+    nested = ast.parse("for i in y:\n    k = b(x)\n").body[0]
+    loop = ast.parse("for i in y:\n    v = e(x)\n").body[0]
+    function.body = [nested, loop, query]
+    blocks = Blocks(function)
+    _refused(
+        checks.check_arm_chain(source, blocks, [[nested.body[0], loop.body[0], query]]),  # type: ignore[attr-defined]
+        checks.check_arm_chain,
+        "not in the arms of one `if` beside the others",
+    )
+
+
+def test_arm_keeps_inputs():
+    _, function, _ = _function("def f(x, c):\n    k = b(x)\n    y = k * 2\n    x.add_(1)\n")
+    first, second, third = function.body
+    assert checks.check_arm_keeps_inputs([first, second], {"x"}) is None
+    _refused(
+        checks.check_arm_keeps_inputs([first, second, third], {"x"}),
+        checks.check_arm_keeps_inputs,
+        "line 4 changes an input of the fused call",
+    )
+
+
 def test_chain_conditions():
     code = "def f(x, c):\n    q = a(x)\n    if {}:\n        pass\n    elif {}:\n        pass\n"
     _, function, _ = _function(code.format("c", "c is None"))
@@ -397,3 +444,163 @@ def test_between_a_moved_statement_and_its_branch_only_dependences_count():
             checks.check_between,
             "line 3 depends on the statement to be moved",
         )
+
+
+def test_carried():
+    _, function, _ = _function(
+        "def f(x, q):\n    q = q.view(2)\n    x.mul_(q)\n    if q:\n        q = 1\n"
+    )
+    simple, changes, compound = function.body
+    assert checks.check_carried(simple, {"x"}) is None
+    _refused(checks.check_carried(changes, {"x"}), checks.check_carried, "changes an input")
+    _refused(checks.check_carried(compound, {"x"}), checks.check_carried, "not a simple line")
+
+
+def test_runs_with_its_statement():
+    _, function, _ = _function("def f(h):\n    v = p(h) if p else h\n    w = c and p(h)\n")
+    conditional, short = function.body
+    value = conditional.value  # type: ignore[attr-defined]
+    assert checks.check_runs_with_its_statement(_flow_step(value.body, conditional, 2)) is None
+    assert checks.path_conditions(_flow_step(value.body, conditional, 2)) == [(value.test, True)]
+    right = short.value.values[1]  # type: ignore[attr-defined]
+    _refused(
+        checks.check_runs_with_its_statement(_flow_step(right, short, 3)),
+        checks.check_runs_with_its_statement,
+        "line 3: the projection runs only on some paths of its line",
+    )
+
+
+def test_one_condition_and_one_guard():
+    _, function, _ = _function(
+        "def f(self, h, c):\n    v = p(h) if self.p is not None else h\n"
+        "    w = p(h) if c else h\n    c = 1\n"
+    )
+    first, second, _ = function.body
+    on_self = [(first.value.test, True)]  # type: ignore[attr-defined]
+    on_local = [(second.value.test, True)]  # type: ignore[attr-defined]
+    assert checks.check_one_condition(function, [[], on_self]) is None
+    _refused(
+        checks.check_one_condition(function, [on_self, on_local]),
+        checks.check_one_condition,
+        "the projections run in the arms of different conditional expressions",
+    )
+    _refused(
+        checks.check_one_condition(function, [[], on_local]),
+        checks.check_one_condition,
+        "line 3: the conditional projection's test cannot be evaluated ahead",
+    )
+    assert checks.check_one_guard(None) is None
+    _refused(checks.check_one_guard("a is b"), checks.check_one_guard, "a conditional projection")
+
+
+def test_copied_submodule_checks():
+    _, helper, _ = _function(
+        "def forward(self, features, scale=2):\n"
+        "    x = self.dense(features) * scale\n"
+        "    if x:\n"
+        "        x = 1\n"
+        "    y = self\n"
+        "    return self.decoder(x)\n"
+    )
+    plain, compound, bare, returned = helper.body
+    assert checks.check_copyable_prefix(helper, [plain]) is None
+    for statement in (compound, bare):
+        _refused(
+            checks.check_copyable_prefix(helper, [statement]),
+            checks.check_copyable_prefix,
+            "does work before the match that is not copied",
+        )
+    final = returned.value  # type: ignore[attr-defined]
+    assert checks.check_helper_ends_with_match(helper, [returned], [returned], final) is None
+    _refused(
+        checks.check_helper_ends_with_match(helper, [compound, returned], [returned], final),
+        checks.check_helper_ends_with_match,
+        "does more after the matched computation starts",
+    )
+    call = ast.parse("self.lm_head(h, scale=f(h))").body[0].value  # type: ignore[attr-defined]
+    given = {"features": call.args[0], "scale": call.keywords[0].value}
+    defaults = {"scale": ast.Constant(2)}
+    chosen = ast.parse("self.lm_head(h if c else g)").body[0].value  # type: ignore[attr-defined]
+    assert (
+        checks.check_helper_arguments(
+            helper, chosen, ["features"], {"features": chosen.args[0]}, defaults
+        )
+        is None
+    )
+    _refused(
+        checks.check_helper_arguments(helper, call, ["features"], given, defaults),
+        checks.check_helper_arguments,
+        "the argument for `scale` of forward() calls something",
+    )
+    _refused(
+        checks.check_helper_arguments(helper, chosen, ["features", "other"], {}, defaults),
+        checks.check_helper_arguments,
+        "forward() reads `features`, which the call does not give",
+    )
+    assert checks.check_module_helper_call("self.lm_head", [call]) is None
+    _refused(
+        checks.check_module_helper_call("self.lm_head", [call, call]),
+        checks.check_module_helper_call,
+        "self.lm_head() is called more than once",
+    )
+    assert checks.check_globals_kept(helper, {"gelu"}, {"x"}) is None
+    _refused(
+        checks.check_globals_kept(helper, {"gelu"}, {"gelu"}),
+        checks.check_globals_kept,
+        "the caller binds `gelu`, which forward() reads as a global",
+    )
+    x = plain.value  # type: ignore[attr-defined]
+    assert checks.check_operand_copyable("hidden", x, {"y"}) is None
+    _refused(
+        checks.check_operand_copyable("hidden", x, {"features"}),
+        checks.check_operand_copyable,
+        "$hidden reads `features`, which the submodule sets among the matched",
+    )
+
+
+def test_distinct_calls():
+    _, function, _ = _function("def f(h):\n    q = a(h)\n    k = b(h)\n")
+    first, second = function.body
+    one, other = _flow_step(first.value, first, 2), _flow_step(second.value, second, 3)  # type: ignore[attr-defined]
+    assert checks.check_distinct_calls([one, other]) is None
+    _refused(
+        checks.check_distinct_calls([one, one]),
+        checks.check_distinct_calls,
+        "line 2: the projections are one call of a module reached once for each",
+    )
+
+
+def test_condition_first():
+    _, function, _ = _function(
+        "def f(self, x):\n    x = conv(x)\n    if self.norm is not None:\n        x = 1\n"
+        "    if self.ok():\n        x = 2\n    if x:\n        x = 3\n"
+    )
+    first, plain, calls, reads = function.body
+    assert checks.check_condition_first(plain, [first]) is None  # type: ignore[arg-type]
+    _refused(
+        checks.check_condition_first(calls, [first]),  # type: ignore[arg-type]
+        checks.check_condition_first,
+        "line 5: the condition calls something",
+    )
+    _refused(
+        checks.check_condition_first(reads, [first]),  # type: ignore[arg-type]
+        checks.check_condition_first,
+        "line 7: the condition reads `x`, set by the matched statements",
+    )
+    assert checks.check_inputs_not_moved([]) is None
+    _refused(
+        checks.check_inputs_not_moved([first]),
+        checks.check_inputs_not_moved,
+        "line 2: an input with a call would move",
+    )
+
+
+def test_some_arm_fuses():
+    _, function, _ = _function("def f(x, c):\n    if c:\n        x = 1\n")
+    (branch,) = function.body
+    assert checks.check_some_arm_fuses(branch, [1]) is None  # type: ignore[arg-type]
+    _refused(
+        checks.check_some_arm_fuses(branch, []),  # type: ignore[arg-type]
+        checks.check_some_arm_fuses,
+        "line 2: every arm of the branch between the projections changes their input",
+    )

@@ -74,16 +74,34 @@ def snapshot_text(fixture, rules) -> str:
             compile(rewrite.patched, fixture.name, "exec")
             again = rewrite_text(rewrite.patched, fixture.name, matcher)
             assert not again.changed, f"{case.title}: a second apply changed the file"
-            diff = difflib.unified_diff(
-                rewrite.original.split("\n"),
-                rewrite.patched.split("\n"),
-                "before",
-                "after",
-                n=1,
-                lineterm="",
-            )
-            out.extend(list(diff)[2:])
+            out.extend(_hunks(rewrite.original.split("\n"), rewrite.patched.split("\n")))
     return "\n".join(out) + "\n"
+
+
+def _hunks(before: list[str], after: list[str]) -> list[str]:
+    """``unified_diff``'s hunks with one line of context, from a matcher without its
+    popular-line heuristic: a fixture of 200 lines or more is mostly the other cases' blank
+    lines, which the heuristic would ignore, leaving hunks that span the rest of the file."""
+    matcher = difflib.SequenceMatcher(None, before, after, autojunk=False)
+    lines: list[str] = []
+    for group in matcher.get_grouped_opcodes(1):
+        first, last = group[0], group[-1]
+        lines.append(f"@@ -{_span(first[1], last[2])} +{_span(first[3], last[4])} @@")
+        for tag, i1, i2, j1, j2 in group:
+            if tag == "equal":
+                lines.extend(" " + line for line in before[i1:i2])
+                continue
+            lines.extend("-" + line for line in before[i1:i2])
+            lines.extend("+" + line for line in after[j1:j2])
+    return lines
+
+
+def _span(start: int, stop: int) -> str:
+    """A hunk's range as ``unified_diff`` writes it."""
+    length = stop - start
+    if length == 1:
+        return str(start + 1)
+    return f"{start + (1 if length else 0)},{length}"
 
 
 def _where(site):

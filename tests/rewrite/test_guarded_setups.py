@@ -1,0 +1,113 @@
+"""A soft cap the model reads from its configuration between the head and the loss (Gemma 3n
+and 4 bind it with ``:=`` in the capping test, T5Gemma 2 reads the decoder's configuration into
+a local): modern.7's kernel arm computes that value first, the same way, and hands it to the
+chunked loss. Patched and original compute the same loss in a training step, with the cap set
+and unset, and the same logits in evaluation."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from adopter.match import Matcher
+from adopter.rewrite import rewrite_text
+from adopter.rules import load_rule_set
+
+torch = pytest.importorskip("torch")
+
+HEAD = """\
+import torch
+from torch import nn
+"""
+
+WALRUS = """
+class ForCausalLM(nn.Module):
+    def __init__(self, config, loss_function):
+        super().__init__()
+        self.config = config
+        self.loss_function = loss_function
+        self.lm_head = nn.Linear(8, 11, bias=False)
+
+    def forward(self, hidden_states, labels=None, **kwargs):
+        logits = self.lm_head(hidden_states)
+        if (final_logit_softcapping := self.config.get_text_config().final_logit_softcapping) is not None:
+            logits = logits / final_logit_softcapping
+            logits = torch.tanh(logits)
+            logits = logits * final_logit_softcapping
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, self.config.get_text_config().vocab_size, **kwargs)
+        return loss, logits
+"""
+
+LOCAL = """
+class ForCausalLM(nn.Module):
+    def __init__(self, config, loss_function):
+        super().__init__()
+        self.config = config
+        self.vocab_size = 11
+        self.loss_function = loss_function
+        self.lm_head = nn.Linear(8, 11, bias=False)
+
+    def forward(self, hidden_states, labels=None, **kwargs):
+        logits = self.lm_head(hidden_states)
+        decoder_config = self.config.decoder
+        if decoder_config.final_logit_softcapping is not None:
+            logits = logits / decoder_config.final_logit_softcapping
+            logits = torch.tanh(logits)
+            logits = logits * decoder_config.final_logit_softcapping
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits, labels, self.vocab_size, **kwargs)
+        return loss, logits
+"""
+
+
+def ForCausalLMLoss(logits, labels, vocab_size, ignore_index=-100, **kwargs):  # noqa: N802
+    """transformers 5's shifted causal-LM loss, as the guard recognises it by name."""
+    logits = logits.float()
+    labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)
+    shift_labels = labels[..., 1:].contiguous()
+    return torch.nn.functional.cross_entropy(
+        logits.view(-1, vocab_size), shift_labels.view(-1), ignore_index=ignore_index
+    )
+
+
+ForCausalLMLoss.__module__ = "transformers.loss.loss_utils"
+
+
+def _config(cap):
+    text = types.SimpleNamespace(final_logit_softcapping=cap, vocab_size=11)
+    return types.SimpleNamespace(
+        get_text_config=lambda: text, decoder=types.SimpleNamespace(final_logit_softcapping=cap)
+    )
+
+
+def _model(text: str, cap):
+    namespace: dict[str, object] = {}
+    exec(compile(text, "model.py", "exec"), namespace)  # noqa: S102 - our own fixture
+    torch.manual_seed(0)
+    return namespace["ForCausalLM"](_config(cap), ForCausalLMLoss)  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("body", [WALRUS, LOCAL], ids=["walrus", "local"])
+def test_the_kernel_arm_reads_the_cap_the_way_the_model_does(body):
+    text = HEAD + body
+    matcher = Matcher([rule for rule in load_rule_set("all") if rule.id == "modern.7"])
+    rewrite = rewrite_text(text, "model.py", matcher)
+    assert [r.status.value for r in rewrite.results] == ["patched"]
+    patched = rewrite.patched
+    assert "final_logit_softcapping=" in patched
+    assert not rewrite_text(patched, "model.py", matcher).changed
+    hidden = torch.randn(2, 5, 8)
+    labels = torch.randint(0, 11, (2, 5))
+    for cap in (None, 3.0):
+        original, new = _model(text, cap), _model(patched, cap)
+        new.load_state_dict(original.state_dict(), strict=True)
+        want, _ = original.train()(hidden, labels)
+        have, logits = new.train()(hidden, labels)
+        assert logits is None
+        torch.testing.assert_close(have, want)
+        for a, b in zip(original.eval()(hidden, labels), new.eval()(hidden, labels), strict=True):
+            torch.testing.assert_close(b, a)
