@@ -13,7 +13,6 @@ from torch import nn
 
 from adopter.bench.command import _bench_widths
 from adopter.models.base import adopt_patched_classes, defined_names, entry_point
-from adopter.models.diffusers import small_config
 from adopter.models.origin import find_origin, pristine_of
 from adopter.models.registry import library_of
 from adopter.models.sites import PatchedSite, attribute_flips, calls_kernels
@@ -175,31 +174,6 @@ def test_a_survey_store_merges_what_other_workers_wrote(tmp_path):
     assert SurveyStore("lib", "1.0", tmp_path).entries == {}
 
 
-def test_a_diffusers_config_is_shrunk_by_argument_name():
-    class Model:
-        def __init__(
-            self,
-            block_out_channels=(320, 640, 1280, 1280),
-            layers_per_block=2,
-            cross_attention_dim=1024,
-            attention_head_dim=(5, 10, 20, 20),
-            num_attention_heads=24,
-            sample_size=64,
-            in_channels=4,
-            use_linear_projection=False,
-        ):
-            pass
-
-    assert small_config(Model) == {
-        "block_out_channels": (32, 64, 96, 128),
-        "layers_per_block": 1,
-        "cross_attention_dim": 32,
-        "attention_head_dim": (5, 8, 8, 8),
-        "num_attention_heads": 2,
-        "sample_size": 16,
-    }
-
-
 def test_library_of_names_only_libraries_with_an_adapter():
     assert library_of("timm.models.resnet") == "timm"
     assert library_of("diffusers.models.resnet") == "diffusers"
@@ -299,22 +273,3 @@ def test_candidates_keep_models_the_survey_did_not_rule_out_after_the_covering_s
     order = candidate_order(ranked, builds, {"own": 5}, {"none"}, {"Block"})
     assert [model for model, _ in order] == ["own", "big", "unseen"]
     assert order[0][1].startswith("builds Block (5 parameters") and order[1][1] == "names it"
-
-
-def test_diffusers_inputs_follow_the_signature_with_masks_pooled_projections_and_frames():
-    from adopter.models.diffusers import make_inputs
-
-    class Video(nn.Module):
-        config = {"in_channels": 3, "sample_size": 8, "pooled_projection_dim": 6}
-
-        def forward(
-            self, hidden_states, timestep, encoder_hidden_states, encoder_attention_mask,
-            pooled_projections, return_dict=True,
-        ):  # fmt: skip
-            return hidden_states
-
-    inputs = make_inputs(Video(), 0, frames=2)
-    assert inputs["hidden_states"].shape == (2, 3, 2, 8, 8)
-    assert inputs["encoder_attention_mask"].shape == (2, 8)
-    assert inputs["pooled_projections"].shape == (2, 6) and inputs["return_dict"] is False
-    assert make_inputs(Video(), 0)["hidden_states"].shape == (2, 3, 8, 8)
