@@ -33,11 +33,13 @@ from .base import (
     NotSmallError,
     entry_point,
     library_objects,
+    mentions,
     modules_naming,
 )
 from .common import error_line
+from .diffusers_blocks import split_variant, variant_config, variant_names
 from .diffusers_inputs import LAYOUTS, Layout, fit_inputs, make_inputs
-from .diffusers_shrink import Setting, settings_for
+from .diffusers_shrink import Setting, init_defaults, settings_for
 from .surveys import SurveyStore, module_survey, stored_look, surveyed_candidates
 
 __all__ = ["DiffusersAdapter", "make_inputs", "small_config"]
@@ -51,6 +53,14 @@ SETTINGS_TO_RUN = 3
 """Small settings that built on the meta device a model is run at before it is given up."""
 SHRINK_VERSION = 2
 """Bumped when the small settings change, so surveys made at other sizes are not reused."""
+
+
+VARIANTS_PER_BLOCK = 2
+"""Models built with a block no default configuration uses, per such block."""
+MAX_VARIANTS = 8
+_CLASS_NAME = re.compile(r"^class\s+(\w+)", re.MULTILINE)
+_CLASS = re.compile(r"^class\s+(\w+)\(([^)]*)\)", re.MULTILINE)
+"""A top-level class definition and its bases' text."""
 
 
 def small_config(cls: type) -> dict[str, Any]:
@@ -81,8 +91,9 @@ class DiffusersAdapter:
         return module_name == "diffusers" or module_name.startswith("diffusers.")
 
     def _class(self, name: str) -> type | None:
-        """A model class by its name (``UNet2DConditionModel``) or ``module:Class``."""
-        module_name, _, class_name = name.rpartition(":")
+        """A model class by its name (``UNet2DConditionModel``) or ``module:Class``, or of a
+        variant of one (``module:Class[up_block_types=SkipUpBlock2D]``)."""
+        module_name, _, class_name = split_variant(name)[0].rpartition(":")
         try:
             module = importlib.import_module(module_name or "diffusers")
             found = getattr(module, class_name, None)
@@ -98,6 +109,10 @@ class DiffusersAdapter:
     # -- which models ------------------------------------------------------------------------
     @functools.cache  # noqa: B019 - one adapter per process
     def _texts(self) -> dict[str, str]:
+        """The text of every module of diffusers that may define or use a model: models
+        live in ``diffusers.models`` and in pipelines' own modules
+        (``pipelines/flux/modeling_flux.py``). Package ``__init__`` files and ``utils``
+        (whose dummy objects name every class) only re-export names, so they are left out."""
         import diffusers
 
         root = Path(diffusers.__file__).parent
@@ -105,14 +120,31 @@ class DiffusersAdapter:
             ".".join(("diffusers", *path.relative_to(root).with_suffix("").parts)): path.read_text(
                 encoding="utf-8"
             )
-            for path in sorted((root / "models").rglob("*.py"))
+            for path in sorted(root.rglob("*.py"))
+            if not {"__pycache__", "utils"} & set(path.relative_to(root).parts)
+            and path.name != "__init__.py"
         }
 
+    @functools.cache  # noqa: B019 - one adapter per process
+    def _model_names(self) -> frozenset[str]:
+        """The names of diffusers' model classes, read statically: ``ModelMixin`` and every
+        class whose bases name one of them (``class AudioLDM2UNet2DConditionModel(
+        UNet2DConditionModel)``), to a fixed point."""
+        bases: dict[str, set[str]] = {}  # one name, several definitions (dummy objects)
+        for text in self._texts().values():
+            for name, listed in _CLASS.findall(text):
+                bases.setdefault(name, set()).update(re.findall(r"\w+", listed))
+        models = {"ModelMixin"}
+        while True:
+            grown = {name for name, named in bases.items() if named & models} | models
+            if grown == models:
+                return frozenset(models - {"ModelMixin"})
+            models = grown
+
     def _model_classes(self, module_name: str, text: str) -> list[str]:
-        """``module:Class`` of the model classes a module's text defines (read statically:
-        a class whose bases name ``ModelMixin``)."""
-        found = re.findall(r"^class\s+(\w+)\(([^)]*ModelMixin[^)]*)\)", text, re.MULTILINE)
-        return [f"{module_name}:{name}" for name, _ in found]
+        """``module:Class`` of the model classes a module's text defines."""
+        models = self._model_names()
+        return [f"{module_name}:{name}" for name, _ in _CLASS.findall(text) if name in models]
 
     def candidates(self, module_name: str, names: set[str]) -> list[ModelCandidate]:
         """The model classes to check ``module_name``'s ``names`` through: a small covering set
@@ -120,9 +152,11 @@ class DiffusersAdapter:
         patched classes (attention processors included), then the others that build them,
         smallest first; classes that could not be surveyed after those. The text of
         ``diffusers.models`` says which classes may (:meth:`_ranked`)."""
-        order, _ = surveyed_candidates(
-            self._ranked(module_name, names),
-            _module_text(module_name),
+        own_text = _module_text(module_name)
+        ranked = self._ranked(module_name, names)
+        order, builds = surveyed_candidates(
+            ranked,
+            own_text,
             names,
             self._meta_look,
             self._store(),
@@ -131,7 +165,44 @@ class DiffusersAdapter:
             choices=CHOICES_PER_CLASS,
             max_parameters=MAX_SMALL_PARAMETERS,
         )
+        if builds is not None:
+            surveyed = sum(1 for model, _ in order if model in builds)
+            variants = self._variants(module_name, names, own_text, ranked, builds)
+            order = [*order[:surveyed], *variants, *order[surveyed:]]
         return [ModelCandidate(model, why) for model, why in order[:MAX_CANDIDATES]]
+
+    def _variants(
+        self,
+        module_name: str,
+        names: set[str],
+        own_text: str,
+        ranked: list[tuple[str, str]],
+        builds: Any,
+    ) -> list[tuple[str, str]]:
+        """Variants (:mod:`.diffusers_blocks`) for the patched classes no surveyed default
+        configuration builds, of the surveyed models that build some class of the file (so
+        use its factories): at most :data:`VARIANTS_PER_BLOCK` per class, smallest first."""
+        defined = set(_CLASS_NAME.findall(own_text))
+        missing = (names & defined) - set().union(*builds.values())
+        store = self._store()
+        users: list[tuple[int, str]] = []
+        for model, _ in ranked:
+            look = self._meta_look(model) if model in store else None
+            if look and module_name in look[0] and look[1] <= MAX_SMALL_PARAMETERS:
+                users.append((look[1], model))
+        found: list[tuple[str, str]] = []
+        for block in sorted(missing):
+            made = [
+                variant
+                for _, model in sorted(users)
+                if (cls := self._class(model)) is not None
+                for variant in variant_names(model, init_defaults(cls), {block}, own_text)
+            ]
+            found += [
+                (v, f"built with {block}, which no default configuration uses")
+                for v in made[:VARIANTS_PER_BLOCK]
+            ]
+        return found[:MAX_VARIANTS]
 
     def _ranked(self, module_name: str, names: set[str]) -> list[tuple[str, str]]:
         """Model classes that may build ``names``, with why: those the file defines, then those
@@ -145,6 +216,12 @@ class DiffusersAdapter:
         direct, reached = modules_naming(
             texts, module_name, names, lambda m: bool(self._model_classes(m, texts[m]))
         )
+        if own is not None and not self._model_classes(module_name, own):
+            # the file's own factories (``get_up_block``) reach its classes by name too
+            factories = set(re.findall(r"^def\s+(\w+)", own, re.MULTILINE))
+            reached |= {
+                m for m, text in texts.items() if m != module_name and mentions(text, factories)
+            } - direct
         for modules, why in ((direct, "names"), (reached, "builds through a helper that names")):
             for module in sorted(modules):
                 for model in self._model_classes(module, texts[module]):
@@ -195,7 +272,9 @@ class DiffusersAdapter:
 
         viable: list[tuple[Setting, Any]] = []
         first: Exception | None = None
+        blocks = variant_config(init_defaults(cls), split_variant(name)[1])
         for setting in settings_for(cls):
+            setting = Setting(setting.label, {**setting.config, **blocks})
             try:
                 with warnings.catch_warnings(), torch.device("meta"):
                     warnings.simplefilter("ignore")

@@ -52,6 +52,8 @@ MIN_HEAD_DIM = 4
 """A head dimension below this leaves rotary embeddings no pair to rotate."""
 HEADS = 2
 """The head count of the setting that cuts heads as well as widths."""
+STAGE = 32
+"""The width step of the setting that gives per-block widths 32, 64, 96..."""
 
 _DEPTH_WORDS = frozenset({"layers", "layer", "nlayers", "blocks", "depth", "depths"})
 _NOT_DEPTH_WORDS = frozenset({"dim", "dims", "channels", "channel", "size", "sizes", "kernel"})
@@ -294,6 +296,10 @@ class _Plan:
     factor: int
     depth: int = 1
     heads: int | None = None
+    stages: int | None = None
+    """Per-block width lists as ``stages`` x (1, 2, 3...), the rest divided by the factor:
+    blocks that fix their norm groups at 32 (skip blocks add two blocks' channels) need
+    every block a multiple of 32, which no power of two leaves of 224, 448, 672, 896."""
 
 
 def shrunk_config(defaults: dict[str, Any], plan: _Plan) -> dict[str, Any]:
@@ -306,24 +312,31 @@ def shrunk_config(defaults: dict[str, Any], plan: _Plan) -> dict[str, Any]:
     queries = _head_counts(defaults, kinds)
     config: dict[str, Any] = {}
     for name, value in defaults.items():
-        kind = kinds[name]
-        if kind in ("width", "head_dim", "rope"):
-            new = inner.get(value) if isinstance(value, int) else None
-            new = _scaled(value, plan.factor, kind) if new is None else new
-        elif kind == "depth":
-            new = _capped(value, plan.depth)
-        elif kind == "indices":
-            kept = [v for v in _ints(value) if v < plan.depth] or [0]
-            new = type(value)(kept) if isinstance(value, (tuple, list)) else kept[0]
-        elif kind == "heads" and plan.heads:
-            new = _fewer_heads(name, value, queries, plan.heads)
-        elif kind == "sample":
-            new = _capped(value, SAMPLE)
-        else:
-            continue
+        new = _shrunk_value(name, value, kinds[name], plan, inner, queries)
         if new != value:
             config[name] = new
     return config
+
+
+def _shrunk_value(
+    name: str, value: Any, kind: str | None, plan: _Plan, inner: dict[int, int], queries: list[int]
+) -> Any:
+    """One argument's value under ``plan`` (``value`` itself where nothing applies)."""
+    if plan.stages and kind == "width" and _is_stage_list(value):
+        return type(value)(plan.stages * (i + 1) for i in range(len(value)))
+    if kind in ("width", "head_dim", "rope"):
+        new = inner.get(value) if isinstance(value, int) else None
+        return _scaled(value, plan.factor, kind) if new is None else new
+    if kind == "depth":
+        return _capped(value, plan.depth)
+    if kind == "indices":
+        kept = [v for v in _ints(value) if v < plan.depth] or [0]
+        return type(value)(kept) if isinstance(value, (tuple, list)) else kept[0]
+    if kind == "heads" and plan.heads:
+        return _fewer_heads(name, value, queries, plan.heads)
+    if kind == "sample":
+        return _capped(value, SAMPLE)
+    return value
 
 
 def _plans(defaults: dict[str, Any]) -> list[tuple[str, _Plan]]:
@@ -337,7 +350,14 @@ def _plans(defaults: dict[str, Any]) -> list[tuple[str, _Plan]]:
         plans.append((f"widths/{factor}, {HEADS} heads", _Plan(factor, heads=HEADS)))
         plans.append((f"{HEADS} heads of full width", _Plan(1, heads=HEADS)))
     plans.append((f"widths/{factor}, depth 2", _Plan(factor, depth=2)))
+    if any(_is_stage_list(v) for n, v in defaults.items() if classify(n, v) == "width"):
+        plans.append((f"blocks {STAGE} x stage", _Plan(factor, stages=STAGE)))
     return plans
+
+
+def _is_stage_list(value: Any) -> bool:
+    """A per-block width list (``block_out_channels``) the model chose."""
+    return isinstance(value, (tuple, list)) and len(value) > 1 and bool(_chosen(list(value)))
 
 
 REQUIRED_VALUES: dict[str, Any] = {
