@@ -53,6 +53,8 @@ class Layout:
     kind: str
     frames: int = 0
     widths: dict[str, int] = field(default_factory=dict)
+    frames_first: bool = False
+    """A video as ``(B, F, C, H, W)``, the frames before the channels."""
     per_frame: bool = False
     """The conditioning repeated per frame (batch ``B x F``): video UNets built from image
     blocks take the text of each frame as its own sample."""
@@ -64,7 +66,10 @@ class Layout:
     def label(self) -> str:
         if self.kind != "video":
             return self.kind
-        return f"video of {self.frames} frames" + (", text per frame" if self.per_frame else "")
+        order = ", frames first" if self.frames_first else ""
+        return f"video of {self.frames} frames{order}" + (
+            ", text per frame" if self.per_frame else ""
+        )
 
     @property
     def conditioning_batch(self) -> int:
@@ -79,6 +84,7 @@ LAYOUTS = (
     Layout("tokens"),
     Layout("signal"),
     Layout("video", 2, per_frame=True),
+    Layout("video", 2, frames_first=True),
 )
 """The sample layouts tried in turn. Video encoders take frames in groups after the first
 (1 + 4k, 1 + 8k), so five and nine frames follow two."""
@@ -188,6 +194,8 @@ def _edge(get: Callable[[str], Any]) -> int:
 def _sample(get: Callable[[str], Any], layout: Layout, name: str, randn: Callable) -> Any:
     channels = layout.widths.get(name) or _first_int(get, _CHANNELS, 4)
     edge = _edge(get)
+    if layout.kind == "video" and layout.frames_first:
+        return randn(BATCH, layout.frames, channels, edge, edge)
     if layout.kind == "video":
         return randn(BATCH, channels, layout.frames, edge, edge)
     if layout.kind == "tokens":
@@ -436,9 +444,18 @@ def _expects(module: Any, tensor: Any) -> tuple[str, int] | None:
     return None
 
 
+def _read_layers() -> tuple[type, ...]:  # noqa: N802 - a constant, imported late
+    """The layers whose expectation of an input :func:`_expects` reads; the first of them an
+    input reaches is the one asked (a dropout or an activation before it says nothing)."""
+    from torch import nn
+
+    return (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.LayerNorm, nn.GroupNorm)
+
+
 class _FirstLayers:
-    """Forward pre-hooks on every layer of a model that note the first layer each input
-    tensor (or a view of it: same storage) reaches, and what that layer expects of it."""
+    """Forward pre-hooks on every layer of a model that note the first readable layer
+    (:func:`_read_layers`) each input tensor (or a view of it: same storage) reaches, and
+    what that layer expects of it."""
 
     def __init__(self, model: Any, inputs: dict[str, Any]) -> None:
         import torch
@@ -468,7 +485,7 @@ class _FirstLayers:
         if not args or not isinstance(args[0], torch.Tensor):
             return
         name = self.storage.get(args[0].untyped_storage().data_ptr())
-        if name is not None and name not in self.seen:
+        if name is not None and name not in self.seen and isinstance(module, _read_layers()):
             self.seen[name] = _expects(module, args[0])
 
 

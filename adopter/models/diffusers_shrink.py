@@ -296,6 +296,10 @@ class _Plan:
     factor: int
     depth: int = 1
     heads: int | None = None
+    keep_interface: bool = False
+    """Leave the interface widths (``in_channels``, ``latent_channels``) as they are: a model
+    may relate them by a constant (``in_channels == 2 * latent_channels + 4``), which no
+    common divisor keeps."""
     stages: int | None = None
     """Per-block width lists as ``stages`` x (1, 2, 3...), the rest divided by the factor:
     blocks that fix their norm groups at 32 (skip blocks add two blocks' channels) need
@@ -312,7 +316,8 @@ def shrunk_config(defaults: dict[str, Any], plan: _Plan) -> dict[str, Any]:
     queries = _head_counts(defaults, kinds)
     config: dict[str, Any] = {}
     for name, value in defaults.items():
-        new = _shrunk_value(name, value, kinds[name], plan, inner, queries)
+        kind = None if plan.keep_interface and _is_interface(name) else kinds[name]
+        new = _shrunk_value(name, value, kind, plan, inner, queries)
         if new != value:
             config[name] = new
     return config
@@ -350,9 +355,23 @@ def _plans(defaults: dict[str, Any]) -> list[tuple[str, _Plan]]:
         plans.append((f"widths/{factor}, {HEADS} heads", _Plan(factor, heads=HEADS)))
         plans.append((f"{HEADS} heads of full width", _Plan(1, heads=HEADS)))
     plans.append((f"widths/{factor}, depth 2", _Plan(factor, depth=2)))
+    if any(_is_interface(n) and classify(n, v) == "width" for n, v in defaults.items()):
+        plans.append((f"widths/{factor} but the interface", _Plan(factor, keep_interface=True)))
     if any(_is_stage_list(v) for n, v in defaults.items() if classify(n, v) == "width"):
         plans.append((f"blocks {STAGE} x stage", _Plan(factor, stages=STAGE)))
+        plans.append(
+            (f"blocks {STAGE} x stage, {HEADS} heads", _Plan(factor, heads=HEADS, stages=STAGE))
+        )
     return plans
+
+
+_INTERFACE_WORDS = frozenset({"in", "out", "latent", "z", "input", "output"})
+
+
+def _is_interface(name: str) -> bool:
+    """A width of the inputs or outputs (``in_channels``, ``latent_channels``, ``z_dim``)."""
+    words = _words(name)
+    return bool(words & _INTERFACE_WORDS and words & {"channels", "channel", "dim"})
 
 
 def _is_stage_list(value: Any) -> bool:
@@ -404,7 +423,12 @@ def _required_value(name: str, annotation: str) -> Any:
     return REQUIRED_VALUES[kind]
 
 
-NONE_FILLS: dict[str, Any] = {"in_channels": 4, "patch_size": 2, "sample_size": SAMPLE}
+NONE_FILLS: dict[str, Any] = {
+    "in_channels": 4,
+    "out_channels": 4,
+    "patch_size": 2,
+    "sample_size": SAMPLE,
+}
 """Arguments whose default ``None`` some models cannot build with (an image transformer
 without ``in_channels``): given these in the settings tried after the others."""
 
