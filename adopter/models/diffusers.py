@@ -36,7 +36,7 @@ from .base import (
     mentions,
     modules_naming,
 )
-from .common import error_line
+from .common import call_model, error_line
 from .diffusers_blocks import split_variant, variant_config, variant_names
 from .diffusers_inputs import LAYOUTS, Layout, fit_inputs, make_inputs
 from .diffusers_shrink import Setting, init_defaults, settings_for
@@ -310,7 +310,7 @@ class DiffusersAdapter:
             for layout in LAYOUTS:
                 try:
                     with torch.no_grad():
-                        _, fitted = fit_inputs(model, 0, layout, _call)
+                        _, fitted = fit_inputs(model, 0, layout, call_model)
                     return setting, fitted
                 except Exception as exc:  # the model's own error, reported if none runs
                     failures.append((exc, setting.label, layout.label))
@@ -354,10 +354,6 @@ class DiffusersAdapter:
         import contextlib
 
         return contextlib.nullcontext()
-
-
-def _call(model: Any, inputs: Any) -> Any:
-    return model(**inputs) if isinstance(inputs, dict) else model(*inputs)
 
 
 class DoesNotRun(RuntimeError):

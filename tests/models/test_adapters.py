@@ -68,6 +68,26 @@ def test_adopting_patched_classes_swaps_methods_and_keeps_weights_and_isinstance
     assert torch.allclose(model(x), model.block.linear(x) * 3)
 
 
+SUPER_CALLING = """
+from torch import nn
+
+class ChannelsLastNorm(nn.LayerNorm):
+    def forward(self, x):
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+"""
+
+
+def test_an_adopted_method_that_calls_super_reaches_the_base_not_the_originals_override():
+    original = _module("fakelib.norms", SUPER_CALLING)
+    patched = _module("fakelib._patched_norms", SUPER_CALLING)
+    norm = original.ChannelsLastNorm(6)
+    x = torch.randn(2, 6, 4, 5)
+    expected = norm(x)
+    assert adopt_patched_classes(norm, "fakelib.norms", patched) == {"ChannelsLastNorm"}
+    assert isinstance(norm, original.ChannelsLastNorm)
+    assert torch.equal(norm(x), expected)  # one permute each way, as in the original
+
+
 def test_adopting_leaves_classes_of_other_modules_alone():
     original = _module("fakelib.other", ORIGINAL)
     patched = _module("fakelib._patched_other", ORIGINAL)
