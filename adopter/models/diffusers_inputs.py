@@ -19,6 +19,7 @@ model's own error.
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -60,7 +61,7 @@ class Layout:
     blocks take the text of each frame as its own sample."""
     optional: bool = False
     """Give the optional arguments of a known role too (a model that needs one it defaults
-    to ``None``: ``'NoneType' object has no attribute 'to'``)."""
+    to ``None``: ``'NoneType' object has no attribute 'to'``, "`mask` is required")."""
 
     @property
     def label(self) -> str:
@@ -505,6 +506,41 @@ def _refit(layout: Layout, sample: str | None, wrong: dict[str, tuple[str, int]]
     return replace(layout, kind=kind, frames=frames if kind == "video" else 0, widths=widths)
 
 
+_CHANNELS_MESSAGE = re.compile(r"to have (\d+) channels, but got (\d+) channels instead")
+_MATMUL_MESSAGE = re.compile(
+    r"mat1 and mat2 shapes cannot be multiplied \(\d+x(\d+) and (\d+)x\d+\)"
+)
+
+
+def _from_message(
+    message: str, inputs: dict[str, Any], sample: str | None
+) -> dict[str, tuple[str, int]]:
+    """What torch's own error says a layer expected, where the hooks saw no input reach it
+    as is (the model padded or concatenated it first): a convolution's channels for the
+    sample when it has the channels the error names, a ``Linear``'s input width for the one
+    input whose last dimension is the one the error names."""
+    import torch
+
+    channels = _CHANNELS_MESSAGE.search(message)
+    value = inputs.get(sample) if sample else None
+    if channels and isinstance(value, torch.Tensor) and value.ndim > 2:
+        expected, got = int(channels[1]), int(channels[2])
+        if value.shape[1] == got:
+            return {sample: ("channels", expected)}
+    product = _MATMUL_MESSAGE.search(message)
+    if product:
+        got, expected = int(product[1]), int(product[2])
+        matching = [
+            name
+            for name, value in inputs.items()
+            if isinstance(value, torch.Tensor) and value.is_floating_point()
+            and value.ndim >= 2 and value.shape[-1] == got and name != sample
+        ]  # fmt: skip
+        if len(matching) == 1:
+            return {matching[0]: ("last", expected)}
+    return {}
+
+
 def fit_inputs(
     model: Any, seed: int, layout: Layout, call: Callable[[Any, dict[str, Any]], Any]
 ) -> tuple[dict[str, Any], Layout]:
@@ -523,13 +559,14 @@ def fit_inputs(
             return inputs, layout
         except Exception as exc:
             wrong = {n: e for n, e in probe.seen.items() if e is not None}
+            wrong = wrong or _from_message(str(exc), inputs, sample)
             key = repr(layout)
             if key in tried:
                 raise
             tried.add(key)
             if wrong:
                 layout = _refit(layout, sample, wrong)
-            elif "NoneType" in str(exc) and not layout.optional:
+            elif not layout.optional:  # it may need an argument it defaults to None
                 layout = replace(layout, optional=True)
             else:
                 raise

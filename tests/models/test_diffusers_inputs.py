@@ -103,6 +103,25 @@ def test_optional_arguments_are_given_when_the_model_needs_one_it_defaults_to_no
     assert layout.optional and inputs["encoder_attention_mask"].shape == (2, 8)
 
 
+class _Padded(nn.Module):
+    """Pads its text before the first layer: the hooks do not see it arrive as made."""
+
+    config = {"in_channels": 4}
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(24, 8)
+
+    def forward(self, sample, timestep, encoder_hidden_states):
+        return self.proj(torch.cat([encoder_hidden_states, encoder_hidden_states], dim=1))
+
+
+def test_where_no_layer_saw_an_input_the_width_torch_names_in_its_error_is_used():
+    inputs, layout = fit_inputs(_Padded(), 0, LAYOUTS[0], _call)
+    assert layout.widths == {"encoder_hidden_states": 24}
+    assert inputs["encoder_hidden_states"].shape == (2, 8, 24)
+
+
 def test_what_does_not_run_raises_the_models_own_error():
     class Broken(nn.Module):
         def forward(self, sample):
