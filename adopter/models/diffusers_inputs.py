@@ -149,7 +149,8 @@ def forward_parameters(model: Any) -> tuple[list[str], set[str]]:
     return names, required
 
 
-def _sample_name(names: list[str], required: set[str]) -> str | None:
+def _sample_name(names: list[str]) -> str | None:
+    """The argument that takes the noisy sample, by the names diffusers gives it."""
     for name in _SAMPLE:
         if name in names:
             return name
@@ -268,13 +269,13 @@ def make_inputs(model: Any, seed: int, layout: Layout = LAYOUTS[0]) -> dict[str,
         return torch.randn(*shape, generator=generator)
 
     inputs: dict[str, Any] = {}
-    sample = _sample_name(names, required)
+    sample = _sample_name(names)
     if sample is not None:
         inputs[sample] = _sample(get, layout, sample, randn)
     for name in names:
         if name in inputs:
             continue
-        value = _argument(name, name in required, get, layout, randn, inputs)
+        value = _argument(name, name in required, get, layout, randn)
         if value is not None:
             inputs[name] = value
     missing = missing_inputs(model, inputs)
@@ -296,7 +297,6 @@ def _argument(
     get: Callable[[str], Any],
     layout: Layout,
     randn: Callable,
-    made: dict[str, Any],
 ) -> Any:
     """One argument other than the sample, or ``None`` (left to its default): given where it
     is required, is one of :data:`_ALWAYS`, or the layout asks for the optional ones too."""
@@ -548,7 +548,7 @@ def fit_inputs(
     :data:`MAX_FITS` times) with what the first layer each input reaches expects of it;
     the inputs and the layout they ended in. Raises the model's error where they do not
     run."""
-    sample = _sample_name(*forward_parameters(model))
+    sample = _sample_name(forward_parameters(model)[0])
     tried: set[str] = set()
     for _ in range(MAX_FITS):
         inputs = make_inputs(model, seed, layout)
