@@ -212,8 +212,27 @@ def _patched_class(cls: type, patched_module: ModuleType, made: dict[type, type]
     if not isinstance(rewritten, type) or rewritten is cls:
         return None
     if cls not in made:
-        made[cls] = type(cls.__name__, (rewritten, cls), {"__module__": patched_module.__name__})
+        made[cls] = _behind(rewritten, cls)(
+            cls.__name__, (rewritten, cls), {"__module__": patched_module.__name__}
+        )
     return made[cls]
+
+
+def _behind(rewritten: type, cls: type) -> type:
+    """A metaclass (of ``cls``'s kind) whose classes look methods up in ``rewritten`` and its
+    bases first and in ``cls`` only after them. With the plain order (``rewritten``, ``cls``,
+    their common bases) a ``super()`` call in a rewritten method reaches the original's
+    override of the same method before the base's: ``ChannelsLastNorm.forward`` would
+    permute twice around ``LayerNorm.forward``, and the patched model fail where the
+    original runs."""
+
+    class Behind(type(cls)):  # type: ignore[misc]
+        def mro(self) -> list[type]:
+            first = list(rewritten.__mro__)
+            rest = [base for base in cls.__mro__ if base not in first]
+            return [self, *first[:-1], *rest, first[-1]]
+
+    return Behind
 
 
 def adopt_patched_classes(model: Any, module_name: str, patched_module: ModuleType) -> set[str]:

@@ -1,25 +1,25 @@
 """diffusers: the model classes (``ModelMixin`` subclasses) that may use a file, each built
-from its ``__init__`` defaults shrunk by name, with inputs from its ``forward`` signature.
+small from its ``__init__`` defaults, with inputs from its ``forward`` signature.
 
 Which classes: those the file defines, then those of every ``diffusers.models`` module whose
 text names one of the file's patched classes or functions, then (one step further) of those
 naming a helper module's functions that name them (``get_down_block`` builds
 ``CrossAttnDownBlock2D``, which builds ``ResnetBlock2D``).
 
-Small: depths to 1 (``layers_per_block``, ``num_layers``...), channels per block to 32, 64, ...
-(GroupNorm's 32 groups still divide them), heads to 2 of 8 or 16 dimensions, conditioning
-widths (``cross_attention_dim``...) to 32, the sample to 16 x 16. Inputs: ``sample`` or
-``hidden_states`` as a latent image (or, where the model takes a sequence, tokens of
-``in_channels`` features), ``timestep``, and ``encoder_hidden_states`` of the conditioning
-width. A build is tried once at that size, without gradients; what does not run is reported
-with the error, not guessed further.
+Small: :mod:`.diffusers_shrink` gives settings that divide every width by one factor (so
+heads x head dimension, rotary axes and norm groups stay related), cut depths, and fill the
+arguments without defaults; the first few that build on the meta device within
+:data:`~adopter.models.base.MAX_SMALL_PARAMETERS` are tried for real. Inputs:
+:mod:`.diffusers_inputs` makes them from the ``forward`` signature and the configuration in
+a few layouts of the sample (a latent image, a short video, tokens, a 1-D signal) and fits
+their widths to the layers that take them. What does not run in any is reported with the
+model's error, not guessed further.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
-import inspect
 import re
 import warnings
 from pathlib import Path
@@ -33,78 +33,40 @@ from .base import (
     NotSmallError,
     entry_point,
     library_objects,
+    mentions,
     modules_naming,
 )
-from .common import call_model
+from .common import call_model, error_line
+from .diffusers_blocks import split_variant, variant_config, variant_names
+from .diffusers_inputs import LAYOUTS, Layout, fit_inputs, make_inputs
+from .diffusers_shrink import Setting, init_defaults, settings_for
 from .surveys import SurveyStore, module_survey, stored_look, surveyed_candidates
 
-__all__ = ["DiffusersAdapter", "small_config"]
+__all__ = ["DiffusersAdapter", "make_inputs", "small_config"]
 
-BATCH = 2
-SAMPLE = 16
-TOKENS = 8
-FRAMES = 2
-WIDTH = 32
 MAX_CANDIDATES = 30
 SURVEY_BUDGET = 45.0
 """Seconds of fresh meta-device builds one file's candidate search may spend."""
 CHOICES_PER_CLASS = 3
 """Surveyed classes that build a patched class before the search for it stops."""
-
-_DEPTH = re.compile(r"^(num_(\w+_)?layers|layers_per_block|num_(\w+_)?blocks|depth)$")
-_HEADS = re.compile(r"^(num_(\w+_)?attention_heads|num_heads|heads)$")
-_HEAD_DIM = re.compile(r"^(attention_head_dim|head_dim|dim_head)$")
-_CONDITION = re.compile(
-    r"^(cross_attention_dim|joint_attention_dim|encoder_hid_dim|pooled_projection_dim|"
-    r"caption_channels|text_embed_dim|caption_projection_dim|projection_class_embeddings_input_dim)$"
-)
+SETTINGS_TO_RUN = 3
+"""Small settings that built on the meta device a model is run at before it is given up."""
+SHRINK_VERSION = 2
+"""Bumped when the small settings change, so surveys made at other sizes are not reused."""
 
 
-def _int_cap(name: str) -> int | None:
-    """The largest small value of an integer ``__init__`` argument called ``name``."""
-    for pattern, cap in ((_DEPTH, 1), (_HEADS, 2), (_HEAD_DIM, 8), (_CONDITION, WIDTH)):
-        if pattern.match(name):
-            return cap
-    return SAMPLE if name == "sample_size" else None
-
-
-def _list_cap(name: str) -> int | None:
-    """The largest small element of an integer-list ``__init__`` argument called ``name``."""
-    if _HEAD_DIM.match(name):
-        return 8
-    if name == "transformer_layers_per_block" or _HEADS.match(name):
-        return 1
-    return SAMPLE if name == "sample_size" else None
-
-
-def _shrunk(name: str, value: Any) -> Any:
-    """The small value of one ``__init__`` argument (``value`` where no rule applies)."""
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, int):
-        cap = _int_cap(name)
-        return value if cap is None else min(value, cap)
-    if isinstance(value, (tuple, list)) and value and all(isinstance(v, int) for v in value):
-        if name == "block_out_channels":
-            return type(value)(WIDTH * (index + 1) for index in range(len(value)))
-        cap = _list_cap(name)
-        return value if cap is None else type(value)(min(v, cap) for v in value)
-    return value
+VARIANTS_PER_BLOCK = 2
+"""Models built with a block no default configuration uses, per such block."""
+MAX_VARIANTS = 8
+_CLASS_NAME = re.compile(r"^class\s+(\w+)", re.MULTILINE)
+_CLASS = re.compile(r"^class\s+(\w+)\(([^)]*)\)", re.MULTILINE)
+"""A top-level class definition and its bases' text."""
 
 
 def small_config(cls: type) -> dict[str, Any]:
-    """The keyword arguments that build ``cls`` small: its ``__init__`` defaults, shrunk."""
-    parameters = inspect.signature(cls.__init__).parameters
-    config = {}
-    for name, parameter in parameters.items():
-        if name == "self" or parameter.default is inspect.Parameter.empty:
-            continue
-        if parameter.kind in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
-            continue
-        small = _shrunk(name, parameter.default)
-        if small != parameter.default:
-            config[name] = small
-    return config
+    """The keyword arguments of the first small setting of ``cls`` (see
+    :func:`~adopter.models.diffusers_shrink.settings_for`)."""
+    return settings_for(cls)[0].config
 
 
 def _module_text(module_name: str) -> str:
@@ -129,8 +91,9 @@ class DiffusersAdapter:
         return module_name == "diffusers" or module_name.startswith("diffusers.")
 
     def _class(self, name: str) -> type | None:
-        """A model class by its name (``UNet2DConditionModel``) or ``module:Class``."""
-        module_name, _, class_name = name.rpartition(":")
+        """A model class by its name (``UNet2DConditionModel``) or ``module:Class``, or of a
+        variant of one (``module:Class[up_block_types=SkipUpBlock2D]``)."""
+        module_name, _, class_name = split_variant(name)[0].rpartition(":")
         try:
             module = importlib.import_module(module_name or "diffusers")
             found = getattr(module, class_name, None)
@@ -146,6 +109,10 @@ class DiffusersAdapter:
     # -- which models ------------------------------------------------------------------------
     @functools.cache  # noqa: B019 - one adapter per process
     def _texts(self) -> dict[str, str]:
+        """The text of every module of diffusers that may define or use a model: models
+        live in ``diffusers.models`` and in pipelines' own modules
+        (``pipelines/flux/modeling_flux.py``). Package ``__init__`` files and ``utils``
+        (whose dummy objects name every class) only re-export names, so they are left out."""
         import diffusers
 
         root = Path(diffusers.__file__).parent
@@ -153,14 +120,31 @@ class DiffusersAdapter:
             ".".join(("diffusers", *path.relative_to(root).with_suffix("").parts)): path.read_text(
                 encoding="utf-8"
             )
-            for path in sorted((root / "models").rglob("*.py"))
+            for path in sorted(root.rglob("*.py"))
+            if not {"__pycache__", "utils"} & set(path.relative_to(root).parts)
+            and path.name != "__init__.py"
         }
 
+    @functools.cache  # noqa: B019 - one adapter per process
+    def _model_names(self) -> frozenset[str]:
+        """The names of diffusers' model classes, read statically: ``ModelMixin`` and every
+        class whose bases name one of them (``class AudioLDM2UNet2DConditionModel(
+        UNet2DConditionModel)``), to a fixed point."""
+        bases: dict[str, set[str]] = {}  # one name, several definitions (dummy objects)
+        for text in self._texts().values():
+            for name, listed in _CLASS.findall(text):
+                bases.setdefault(name, set()).update(re.findall(r"\w+", listed))
+        models = {"ModelMixin"}
+        while True:
+            grown = {name for name, named in bases.items() if named & models} | models
+            if grown == models:
+                return frozenset(models - {"ModelMixin"})
+            models = grown
+
     def _model_classes(self, module_name: str, text: str) -> list[str]:
-        """``module:Class`` of the model classes a module's text defines (read statically:
-        a class whose bases name ``ModelMixin``)."""
-        found = re.findall(r"^class\s+(\w+)\(([^)]*ModelMixin[^)]*)\)", text, re.MULTILINE)
-        return [f"{module_name}:{name}" for name, _ in found]
+        """``module:Class`` of the model classes a module's text defines."""
+        models = self._model_names()
+        return [f"{module_name}:{name}" for name, _ in _CLASS.findall(text) if name in models]
 
     def candidates(self, module_name: str, names: set[str]) -> list[ModelCandidate]:
         """The model classes to check ``module_name``'s ``names`` through: a small covering set
@@ -168,9 +152,11 @@ class DiffusersAdapter:
         patched classes (attention processors included), then the others that build them,
         smallest first; classes that could not be surveyed after those. The text of
         ``diffusers.models`` says which classes may (:meth:`_ranked`)."""
-        order, _ = surveyed_candidates(
-            self._ranked(module_name, names),
-            _module_text(module_name),
+        own_text = _module_text(module_name)
+        ranked = self._ranked(module_name, names)
+        order, builds = surveyed_candidates(
+            ranked,
+            own_text,
             names,
             self._meta_look,
             self._store(),
@@ -179,7 +165,44 @@ class DiffusersAdapter:
             choices=CHOICES_PER_CLASS,
             max_parameters=MAX_SMALL_PARAMETERS,
         )
+        if builds is not None:
+            surveyed = sum(1 for model, _ in order if model in builds)
+            variants = self._variants(module_name, names, own_text, ranked, builds)
+            order = [*order[:surveyed], *variants, *order[surveyed:]]
         return [ModelCandidate(model, why) for model, why in order[:MAX_CANDIDATES]]
+
+    def _variants(
+        self,
+        module_name: str,
+        names: set[str],
+        own_text: str,
+        ranked: list[tuple[str, str]],
+        builds: Any,
+    ) -> list[tuple[str, str]]:
+        """Variants (:mod:`.diffusers_blocks`) for the patched classes no surveyed default
+        configuration builds, of the surveyed models that build some class of the file (so
+        use its factories): at most :data:`VARIANTS_PER_BLOCK` per class, smallest first."""
+        defined = set(_CLASS_NAME.findall(own_text))
+        missing = (names & defined) - set().union(*builds.values())
+        store = self._store()
+        users: list[tuple[int, str]] = []
+        for model, _ in ranked:
+            look = self._meta_look(model) if model in store else None
+            if look and module_name in look[0] and look[1] <= MAX_SMALL_PARAMETERS:
+                users.append((look[1], model))
+        found: list[tuple[str, str]] = []
+        for block in sorted(missing):
+            made = [
+                variant
+                for _, model in sorted(users)
+                if (cls := self._class(model)) is not None
+                for variant in variant_names(model, init_defaults(cls), {block}, own_text)
+            ]
+            found += [
+                (v, f"built with {block}, which no default configuration uses")
+                for v in made[:VARIANTS_PER_BLOCK]
+            ]
+        return found[:MAX_VARIANTS]
 
     def _ranked(self, module_name: str, names: set[str]) -> list[tuple[str, str]]:
         """Model classes that may build ``names``, with why: those the file defines, then those
@@ -193,6 +216,12 @@ class DiffusersAdapter:
         direct, reached = modules_naming(
             texts, module_name, names, lambda m: bool(self._model_classes(m, texts[m]))
         )
+        if own is not None and not self._model_classes(module_name, own):
+            # the file's own factories (``get_up_block``) reach its classes by name too
+            factories = set(re.findall(r"^def\s+(\w+)", own, re.MULTILINE))
+            reached |= {
+                m for m, text in texts.items() if m != module_name and mentions(text, factories)
+            } - direct
         for modules, why in ((direct, "names"), (reached, "builds through a helper that names")):
             for module in sorted(modules):
                 for model in self._model_classes(module, texts[module]):
@@ -203,7 +232,7 @@ class DiffusersAdapter:
     def _store(self) -> SurveyStore:
         import diffusers
 
-        return SurveyStore("diffusers", diffusers.__version__)
+        return SurveyStore("diffusers", f"{diffusers.__version__}-s{SHRINK_VERSION}")
 
     def survey(self, name: str, module_name: str) -> ModelSurvey | None:
         return module_survey(self._meta_look, name, module_name)
@@ -216,17 +245,13 @@ class DiffusersAdapter:
         return stored_look(self._store(), name, self._meta_build)
 
     def _meta_build(self, name: str) -> dict[str, Any] | None:
-        import torch
-
-        cls = self._class(name)
-        if cls is None:
-            return None
         try:
-            with warnings.catch_warnings(), torch.device("meta"):
-                warnings.simplefilter("ignore")
-                model = cls(**small_config(cls))
-        except Exception:
+            viable = self._viable(name)
+        except Exception:  # no small setting builds: the check will say why
             return None
+        if not viable:
+            return None
+        _, model = viable[0]
         by_module: dict[str, set[str]] = {}
         for obj in library_objects(model, ("diffusers",)):
             by_module.setdefault(type(obj).__module__, set()).add(type(obj).__name__)
@@ -235,54 +260,91 @@ class DiffusersAdapter:
             "parameters": sum(p.numel() for p in model.parameters()),
         }
 
-    # -- building ----------------------------------------------------------------------------
     @functools.cache  # noqa: B019 - one adapter per process
-    def _small(self, name: str) -> tuple[BuiltModel, int | None]:
-        """The small model with inputs that ran once, and the frames its sample needed:
-        ``None`` for a latent image; where that does not run, a video of :data:`FRAMES`
-        frames (``B, C, F, H, W``) is tried, and the image's error raised if that fails too.
-        Built once per process; :meth:`build` builds fresh ones the same way."""
+    def _viable(self, name: str) -> list[tuple[Setting, Any]]:
+        """The settings of model ``name`` that build on the meta device (no weights) within
+        :data:`MAX_SMALL_PARAMETERS`, the first :data:`SETTINGS_TO_RUN`, with the first's
+        model; raises what stopped the first setting where none does."""
+        cls = self._class(name)
+        if cls is None:
+            raise ValueError(f"no diffusers model class {name!r}")
         import torch
 
-        failure: Exception | None = None
-        for frames in (None, FRAMES):
-            built = self._make(name, seed=0, full_size=False, frames=frames)
+        viable: list[tuple[Setting, Any]] = []
+        first: Exception | None = None
+        blocks = variant_config(init_defaults(cls), split_variant(name)[1])
+        for setting in settings_for(cls):
+            setting = Setting(setting.label, {**setting.config, **blocks})
             try:
-                with torch.no_grad():
-                    call_model(built.model.eval(), built.inputs)
-                return built, frames
-            except Exception as exc:  # the model's own error, reported if no shape runs
-                failure = failure or exc
-        assert failure is not None
-        raise failure
+                with warnings.catch_warnings(), torch.device("meta"):
+                    warnings.simplefilter("ignore")
+                    model = cls(**setting.config)
+            except Exception as exc:  # the class's own complaint about this setting
+                first = first or exc
+                continue
+            size = sum(p.numel() for p in model.parameters())
+            if size > MAX_SMALL_PARAMETERS:
+                first = first or NotSmallError(
+                    f"{name} has {size:,} parameters at its smallest setting that builds "
+                    f"({setting.label})"
+                )
+                continue
+            viable.append((setting, model if not viable else None))
+            if len(viable) >= SETTINGS_TO_RUN:
+                break
+        if not viable and first is not None:
+            raise first
+        return viable
 
-    def _make(self, name: str, *, seed: int, full_size: bool, frames: int | None) -> BuiltModel:
+    # -- building ----------------------------------------------------------------------------
+    @functools.cache  # noqa: B019 - one adapter per process
+    def _small(self, name: str) -> tuple[Setting, Layout]:
+        """The small setting and input layout that ran once: the first of the viable settings
+        (:meth:`_viable`) with the first layout of the sample whose fitted inputs run. Raises
+        the first error (of the most promising setting and layout) where none runs."""
+        import torch
+
+        failures: list[tuple[Exception, str, str]] = []
+        for setting, _ in self._viable(name):
+            model = self._construct(name, setting, seed=0).eval()
+            for layout in LAYOUTS:
+                try:
+                    with torch.no_grad():
+                        _, fitted = fit_inputs(model, 0, layout, call_model)
+                    return setting, fitted
+                except Exception as exc:  # the model's own error, reported if none runs
+                    failures.append((exc, setting.label, layout.label))
+        if not failures:
+            raise ValueError(f"no small setting of {name} builds")
+        raise DoesNotRun(_failure_text(failures))
+
+    def _construct(self, name: str, setting: Setting | None, *, seed: int) -> Any:
         import torch
 
         cls = self._class(name)
         if cls is None:
             raise ValueError(f"no diffusers model class {name!r}")
-        config = {} if full_size else small_config(cls)
         torch.manual_seed(seed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = cls(**config)
-        size = sum(p.numel() for p in model.parameters())
-        if not full_size and size > MAX_SMALL_PARAMETERS:
-            raise NotSmallError(f"{name} has {size:,} parameters at the smallest config tried")
-        inputs = make_inputs(model, seed, frames)
-        settings = {**config, **({"frames": frames} if frames else {})}
-        return BuiltModel(model, inputs, settings)
+            return cls(**(setting.config if setting is not None else {}))
 
     def build(
         self, name: str, *, seed: int = 0, full_size: bool = False, entry: str = "forward"
     ) -> BuiltModel:
         # raises what keeps it from running small, once
-        frames = None if full_size else self._small(name)[1]
-        built = self._make(name, seed=seed, full_size=full_size, frames=frames)
+        setting, layout = self._small(name)
+        if full_size:  # the layout of the small run; its fitted widths are the small ones
+            model = self._construct(name, None, seed=seed)
+            inputs = make_inputs(model, seed, Layout(layout.kind, layout.frames))
+            settings: dict[str, Any] = {"layout": layout.label}
+        else:
+            model = self._construct(name, setting, seed=seed)
+            inputs = make_inputs(model, seed, layout)
+            settings = {**setting.config, "layout": layout.label}
         if entry != "forward":
-            built.model = entry_point(built.model, entry)
-        return built
+            model = entry_point(model, entry)
+        return BuiltModel(model, inputs, settings)
 
     def entries(self, name: str) -> list[str]:
         return []
@@ -294,57 +356,19 @@ class DiffusersAdapter:
         return contextlib.nullcontext()
 
 
-def make_inputs(model: Any, seed: int, frames: int | None = None) -> dict[str, Any]:
-    """Inputs for ``model.forward`` from its signature and configuration: a latent image (a
-    video of ``frames`` frames where given) of ``in_channels``, a timestep per sample,
-    conditioning states, and the conditioning mask and pooled projection where required."""
-    import torch
-
-    config = getattr(model, "config", {})
-    get = config.get if hasattr(config, "get") else lambda key, default=None: default
-    parameters = inspect.signature(model.forward).parameters
-    required = {
-        name
-        for name, p in parameters.items()
-        if p.default is inspect.Parameter.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
-    }
-    generator = torch.Generator().manual_seed(seed)
-    channels = int(get("in_channels", None) or 4)
-    size = get("sample_size", None) or SAMPLE
-    size = int(size[0] if isinstance(size, (tuple, list)) else size)
-    shape = (BATCH, channels, *((frames,) if frames else ()), size, size)
-    inputs: dict[str, Any] = {}
-    image = torch.randn(*shape, generator=generator)
-    for name in ("sample", "hidden_states", "x"):
-        if name in parameters:
-            inputs[name] = image
-            break
-    if "timestep" in parameters:
-        inputs["timestep"] = torch.tensor([10, 500][:BATCH])
-    inputs.update(_conditioning(get, set(parameters), required, generator))
-    missing = sorted(required - set(inputs))
-    if missing or not inputs:
-        raise ValueError(f"no inputs known for {type(model).__name__}: {', '.join(missing)}")
-    if "return_dict" in parameters:
-        inputs["return_dict"] = False
-    return inputs
+class DoesNotRun(RuntimeError):
+    """No small setting of a model runs on any layout of its inputs."""
 
 
-def _conditioning(
-    get: Any, parameters: set[str], required: set[str], generator: Any
-) -> dict[str, Any]:
-    """The text conditioning a model takes: states of its conditioning width, and where
-    required a mask over them and a pooled projection."""
-    import torch
-
-    inputs: dict[str, Any] = {}
-    if "encoder_hidden_states" in parameters:
-        width = get("cross_attention_dim", None) or get("joint_attention_dim", None) or WIDTH
-        width = int(width[0] if isinstance(width, (tuple, list)) else width)
-        inputs["encoder_hidden_states"] = torch.randn(BATCH, TOKENS, width, generator=generator)
-    if "encoder_attention_mask" in required:
-        inputs["encoder_attention_mask"] = torch.ones(BATCH, TOKENS, dtype=torch.long)
-    if "pooled_projections" in required:
-        width = int(get("pooled_projection_dim", None) or get("text_embed_dim", None) or WIDTH)
-        inputs["pooled_projections"] = torch.randn(BATCH, width, generator=generator)
-    return inputs
+def _failure_text(failures: list[tuple[Exception, str, str]]) -> str:
+    """The errors of the runs tried (error, setting, layout): the first setting's, each error
+    once with the layouts it came at, then how many runs at other settings failed."""
+    first = failures[0][1]
+    shown: dict[str, list[str]] = {}
+    for exc, setting, layout in failures:
+        if setting == first:
+            shown.setdefault(error_line(exc)[:160], []).append(layout)
+    parts = [f"{text} (at {first}: {', '.join(at)})" for text, at in shown.items()]
+    rest = sum(1 for _, setting, _ in failures if setting != first)
+    more = f"; {rest} run(s) at other settings failed too" if rest else ""
+    return "; ".join(parts) + more

@@ -13,7 +13,6 @@ from torch import nn
 
 from adopter.bench.command import _bench_widths
 from adopter.models.base import adopt_patched_classes, defined_names, entry_point
-from adopter.models.diffusers import small_config
 from adopter.models.origin import find_origin, pristine_of
 from adopter.models.registry import library_of
 from adopter.models.sites import PatchedSite, attribute_flips, calls_kernels
@@ -67,6 +66,26 @@ def test_adopting_patched_classes_swaps_methods_and_keeps_weights_and_isinstance
     assert list(model.state_dict()) == keys
     x = torch.ones(1, 4)
     assert torch.allclose(model(x), model.block.linear(x) * 3)
+
+
+SUPER_CALLING = """
+from torch import nn
+
+class ChannelsLastNorm(nn.LayerNorm):
+    def forward(self, x):
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+"""
+
+
+def test_an_adopted_method_that_calls_super_reaches_the_base_not_the_originals_override():
+    original = _module("fakelib.norms", SUPER_CALLING)
+    patched = _module("fakelib._patched_norms", SUPER_CALLING)
+    norm = original.ChannelsLastNorm(6)
+    x = torch.randn(2, 6, 4, 5)
+    expected = norm(x)
+    assert adopt_patched_classes(norm, "fakelib.norms", patched) == {"ChannelsLastNorm"}
+    assert isinstance(norm, original.ChannelsLastNorm)
+    assert torch.equal(norm(x), expected)  # one permute each way, as in the original
 
 
 def test_adopting_leaves_classes_of_other_modules_alone():
@@ -175,31 +194,6 @@ def test_a_survey_store_merges_what_other_workers_wrote(tmp_path):
     assert SurveyStore("lib", "1.0", tmp_path).entries == {}
 
 
-def test_a_diffusers_config_is_shrunk_by_argument_name():
-    class Model:
-        def __init__(
-            self,
-            block_out_channels=(320, 640, 1280, 1280),
-            layers_per_block=2,
-            cross_attention_dim=1024,
-            attention_head_dim=(5, 10, 20, 20),
-            num_attention_heads=24,
-            sample_size=64,
-            in_channels=4,
-            use_linear_projection=False,
-        ):
-            pass
-
-    assert small_config(Model) == {
-        "block_out_channels": (32, 64, 96, 128),
-        "layers_per_block": 1,
-        "cross_attention_dim": 32,
-        "attention_head_dim": (5, 8, 8, 8),
-        "num_attention_heads": 2,
-        "sample_size": 16,
-    }
-
-
 def test_library_of_names_only_libraries_with_an_adapter():
     assert library_of("timm.models.resnet") == "timm"
     assert library_of("diffusers.models.resnet") == "diffusers"
@@ -299,22 +293,3 @@ def test_candidates_keep_models_the_survey_did_not_rule_out_after_the_covering_s
     order = candidate_order(ranked, builds, {"own": 5}, {"none"}, {"Block"})
     assert [model for model, _ in order] == ["own", "big", "unseen"]
     assert order[0][1].startswith("builds Block (5 parameters") and order[1][1] == "names it"
-
-
-def test_diffusers_inputs_follow_the_signature_with_masks_pooled_projections_and_frames():
-    from adopter.models.diffusers import make_inputs
-
-    class Video(nn.Module):
-        config = {"in_channels": 3, "sample_size": 8, "pooled_projection_dim": 6}
-
-        def forward(
-            self, hidden_states, timestep, encoder_hidden_states, encoder_attention_mask,
-            pooled_projections, return_dict=True,
-        ):  # fmt: skip
-            return hidden_states
-
-    inputs = make_inputs(Video(), 0, frames=2)
-    assert inputs["hidden_states"].shape == (2, 3, 2, 8, 8)
-    assert inputs["encoder_attention_mask"].shape == (2, 8)
-    assert inputs["pooled_projections"].shape == (2, 6) and inputs["return_dict"] is False
-    assert make_inputs(Video(), 0)["hidden_states"].shape == (2, 3, 8, 8)
