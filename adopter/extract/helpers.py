@@ -35,6 +35,17 @@ def f(x):
     x2 = x[..., x.shape[-1] // 2 :]
     return torch.cat((-x2, x1), dim=-1)
 """,
+        # the halves taken by ``chunk`` (timm's ``rope_rotate_half``)
+        """
+def f(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+""",
+        """
+def f(x):
+    x1, x2 = torch.chunk(x, 2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+""",
     ),
     # each pair (2i, 2i+1) of the last dimension rotated in place (GPT-J, GLM)
     "helper.rotate_pairs": (
@@ -65,6 +76,12 @@ def f(x):
     x1, x2 = x.unbind(dim=-1)
     x = torch.stack((-x2, x1), dim=-1)
     return x.flatten(start_dim=-2)
+""",
+        # in one expression, the pairs folded back by ``reshape`` to the input's shape (timm's
+        # ``rot``): the stacked (..., d / 2, 2) tensor has d elements in the last two dims
+        """
+def f(x):
+    return torch.stack((-x[..., 1::2], x[..., ::2]), -1).reshape(x.shape)
 """,
     ),
     # grouped-query keys/values repeated per query head: (b, kv, s, d) -> (b, kv * n, s, d)
@@ -123,7 +140,8 @@ def _tracer_registration(decorator: ast.expr, imports: ImportTable | None) -> bo
 
 class _Normaliser(ast.NodeTransformer):
     """Renames parameters to ``p0..``, locals to ``v0..`` (in order of first binding), resolves
-    global names through the imports and folds dotted names into one ``Name``."""
+    global names through the imports, folds dotted names into one ``Name`` and reads a list
+    display as a tuple."""
 
     def __init__(self, parameters: list[str], imports: ImportTable | None) -> None:
         self.names = {name: f"p{index}" for index, name in enumerate(parameters)}
@@ -142,6 +160,13 @@ class _Normaliser(ast.NodeTransformer):
         if isinstance(value, ast.Name) and value.id not in self.names.values():
             return ast.Name(id=f"{value.id}.{node.attr}", ctx=ast.Load())
         return ast.Attribute(value=value, attr=node.attr, ctx=ast.Load())
+
+    def visit_List(self, node: ast.List) -> ast.AST:  # noqa: N802 - ast visitor name
+        # a list display read as a sequence (``torch.cat([a, b])``) is the same as a tuple
+        self.generic_visit(node)
+        if isinstance(node.ctx, ast.Load):
+            return ast.Tuple(elts=node.elts, ctx=ast.Load())
+        return node
 
     def visit_Slice(self, node: ast.Slice) -> ast.AST:  # noqa: N802 - ast visitor name
         self.generic_visit(node)
