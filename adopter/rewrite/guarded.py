@@ -83,8 +83,11 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
     planner.render.var_text = dict(inlined.var_text) if inlined is not None else {}
     try:
         lines, bound = _kernel_arm(planner, site, plan, body, final_return, inlined, function)
+        in_range = frozenset(assigned_names(ast.Module(body=wrapped, type_ignores=[])))
         guard_text = (
-            planner.render.call(guard, site, plan, pattern[-1], steps[-1], module_text)
+            planner.render.call(
+                guard, site, plan, pattern[-1], steps[-1], module_text, unbound=in_range
+            )
             if guard
             else "True"
         )
@@ -93,7 +96,7 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
     # ``loss_fct = CrossEntropyLoss()`` among them: a matched module built where it is used;
     # and what the kernel arm reads that the range computes from outside the match (the cap
     # read from the configuration), which the kernel arm computes first too
-    setups = _setups(planner, wrapped, matched_nodes, lines, guard_text)
+    setups = _setups(planner, wrapped, matched_nodes, lines, guard_text, blocks, holders)
     allowed = matched_nodes + _modules_built_in(site, function) + [n for _, _, n in setups]
     require(
         check_only_matched_work(
@@ -130,23 +133,34 @@ def _setups(
     matched: list[ast.expr],
     lines: list[str],
     guard_text: str,
+    blocks: Blocks,
+    holders: list[ast.stmt],
 ) -> list[tuple[str, ast.expr, ast.AST]]:
     """The values the range binds, outside the match, that the kernel arm reads (T5Gemma's
-    ``decoder_config = self.get_decoder().config``, Gemma 3n's ``(cap := ...) is not None``):
+    ``decoder_config = self.get_decoder().config``, Gemma 3n's ``(cap := ...) is not None``,
+    Canary's ``shift_labels = kwargs.pop("shift_labels", labels)`` just before the loss):
     each a name bound once in the range, by an assignment of its own or a ``:=`` in a
     condition, from nothing the range assigns before it and nothing the match computes, so the
-    kernel arm can compute it first. Each comes as (name, value, node the checks allow)."""
+    kernel arm can compute it first. An assignment may sit in the range's top level or in the
+    block of a matched statement, before it: it runs whenever that statement runs, and the
+    kernel arm stands for a run of every matched statement. Each comes as (name, value, node
+    the checks allow)."""
     read = set().union(set(), *(read_names(ast.parse(line)) for line in lines))
     guard_reads = read_names(ast.parse(guard_text, mode="eval"))
-    bound = [
-        n.id
+    stores = [
+        n
         for s in wrapped
         for n in ast.walk(s)
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
     ]
-    before: set[str] = set()
+    bound = [n.id for n in stores]
+    statements = list(wrapped)
+    for holder in holders:
+        if not any(holder is s for s in wrapped) and any(contains(s, holder) for s in wrapped):
+            body, index, _, _ = blocks.block_of(holder)
+            statements += [s for s in body[:index] if not any(s is t for t in statements)]
     found: list[tuple[str, ast.expr, ast.AST]] = []
-    for statement in wrapped:
+    for statement in statements:
         candidates: list[tuple[str, ast.expr, ast.AST]] = []
         if (
             isinstance(statement, ast.Assign)
@@ -154,9 +168,12 @@ def _setups(
             and isinstance(statement.targets[0], ast.Name)
         ):
             candidates.append((statement.targets[0].id, statement.value, statement.value))
-        for node in ast.walk(statement):
-            if isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
-                candidates.append((node.target.id, node.value, node))
+        if any(statement is s for s in wrapped):  # a nested statement's are walked already
+            for node in ast.walk(statement):
+                if isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
+                    candidates.append((node.target.id, node.value, node))
+        start = (statement.lineno, statement.col_offset)
+        before = {n.id for n in stores if (n.lineno, n.col_offset) < start}
         for name, value, node in candidates:
             if (
                 name in read
@@ -166,8 +183,7 @@ def _setups(
                 and not any(contains(value, m) or contains(m, value) for m in matched)
             ):
                 found.append((name, value, node))
-        before |= assigned_names(statement)
-    return found
+    return sorted(found, key=lambda setup: (setup[2].lineno, setup[2].col_offset))  # type: ignore[attr-defined]
 
 
 def _wrapped_range(

@@ -44,7 +44,7 @@ from .checks import (
     require,
 )
 from .names import fresh_alias
-from .source import SourceText, has_call
+from .source import SourceText, has_call, read_names
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -205,11 +205,18 @@ class Renderer:
         final_step: FlowStep,
         module_text: dict[str | None, str] | None = None,
         first_input: str | None = None,
+        unbound: frozenset[str] = frozenset(),
     ) -> str:
         """A replacement step as a call; ``...`` stands for the final matched call's arguments
-        its pattern did not name, ``first_input`` (given) for the first argument."""
+        its pattern did not name, less those that read a name of ``unbound`` (a guard runs
+        before the statements that bind them), ``first_input`` (given) for the first
+        argument."""
         callee = self.callee(new_step.callee, plan, {}, site)
-        rest = self.forward_rest(final_pattern, final_step)
+        rest = [
+            text
+            for text in self.forward_rest(final_pattern, final_step)
+            if not read_names(ast.parse(_argument_value(text), mode="eval")) & unbound
+        ]
         self._extra_keywords = []
         arguments = self.arguments(
             new_step.args, site, plan, rest=rest, module_text=module_text, first_input=first_input
@@ -384,3 +391,11 @@ class Renderer:
                 prefix = f"{keyword.arg}=" if keyword.arg else "**"
                 rest.append(prefix + self.source.segment(keyword.value))
         return rest
+
+
+def _argument_value(argument: str) -> str:
+    """The value of a rendered argument: ``name=value``, ``**mapping`` or a plain value."""
+    if argument.startswith("**"):
+        return argument[2:]
+    name, equals, value = argument.partition("=")
+    return value if equals and name.isidentifier() else argument

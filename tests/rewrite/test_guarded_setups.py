@@ -111,3 +111,96 @@ def test_the_kernel_arm_reads_the_cap_the_way_the_model_does(body):
         torch.testing.assert_close(have, want)
         for a, b in zip(original.eval()(hidden, labels), new.eval()(hidden, labels), strict=True):
             torch.testing.assert_close(b, a)
+
+
+# Canary and Cohere ASR read the targets from the keyword arguments just before the loss, in
+# the block that computes it: the kernel arm pops them first too, and the guard (which runs
+# before that statement) is not handed the name it binds.
+POPPED = """
+class ForCausalLM(nn.Module):
+    def __init__(self, config, loss_function):
+        super().__init__()
+        self.config = config
+        self.loss_function = loss_function
+        self.lm_head = nn.Linear(8, 11, bias=False)
+
+    def forward(self, hidden_states, labels=None, **kwargs):
+        logits = self.lm_head(hidden_states)
+
+        loss = None
+        if labels is not None:
+            shift_labels = kwargs.pop("shift_labels", labels)
+            loss = self.loss_function(
+                logits=logits,
+                labels=labels,
+                vocab_size=11,
+                shift_labels=shift_labels,
+                **kwargs,
+            )
+        return loss, logits
+"""
+
+# The same value bound one block deeper, so it is not bound on every run of the loss.
+POPPED_DEEPER = POPPED.replace(
+    """            shift_labels = kwargs.pop("shift_labels", labels)
+""",
+    """            shift_labels = labels
+            if kwargs.get("pop"):
+                shift_labels = kwargs.pop("shift_labels", labels)
+""",
+)
+
+
+def ForCausalLMLossShifted(  # noqa: N802
+    logits, labels, vocab_size, ignore_index=-100, shift_labels=None, **kwargs
+):
+    """``ForCausalLMLoss`` with its ``shift_labels``: targets given as they are."""
+    if shift_labels is None:
+        labels = torch.nn.functional.pad(labels, (0, 1), value=ignore_index)
+        shift_labels = labels[..., 1:].contiguous()
+    return torch.nn.functional.cross_entropy(
+        logits.float().view(-1, vocab_size), shift_labels.view(-1), ignore_index=ignore_index
+    )
+
+
+ForCausalLMLossShifted.__name__ = "ForCausalLMLoss"
+ForCausalLMLossShifted.__module__ = "transformers.loss.loss_utils"
+
+
+def test_the_kernel_arm_binds_a_value_read_just_before_the_loss():
+    text = HEAD + POPPED
+    matcher = Matcher([rule for rule in load_rule_set("all") if rule.id == "modern.7"])
+    rewrite = rewrite_text(text, "model.py", matcher)
+    assert [r.status.value for r in rewrite.results] == ["patched"]
+    patched = rewrite.patched
+    guard = next(line for line in patched.splitlines() if "fused_loss_applies(" in line)
+    assert "shift_labels" not in guard
+    assert not rewrite_text(patched, "model.py", matcher).changed
+    hidden = torch.randn(2, 5, 8)
+    labels = torch.randint(0, 11, (2, 5))
+    given = torch.randint(0, 11, (2, 5))
+    namespace: dict[str, object] = {}
+    for extra in ({}, {"shift_labels": given}):
+        models = []
+        for source in (text, patched):
+            exec(compile(source, "model.py", "exec"), namespace)  # noqa: S102 - our fixture
+            torch.manual_seed(0)
+            models.append(namespace["ForCausalLM"](None, ForCausalLMLossShifted))  # type: ignore[operator]
+        original, new = models
+        want, _ = original.train()(hidden, labels, **extra)
+        have, logits = new.train()(hidden, labels, **extra)
+        assert logits is None
+        torch.testing.assert_close(have, want)
+        for a, b in zip(
+            original.eval()(hidden, labels, **extra),
+            new.eval()(hidden, labels, **extra),
+            strict=True,
+        ):
+            torch.testing.assert_close(b, a)
+
+
+def test_a_value_bound_in_a_deeper_block_is_not_moved_into_the_kernel_arm():
+    matcher = Matcher([rule for rule in load_rule_set("all") if rule.id == "modern.7"])
+    rewrite = rewrite_text(HEAD + POPPED_DEEPER, "model.py", matcher)
+    assert [r.status.value for r in rewrite.results] == ["skipped"]
+    assert "computes among the matched statements" in rewrite.results[0].reason
