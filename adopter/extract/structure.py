@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterable
 from functools import lru_cache
 
-from .constructions import InitAnalyzer, InitContext
+from .constructions import SEQUENTIAL, InitAnalyzer, InitContext
 from .flow import FlowBuilder
 from .helpers import canonical_helper
 from .model import (
@@ -283,17 +283,23 @@ class FileAnalysis:
                         info.flows[key] = self._container_flow(
                             info.name, construction, f"self.{attr}", reason
                         )
-        # A factory a class of this file calls is analysed through that class's calls.
-        called_by_classes = {
-            node.func.id
-            for cls in self.class_nodes.values()
-            for node in ast.walk(cls)
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
-        }
+        # A factory a class of this file calls is analysed through that class's calls (the
+        # names those classes call are collected only when some function returns a container).
+        called_by_classes: set[str] | None = None
         for name, function in self.functions.items():
+            returned = self._returned_calls(function)
+            if not any(self.imports.resolve(v.func) == SEQUENTIAL for v in returned):
+                continue
+            if called_by_classes is None:
+                called_by_classes = {
+                    node.func.id
+                    for cls in self.class_nodes.values()
+                    for node in ast.walk(cls)
+                    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                }
             if name in called_by_classes:
                 continue
-            for construction in self._returned_sequentials(function):
+            for construction in self._returned_sequentials(function, returned):
                 reason = (
                     f"`{name}` builds this nn.Sequential (line {construction.line}) for its "
                     "caller; the call that runs it is elsewhere: not rewritten"
@@ -302,16 +308,20 @@ class FileAnalysis:
                     self._container_flow(None, construction, f"{name}()", reason, name)
                 )
 
-    def _returned_sequentials(self, function: ast.FunctionDef) -> list[Construction]:
-        """The ``nn.Sequential`` containers a module-level function returns (cheap pre-check:
-        a ``return nn.Sequential(...)`` statement)."""
-        returned = [
+    @staticmethod
+    def _returned_calls(function: ast.FunctionDef) -> list[ast.Call]:
+        """The calls a function returns (``return nn.Sequential(...)``): a cheap pre-check."""
+        return [
             node.value
             for node in ast.walk(function)
             if isinstance(node, ast.Return) and isinstance(node.value, ast.Call)
         ]
-        if not any(self.imports.resolve(v.func) == "torch.nn.Sequential" for v in returned):
-            return []
+
+    def _returned_sequentials(
+        self, function: ast.FunctionDef, returned: list[ast.Call]
+    ) -> list[Construction]:
+        """The ``nn.Sequential`` containers a module-level function returns (``returned``: the
+        calls its ``return`` statements return)."""
         context = InitContext(
             imports=self.imports,
             path=self.path,
@@ -329,7 +339,7 @@ class FileAnalysis:
         analyzer.function_stack.append(function)
         found = []
         for value in returned:
-            if self.imports.resolve(value.func) != "torch.nn.Sequential":
+            if self.imports.resolve(value.func) != SEQUENTIAL:
                 continue
             for construction in analyzer.construct(value):
                 if construction.container == "sequential" and construction.elements:
