@@ -47,11 +47,14 @@ def constant_value(node: ast.AST | None) -> object:
         return NOT_CONSTANT
     if isinstance(node, ast.Constant):
         return node.value
-    if isinstance(node, (ast.UnaryOp, ast.Tuple)):
-        try:
-            return ast.literal_eval(node)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            return NOT_CONSTANT
+    if isinstance(node, ast.Tuple):
+        # checked element by element: most tuples in model code hold names (``(b, t, -1)``)
+        values = tuple(constant_value(element) for element in node.elts)
+        return NOT_CONSTANT if any(v is NOT_CONSTANT for v in values) else values
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        operand = node.operand  # a signed number literal, as ``ast.literal_eval`` takes it
+        if isinstance(operand, ast.Constant) and type(operand.value) in (int, float, complex):
+            return -operand.value if isinstance(node.op, ast.USub) else +operand.value
     return NOT_CONSTANT
 
 

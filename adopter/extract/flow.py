@@ -355,7 +355,7 @@ class FlowBuilder:
         for name in names:
             versions = [(arm, env.get(name)) for arm, env, _ in survivors]
             first = versions[0][1]
-            if all(version == first for _, version in versions):
+            if all(version is first or version == first for _, version in versions):
                 if first is not None:
                     merged[name] = first
                 continue
