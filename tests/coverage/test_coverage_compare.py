@@ -152,3 +152,32 @@ def test_a_test2_split_and_edge_labels_count_apart_in_the_clear_cut_recall(tmp_p
     cell = tabulate(comparison, split_table(loaded_files))[("pkg", "gated-mlp", "test2")]
     assert (cell.expected, cell.matched) == (2, 1)
     assert (cell.expected_clear, cell.matched_clear) == (1, 0) and cell.clear_recall == 0.0
+
+
+def test_a_test3_split_is_tabulated_apart_from_the_other_splits(tmp_path: Path):
+    files = (
+        FILES
+        + "pkg\t1.0\tpkg/c.py\ttest2\t-\tall\t1\t\n"
+        + "pkg\t1.0\tpkg/d.py\ttest3\t-\tall\t2\t\n"
+    )
+    sites = (
+        SITES
+        + "pkg\t1.0\tpkg/c.py\t7\tpaper.4\tC.forward\tyes\tsoftmax\n"
+        + "pkg\t1.0\tpkg/d.py\t8\tpaper.4\tD.forward\tyes\tsoftmax\n"
+        + "pkg\t1.0\tpkg/d.py\t30\tconv-bn-act\tD.stem\tyes\t[edge] conv + BN in a submodule\n"
+    )
+    (tmp_path / "files.tsv").write_text(files)
+    (tmp_path / "sites.tsv").write_text(sites)
+    loaded_files, labels = load_labels(tmp_path / "sites.tsv", tmp_path / "files.tsv")
+    assert [label.split for label in labels if label.path == "pkg/d.py"] == ["test3", "test3"]
+    comparison = compare(labels, [record("pkg/d.py", 8, "paper.4", "D.forward")])
+    cells = tabulate(comparison, split_table(loaded_files))
+    softmax = cells[("pkg", "paper.4", "test3")]
+    assert (softmax.expected, softmax.matched) == (1, 1)
+    assert (
+        cells[("pkg", "paper.4", "test2")].expected,
+        cells[("pkg", "paper.4", "test2")].matched,
+    ) == (1, 0)
+    conv = cells[("pkg", "conv-bn-act", "test3")]
+    assert (conv.expected, conv.matched, conv.expected_clear) == (1, 0, 0)
+    assert conv.clear_recall is None
