@@ -56,6 +56,27 @@ MAX_CALL_DEPTH = 4  # nested inlined methods / functions
 MAX_CLASS_DEPTH = 1  # nested inlined submodule classes
 MAX_STEPS = 20000  # per analysed root; beyond it the flow is marked truncated
 
+# ``x ** -0.5``, ``x.pow(-0.5)``, ``torch.pow(x, -0.5)`` are ``torch.rsqrt(x)`` (Gemma 4 writes its
+# RMSNorm with ``torch.pow`` to match another framework's numerics; the value is the same op).
+POWER_KINDS = frozenset(["pow", "Tensor.pow", "torch.pow"])
+
+
+def _reciprocal_root(
+    kind: str, positional: list[Operand], arguments: dict[str, Operand]
+) -> tuple[str, list[Operand], dict[str, Operand]]:
+    """A power with the constant exponent -0.5 as the one-argument ``torch.rsqrt``."""
+    exponent = positional[1] if len(positional) == 2 else None
+    if exponent is None and len(positional) == 1:
+        exponent = arguments.get("exponent")
+    others = [a for key, a in arguments.items() if key != "exponent" and a is not exponent]
+    if exponent is None or exponent.flows or others:
+        return kind, positional, arguments
+    value = exponent.constant
+    if type(value) is float and value == -0.5:
+        return "torch.rsqrt", positional[:1], {}
+    return kind, positional, arguments
+
+
 BINARY_OPERATORS = {
     ast.Add: "add",
     ast.Sub: "sub",
@@ -516,6 +537,8 @@ class FlowBuilder:
         transparent: bool = False,
         synthetic_at: Construction | None = None,
     ) -> Operand:
+        if kind in POWER_KINDS:
+            kind, positional, arguments = _reciprocal_root(kind, positional, arguments)
         if self.replay is not None:
             return self.replayed(kind, [*positional, *arguments.values()])
         if len(self.flow.steps) >= MAX_STEPS:

@@ -1771,3 +1771,77 @@ def _dump_counts(tree: ast.AST, wanted: set[str]) -> dict[str, int]:
             if dumped in counts:
                 counts[dumped] += 1
     return counts
+
+
+# Where a part of a statement runs only on some paths through it: the arms of an ``if`` or a
+# conditional expression, a loop's body, the operands after the first of ``and`` / ``or``, a
+# ``try`` body's handlers, a comprehension's element.
+def _conditional_parts(node: ast.AST) -> list[ast.AST]:
+    if isinstance(node, (ast.If, ast.While)):
+        return [*node.body, *node.orelse]
+    if isinstance(node, ast.IfExp):
+        return [node.body, node.orelse]
+    if isinstance(node, (ast.For, ast.AsyncFor)):
+        return [*node.body, *node.orelse]
+    if isinstance(node, ast.BoolOp):
+        return node.values[1:]
+    if isinstance(node, ast.Try):
+        return [*node.handlers, *node.orelse, *node.finalbody]
+    if isinstance(node, (ast.ListComp, ast.SetComp, ast.GeneratorExp, ast.DictComp)):
+        return list(ast.iter_child_nodes(node))
+    return []
+
+
+def _optional_input(branch: ast.If | ast.IfExp, matched: list[ast.expr]) -> bool:
+    """``if mask is not None: scores = scores + mask``: the arm that skips the matched work is
+    the one where an input it reads is ``None``, which the kernel, handed that input, takes as
+    absent (a mask, a position bias: the rules' documented contract)."""
+    test = branch.test
+    if not (
+        isinstance(test, ast.Compare)
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], (ast.Is, ast.IsNot))
+        and isinstance(test.comparators[0], ast.Constant)
+        and test.comparators[0].value is None
+    ):
+        return False
+    body, orelse = (branch.body, branch.orelse)
+    taken, skipped = (body, orelse) if isinstance(test.ops[0], ast.IsNot) else (orelse, body)
+    taken = taken if isinstance(taken, list) else [taken]
+    skipped = skipped if isinstance(skipped, list) else [skipped]
+    tested = ast.dump(test.left)
+    inside = [m for m in matched if any(contains(part, m) for part in taken)]
+    return (
+        not any(contains(part, m) for part in skipped for m in matched)
+        and bool(inside)
+        and any(ast.dump(n) == tested for m in inside for n in ast.walk(m))
+    )
+
+
+@check
+def check_matched_on_every_path(
+    wrapped: list[ast.stmt], matched: list[ast.expr], decided: list[ast.expr]
+) -> Refusal | None:
+    """Without a guard the kernel replaces the range on every path through it, so each matched
+    call must run on every path (``if self.with_scale: out = out * self.weight`` would make the
+    weight the kernel always applies optional), unless the condition that decides it is part of
+    the match itself (``decided``: T5's ``if self.weight.dtype in (...)``, a ``where`` step)."""
+    for statement in wrapped:
+        for node in ast.walk(statement):
+            parts = _conditional_parts(node)
+            if not parts:
+                continue
+            test = getattr(node, "test", None)
+            if test is not None and any(contains(test, d) for d in decided):
+                continue
+            if isinstance(node, (ast.If, ast.IfExp)) and _optional_input(node, matched):
+                continue
+            for part in parts:
+                inner = next((m for m in matched if contains(part, m)), None)
+                if inner is not None:
+                    return Refusal(
+                        f"line {inner.lineno}: `{ast.unparse(inner)}` runs only on some paths "
+                        f"through line {node.lineno} (`{type(node).__name__.lower()}`), and the "
+                        "kernel would run it on all; not rewritten"
+                    )
+    return None

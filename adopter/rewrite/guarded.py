@@ -43,6 +43,7 @@ from .checks import (
     check_helper_result_named,
     check_in_block,
     check_inlined_alike,
+    check_matched_on_every_path,
     check_one_copied_helper,
     check_one_root,
     check_only_matched_work,
@@ -96,6 +97,9 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
     # ``loss_fct = CrossEntropyLoss()`` among them: a matched module built where it is used;
     # and what the kernel arm reads that the range computes from outside the match (the cap
     # read from the configuration), which the kernel arm computes first too
+    if guard is None:
+        decided = [step_expression(s) for s in site.where_steps if s.node is not None]
+        require(check_matched_on_every_path(wrapped, matched_nodes, decided + matched_nodes))
     setups = _setups(planner, wrapped, matched_nodes, lines, guard_text, blocks, holders)
     allowed = matched_nodes + _modules_built_in(site, function) + [n for _, _, n in setups]
     require(
