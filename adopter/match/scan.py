@@ -180,12 +180,25 @@ def map_files(
     initargs = (rules, parallel_work or work, explain)
     from concurrent.futures import ProcessPoolExecutor  # only multi-file runs pay for it
 
+    # Largest files first, one at a time: the run then ends on small files instead of waiting
+    # for one big file a worker took last. Results come back in the order of ``names``.
+    order = sorted(range(len(names)), key=lambda i: -_size(names[i]))
+    done: dict[int, T] = {}
     with ProcessPoolExecutor(workers, initializer=_init_worker, initargs=initargs) as pool:
-        for result in pool.map(_work_in_worker, names, chunksize=2):
-            results.append(result)
+        for index, result in zip(
+            order, pool.map(_work_in_worker, [names[i] for i in order]), strict=True
+        ):
+            done[index] = result
             if progress:
                 progress(result)
-    return results
+    return [done[i] for i in range(len(names))]
+
+
+def _size(name: str) -> int:
+    try:
+        return os.path.getsize(name)
+    except OSError:
+        return 0
 
 
 def scan_paths(
