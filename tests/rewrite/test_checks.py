@@ -604,3 +604,30 @@ def test_some_arm_fuses():
         checks.check_some_arm_fuses,
         "line 2: every arm of the branch between the projections changes their input",
     )
+
+
+def test_check_matched_on_every_path():
+    code = (
+        "def f(self, x, mask, flag):\n"
+        "    h = norm(x)\n"
+        "    if mask is not None:\n"
+        "        h = h + mask\n"
+        "    if flag:\n"
+        "        h = h * self.weight\n"
+        "    return h\n"
+    )
+    _, function, _ = _function(code)
+    first, masked, flagged, returned = function.body
+    norm = first.value  # type: ignore[attr-defined]
+    add = masked.body[0].value  # type: ignore[attr-defined]
+    mul = flagged.body[0].value  # type: ignore[attr-defined]
+    check = checks.check_matched_on_every_path
+    assert check([first, returned], [norm], []) is None
+    # the arm that skips the add is the one where the mask it reads is None
+    assert check([first, masked, returned], [norm, add], []) is None
+    _refused(check([first, flagged], [norm, mul], []), check, "runs only on some paths")
+    # a condition that is part of the match decides the arm itself
+    assert check([first, flagged], [norm, mul], [flagged.test]) is None  # type: ignore[attr-defined]
+    conditional = ast.parse("h = (h * w) if flag else h").body[0]
+    product = conditional.value.body  # type: ignore[attr-defined]
+    _refused(check([conditional], [product], []), check, "(`ifexp`)")
