@@ -297,6 +297,11 @@ class RuleParser:
                 raise self.error(
                     node, f"rule {rule_id}: reciprocal ${name} is no mul step's second operand"
                 )
+        for name in spellings[0].optional:
+            if not any(_hands_kernel(spelling, name) for spelling in spellings):
+                raise self.error(
+                    node, f"rule {rule_id}: optional {name} is handed to no replacement"
+                )
         return replace(spellings[0], variants=tuple(spellings[1:]))
 
     def _spelling(
@@ -321,6 +326,8 @@ class RuleParser:
             for name in meta.get("reciprocal", "").split(",")
             if name.strip()
         )
+        # a variable (``$weight``) or a name the replacement spells out (``self.weight``)
+        optional = tuple(n.strip() for n in meta.get("optional", "").split(",") if n.strip())
         rule = Rule(
             id=rule_id,
             name=meta.get("name", rule_id),
@@ -332,6 +339,7 @@ class RuleParser:
             forward=forward,
             scope=scope,
             reciprocal=reciprocal,
+            optional=optional,
             source=self.path,
             line=node.meta.line,
         )
@@ -462,3 +470,23 @@ def _multiplies_by(rule: Rule, name: str) -> bool:
         ):
             return True
     return False
+
+
+def _hands_kernel(rule: Rule, name: str) -> bool:
+    """Whether a forward replacement step of ``rule`` is handed ``$name``: what ``optional:``
+    may make ``None``."""
+    forward = rule.forward
+    steps = forward.replacement if forward is not None else None
+    if not isinstance(steps, tuple):
+        return False
+    return any(
+        isinstance(arg, (Positional, Keyword)) and _names(arg.value, name)
+        for step in steps
+        for arg in step.args
+    )
+
+
+def _names(value: Expr, name: str) -> bool:
+    if isinstance(value, Var):
+        return "$" + value.name == name
+    return isinstance(value, Name) and value.dotted == name

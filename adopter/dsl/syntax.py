@@ -199,6 +199,11 @@ class Rule:
     # Variables a ``mul`` step may also read from a division (``reciprocal: "$scaling"``):
     # ``x / s`` is matched as ``mul(x, $scaling)`` with ``$scaling`` bound to ``1 / s``.
     reciprocal: tuple[str, ...] = ()
+    # Inputs the kernel reads ``None`` for as absent (``optional: "$weight, self.weight"``: a
+    # variable, or a name the replacement spells out): in a block-scope
+    # rewrite a matched step that reads one may run under a condition ``c`` (``if c: h = h * w``);
+    # the kernel is then handed ``w if c else None``.
+    optional: tuple[str, ...] = ()
     source: str = "<string>"
     line: int = 0
     doc: str = field(default="", compare=False)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from ..dsl.syntax import Literal, Name
 from ..dsl.syntax import Step as PatternStep
+from ..extract.model import Operand
 from ..extract.model import Step as FlowStep
 from ..match.matcher import Site
 from .checks import (
@@ -57,7 +58,7 @@ from .checks import (
     step_expression,
 )
 from .inline import InlinedHelper, module_helper
-from .source import Blocks, assigned_names, contains, read_names
+from .source import Blocks, assigned_names, contains, has_call, read_names
 
 if TYPE_CHECKING:
     from .plan import Plan, Planner
@@ -82,6 +83,15 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
     final_return = wrapped[-1] if isinstance(wrapped[-1], ast.Return) else None
     module_text = inlined.module_text if inlined is not None else None
     planner.render.var_text = dict(inlined.var_text) if inlined is not None else {}
+    decided: list[ast.expr] = []
+    if guard is None:
+        decided = [step_expression(s) for s in site.where_steps if s.node is not None]
+        conditions, var_text, name_text = _optional_under_conditions(
+            planner, site, wrapped, matched_nodes
+        )
+        decided += conditions
+        planner.render.var_text.update(var_text)
+        planner.render.name_text = name_text
     try:
         lines, bound = _kernel_arm(planner, site, plan, body, final_return, inlined, function)
         in_range = frozenset(assigned_names(ast.Module(body=wrapped, type_ignores=[])))
@@ -94,11 +104,11 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
         )
     finally:
         planner.render.var_text = {}
+        planner.render.name_text = {}
     # ``loss_fct = CrossEntropyLoss()`` among them: a matched module built where it is used;
     # and what the kernel arm reads that the range computes from outside the match (the cap
     # read from the configuration), which the kernel arm computes first too
     if guard is None:
-        decided = [step_expression(s) for s in site.where_steps if s.node is not None]
         require(check_matched_on_every_path(wrapped, matched_nodes, decided + matched_nodes))
     setups = _setups(planner, wrapped, matched_nodes, lines, guard_text, blocks, holders)
     allowed = matched_nodes + _modules_built_in(site, function) + [n for _, _, n in setups]
@@ -129,6 +139,67 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
         f"if {guard_text}: ..." if guard else "; ".join(lines)
     )
     return plan
+
+
+def _optional_under_conditions(
+    planner: Planner, site: Site, wrapped: list[ast.stmt], matched: list[ast.expr]
+) -> tuple[list[ast.expr], dict[str, str], dict[str, str]]:
+    """``if self.with_scale: out = out * self.weight.float()`` (Gemma 3n, Gemma 4): an ``if``
+    of the range, without ``else``, whose arm holds only matched work reading an input the rule
+    declares optional (the kernel reads ``None`` as absent) and nothing else of the match. The
+    kernel is handed ``self.weight if self.with_scale else None``, so its test must be safe to
+    evaluate there instead: no call, nothing the range binds. Returns the tests so decided and
+    the text of each optional variable and name."""
+    optional = site.rule.optional
+    if not optional:
+        return [], {}, {}
+    bound = assigned_names(ast.Module(body=wrapped, type_ignores=[]))
+    conditions: list[ast.expr] = []
+    var_text: dict[str, str] = {}
+    name_text: dict[str, str] = {}
+    for branch in (s for s in wrapped if isinstance(s, ast.If) and not s.orelse):
+        test = branch.test
+        inside = [m for m in matched if any(contains(part, m) for part in branch.body)]
+        if not inside or has_call(test) or read_names(test) & bound:
+            continue
+        if any(contains(test, m) for m in matched):
+            continue
+        texts: dict[str, str] = {}
+        for entry in optional:
+            node = _optional_node(site, entry, inside)
+            if node is not None:
+                texts[entry] = planner.source.segment(node)
+        read_elsewhere = any(
+            _optional_node(site, entry, [m for m in matched if m not in inside]) is not None
+            for entry in texts
+        )
+        if not texts or read_elsewhere:
+            continue
+        condition = planner.source.segment(test)
+        for entry, text in texts.items():
+            chosen = f"{text} if {condition} else None"
+            if entry.startswith("$"):
+                var_text[entry[1:]] = chosen
+            else:
+                name_text[entry] = chosen
+        conditions.append(test)
+    return conditions, var_text, name_text
+
+
+def _optional_node(site: Site, entry: str, matched: list[ast.expr]) -> ast.expr | None:
+    """Where one of ``matched`` reads an optional input: its bound operand for ``$var``, the
+    spelled-out name (``self.weight``) otherwise."""
+    if entry.startswith("$"):
+        value = site.bindings.get(entry[1:])
+        node = getattr(value, "node", None)
+        if isinstance(value, Operand) and node is not None:
+            return node if any(contains(m, node) for m in matched) else None
+        return None
+    for m in matched:
+        for node in ast.walk(m):
+            if isinstance(node, (ast.Name, ast.Attribute)) and ast.unparse(node) == entry:
+                return node  # type: ignore[return-value]
+    return None
 
 
 def _setups(

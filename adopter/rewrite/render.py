@@ -175,6 +175,7 @@ class Renderer:
         self.moved_calls: list[ast.stmt] = []
         # Text for variables the caller of a helper hands over under a name of its own.
         self.var_text: dict[str, str] = {}
+        self.name_text: dict[str, str] = {}  # names the replacement spells out, rendered so
         self._extra_keywords: list[str] = []  # keywords a rendered argument adds to the call
 
     def kernel_name(self, dotted: str, plan: Plan) -> str:
@@ -291,7 +292,7 @@ class Renderer:
         if isinstance(value, Literal):
             return repr(value.value)
         if isinstance(value, Name):
-            return value.dotted
+            return self.name_text.get(value.dotted, value.dotted)
         if isinstance(value, Attribute):  # ``$owner.vocab_size``: the attribute of what it binds
             return f"{self.value(value.base, site, plan, module_text)}.{value.name}"
         assert isinstance(value, Var)
