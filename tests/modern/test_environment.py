@@ -36,3 +36,25 @@ def test_timm_transformers_and_diffusers_models_run_on_the_cpu():
     assert LlamaForCausalLM(config)(ids, labels=ids).loss.isfinite()
     vae = AutoencoderKL(block_out_channels=(8,), norm_num_groups=4, latent_channels=2)
     assert vae(torch.randn(1, 3, 16, 16)).sample.shape == (1, 3, 16, 16)
+
+
+def test_every_command_prints_its_help_beside_the_libraries():
+    """transformers 5 brings a recent click (huggingface-hub 2 needs 8.4 or later); an older
+    typer raised a TypeError on every ``--help`` with it."""
+    import subprocess
+    import sys
+
+    from typer.main import get_command
+
+    from adopter.cli import app
+
+    commands = sorted(get_command(app).commands)  # type: ignore[attr-defined]
+    assert "verify" in commands and "bench" in commands
+    for command in ["", *commands]:
+        arguments = [command, "--help"] if command else ["--help"]
+        done = subprocess.run(
+            [sys.executable, "-m", "adopter", *arguments], capture_output=True, text=True
+        )
+        assert done.returncode == 0, (command, done.stderr[-2000:])
+        assert "Traceback" not in done.stderr
+        assert "Usage" in done.stdout
