@@ -204,3 +204,38 @@ def test_a_value_bound_in_a_deeper_block_is_not_moved_into_the_kernel_arm():
     rewrite = rewrite_text(HEAD + POPPED_DEEPER, "model.py", matcher)
     assert [r.status.value for r in rewrite.results] == ["skipped"]
     assert "computes among the matched statements" in rewrite.results[0].reason
+
+
+UPCAST = LOCAL.replace(
+    """        logits = self.lm_head(hidden_states)
+        decoder_config = self.config.decoder
+        if decoder_config.final_logit_softcapping is not None:
+            logits = logits / decoder_config.final_logit_softcapping
+            logits = torch.tanh(logits)
+            logits = logits * decoder_config.final_logit_softcapping
+""",
+    """        logits = self.lm_head(hidden_states.to(self.lm_head.weight.dtype)).float()
+""",
+)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logits_upcast_on_the_way_to_the_loss(dtype):
+    """Mamba's and Mllama's ``lm_head(...).float()``: the loss upcasts the logits anyway."""
+    text = HEAD + UPCAST
+    assert ".float()" in text
+    matcher = Matcher([rule for rule in load_rule_set("all") if rule.id == "modern.7"])
+    rewrite = rewrite_text(text, "model.py", matcher)
+    assert [r.status.value for r in rewrite.results] == ["patched"]
+    patched = rewrite.patched
+    assert not rewrite_text(patched, "model.py", matcher).changed
+    hidden = torch.randn(2, 5, 8)
+    labels = torch.randint(0, 11, (2, 5))
+    original, new = _model(text, None).to(dtype), _model(patched, None).to(dtype)
+    new.load_state_dict(original.state_dict(), strict=True)
+    want, _ = original.train()(hidden, labels)
+    have, logits = new.train()(hidden, labels)
+    assert logits is None
+    torch.testing.assert_close(have, want)
+    for a, b in zip(original.eval()(hidden, labels), new.eval()(hidden, labels), strict=True):
+        torch.testing.assert_close(b, a)
