@@ -83,18 +83,18 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
     final_return = wrapped[-1] if isinstance(wrapped[-1], ast.Return) else None
     module_text = inlined.module_text if inlined is not None else None
     planner.render.var_text = dict(inlined.var_text) if inlined is not None else {}
+    in_range = frozenset(assigned_names(ast.Module(body=wrapped, type_ignores=[])))
     decided: list[ast.expr] = []
     if guard is None:
         decided = [step_expression(s) for s in site.where_steps if s.node is not None]
         conditions, var_text, name_text = _optional_under_conditions(
-            planner, site, wrapped, matched_nodes
+            planner, site, wrapped, matched_nodes, in_range
         )
         decided += conditions
         planner.render.var_text.update(var_text)
         planner.render.name_text = name_text
     try:
         lines, bound = _kernel_arm(planner, site, plan, body, final_return, inlined, function)
-        in_range = frozenset(assigned_names(ast.Module(body=wrapped, type_ignores=[])))
         guard_text = (
             planner.render.call(
                 guard, site, plan, pattern[-1], steps[-1], module_text, unbound=in_range
@@ -142,18 +142,21 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
 
 
 def _optional_under_conditions(
-    planner: Planner, site: Site, wrapped: list[ast.stmt], matched: list[ast.expr]
+    planner: Planner,
+    site: Site,
+    wrapped: list[ast.stmt],
+    matched: list[ast.expr],
+    bound: frozenset[str],
 ) -> tuple[list[ast.expr], dict[str, str], dict[str, str]]:
     """``if self.with_scale: out = out * self.weight.float()`` (Gemma 3n, Gemma 4): an ``if``
     of the range, without ``else``, whose arm holds only matched work reading an input the rule
     declares optional (the kernel reads ``None`` as absent) and nothing else of the match. The
     kernel is handed ``self.weight if self.with_scale else None``, so its test must be safe to
-    evaluate there instead: no call, nothing the range binds. Returns the tests so decided and
-    the text of each optional variable and name."""
+    evaluate there instead: no call, nothing the range binds (``bound``). Returns the tests so
+    decided and the text of each optional variable and name."""
     optional = site.rule.optional
     if not optional:
         return [], {}, {}
-    bound = assigned_names(ast.Module(body=wrapped, type_ignores=[]))
     conditions: list[ast.expr] = []
     var_text: dict[str, str] = {}
     name_text: dict[str, str] = {}

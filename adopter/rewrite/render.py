@@ -213,11 +213,7 @@ class Renderer:
         before the statements that bind them), ``first_input`` (given) for the first
         argument."""
         callee = self.callee(new_step.callee, plan, {}, site)
-        rest = [
-            text
-            for text in self.forward_rest(final_pattern, final_step)
-            if not read_names(ast.parse(_argument_value(text), mode="eval")) & unbound
-        ]
+        rest = self.forward_rest(final_pattern, final_step, unbound)
         self._extra_keywords = []
         arguments = self.arguments(
             new_step.args, site, plan, rest=rest, module_text=module_text, first_input=first_input
@@ -349,8 +345,11 @@ class Renderer:
         p = given.get("p")
         return self.source.segment(p) if p is not None else "0.5"
 
-    def forward_rest(self, pattern: PatternStep, step: FlowStep) -> list[str]:
-        """Arguments of the final matched call that its pattern did not name, as keywords."""
+    def forward_rest(
+        self, pattern: PatternStep, step: FlowStep, unbound: frozenset[str] = frozenset()
+    ) -> list[str]:
+        """Arguments of the final matched call that its pattern did not name, as keywords,
+        less those that read a name of ``unbound``."""
         consumed: list[Operand] = []
         positional_patterns = [a for a in pattern.args if isinstance(a, Positional)]
         consumed += step.positional[: len(positional_patterns)]
@@ -367,6 +366,8 @@ class Renderer:
         for index, operand in enumerate(step.positional):
             if any(operand is c for c in consumed) or operand.node is None:
                 continue
+            if read_names(operand.node) & unbound:
+                continue
             name = name_of.get(id(operand))
             require(check_argument_named(step, index, name))
             rest.append(f"{name}={self.source.segment(operand.node)}")
@@ -374,6 +375,8 @@ class Renderer:
         if isinstance(call, ast.Call):
             for keyword in call.keywords:
                 operand = step.arguments.get(keyword.arg or "")
+                if read_names(keyword.value) & unbound:
+                    continue
                 if keyword.arg is None:
                     rest.append("**" + self.source.segment(keyword.value))
                 elif operand is not None and not any(operand is c for c in consumed):
@@ -392,11 +395,3 @@ class Renderer:
                 prefix = f"{keyword.arg}=" if keyword.arg else "**"
                 rest.append(prefix + self.source.segment(keyword.value))
         return rest
-
-
-def _argument_value(argument: str) -> str:
-    """The value of a rendered argument: ``name=value``, ``**mapping`` or a plain value."""
-    if argument.startswith("**"):
-        return argument[2:]
-    name, equals, value = argument.partition("=")
-    return value if equals and name.isidentifier() else argument
