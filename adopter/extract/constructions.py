@@ -109,6 +109,9 @@ class InitContext:
     class_nodes: dict[str, ast.ClassDef] = field(default_factory=dict)
     project: Project | None = None  # the package on disk, for helpers in other files
     module_path: Path | None = None  # the file these imports belong to
+    # Parameters of the analysed ``__init__`` that the file's constructions of its class fill
+    # with layer classes (``extract.callers``), for those without a default.
+    passed_classes: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -161,6 +164,7 @@ class InitAnalyzer:
         self.method_stack.append(function.name)
         self.function_stack.append(function)
         self.parameter_defaults(function)
+        self.passed_parameters()
         self.block(function.body)
         self.function_stack.pop()
         self.method_stack.pop()
@@ -177,6 +181,23 @@ class InitAnalyzer:
             refs = self.class_refs(default)
             if refs:
                 self.classes[parameter.arg] = refs
+
+    def passed_parameters(self) -> None:
+        """Parameters the class's builders in this file fill with layer classes
+        (``RepVitMlp(..., act_layer)`` all the way up to ``act_layer=nn.GELU``); several
+        classes are alternatives of one branch point."""
+        for parameter, kinds in self.ctx.passed_classes.items():
+            if parameter in self.classes:
+                continue
+            point = None
+            if len(kinds) > 1:
+                point = self.ctx.next_branch()
+                label = f"the layer classes this file's constructions pass as `{parameter}`"
+                self.ctx.branch_labels[point] = BranchPoint(label, None, len(kinds))
+            self.classes[parameter] = [
+                ClassRef(kind, context=self.context | ({(point, arm)} if point else set()))
+                for arm, kind in enumerate(kinds)
+            ]
 
     def class_refs(self, value: ast.expr, depth: int = 0) -> list[ClassRef]:
         """The layer classes an expression may evaluate to (empty when it names none)."""
@@ -627,7 +648,7 @@ class InitAnalyzer:
                 (i for i in node.body if isinstance(i, ast.FunctionDef) and i.name == name), None
             )
 
-        context = replace(self.ctx, methods=method)
+        context = replace(self.ctx, methods=method, passed_classes={})
         analyzer = InitAnalyzer(context, {})
         analyzer.own_elements = _Elements([], EMPTY_CONTEXT)
         analyzer.run(init)

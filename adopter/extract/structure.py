@@ -8,6 +8,7 @@ import re
 from collections.abc import Iterable
 from functools import lru_cache
 
+from .callers import CallerClasses
 from .constructions import SEQUENTIAL, InitAnalyzer, InitContext
 from .flow import FlowBuilder
 from .helpers import canonical_helper
@@ -58,6 +59,7 @@ class FileAnalysis:
         self.foreign_classes: dict[str, ClassInfo] = {}
         self.branch_labels: dict[int, BranchPoint] = {}
         self._collect(tree.body)
+        self.callers = CallerClasses(self.class_nodes, self.imports)
 
     def canonical_helper(self, function: ast.FunctionDef) -> str | None:
         """The canonical operation a module-level function of this file computes, if any."""
@@ -478,6 +480,7 @@ class FileAnalysis:
             class_nodes=self.class_nodes,
             project=self.project if self.project.enabled else None,
             module_path=self.project.file,
+            passed_classes=self.callers.parameters(info.name),
         )
         info.bindings = InitAnalyzer(context, inherited).run(init)
 

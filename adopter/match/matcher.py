@@ -808,6 +808,12 @@ class Matcher:
             anchor_line = construction.line if construction else first.line
             anchor_column = construction.column if construction else first.column
             method = construction.method if construction else first.method
+        elif first.synthetic and not all(step.synthetic for step in state.steps):
+            # A container's elements then the caller's own calls (``self.act(self.conv_bn(x))``
+            # with ``conv_bn`` an nn.Sequential): the fusion is the caller's, at its call. The
+            # element's line would be shared by every caller of the container.
+            anchor_line, anchor_column = first.node.lineno, first.node.col_offset + 1
+            method = first.method
         else:
             anchor_line, anchor_column, method = first.line, first.column, first.method
         matched = list(where_state.steps if where_state else state.steps)
