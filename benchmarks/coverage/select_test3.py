@@ -49,19 +49,24 @@ def candidates(root: Path, patterns: tuple[str, ...], taken: set[str]) -> list[s
     return kept
 
 
-def choose(pool: list[str], wanted: int) -> list[str]:
+def test3_start(step: int) -> int:
+    return step // 2
+
+
+def choose(pool: list[str], wanted: int, start=test3_start) -> list[str]:
     step = len(pool) // wanted
-    return [pool[step // 2 + i * step] for i in range(wanted)]
+    return [pool[start(step) + i * step] for i in range(wanted)]
 
 
-def main() -> int:
+def main(start=test3_start) -> int:
+    """Print the chosen files; ``start(k)`` is the first position (the split's phase)."""
     taken = earlier_files()
     for package, version, patterns, wanted in SAMPLE:
         root = fetch_wheel(f"{package}=={version}")
         pool = candidates(root, patterns, taken)
         step = len(pool) // wanted
-        print(f"# {package}: {len(pool)} candidates, k = {step}, start {step // 2}")
-        for path in choose(pool, wanted):
+        print(f"# {package}: {len(pool)} candidates, k = {step}, start {start(step)}")
+        for path in choose(pool, wanted, start):
             print(f"{package}\t{version}\t{path}")
     return 0
 

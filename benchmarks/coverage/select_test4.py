@@ -11,27 +11,12 @@ from __future__ import annotations
 
 import sys
 
-from select_test3 import SAMPLE, candidates, earlier_files
-
-from adopter.corpus import fetch_wheel
+from select_test3 import main
 
 
-def choose(pool: list[str], wanted: int) -> list[str]:
-    step = len(pool) // wanted
-    return [pool[(3 * step) // 4 + i * step] for i in range(wanted)]
-
-
-def main() -> int:
-    taken = earlier_files()
-    for package, version, patterns, wanted in SAMPLE:
-        root = fetch_wheel(f"{package}=={version}")
-        pool = candidates(root, patterns, taken)
-        step = len(pool) // wanted
-        print(f"# {package}: {len(pool)} candidates, k = {step}, start {(3 * step) // 4}")
-        for path in choose(pool, wanted):
-            print(f"{package}\t{version}\t{path}")
-    return 0
+def test4_start(step: int) -> int:
+    return (3 * step) // 4
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(test4_start))
