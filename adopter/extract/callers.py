@@ -20,7 +20,7 @@ import ast
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .names import ImportTable
+from .names import ImportTable, function_parameters
 
 # Constructions followed upwards through constructor parameters, at most this many classes deep.
 MAX_DEPTH = 8
@@ -96,8 +96,9 @@ class CallerClasses:
         constructor making the call (its default, or what that class's builders pass)."""
         if isinstance(node, ast.Name) and owner is not None:
             init = _init_of(self.class_nodes.get(owner))
-            if init is not None and any(p == node.id for p, _ in _parameters(init)):
-                _, default = _position(init, node.id)
+            parameters = dict(_parameters(init)) if init is not None else {}
+            if node.id in parameters:
+                default = parameters[node.id]
                 if default is not None:
                     return self._value(default, None, depth)
                 return self._classes(owner, node.id, depth + 1)
@@ -141,13 +142,7 @@ def _init_of(node: ast.ClassDef | None) -> ast.FunctionDef | None:
 
 def _parameters(init: ast.FunctionDef) -> list[tuple[str, ast.expr | None]]:
     """``(name, default)`` of each parameter after ``self``."""
-    arguments = init.args
-    every = [*arguments.posonlyargs, *arguments.args]
-    defaults: list[ast.expr | None] = [None] * (len(every) - len(arguments.defaults))
-    defaults += arguments.defaults
-    pairs = [(p.arg, d) for p, d in zip(every, defaults, strict=True)][1:]
-    pairs += [(p.arg, d) for p, d in zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True)]
-    return pairs
+    return function_parameters(init)[1:]
 
 
 def _position(init: ast.FunctionDef, parameter: str) -> tuple[int | None, ast.expr | None]:

@@ -33,7 +33,13 @@ from pathlib import Path
 
 from .evaluate import UNKNOWN, Undecided, evaluate_factory, package_signature
 from .model import EMPTY_CONTEXT, NOT_CONSTANT, BranchPoint, Construction, Context, Operand
-from .names import ImportTable, activation_family, construction_family, parameter_names
+from .names import (
+    ImportTable,
+    activation_family,
+    construction_family,
+    function_parameters,
+    parameter_names,
+)
 from .project import Definition, Project
 
 MAX_FACTORY_DEPTH = 3
@@ -110,8 +116,10 @@ class InitContext:
     project: Project | None = None  # the package on disk, for helpers in other files
     module_path: Path | None = None  # the file these imports belong to
     # Parameters of the analysed ``__init__`` that the file's constructions of its class fill
-    # with layer classes (``extract.callers``), for those without a default.
-    passed_classes: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # with layer classes (``extract.callers``), for those without a default. Called only when
+    # the ``__init__`` reads such a parameter as a class: finding the constructions walks the
+    # file, and most parameters (``config``) are never read so.
+    passed_classes: Callable[[], dict[str, tuple[str, ...]]] | None = None
 
 
 @dataclass
@@ -158,13 +166,20 @@ class InitAnalyzer:
         self.lists: dict[str, _Elements] = {}  # local lists of modules (``layers = []``)
         # Analysing the ``__init__`` of an ``nn.Sequential`` subclass: its own elements.
         self.own_elements: _Elements | None = None
+        # Parameters without a default whose classes ``ctx.passed_classes`` may give, not yet
+        # asked for; what they are bound to counts from the context they were entered in.
+        self.pending: set[str] = set()
+        self.pending_context: Context = EMPTY_CONTEXT
 
     # -- statements --------------------------------------------------------------------------
     def run(self, function: ast.FunctionDef) -> dict[str, list[Construction]]:
         self.method_stack.append(function.name)
         self.function_stack.append(function)
         self.parameter_defaults(function)
-        self.passed_parameters()
+        if self.ctx.passed_classes is not None:
+            self.pending = {p for p, d in function_parameters(function)[1:] if d is None}
+            self.pending -= self.classes.keys()
+            self.pending_context = self.context
         self.block(function.body)
         self.function_stack.pop()
         self.method_stack.pop()
@@ -172,30 +187,37 @@ class InitAnalyzer:
 
     def parameter_defaults(self, function: ast.FunctionDef) -> None:
         """Parameters whose default is a layer class (``act_layer=nn.GELU``)."""
-        arguments = function.args
-        positional = [*arguments.posonlyargs, *arguments.args]
-        first_default = len(positional) - len(arguments.defaults)
-        pairs = list(zip(positional[first_default:], arguments.defaults))
-        pairs += [(a, d) for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults) if d]
-        for parameter, default in pairs:
+        for parameter, default in function_parameters(function):
+            if default is None:
+                continue
             refs = self.class_refs(default)
             if refs:
-                self.classes[parameter.arg] = refs
+                self.classes[parameter] = refs
+
+    def known_classes(self, name: str) -> list[ClassRef] | None:
+        """The layer classes ``name`` is bound to, if any (a parameter the class's builders
+        fill is looked up the first time one is read)."""
+        if name in self.pending:
+            self.passed_parameters()
+        return self.classes.get(name)
 
     def passed_parameters(self) -> None:
         """Parameters the class's builders in this file fill with layer classes
         (``RepVitMlp(..., act_layer)`` all the way up to ``act_layer=nn.GELU``); several
         classes are alternatives of one branch point."""
-        for parameter, kinds in self.ctx.passed_classes.items():
-            if parameter in self.classes:
+        assert self.ctx.passed_classes is not None
+        pending, self.pending = self.pending, set()
+        for parameter, kinds in self.ctx.passed_classes().items():
+            if parameter not in pending:
                 continue
             point = None
             if len(kinds) > 1:
                 point = self.ctx.next_branch()
                 label = f"the layer classes this file's constructions pass as `{parameter}`"
                 self.ctx.branch_labels[point] = BranchPoint(label, None, len(kinds))
+            context = self.pending_context
             self.classes[parameter] = [
-                ClassRef(kind, context=self.context | ({(point, arm)} if point else set()))
+                ClassRef(kind, context=context | ({(point, arm)} if point else set()))
                 for arm, kind in enumerate(kinds)
             ]
 
@@ -203,8 +225,8 @@ class InitAnalyzer:
         """The layer classes an expression may evaluate to (empty when it names none)."""
         if depth > MAX_FACTORY_DEPTH:
             return []
-        if isinstance(value, ast.Name) and value.id in self.classes:
-            return list(self.classes[value.id])
+        if isinstance(value, ast.Name) and (known := self.known_classes(value.id)) is not None:
+            return list(known)
         if isinstance(value, (ast.Name, ast.Attribute)):
             if isinstance(value, ast.Name) and value.id in self.locals:
                 return []
@@ -351,10 +373,12 @@ class InitAnalyzer:
         if isinstance(target, ast.Name):
             refs = self.class_refs(value)
             if refs:
+                self.pending.discard(target.id)
                 self.classes[target.id] = refs
                 self.locals.pop(target.id, None)
                 return
             if not self.context:  # in a branch the class it held may still be there after
+                self.pending.discard(target.id)
                 self.classes.pop(target.id, None)
             if isinstance(value, (ast.List, ast.Tuple, ast.ListComp, ast.BinOp)):
                 started = _Elements([], self.context)
@@ -409,8 +433,9 @@ class InitAnalyzer:
             return [self.make(kind, value, [], {})]
         if not isinstance(value, ast.Call):
             return []
-        if isinstance(value.func, ast.Name) and value.func.id in self.classes:
-            return [self.from_class(ref, value) for ref in self.classes[value.func.id]]
+        func = value.func
+        if isinstance(func, ast.Name) and (known := self.known_classes(func.id)) is not None:
+            return [self.from_class(ref, value) for ref in known]
         kind = call_kind(value.func, self.ctx.imports)
         if kind is None:
             return []
@@ -648,7 +673,7 @@ class InitAnalyzer:
                 (i for i in node.body if isinstance(i, ast.FunctionDef) and i.name == name), None
             )
 
-        context = replace(self.ctx, methods=method, passed_classes={})
+        context = replace(self.ctx, methods=method, passed_classes=None)
         analyzer = InitAnalyzer(context, {})
         analyzer.own_elements = _Elements([], EMPTY_CONTEXT)
         analyzer.run(init)
@@ -677,7 +702,11 @@ class InitAnalyzer:
         if project is None or not isinstance(call.func, ast.Name):
             return None
         name = call.func.id
-        if name in self.locals or name in self.classes or name in self.ctx.functions:
+        if (
+            name in self.locals
+            or self.known_classes(name) is not None
+            or name in self.ctx.functions
+        ):
             return None
         if self.ctx.module_path is None or name not in self.ctx.imports.origins:
             return None

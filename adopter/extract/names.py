@@ -229,6 +229,18 @@ class ImportTable:
         return ".".join([self.aliases.get(chain[0], chain[0]), *chain[1:]])
 
 
+def function_parameters(function: ast.FunctionDef) -> list[tuple[str, ast.expr | None]]:
+    """``(name, default)`` of each parameter of ``function`` but ``*args``/``**kwargs``, in
+    order (``self`` included), the default ``None`` where there is none."""
+    arguments = function.args
+    positional = [*arguments.posonlyargs, *arguments.args]
+    defaults: list[ast.expr | None] = [None] * (len(positional) - len(arguments.defaults))
+    defaults += arguments.defaults
+    pairs = [(p.arg, d) for p, d in zip(positional, defaults, strict=True)]
+    pairs += [(p.arg, d) for p, d in zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True)]
+    return pairs
+
+
 def attribute_chain(node: ast.expr) -> list[str] | None:
     """``self.config.x`` -> ["self", "config", "x"]; None for anything but a name's attributes."""
     parts: list[str] = []

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Iterable
-from functools import lru_cache
+from functools import lru_cache, partial
 
 from .callers import CallerClasses
 from .constructions import SEQUENTIAL, InitAnalyzer, InitContext
@@ -480,7 +480,7 @@ class FileAnalysis:
             class_nodes=self.class_nodes,
             project=self.project if self.project.enabled else None,
             module_path=self.project.file,
-            passed_classes=self.callers.parameters(info.name),
+            passed_classes=partial(self.callers.parameters, info.name),
         )
         info.bindings = InitAnalyzer(context, inherited).run(init)
 
