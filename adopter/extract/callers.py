@@ -4,7 +4,8 @@ timm and transformers pass layer classes down a model's constructors: ``RepVit(a
 nn.GELU)`` builds ``RepVitStage(..., act_layer)``, which builds ``RepVitMlp(..., act_layer)``,
 whose ``__init__`` does ``self.act = act_layer()`` with no default of its own. Read alone, that
 ``__init__`` cannot say what ``self.act`` is. Read with the file's constructions of the class,
-it can: when every place in the file that builds the class hands the parameter a layer class
+it can: when every place in the file's classes that builds the class (their methods; calls in
+module-level functions are not looked at) hands the parameter a layer class
 (written out, or the constructing class's own parameter, followed the same way up to a default),
 the parameter is one of those classes.
 
