@@ -109,26 +109,28 @@ def _parallel(node: ast.Assign) -> bool:
 
 
 def _last_dimension_slice(node: ast.expr) -> Operand | None:
-    """``x[..., 0::2]``, ``x[..., 1::2]``, ``x[..., :half]``: a slice of the last dimension with
-    constant bounds is one constant index, written ``..., start:stop:step`` with omitted parts
-    left out (a start of 0 folded away), so a rule can name the even and odd elements."""
-    if not (isinstance(node, ast.Tuple) and len(node.elts) == 2):
-        return None
-    ellipsis, last = node.elts
-    if not (isinstance(ellipsis, ast.Constant) and ellipsis.value is Ellipsis):
-        return None
+    """``x[..., 0::2]``, ``x[..., 1::2]``, ``x[..., :half]``, ``shape[:-1]``: a slice of the last
+    (or, without ``...``, the first) dimension with constant bounds is one constant index,
+    written ``..., start:stop:step`` (``start:stop:step``) with omitted parts left out (a start
+    of 0 folded away), so a rule can name the even and odd elements or the leading sizes."""
+    prefix, last = "", node
+    if isinstance(node, ast.Tuple) and len(node.elts) == 2:
+        ellipsis, last = node.elts
+        if not (isinstance(ellipsis, ast.Constant) and ellipsis.value is Ellipsis):
+            return None
+        prefix = "..., "
     if not isinstance(last, ast.Slice):
         return None
     parts = []
     for bound in (last.lower, last.upper, last.step):
         value = None if bound is None else constant_value(bound)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        if bound is not None and (not isinstance(value, int) or isinstance(value, bool)):
             return None
         parts.append(value)
     if parts[0] == 0:
         parts[0] = None
     start, stop, step = ("" if p is None else str(p) for p in parts)
-    text = f"..., {start}:{stop}" + (f":{step}" if step else "")
+    text = f"{prefix}{start}:{stop}" + (f":{step}" if step else "")
     return Operand(node=node, constant=text, label=repr(text))
 
 

@@ -431,6 +431,7 @@ def gated_mlp(
     *,
     halves: str | None = None,
     dim: int = -1,
+    gate_scale: float | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``down_proj(act(gate_proj(x)) * up_proj(x))`` with the model's own modules.
 
@@ -447,16 +448,25 @@ def gated_mlp(
       ``first, second = x.chunk(2, dim=dim)``, the activation applied to the named half
       (Phi-3, diffusers' ``GEGLU``/``SwiGLU``, MoE experts over indexed weights);
       ``gate_proj`` and ``up_proj`` are ``None``. ``down_proj`` may be ``None`` here too.
+    * ``gate_scale``: the gate projection's output is multiplied by it before the activation,
+      ``act(gate_proj(x) * gate_scale)`` (Falcon-H1's ``gate_multiplier``).
     """
     if halves is not None:
+        if gate_scale is not None:
+            raise TypeError("gated_mlp: gate_scale applies to a gate projection, not to halves")
         return _chunked_mlp(x, down_proj, act, halves, dim)
     assert gate_proj is not None and up_proj is not None
+
+    def project_gate() -> torch.Tensor:
+        gate = gate_proj(x)
+        return gate if gate_scale is None else gate * gate_scale
+
     if down_proj is None:
         # The original's order: the gate's activation, then the up projection.
-        return gated_activation(gate_proj(x), up_proj(x), act)
+        return gated_activation(project_gate(), up_proj(x), act)
     if runs_original(x):  # as gated_activation()
-        return down_proj(act(gate_proj(x)) * up_proj(x))  # type: ignore[operator]
-    gate = gate_proj(x)
+        return down_proj(act(project_gate()) * up_proj(x))  # type: ignore[operator]
+    gate = project_gate()
     fn = pure_activation(act)
     if fn is None:
         return down_proj(act(gate) * up_proj(x))  # type: ignore[operator]

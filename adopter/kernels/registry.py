@@ -211,6 +211,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("rotary", "rotary", K, RandomDraws.NONE, _rotary),
     Entry("apply_rotary", "rotary", K, RandomDraws.NONE, _rotary),
     Entry("apply_rotary_complex", "rotary", K, RandomDraws.NONE, _rotary),
+    Entry("rotary_complex", "rotary", K, RandomDraws.NONE, _rotary),
     Entry("gated_activation", "gated", K, RandomDraws.NONE, _gated),
     Entry("gated_activation_chunked", "gated", K, RandomDraws.NONE, _gated),
     Entry("gated_mlp", "gated", K, RandomDraws.NONE, _gated),

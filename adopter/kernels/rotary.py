@@ -65,6 +65,8 @@ __all__ = [
     "apply_rotary_complex",
     "apply_rotary_complex_reference",
     "rotary",
+    "rotary_complex",
+    "rotary_complex_reference",
     "rotary_reference",
 ]
 
@@ -132,15 +134,18 @@ def rotary_reference(
     return out.to(dtype) if upcast and cast_back else out
 
 
+def rotary_complex_reference(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    """The original complex spelling of one tensor (Llama 4, DeepSeek-V2, diffusers'
+    ``use_real=False``) with ``freqs_cis`` already broadcastable."""
+    pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    return torch.view_as_real(pairs * freqs_cis).flatten(3).type_as(x)
+
+
 def apply_rotary_complex_reference(
     q: torch.Tensor, k: torch.Tensor, freqs_cis: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The original complex spelling (Llama 4) with ``freqs_cis`` already broadcastable."""
-    q_ = torch.view_as_complex(q.float().reshape(*q.shape[:-1], -1, 2))
-    k_ = torch.view_as_complex(k.float().reshape(*k.shape[:-1], -1, 2))
-    q_out = torch.view_as_real(q_ * freqs_cis).flatten(3)
-    k_out = torch.view_as_real(k_ * freqs_cis).flatten(3)
-    return q_out.type_as(q), k_out.type_as(k)
+    return rotary_complex_reference(q, freqs_cis), rotary_complex_reference(k, freqs_cis)
 
 
 # --------------------------------------------------------------------------------------------
@@ -335,8 +340,9 @@ def _plan(
 def rotary(
     x: torch.Tensor,
     cos: torch.Tensor,
-    sin: torch.Tensor,
+    sin: torch.Tensor | None = None,
     *,
+    complex_pairs: bool = False,
     interleaved: bool = False,
     upcast: bool = False,
     partial: bool = False,
@@ -346,7 +352,16 @@ def rotary(
 ) -> torch.Tensor:
     """``x * cos + rotate(x) * sin`` for one tensor, ``cos``/``sin`` already broadcastable to
     ``x[..., :rotary_dim]`` (``per_pair``: to ``x[..., :rotary_dim / 2]``; module docstring:
-    layouts, ``upcast``, ``cast_back``, ``partial``, ``deinterleave``)."""
+    layouts, ``upcast``, ``cast_back``, ``partial``, ``deinterleave``).
+
+    ``complex_pairs=True``: ``cos`` is the complex ``freqs_cis`` (``cos + i sin``, one angle per
+    interleaved pair) and ``sin`` is not given: :func:`rotary_complex`."""
+    if complex_pairs:
+        if sin is not None:
+            raise TypeError("rotary(complex_pairs=True) takes freqs_cis in place of cos, no sin")
+        return rotary_complex(x, cos)
+    if sin is None:
+        raise TypeError("rotary() needs sin unless complex_pairs=True")
     # Under torch.compile the reference: the half-size products write into views of one
     # buffer (``out=`` a non-contiguous tensor), which breaks Dynamo's graph; Inductor fuses
     # ``x * cos + rotate(x) * sin`` into one loop without the temporaries anyway.
@@ -411,10 +426,17 @@ def apply_rotary_complex(
     ``(x[2i], x[2i+1])`` of 4-D ``q``/``k`` as complex numbers times ``freqs_cis``
     (complex64, broadcastable to ``(..., head_dim / 2)``), computed in float32 and returned in
     the inputs' dtypes."""
-    if runs_original(q, k, freqs_cis):  # as rotary(): the reference under torch.compile
-        return apply_rotary_complex_reference(q, k, freqs_cis)
-    plans = [_complex_plan(t, freqs_cis) for t in (q, k)]
-    if plans[0] is None or plans[1] is None:
-        return apply_rotary_complex_reference(q, k, freqs_cis)
-    cos, sin = freqs_cis.real, freqs_cis.imag
-    return _run(q, cos, sin, plans[0]), _run(k, cos, sin, plans[1])
+    return rotary_complex(q, freqs_cis), rotary_complex(k, freqs_cis)
+
+
+def rotary_complex(x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    """``view_as_real(view_as_complex(x.float().reshape(..., -1, 2)) * freqs_cis).flatten(3)
+    .type_as(x)`` for one 4-D tensor: the pairs ``(x[2i], x[2i+1])`` rotated by the angles of
+    ``freqs_cis`` (complex64, broadcastable to ``(..., head_dim / 2)``) in float32, without the
+    float32 copy, the complex product and its real view; returned in ``x``'s dtype."""
+    if runs_original(x, freqs_cis):  # as rotary(): the reference under torch.compile
+        return rotary_complex_reference(x, freqs_cis)
+    plan = _complex_plan(x, freqs_cis)
+    if plan is None:
+        return rotary_complex_reference(x, freqs_cis)
+    return _run(x, freqs_cis.real, freqs_cis.imag, plan)

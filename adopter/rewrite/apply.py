@@ -142,6 +142,8 @@ class _FunctionEditor(cst.CSTTransformer):
         self.arm_indents: dict[tuple[int, int], str] = {}
         self.expressions: dict[tuple[int, int, int, int, str], str] = {}
         self.statements: dict[tuple[int, int], str | None] = {}
+        # deleted statements whose end-of-line comment is written with a copy of them
+        self.comment_copied: set[tuple[int, int]] = set()
         self.hoists: dict[tuple[int, int], tuple[list[tuple[int, int]], int]] = {}
         self.sinks: dict[tuple[int, int], list[str]] = {}
         self.hoisted: dict[tuple[int, int], cst.SimpleStatementLine] = {}
@@ -172,6 +174,7 @@ class _FunctionEditor(cst.CSTTransformer):
                 self.statements[locate(statement)] = text
             for statement in plan.delete_statements:
                 self.statements[locate(statement)] = None
+            self.comment_copied.update(locate(s) for s in plan.copied_with_comment)
             if plan.spread is not None:
                 spread = plan.spread
                 for statement in spread.moved:
@@ -333,11 +336,13 @@ class _FunctionEditor(cst.CSTTransformer):
             return updated.with_changes(body=body) if body else _removed_marker(updated)
         if key not in self.statements:
             return updated
-        if self._moved(key):
+        moved = self._moved(key)
+        if moved:
             self.hoisted[key] = original
         text = self.statements[key]
         if text is None:
-            return _removed_marker(updated)
+            keeps_comment = not moved and key not in self.comment_copied
+            return _removed_marker(updated, keeps_comment)
         new = cst.parse_statement(text)
         assert isinstance(new, cst.SimpleStatementLine)
         return updated.with_changes(body=new.body)
@@ -444,12 +449,16 @@ class _FunctionEditor(cst.CSTTransformer):
                 block = _as_block(block, indent)
             assert isinstance(block, cst.IndentedBlock)
             body = list(block.body)
-            if len(body) == 1 and _is_pass(body[0]) and arm in plan.fused:
-                body = []  # the arm's statements all went into the fused call
+            comments: Sequence[cst.EmptyLine] = ()
+            if len(body) == 1 and _is_pass(body[0], comments=True) and arm in plan.fused:
+                # the arm's statements all went into the fused call (their comments stay)
+                comments, body = body[0].leading_lines, []  # type: ignore[attr-defined]
             head = opening(arm)
             if head and body and body[0].leading_lines:  # the arm's opening comment stays on top
                 head[0] = head[0].with_changes(leading_lines=body[0].leading_lines)
                 body[0] = body[0].with_changes(leading_lines=())
+            if head and comments:
+                head[0] = head[0].with_changes(leading_lines=[*comments, *head[0].leading_lines])
             return block.with_changes(body=[*head, *body, *closing(arm)])
 
         def arm_chain(node: cst.If, arm: int) -> cst.If:
@@ -504,13 +513,17 @@ class _FunctionEditor(cst.CSTTransformer):
         updated = self._wrapped(original, updated)
         if not any(_is_removed(statement) for statement in updated.body):
             return updated
-        # A removed statement's comment lines move to the statement that follows it.
+        # A removed statement's comments (the lines above it and the one at its end) move to
+        # the statement that follows it, or below the block's last statement.
         kept: list[cst.BaseStatement] = []
         carried: list[cst.EmptyLine] = []
         for statement in updated.body:
             if _is_removed(statement):
                 assert isinstance(statement, cst.SimpleStatementLine)
                 carried.extend(line for line in statement.leading_lines if line.comment)
+                comment = statement.trailing_whitespace.comment
+                if comment is not None:
+                    carried.append(cst.EmptyLine(comment=comment))
                 continue
             if carried:
                 statement = statement.with_changes(
@@ -520,6 +533,8 @@ class _FunctionEditor(cst.CSTTransformer):
             kept.append(statement)
         if not kept:
             kept = [cst.SimpleStatementLine(body=[cst.Pass()], leading_lines=carried)]
+        elif carried:
+            return updated.with_changes(body=kept, footer=[*carried, *updated.footer])
         return updated.with_changes(body=kept)
 
     def _wrapped(
@@ -572,13 +587,17 @@ class _FunctionEditor(cst.CSTTransformer):
 _REMOVED = "__adopter_removed__"
 
 
-def _is_pass(statement: cst.BaseStatement) -> bool:
-    return (
+def _is_pass(statement: cst.BaseStatement, comments: bool = False) -> bool:
+    """A lone ``pass`` (with ``comments``: perhaps under comment lines only)."""
+    if not (
         isinstance(statement, cst.SimpleStatementLine)
         and len(statement.body) == 1
         and isinstance(statement.body[0], cst.Pass)
-        and not statement.leading_lines
-    )
+    ):
+        return False
+    if not comments:
+        return not statement.leading_lines
+    return all(line.comment is not None for line in statement.leading_lines)
 
 
 def _chain_length(node: cst.If) -> int:
@@ -600,8 +619,15 @@ def _as_block(suite: cst.SimpleStatementSuite, indent: str) -> cst.IndentedBlock
     return cst.IndentedBlock(body=lines, indent=indent, header=suite.trailing_whitespace)
 
 
-def _removed_marker(statement: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
-    return statement.with_changes(body=[cst.Expr(cst.Name(_REMOVED))])
+def _removed_marker(
+    statement: cst.SimpleStatementLine, keeps_comment: bool = True
+) -> cst.SimpleStatementLine:
+    """A deleted statement until its block is rebuilt; with ``keeps_comment`` its end-of-line
+    comment stays on the next line (a moved statement's goes with it)."""
+    removed = statement.with_changes(body=[cst.Expr(cst.Name(_REMOVED))])
+    if keeps_comment:
+        return removed
+    return removed.with_changes(trailing_whitespace=cst.TrailingWhitespace())
 
 
 def _is_removed(statement: cst.BaseStatement) -> bool:

@@ -101,11 +101,18 @@ def step_expression(step: FlowStep) -> ast.expr:
 
 def input_names(site: Site) -> set[str]:
     """Every name the matched input values read."""
-    names: set[str] = set()
+    return set(first_reads(site))
+
+
+def first_reads(site: Site) -> dict[str, tuple[int, int]]:
+    """Every name the matched input values read, with where the earliest of them reads it."""
+    reads: dict[str, tuple[int, int]] = {}
     for value in site.bindings.values():
         if isinstance(value, Operand) and value.node is not None:
-            names |= read_names(value.node)
-    return names
+            where = (value.node.lineno, value.node.col_offset)
+            for name in read_names(value.node):
+                reads[name] = min(reads.get(name, where), where)
+    return reads
 
 
 # -- the rule and the match ------------------------------------------------------------------
@@ -504,14 +511,24 @@ def check_between(
     deleted: list[ast.stmt],
     inputs: set[str],
     blocks: Blocks,
+    reads: dict[str, tuple[int, int]] | None = None,
 ) -> Refusal | None:
     """Nothing between a fused statement and where its work now happens (``last``: the fused
-    statement, or the ``if`` it moves into) changes the values involved."""
+    statement, or the ``if`` it moves into) changes the values involved. With ``reads`` (where
+    the matched code first reads each input name), a name set before the matched code reads it
+    is no change: the match took the new value, and the kernel call reads it too (DeepSeek-V2's
+    ``freqs_cis = freqs_cis.unsqueeze(1)`` between the two halves of its rotation)."""
     produced = assigned_names(first)
     for statement in blocks.between(first, last):
         if any(statement is d for d in deleted):
             continue
-        if assigned_names(statement) & inputs:
+        end = (statement.end_lineno or statement.lineno, statement.end_col_offset or 0)
+        changed = {
+            name
+            for name in assigned_names(statement) & inputs
+            if reads is None or name not in reads or reads[name] < end
+        }
+        if changed:
             return Refusal(f"line {statement.lineno} reassigns an input of the fused call")
         if read_names(statement) & produced and not isinstance(last, ast.If):
             return Refusal(f"line {statement.lineno} reads a name the fused statement sets")

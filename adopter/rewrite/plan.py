@@ -81,6 +81,7 @@ from .checks import (
     check_statement_holds,
     check_steps_line_up,
     check_unpacked_reads,
+    first_reads,
     identity_guard,
     input_names,
     path_conditions,
@@ -140,6 +141,8 @@ class Plan:
     hoist: tuple[list[ast.stmt], ast.If, int] | None = None
     # source text of statements copied to the end of the arms that do not fuse
     sunk: list[str] = field(default_factory=list)
+    # deleted statements whose comment goes with their copy (``sunk``), not to the next line
+    copied_with_comment: list[ast.stmt] = field(default_factory=list)
     # statements copied into every arm of an ``if``/``elif`` chain, fused in some (arms.py)
     spread: Spread | None = None
     # computations written again, once each, as the original arm of an identity-guarded call
@@ -442,6 +445,7 @@ class Planner:
         plan.delete_statements.append(final_statement)
         plan.touched.extend([last, final_statement])
         plan.sunk = [statement_with_comment(self.source, final_statement)]
+        plan.copied_with_comment.append(final_statement)
         plan.hoist = ([], branch, 0 if field_name == "body" else 1)
         deleted.remove(last)
         return last
@@ -458,12 +462,13 @@ class Planner:
         """Delete the fused statements, moving one into the branches when Fig. 4 applies, and
         check that every input still means the same value where the kernel call now sits."""
         final_block = blocks.block_of(final_statement)[0]
-        inputs = input_names(site) | extra_inputs
+        reads = first_reads(site)
+        inputs = set(reads) | extra_inputs
         for statement in deleted:
             block = blocks.block_of(statement)[0]
             if block is final_block:
                 require(check_feeds_later(blocks, statement, final_statement))
-                require(check_between(statement, final_statement, deleted, inputs, blocks))
+                require(check_between(statement, final_statement, deleted, inputs, blocks, reads))
                 plan.delete_statements.append(statement)
                 plan.touched.append(statement)
                 continue

@@ -329,3 +329,53 @@ def test_gated_mlp_product_only_matches_original(name, bias):
     compare_modules(original, fused, x)
     with torch.no_grad():
         assert torch.equal(original(x), fused(x))
+
+
+class ScaledGateMlp(nn.Module):
+    """Falcon-H1's MLP: the gate projection scaled before the activation, the output after."""
+
+    def __init__(self, gate_multiplier, down_multiplier, fused=False, down=True):
+        super().__init__()
+        self.gate_proj = nn.Linear(12, 20)
+        self.up_proj = nn.Linear(12, 20)
+        self.down_proj = nn.Linear(20, 12)
+        self.act_fn = nn.SiLU()
+        self.gate_multiplier, self.down_multiplier = gate_multiplier, down_multiplier
+        self.fused, self.down = fused, down
+
+    def forward(self, x):
+        if self.fused and self.down:
+            y = gated_mlp(
+                x,
+                self.gate_proj,
+                self.up_proj,
+                self.down_proj,
+                self.act_fn,
+                gate_scale=self.gate_multiplier,
+            )
+            return y * self.down_multiplier
+        if self.fused:
+            y = gated_mlp(
+                x, self.gate_proj, self.up_proj, None, self.act_fn, gate_scale=self.gate_multiplier
+            )
+        else:
+            y = self.up_proj(x) * self.act_fn(self.gate_proj(x) * self.gate_multiplier)
+        return self.down_proj(y) * self.down_multiplier
+
+
+@pytest.mark.parametrize("down", [True, False])
+@pytest.mark.parametrize("multiplier", [0.75, torch.tensor(1.5)])
+def test_gated_mlp_scaled_gate_matches_original(down, multiplier):
+    torch.manual_seed(0)
+    original = ScaledGateMlp(multiplier, 0.5)
+    fused = copy.deepcopy(original)
+    fused.fused, fused.down = True, down
+    x = torch.randn(3, 5, 12)
+    compare_modules(original, fused, x)
+    with torch.no_grad():
+        assert torch.equal(original(x), fused(x))
+
+
+def test_gated_mlp_scaled_gate_is_not_for_halves():
+    with pytest.raises(TypeError):
+        gated_mlp(torch.randn(2, 8), None, None, None, F.silu, halves="first", gate_scale=2.0)

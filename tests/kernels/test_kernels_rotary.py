@@ -7,8 +7,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adopter.kernels import apply_rotary, apply_rotary_complex, rotary
-from adopter.kernels.rotary import apply_rotary_complex_reference, rotary_reference
+from adopter.kernels import apply_rotary, apply_rotary_complex, rotary, rotary_complex
+from adopter.kernels.rotary import (
+    apply_rotary_complex_reference,
+    rotary_complex_reference,
+    rotary_reference,
+)
 from tests.kernels.conftest import assert_same_function, assert_traces_like_reference, saved_bytes
 
 # --- the spellings as the model files write them --------------------------------------------
@@ -165,6 +169,35 @@ def test_complex_form(dtype):
         lambda q, k: llama4_apply(q, k, freqs_cis),
         [q, k],
     )
+
+
+def diffusers_complex_apply(x, freqs_cis):
+    x_rotated = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    freqs_cis = freqs_cis.unsqueeze(1)
+    x_out = torch.view_as_real(x_rotated * freqs_cis).flatten(3)
+    return x_out.type_as(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_complex_form_one_tensor(dtype):
+    x = torch.randn(2, 5, 3, 8).to(dtype)  # (batch, seq, heads, head_dim), freqs per (seq, pair)
+    angles = torch.randn(5, 4)
+    freqs_cis = torch.polar(torch.ones_like(angles), angles)
+    assert_same_function(
+        lambda x: rotary_complex(x, freqs_cis.unsqueeze(1)),
+        lambda x: diffusers_complex_apply(x, freqs_cis),
+        [x],
+    )
+
+
+def test_complex_form_hands_back_what_it_does_not_handle():
+    x = torch.randn(2, 5, 8)  # 3-D: the reference runs
+    angles = torch.randn(5, 4)
+    freqs = torch.polar(torch.ones_like(angles), angles)
+    assert torch.equal(rotary_complex(x, freqs), rotary_complex_reference(x, freqs))
+    wide = torch.polar(torch.ones(2, 3, 5, 4), torch.randn(2, 3, 5, 4))
+    small = torch.randn(1, 3, 5, 8)  # freqs would broadcast x to a larger shape
+    assert torch.equal(rotary_complex(small, wide), rotary_complex_reference(small, wide))
 
 
 def test_keeps_only_the_angles():

@@ -45,7 +45,11 @@ from adopter.kernels.cross_entropy import (
     linear_cross_entropy_reference,
 )
 from adopter.kernels.rms_norm import rms_norm_reference
-from adopter.kernels.rotary import apply_rotary_complex_reference, rotary_reference
+from adopter.kernels.rotary import (
+    apply_rotary_complex_reference,
+    rotary_complex_reference,
+    rotary_reference,
+)
 
 # From the registry: the public names that are not kernels a model calls (``fused_loss_applies``
 # is the run-time test of the cross-entropy rewrite; it answers False under a tracer; the
@@ -361,6 +365,22 @@ MODERN_CASES = [
         lambda: {"q": nn.Linear(8, 8), "k": nn.Linear(8, 8)},
         lambda: (torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8)),
         fx=False,  # `x.reshape(*x.shape[:-1], -1, 2)` star-expands a shape
+    ),
+    Case(
+        "rotary_complex",
+        lambda m, x: kernels.rotary_complex(m.q(x), FREQS),
+        lambda m, x: rotary_complex_reference(m.q(x), FREQS),
+        lambda: {"q": nn.Linear(8, 8)},
+        lambda: (torch.randn(1, 2, 5, 8),),
+        fx=False,  # as apply_rotary_complex
+    ),
+    Case(
+        "rotary",  # the complex form through rotary (the rule's spelling)
+        lambda m, x: kernels.rotary(m.q(x), FREQS, complex_pairs=True),
+        lambda m, x: rotary_complex_reference(m.q(x), FREQS),
+        lambda: {"q": nn.Linear(8, 8)},
+        lambda: (torch.randn(1, 2, 5, 8),),
+        fx=False,  # as apply_rotary_complex
     ),
     Case(
         "attention_function",

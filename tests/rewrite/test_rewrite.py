@@ -70,6 +70,22 @@ def test_dropout_add_layernorm_rewrite_keeps_comments_and_modules():
         """)
 
 
+def test_the_comment_at_the_end_of_a_removed_statement_is_kept():
+    result = rewrite(
+        BERT_OUTPUT.replace(
+            "hidden_states = self.dropout(hidden_states)",
+            "hidden_states = self.dropout(hidden_states)  # p=0.1",
+        )
+    )
+    assert [r.status for r in result.results] == ["patched"]
+    patched = result.patched
+    assert (
+        "        # regularise before the residual\n        # p=0.1\n        hidden_states = "
+        in patched
+    )
+    assert "self.dropout(hidden_states)" not in patched
+
+
 def test_second_apply_changes_nothing():
     first = rewrite(BERT_OUTPUT)
     again = rewrite_text(first.patched, "model.py", Matcher(load_rule_set("paper")))
