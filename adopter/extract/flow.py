@@ -108,6 +108,36 @@ def _parallel(node: ast.Assign) -> bool:
     )
 
 
+def delegates(function: ast.FunctionDef) -> bool:
+    """``forward(self, x)`` whose whole body hands its parameters to one submodule and returns
+    what it gives: ``return self.predictions(x)``, or the same through one local name."""
+    body = function.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]  # the docstring
+    if len(body) == 2 and isinstance(body[0], ast.Assign) and isinstance(body[1], ast.Return):
+        (target,) = body[0].targets if len(body[0].targets) == 1 else (None,)
+        returned = body[1].value
+        if not (
+            isinstance(target, ast.Name)
+            and isinstance(returned, ast.Name)
+            and returned.id == target.id
+        ):
+            return False
+        call = body[0].value
+    elif len(body) == 1 and isinstance(body[0], ast.Return):
+        call = body[0].value
+    else:
+        return False
+    if not (isinstance(call, ast.Call) and self_attribute(call.func) is not None):
+        return False
+    parameters = {a.arg for a in [*function.args.posonlyargs, *function.args.args][1:]}
+    parameters |= {a.arg for a in function.args.kwonlyargs}
+    values = [*call.args, *(k.value for k in call.keywords if k.arg is not None)]
+    if len(values) != len(call.args) + len(call.keywords):
+        return False  # ``**kwargs`` passed on
+    return bool(values) and all(isinstance(v, ast.Name) and v.id in parameters for v in values)
+
+
 def _last_dimension_slice(node: ast.expr) -> Operand | None:
     """``x[..., 0::2]``, ``x[..., 1::2]``, ``x[..., :half]``, ``shape[:-1]``: a slice of the last
     (or, without ``...``, the first) dimension with constant bounds is one constant index,
@@ -977,7 +1007,10 @@ class FlowBuilder:
             cls=cls,
             self_path=self_path,
             method=self.nested_names.get(id(function), function.name),
-            class_depth=self.frame.class_depth + (1 if class_call else 0),
+            # a forward that only hands its input to one submodule (BERT's ``OnlyMLMHead``:
+            # ``return self.predictions(x)``) adds no depth: the work is one class further
+            class_depth=self.frame.class_depth
+            + (1 if class_call and not delegates(function) else 0),
             inlined=True,
             scripted=self.frame.scripted or is_scripted(function, self.analysis),
             chain=(*self.frame.chain, function.name),

@@ -1391,8 +1391,18 @@ def check_inlined_alike(
         if step.inline_chain != chain:
             return Refusal(SPANS_FUNCTIONS)
         return None
-    if len(step.inline_chain) != shallow + 1 or step.inline_chain[:shallow] != chain:
+    # deeper only through forwards that hand their input on (module_helper checks them)
+    if len(step.inline_chain) < shallow + 1 or step.inline_chain[:shallow] != chain:
         return Refusal(SPANS_FUNCTIONS)
+    return None
+
+
+@check
+def check_inlined_through_wrappers(helper: ast.FunctionDef, copied: object) -> Refusal | None:
+    """A matched step two or more calls deep is rewritten only as a submodule's ``forward``
+    reached through forwards that hand their input on, whose work the kernel arm copies."""
+    if copied is None:
+        return Refusal(f"{helper.name}(): {SPANS_FUNCTIONS}")
     return None
 
 

@@ -44,6 +44,7 @@ from .checks import (
     check_helper_result_named,
     check_in_block,
     check_inlined_alike,
+    check_inlined_through_wrappers,
     check_matched_on_every_path,
     check_one_copied_helper,
     check_one_root,
@@ -388,10 +389,13 @@ def _root_and_holders(
         assert helper is not None
         call = calls.get(id(helper))
         if call is None:
-            sites = _calls_of(function, helper)  # type: ignore[arg-type]
+            deeper = len(step.inline_chain) > shallow + 1  # through delegating forwards
+            sites = [] if deeper else _calls_of(function, helper)  # type: ignore[arg-type]
             copied = (
                 None if sites else module_helper(planner.source, site, function, helper)  # type: ignore[arg-type]
             )
+            if deeper:
+                require(check_inlined_through_wrappers(helper, copied))
             if copied is not None:
                 require(check_one_copied_helper(helper, inlined))
                 inlined = copied

@@ -30,6 +30,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
+from ..extract.flow import delegates
 from ..extract.model import Operand
 from ..extract.model import Step as FlowStep
 from ..match.matcher import BoundModule, Site
@@ -71,11 +72,7 @@ def module_helper(
     owner = _self_path(source, inner)
     if helper.name != "forward" or owner is None:
         return None
-    calls = [
-        node
-        for node in ast.walk(function)
-        if isinstance(node, ast.Call) and source.segment(node.func) == owner
-    ]
+    calls, handed = _caller_call(source, site, function, owner)
     require(check_module_helper_call(owner, calls))
     (call,) = calls
     outer = [s for s in site.steps if s.function is function]
@@ -103,7 +100,7 @@ def module_helper(
         require(check_operand_copyable(variable, node, later))
     parameters = _parameters(helper)
     read = set().union(set(), *(read_names(s) for s in [*prefix, *operands.values()]))
-    given = _arguments(source, helper, call, parameters, read)
+    given = _arguments(source, helper, _handed_on(call, handed), parameters, read)
     taken = names_in(function)
     local = set().union(set(), *(assigned_names(s) for s in prefix))
     globals_read = read - local - set(parameters) - {"self"}
@@ -138,6 +135,74 @@ def module_helper(
     for variable, node in operands.items():
         inlined.var_text[variable] = _in_caller(node, names, owner)  # type: ignore[arg-type]
     return inlined
+
+
+def _calls_of_path(source: SourceText, function: ast.FunctionDef, path: str) -> list[ast.Call]:
+    return [
+        node
+        for node in ast.walk(function)
+        if isinstance(node, ast.Call) and source.segment(node.func) == path
+    ]
+
+
+MAX_WRAPPERS = 3  # forwards handing their input on between the caller and the helper
+
+
+def _caller_call(
+    source: SourceText, site: Site, function: ast.FunctionDef, owner: str
+) -> tuple[list[ast.Call], list[tuple[ast.FunctionDef, ast.Call]]]:
+    """The calls in ``function`` that reach the helper's module ``owner``: of ``owner``
+    itself, or of a module whose ``forward`` only hands its input on to it (BERT's
+    ``self.cls(x)``, whose forward returns ``self.predictions(x)``), with those forwards and
+    their calls, outermost first."""
+    handed: list[tuple[ast.FunctionDef, ast.Call]] = []
+    path = owner
+    while True:
+        calls = _calls_of_path(source, function, path)
+        if calls or len(handed) == MAX_WRAPPERS or path.count(".") < 2:
+            return calls, handed
+        # the summary step of the call that reached ``path``: in the forward of its parent
+        reaching = [
+            step
+            for step in (site.flow.steps if site.flow is not None else [])
+            if step.transparent
+            and step.module == path
+            and step.function is not None
+            and step.function is not function
+            and isinstance(step.node, ast.Call)
+        ]
+        wrappers = {id(step.function): step for step in reaching}
+        if len(wrappers) != 1:
+            return [], handed
+        (step,) = wrappers.values()
+        wrapper = step.function
+        assert wrapper is not None and isinstance(step.node, ast.Call)
+        if wrapper.name != "forward" or not delegates(wrapper):
+            return [], handed
+        handed.insert(0, (wrapper, step.node))
+        path = path.rsplit(".", 1)[0]
+
+
+def _handed_on(call: ast.Call, handed: list[tuple[ast.FunctionDef, ast.Call]]) -> ast.Call:
+    """The caller's ``call`` as the helper receives it through the forwards that hand their
+    input on: each forward's call with its parameters replaced by what it was given."""
+    for wrapper, inner in handed:
+        arguments = wrapper.args
+        positional = [a.arg for a in [*arguments.posonlyargs, *arguments.args]][1:]
+        given: dict[str, ast.expr] = dict(zip(positional, call.args, strict=False))
+        given.update({k.arg: k.value for k in call.keywords if k.arg is not None})
+        # ``delegates`` holds: every argument of ``inner`` is a parameter name; one the
+        # caller left out keeps the inner call's own name (the check of the helper's
+        # arguments then refuses it unless it is not read)
+        call = ast.Call(
+            func=inner.func,
+            args=[given.get(a.id, a) for a in inner.args],  # type: ignore[attr-defined]
+            keywords=[
+                ast.keyword(arg=k.arg, value=given.get(k.value.id, k.value))  # type: ignore[attr-defined]
+                for k in inner.keywords
+            ],
+        )
+    return call
 
 
 def _self_path(source: SourceText, steps: list[FlowStep]) -> str | None:
