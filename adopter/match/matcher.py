@@ -814,6 +814,14 @@ class Matcher:
             # element's line would be shared by every caller of the container.
             anchor_line, anchor_column = first.node.lineno, first.node.col_offset + 1
             method = first.method
+        elif (reaching := _reaching_call(rule, flow, state.steps)) is not None:
+            # A submodule's forward, then the caller's own calls (a masked-LM head's decoder,
+            # then the caller's loss), in a guarded replacement, whose kernel arm replaces the
+            # caller's call: the fusion is the caller's, at that call; the decoder's line would
+            # be shared by every caller of the head.
+            anchor_line, anchor_column = reaching.node.lineno, reaching.node.col_offset + 1
+            method = reaching.method
+            first = reaching  # the class named with the site, too
         else:
             anchor_line, anchor_column, method = first.line, first.column, first.method
         matched = list(where_state.steps if where_state else state.steps)
@@ -963,17 +971,50 @@ def _argument_miss(
     return f"line {step.line} `{callee_text(step)}`, {_value_miss(which, arg, operand, state)}"
 
 
+def _reaching_call(rule: Rule, flow: FunctionFlow, steps: list[FlowStep]) -> FlowStep | None:
+    """For a match of a guarded replacement that starts in a submodule's inlined ``forward``
+    and ends in the function that calls the submodule: the summary step of that call (the one
+    call there whose module holds the first step's); ``None`` otherwise. (An unguarded
+    replacement is written where its matched calls are, so its site stays there.)"""
+    if rule.forward is None or rule.forward.guard is None:
+        return None
+    first = steps[0]
+    outer = min(steps, key=lambda step: len(step.inline_chain))
+    if len(first.inline_chain) <= len(outer.inline_chain) or first.module is None:
+        return None
+    calls = [
+        step
+        for step in flow.steps
+        if step.transparent
+        and step.function is outer.function
+        and step.inline_chain == outer.inline_chain
+        and step.module is not None
+        and first.module.startswith(step.module + ".")
+        and step.node is not None
+    ]
+    return calls[0] if len(calls) == 1 else None
+
+
 def _without_overlaps(sites: list[Site]) -> list[Site]:
     """One site per computation and rule: a match that reuses a call an earlier site of the
     same rule already took (six projections of one tensor make several triples) is dropped,
     unless the rest of it runs only on paths the earlier one's rest does not (the keys and
     values projected in another arm of a branch, the query after it): then it is that site's
     alternative, which a rewrite across the arms fuses in its own arm."""
-    claimed: dict[str, dict[tuple[int, str | None], Site]] = {}
+    claimed: dict[str, dict[tuple[object, ...], Site]] = {}
     kept: list[Site] = []
     for site in sites:
-        # the elements of one nn.Sequential call share its node: the module tells them apart
-        nodes = {(id(step.node), step.module) for step in site.steps if step.node is not None}
+        # the elements of one nn.Sequential call share its node: the module tells them apart;
+        # a submodule's calls reached from two callers are two computations (each its own call)
+        reaching = None if site.flow is None else _reaching_call(site.rule, site.flow, site.steps)
+        caller = id(reaching.node) if reaching is not None else None
+        nodes = {
+            (id(step.node), step.module, caller if step.function is not reaching.function else None)
+            if reaching is not None
+            else (id(step.node), step.module)
+            for step in site.steps
+            if step.node is not None
+        }
         taken = claimed.setdefault(site.rule.id, {})
         if len(site.steps) > 1 and nodes & taken.keys():
             owners = {id(taken[node]): taken[node] for node in nodes & taken.keys()}
