@@ -109,8 +109,9 @@ def _parallel(node: ast.Assign) -> bool:
 
 
 def delegates(function: ast.FunctionDef) -> bool:
-    """``forward(self, x)`` whose whole body hands its parameters to one submodule and returns
-    what it gives: ``return self.predictions(x)``, or the same through one local name."""
+    """``forward(self, x)`` whose whole body hands its parameters to one call of an attribute
+    of ``self`` (a submodule) and returns what it gives: ``return self.predictions(x)``, or the
+    same through one local name."""
     body = function.body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         body = body[1:]  # the docstring

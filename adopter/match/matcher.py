@@ -995,6 +995,13 @@ def _reaching_call(rule: Rule, flow: FunctionFlow, steps: list[FlowStep]) -> Flo
     return calls[0] if len(calls) == 1 else None
 
 
+def _caller_of(step: FlowStep, reaching: FlowStep | None) -> int | None:
+    """The call through which a step inside a submodule's forward ran (see _reaching_call)."""
+    if reaching is None or step.function is reaching.function:
+        return None
+    return id(reaching.node)
+
+
 def _without_overlaps(sites: list[Site]) -> list[Site]:
     """One site per computation and rule: a match that reuses a call an earlier site of the
     same rule already took (six projections of one tensor make several triples) is dropped,
@@ -1007,11 +1014,8 @@ def _without_overlaps(sites: list[Site]) -> list[Site]:
         # the elements of one nn.Sequential call share its node: the module tells them apart;
         # a submodule's calls reached from two callers are two computations (each its own call)
         reaching = None if site.flow is None else _reaching_call(site.rule, site.flow, site.steps)
-        caller = id(reaching.node) if reaching is not None else None
         nodes = {
-            (id(step.node), step.module, caller if step.function is not reaching.function else None)
-            if reaching is not None
-            else (id(step.node), step.module)
+            (id(step.node), step.module, _caller_of(step, reaching))
             for step in site.steps
             if step.node is not None
         }

@@ -112,6 +112,18 @@ EXTRA_CASES = [
         _x(2, 3, 8),
     ),
     Case(
+        "gated_mlp",  # Falcon-H1: the gate projection scaled before the activation
+        lambda m, x: kernels.gated_mlp(x, m.gate, m.up, m.down, m.act, gate_scale=0.5),
+        lambda m, x: m.down(m.up(x) * m.act(m.gate(x) * 0.5)),
+        lambda: {
+            "gate": nn.Linear(8, 16),
+            "up": nn.Linear(8, 16),
+            "down": nn.Linear(16, 8),
+            "act": nn.SiLU(),
+        },
+        _x(2, 3, 8),
+    ),
+    Case(
         "gated_mlp",  # Phi-3: one gate/up projection, chunked, the gate first
         lambda m, x: kernels.gated_mlp(m.proj(x), None, None, m.down, m.act, halves="first"),
         lambda m, x: m.down(m.proj(x).chunk(2, dim=-1)[1] * m.act(m.proj(x).chunk(2, dim=-1)[0])),
