@@ -140,20 +140,31 @@ def delegates(function: ast.FunctionDef) -> bool:
 
 
 def _last_dimension_slice(node: ast.expr) -> Operand | None:
-    """``x[..., 0::2]``, ``x[..., 1::2]``, ``x[..., :half]``, ``shape[:-1]``: a slice of the last
-    (or, without ``...``, the first) dimension with constant bounds is one constant index,
-    written ``..., start:stop:step`` (``start:stop:step``) with omitted parts left out (a start
-    of 0 folded away), so a rule can name the even and odd elements or the leading sizes."""
-    prefix, last = "", node
-    if isinstance(node, ast.Tuple) and len(node.elts) == 2:
-        ellipsis, last = node.elts
+    """``x[..., 0::2]``, ``x[..., 1::2]``, ``x[..., :half]``, ``shape[:-1]``,
+    ``logits[..., :-1, :]``: slices with constant bounds over the last dimensions (or, without
+    ``...``, one slice of the first) are one constant index, written ``..., start:stop:step``
+    (``start:stop:step``; ``..., :-1, :`` for several) with omitted parts left out (a start of 0
+    folded away), so a rule can name the even and odd elements, the leading sizes or the
+    positions a causal LM's shifted logits keep."""
+    prefix, slices = "", [node]
+    if isinstance(node, ast.Tuple) and len(node.elts) >= 2:
+        ellipsis, *slices = node.elts
         if not (isinstance(ellipsis, ast.Constant) and ellipsis.value is Ellipsis):
             return None
         prefix = "..., "
-    if not isinstance(last, ast.Slice):
+    texts = [_constant_slice(part) for part in slices]
+    if any(text is None for text in texts):
+        return None
+    text = prefix + ", ".join(text for text in texts if text is not None)
+    return Operand(node=node, constant=text, label=repr(text))
+
+
+def _constant_slice(node: ast.expr) -> str | None:
+    """``start:stop:step`` of a slice whose bounds are integer constants, else None."""
+    if not isinstance(node, ast.Slice):
         return None
     parts = []
-    for bound in (last.lower, last.upper, last.step):
+    for bound in (node.lower, node.upper, node.step):
         value = None if bound is None else constant_value(bound)
         if bound is not None and (not isinstance(value, int) or isinstance(value, bool)):
             return None
@@ -161,8 +172,7 @@ def _last_dimension_slice(node: ast.expr) -> Operand | None:
     if parts[0] == 0:
         parts[0] = None
     start, stop, step = ("" if p is None else str(p) for p in parts)
-    text = f"{prefix}{start}:{stop}" + (f":{step}" if step else "")
-    return Operand(node=node, constant=text, label=repr(text))
+    return f"{start}:{stop}" + (f":{step}" if step else "")
 
 
 _COMPARE_OPS = {

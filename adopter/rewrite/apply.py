@@ -154,13 +154,23 @@ class _FunctionEditor(cst.CSTTransformer):
         self.copied_later: set[tuple[int, int]] = set()
         self.inserted: dict[tuple[int, int], list[str]] = {}
         self.new_keywords: dict[tuple[int, int], list[str]] = {}
-        # first statement -> (statements wrapped, guard, kernel arm, indentation step)
-        self.wraps: dict[tuple[int, int], tuple[tuple[int, int], str | None, list[str], str]] = {}
+        # first statement -> (statements wrapped, guard, kernel arm, indentation step,
+        # the statements the kernel arm runs too; see Plan.wrap_copies)
+        self.wraps: dict[
+            tuple[int, int],
+            tuple[tuple[int, int], str | None, list[str], str, tuple[tuple[int, ...], int]],
+        ] = {}
         for plan in plans:
             if plan.wrap is not None:
                 wrapped, guard, kernel_arm, indent = plan.wrap
                 # the last statement's position, not a count: joined statements share a line
-                self.wraps[locate(wrapped[0])] = (locate(wrapped[-1]), guard, kernel_arm, indent)
+                self.wraps[locate(wrapped[0])] = (
+                    locate(wrapped[-1]),
+                    guard,
+                    kernel_arm,
+                    indent,
+                    plan.wrap_copies,
+                )
             for statement, text in plan.insert_before:
                 self.inserted.setdefault(locate(statement), []).append(text)
             if plan.keyword_parameters:
@@ -553,7 +563,7 @@ class _FunctionEditor(cst.CSTTransformer):
                 body.append(updated.body[index])
                 index += 1
                 continue
-            last, guard, kernel_arm, indent = wrap
+            last, guard, kernel_arm, indent, (copies, copies_at) = wrap
             count = 0
             while index + count < len(keys) and keys[index + count] <= last:
                 count += 1
@@ -561,6 +571,8 @@ class _FunctionEditor(cst.CSTTransformer):
             leading = moved[0].leading_lines
             moved[0] = moved[0].with_changes(leading_lines=())
             arm = [cst.parse_statement(text) for text in kernel_arm]
+            # statements that take no part in the match run in the kernel arm too, as written
+            arm[copies_at:copies_at] = [moved[i].deep_clone() for i in copies]
             if guard is None:  # the statements replaced; their comment lines kept before them
                 comments = [
                     line

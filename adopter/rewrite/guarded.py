@@ -59,7 +59,15 @@ from .checks import (
     step_expression,
 )
 from .inline import InlinedHelper, module_helper
-from .source import Blocks, assigned_names, contains, has_call, read_names
+from .source import (
+    Blocks,
+    assigned_names,
+    contains,
+    free_reads,
+    has_call,
+    mutated_names,
+    read_names,
+)
 
 if TYPE_CHECKING:
     from .plan import Plan, Planner
@@ -113,19 +121,32 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
         require(check_matched_on_every_path(wrapped, matched_nodes, decided + matched_nodes))
     setups = _setups(planner, wrapped, matched_nodes, lines, guard_text, blocks, holders)
     allowed = matched_nodes + _modules_built_in(site, function) + [n for _, _, n in setups]
+    copies: list[int] = []
+    if guard is not None:
+        arm_lines = [*(inlined.lines if inlined is not None else []), *lines]
+        copies = _apart_from_match(
+            function, wrapped, allowed, arm_lines, guard_text, setups, len(lines)
+        )
     require(
         check_only_matched_work(
-            planner.source, wrapped, allowed, final_return, guarded=guard is not None
+            planner.source,
+            [s for i, s in enumerate(wrapped) if i not in copies],
+            allowed,
+            final_return,
+            guarded=guard is not None,
         )
     )
     lines = [f"{name} = {planner.source.segment(value)}" for name, value, _ in setups] + lines
     bound |= {name for name, _, _ in setups}
+    bound |= set().union(set(), *(assigned_names(wrapped[i]) for i in copies))
+    plan.wrap_copies = (tuple(copies), len(setups) + len(inlined.lines if inlined else []))
+    plan.reopens = bool(copies)  # the kernel arm's copies may hold other sites
     if inlined is not None:  # the copied statements read the call's arguments where it ran
         holder = planner.statement_containing(function, inlined.call)
         require(check_arguments_unchanged(wrapped, holder, inlined.call))
         lines = [*inlined.lines, *lines]
         bound |= inlined.bound
-        plan.reopens = bool(inlined.lines)  # the copied statements may hold other sites
+        plan.reopens |= bool(inlined.lines)  # the copied statements may hold other sites
     planner.render.moved_calls = []  # arguments are evaluated where the range began: the same
     require(check_arm_sets_what_is_read(function, wrapped, bound, blocks))
     computed = frozenset(name for name, _, _ in setups)
@@ -263,6 +284,100 @@ def _setups(
             ):
                 found.append((name, value, node))
     return sorted(found, key=lambda setup: (setup[2].lineno, setup[2].col_offset))  # type: ignore[attr-defined]
+
+
+def _apart_from_match(
+    function: ast.FunctionDef,
+    wrapped: list[ast.stmt],
+    matched: list[ast.expr],
+    arm_lines: list[str],
+    guard_text: str,
+    setups: list[tuple[str, ast.expr, ast.AST]],
+    kernel_lines: int,
+) -> list[int]:
+    """The statements of a guarded range that take no part in the match, which the kernel arm
+    runs first, as written (GPT-2's and OpenAI GPT's double-heads models compute the
+    multiple-choice head and its loss between the LM head and the LM loss): the positions in
+    ``wrapped`` of top-level statements that hold no matched node, no ``return`` or other jump,
+    read nothing an earlier statement of the range binds or changes, and bind or change
+    nothing a later one reads before binding it, nor anything the guard, the setups or the
+    kernel arm's lines read or bind. Moved ahead of the matched calls their values are the
+    same (the matched calls are the head and the loss, which change nothing). A statement that
+    computes nothing (``mc_loss = None``) is taken when it sets a name the kernel arm does not
+    and a taken statement or the code after the range reads it; otherwise it stays out, as
+    before (``loss = None`` is set again by the kernel arm)."""
+    arm_reads = read_names(ast.parse(guard_text, mode="eval")) | {
+        name for _, value, _ in setups for name in read_names(value)
+    }
+    # names bound before the copies (setups, a copied submodule's work) and after (the kernel)
+    early_binds = {name for name, _, _ in setups}
+    late_binds: set[str] = set()
+    for position, line in enumerate(arm_lines):
+        tree = ast.parse(line)
+        arm_reads |= read_names(tree)
+        (early_binds if position < len(arm_lines) - kernel_lines else late_binds).update(
+            assigned_names(tree)
+        )
+    changed = [assigned_names(s) | mutated_names(s) for s in wrapped]
+    chosen = {
+        i
+        for i, statement in enumerate(wrapped)
+        if not any(contains(statement, node) for node in matched)
+        and not any(isinstance(n, _JUMPS) for n in ast.walk(statement))
+    }
+    settled = False
+    while not settled:  # dropping one may make another unsafe: until none is dropped
+        settled = True
+        for index in sorted(chosen):
+            rest = [j for j in range(len(wrapped)) if j not in chosen]
+            before = set().union(set(), *(changed[j] for j in rest if j < index))
+            after = free_reads([wrapped[j] for j in rest if j > index])
+            if free_reads([wrapped[index]]) & (before | early_binds) or changed[index] & (
+                after | arm_reads | early_binds
+            ):
+                chosen.discard(index)
+                settled = False
+    computing = [i for i in sorted(chosen) if not _sets_constants_only(wrapped[i])]
+    if not computing:
+        return []
+    outside = read_names(function) - set().union(*(read_names(s) for s in wrapped))
+    read_by_copies = set().union(*(read_names(wrapped[i]) for i in computing))
+    set_by_copies = set().union(*(changed[i] for i in computing))
+    constants = [
+        i
+        for i in sorted(chosen)
+        if i not in computing
+        and (changed[i] & read_by_copies or (changed[i] - late_binds) & (outside | set_by_copies))
+    ]
+    return sorted(computing + constants)
+
+
+# Statements a copy ahead of the matched calls could not keep in their place.
+_JUMPS = (
+    ast.Return,
+    ast.Raise,
+    ast.Break,
+    ast.Continue,
+    ast.Global,
+    ast.Nonlocal,
+    ast.Yield,
+    ast.YieldFrom,
+    ast.Await,
+    ast.Delete,
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+    ast.Lambda,
+)
+
+
+def _sets_constants_only(statement: ast.stmt) -> bool:
+    """``mc_loss = None``, ``lm_loss, mc_loss = None, None``."""
+    if not isinstance(statement, ast.Assign):
+        return False
+    value = statement.value
+    parts = value.elts if isinstance(value, ast.Tuple) else [value]
+    return all(isinstance(part, ast.Constant) for part in parts)
 
 
 def _wrapped_range(

@@ -160,6 +160,9 @@ class Plan:
     # a replacement of whole statements: (the statements, the guard's text - ``None``: no
     # guard, the statements are replaced - the kernel arm's statements, one indentation step)
     wrap: tuple[list[ast.stmt], str | None, list[str], str] | None = None
+    # statements of a guarded range that take no part in the match, run by the kernel arm
+    # too: (their positions in the range, the kernel-arm line they go before)
+    wrap_copies: tuple[tuple[int, ...], int] = ((), 0)
     instance_of: Site | None = None  # another call of a site already reported
     imports: set[str] = field(default_factory=set)
     kernel_calls: list[str] = field(default_factory=list)  # local kernel names, one per call

@@ -173,6 +173,40 @@ def read_names(node: ast.AST) -> set[str]:
     }
 
 
+def free_reads(statements: list[ast.stmt], bound: frozenset[str] = frozenset()) -> set[str]:
+    """Names a run of statements reads before binding them itself. A name bound in a nested
+    block counts as bound only for what follows it in that block (the block may not run), so
+    the answer may hold more names than a run reads from outside, never fewer."""
+    known = set(bound)
+    found: set[str] = set()
+    for statement in statements:
+        blocks = [
+            value
+            for _, value in ast.iter_fields(statement)
+            if isinstance(value, list) and value and isinstance(value[0], ast.stmt)
+        ]
+        handlers = getattr(statement, "handlers", [])
+        if not blocks and not handlers:
+            found |= read_names(statement) - known
+            if isinstance(statement, ast.AugAssign) and isinstance(statement.target, ast.Name):
+                found |= {statement.target.id} - known
+            known |= assigned_names(statement)
+            continue
+        inner = frozenset(known)
+        for _, value in ast.iter_fields(statement):
+            if isinstance(value, ast.AST) and not isinstance(value, ast.stmt):
+                found |= read_names(value) - known
+            elif isinstance(value, list):
+                for item in value:
+                    if isinstance(item, ast.withitem):
+                        found |= read_names(item.context_expr) - known
+        for block in blocks:
+            found |= free_reads(block, inner)
+        for handler in handlers:
+            found |= free_reads(handler.body, inner)
+    return found
+
+
 def names_in(function: ast.FunctionDef) -> set[str]:
     """Every name a function reads, binds or takes as a parameter."""
     taken = {a.arg for a in ast.walk(function.args) if isinstance(a, ast.arg)}

@@ -239,7 +239,7 @@ class ForPreTraining(nn.Module):
 
     def forward(self, sequence_output, pooled_output=None, labels=None):
         prediction_scores = self.lm_head(sequence_output)
-        order_scores = self.order(pooled_output)
+        order_scores = self.order(pooled_output) + prediction_scores.mean()
         loss = None
         if labels is not None:
             loss_fct = CrossEntropyLoss()
@@ -250,14 +250,17 @@ class ForPreTraining(nn.Module):
 
 def test_a_head_two_models_call_is_patched_through_the_call_that_allows_it():
     # ALBERT's shape: the masked-LM model and the pre-training one (which scores the sentence
-    # order among the head's statements) share the head
-    # share the head: a site at each caller's call of it, each patched or skipped on its own
+    # order among the head's statements, here from the logits too, so the kernel arm could not
+    # run it) share the head: a site at each caller's call of it, each patched or skipped on
+    # its own
     text = HEAD + LM_HEAD + CALLER + PRETRAINING
     rewrite, matcher = _rewrite(text)
     patched_result, skipped_result = rewrite.results
     assert patched_result.status.value == "patched"
     assert skipped_result.status.value == "skipped"
-    assert "order_scores = self.order(pooled_output)` computes among" in skipped_result.reason
+    assert "order_scores = self.order(pooled_output) + prediction_scores.mean()` computes" in (
+        skipped_result.reason
+    )
     patched = rewrite.patched
     assert patched.count("fused_loss_applies(") == 1  # the masked-LM model's call only
     assert (
