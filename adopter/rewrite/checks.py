@@ -707,7 +707,7 @@ def check_carried(statement: ast.stmt, inputs: set[str]) -> Refusal | None:
     simple one, and changes no input of the fused call: the fused call, which now runs before
     it, reads the inputs the arms' projections read after it."""
     simple = isinstance(statement, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Expr))
-    if not simple or any(isinstance(n, _CONTROL) for n in ast.walk(statement)):
+    if not simple or any(isinstance(n, CONTROL_STATEMENTS) for n in ast.walk(statement)):
         return Refusal(f"line {statement.lineno} uses what would move, and is not a simple line")
     if (assigned_names(statement) | mutated_names(statement)) & inputs:
         return Refusal(f"line {statement.lineno} changes an input of the fused call")
@@ -1350,7 +1350,7 @@ def check_inputs_stay(
 
 # -- a replacement of whole statements (guarded.py) -------------------------------------------
 # Statements after which the kernel arm could not stand in for the range.
-_CONTROL = (
+CONTROL_STATEMENTS = (
     ast.Return,
     ast.Raise,
     ast.Break,
@@ -1554,7 +1554,9 @@ def check_only_matched_work(
         for node in ast.walk(statement):
             if node is final_return or id(node) in annotations:
                 continue
-            if isinstance(node, _CONTROL) or isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            if isinstance(node, CONTROL_STATEMENTS) or isinstance(
+                node, (ast.FunctionDef, ast.ClassDef)
+            ):
                 return Refusal(
                     f"line {node.lineno}: the matched statements also hold "  # type: ignore[attr-defined]
                     f"`{type(node).__name__.lower()}`; not rewritten"

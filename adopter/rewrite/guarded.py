@@ -36,6 +36,7 @@ from ..extract.model import Operand
 from ..extract.model import Step as FlowStep
 from ..match.matcher import Site
 from .checks import (
+    CONTROL_STATEMENTS,
     check_arguments_unchanged,
     check_arm_reads_unchanged,
     check_arm_sets_what_is_read,
@@ -354,16 +355,7 @@ def _apart_from_match(
 
 # Statements a copy ahead of the matched calls could not keep in their place.
 _JUMPS = (
-    ast.Return,
-    ast.Raise,
-    ast.Break,
-    ast.Continue,
-    ast.Global,
-    ast.Nonlocal,
-    ast.Yield,
-    ast.YieldFrom,
-    ast.Await,
-    ast.Delete,
+    *CONTROL_STATEMENTS,
     ast.FunctionDef,
     ast.AsyncFunctionDef,
     ast.ClassDef,
