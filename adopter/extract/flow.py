@@ -229,6 +229,12 @@ class FlowBuilder:
         self.replay: int | None = None  # first step of a loop body being replayed
         self.replay_next = 0
         self.replay_end = 0
+        # ``cfg.cap`` read again on a path through an earlier read of the same value: the same
+        # value (T5Gemma's ``decoder_config.final_logit_softcapping`` of a configuration an
+        # unknown method returned). Keyed by attribute and the base's flows; each entry keeps
+        # the context it was read in, and a store to that attribute forgets it.
+        self.attribute_reads: dict[tuple[str, tuple[Flow, ...]], tuple[Operand, Context]] = {}
+        self.loop_depth = 0  # loop bodies are analysed twice; their reads are not remembered
         # qualified names of the functions defined in an analysed body (``Cls.__call__.f``)
         self.nested_names: dict[int, str] = {}
 
@@ -440,7 +446,11 @@ class FlowBuilder:
         values that flow round the loop, adding only the uses that the next iteration makes of
         this one's results (a value fused away in one iteration may be read by the next)."""
         start = len(self.flow.steps)
-        self.branches([body, []], branch)
+        self.loop_depth += 1
+        try:
+            self.branches([body, []], branch)
+        finally:
+            self.loop_depth -= 1
         end = len(self.flow.steps)
         if self.replay is not None or end == start:
             return
@@ -539,6 +549,10 @@ class FlowBuilder:
             self.escape(self.expr(target.slice), "store")
         elif isinstance(target, ast.Attribute) and self_attribute(target) is None:
             self.escape(self.expr(target.value), "store")
+        if isinstance(target, ast.Attribute):
+            self.attribute_reads = {
+                key: read for key, read in self.attribute_reads.items() if key[0] != target.attr
+            }
 
     def tuple_elements(self, value: Operand, count: int, node: ast.AST) -> list[Operand]:
         """Elements of a value unpacked into ``count`` targets."""
@@ -634,6 +648,19 @@ class FlowBuilder:
                 )
         return Operand(node=node, flows=(Flow(output),))
 
+    def attribute_read(self, node: ast.Attribute, base: Operand) -> Operand:
+        """``base.attr``: the value an earlier read of it produced when that read ran on every
+        path to this one, else a new ``getattr.attr`` step."""
+        key = (node.attr, base.flows)
+        remember = self.loop_depth == 0 and self.replay is None
+        earlier = self.attribute_reads.get(key) if remember else None
+        if earlier is not None and earlier[1] <= self.context:
+            return Operand(node=node, flows=earlier[0].flows)
+        value = self.emit(f"getattr.{node.attr}", node, [base], {})
+        if remember:
+            self.attribute_reads[key] = (value, self.context)
+        return value
+
     def normalise_last_dimension(self, step: Step, rank: int) -> None:
         """``softmax(x, dim=3)`` on a 4-D ``x`` is a softmax over the last dimension."""
         dim = step.arguments.get("dim")
@@ -677,7 +704,7 @@ class FlowBuilder:
             base = self.expr(node.value)
             if not base.flows:
                 return Operand(node=node)
-            return self.emit(f"getattr.{node.attr}", node, [base], {})
+            return self.attribute_read(node, base)
         if isinstance(node, ast.Call):
             return self.call(node)
         if isinstance(node, ast.BinOp):
