@@ -142,7 +142,7 @@ def plan_tuple_across_arms(
         arms=len(bodies),
         has_else=bool(bodies[-1]),
         after=after,
-        closed={i for i, body in enumerate(bodies) if body and _ends_flow(body[-1])},
+        closed=closed_arms(bodies),
         late=list(shared) if after else [],  # type: ignore[arg-type]
     )
     pattern = site.rule.forward.steps  # type: ignore[union-attr]
@@ -269,7 +269,7 @@ def plan_tuple_around_branch(
     post = [s for s in others if blocks.block_of(s)[1] > where]
     for statement in post:
         require(check_carried(statement, inputs))
-    closed = {i for i, body in enumerate(bodies) if body and _ends_flow(body[-1])}
+    closed = closed_arms(bodies)
     fused_arms = [
         i
         for i, body in enumerate(bodies)
@@ -344,6 +344,11 @@ def _module_name(step) -> str | None:
 def _ends_flow(statement: ast.stmt) -> bool:
     """The arm's last statement leaves it: what follows the chain never runs after it."""
     return isinstance(statement, (ast.Return, ast.Raise, ast.Continue, ast.Break))
+
+
+def closed_arms(bodies: list[list[ast.stmt]]) -> set[int]:
+    """The arms of a chain (``chain_arms``' bodies) that never fall through to what follows."""
+    return {i for i, body in enumerate(bodies) if body and _ends_flow(body[-1])}
 
 
 def _in_source_order(starts: list[ArmStart], shared: list[ast.stmt]) -> list[ArmStart]:

@@ -39,6 +39,7 @@ from .source import (
     Blocks,
     SourceText,
     assigned_names,
+    calls_effectful,
     chain_arms,
     contains,
     encloses,
@@ -549,6 +550,19 @@ def _depends(statement: ast.stmt, moved: ast.stmt) -> bool:
 
 
 @check
+def check_no_spread(statement: ast.stmt, spread: object | None) -> Refusal | None:
+    """A statement of the match in another block than the final one moves into a branch's arm
+    only beside a final statement sunk into an ``if``/``else`` (paper Fig. 4), not into an arm
+    of an ``elif`` chain."""
+    if spread is not None:
+        return Refusal(
+            f"line {statement.lineno}: the fused statements sit in different arms of an "
+            "`elif` chain"
+        )
+    return None
+
+
+@check
 def check_one_branch(
     statement: ast.stmt,
     branch: tuple[ast.If, int] | None,
@@ -579,7 +593,7 @@ def check_condition_stays(branch: ast.If, moved: ast.stmt) -> Refusal | None:
     """A statement moved after an ``if``'s test must not change what the test computes."""
     if read_names(branch.test) & assigned_names(moved):
         return Refusal(f"line {branch.lineno}: the condition reads what would move")
-    if has_call(branch.test):
+    if calls_effectful(branch.test):
         return Refusal(f"line {branch.lineno}: the condition calls something")
     return None
 
@@ -735,7 +749,7 @@ def check_chain_conditions(tests: list[ast.If], moved: list[ast.stmt]) -> Refusa
                 return Refusal(f"line {branch.lineno}: the condition reads what would move")
             if assigned_names(branch.test) & read_names(statement):
                 return Refusal(f"line {branch.lineno}: the condition sets what would move")
-        if has_call(branch.test):
+        if calls_effectful(branch.test):
             return Refusal(f"line {branch.lineno}: the condition calls something")
     return None
 
@@ -1261,7 +1275,7 @@ def check_globals_kept(
 def check_condition_first(branch: ast.If, before: list[ast.stmt]) -> Refusal | None:
     """An ``if`` around a matched statement is tested before the first of them now: its test
     calls nothing and reads nothing the statements before it assign."""
-    if has_call(branch.test):
+    if calls_effectful(branch.test):
         return Refusal(f"line {branch.lineno}: the condition calls something")
     changed = set().union(set(), *(assigned_names(s) | mutated_names(s) for s in before))
     read = read_names(branch.test) & changed

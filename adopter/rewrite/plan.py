@@ -33,7 +33,7 @@ from ..dsl.syntax import Step as PatternStep
 from ..extract.model import Step as FlowStep
 from ..match.matcher import Site
 from .across import plan_across_call
-from .arms import Spread, plan_tuple_across_arms, plan_tuple_around_branch
+from .arms import Spread, closed_arms, plan_tuple_across_arms, plan_tuple_around_branch
 from .checks import (
     Refusal,
     check_arm_keeps_values,
@@ -59,6 +59,7 @@ from .checks import (
     check_nested_removed,
     check_no_elif,
     check_no_extra_arguments,
+    check_no_spread,
     check_one_block,
     check_one_branch,
     check_one_chain,
@@ -107,6 +108,7 @@ from .source import (
     Blocks,
     SourceText,
     assigned_names,
+    chain_arms,
     contains,
     is_parallel_assignment,
     is_plain_assignment,
@@ -434,22 +436,38 @@ class Planner:
         if not in_arms:
             return final_statement
         last = in_arms[-1]
-        _, _, parent, field_name = blocks.block_of(last)
-        if parent is not branch:
+        tests, bodies = chain_arms(self.source.lines, branch)
+        arm = next((i for i, body in enumerate(bodies) if any(last is s for s in body)), None)
+        if arm is None:
             return final_statement  # deeper nesting: place() refuses with its reason
-        require(check_last_of_arm(branch.body if field_name == "body" else branch.orelse, last))
+        require(check_last_of_arm(bodies[arm], last))
         require(check_sinkable(final_statement, final_node))
         head = assignment_head(self.source, final_statement, final_node)
-        require(check_no_elif(self.source, branch))
         ((_, call_text),) = plan.replace_expressions
         plan.replace_expressions.clear()
         plan.touched.remove(final_node)
         plan.replace_statements.append((last, head + call_text))
-        plan.delete_statements.append(final_statement)
         plan.touched.extend([last, final_statement])
-        plan.sunk = [statement_with_comment(self.source, final_statement)]
         plan.copied_with_comment.append(final_statement)
-        plan.hoist = ([], branch, 0 if field_name == "body" else 1)
+        plan.reopens = True  # the copies may complete a match in another arm
+        if len(tests) > 1:
+            # an ``elif`` chain (xLSTM's feed-forward: the gated product in the ``if`` arm, the
+            # down projection after the chain): the statement closes every other arm that
+            # falls through, as the copies after a chain do (see arms.py)
+            plan.spread = Spread(
+                moved=[final_statement],
+                branch=branch,
+                arms=len(bodies),
+                has_else=bool(bodies[-1]),
+                fused={arm: []},
+                after=True,
+                closed=closed_arms(bodies),
+                late=[final_statement],
+            )
+        else:
+            plan.delete_statements.append(final_statement)
+            plan.sunk = [statement_with_comment(self.source, final_statement)]
+            plan.hoist = ([], branch, arm)
         deleted.remove(last)
         return last
 
@@ -475,6 +493,8 @@ class Planner:
                 plan.delete_statements.append(statement)
                 plan.touched.append(statement)
                 continue
+            # the fused call sunk into an ``elif`` chain's arm moves nothing else into it
+            require(check_no_spread(statement, plan.spread))
             branch = _enclosing_branch(final_statement, block, blocks)
             require(check_one_branch(statement, branch, plan.hoist))
             if_statement, arm = branch  # type: ignore[misc]

@@ -75,7 +75,7 @@ def test_the_kernel_runs_where_every_test_holds():
     [
         (
             "        if self.activation is not None:\n",
-            "        if self.activation is not None and callable(self.activation):\n",
+            "        if self.activation is not None and self.activation_wanted():\n",
             "the condition calls something",
         ),
     ],
