@@ -302,6 +302,11 @@ class RuleParser:
                 raise self.error(
                     node, f"rule {rule_id}: optional {name} is handed to no replacement"
                 )
+        for name in spellings[0].given:
+            if not all(_guard_reads(spelling, name) for spelling in spellings):
+                raise self.error(
+                    node, f"rule {rule_id}: given ${name} is not handed to every spelling's guard"
+                )
         return replace(spellings[0], variants=tuple(spellings[1:]))
 
     def _spelling(
@@ -328,6 +333,11 @@ class RuleParser:
         )
         # a variable (``$weight``) or a name the replacement spells out (``self.weight``)
         optional = tuple(n.strip() for n in meta.get("optional", "").split(",") if n.strip())
+        given = tuple(
+            name.strip().removeprefix("$")
+            for name in meta.get("given", "").split(",")
+            if name.strip()
+        )
         rule = Rule(
             id=rule_id,
             name=meta.get("name", rule_id),
@@ -340,6 +350,7 @@ class RuleParser:
             scope=scope,
             reciprocal=reciprocal,
             optional=optional,
+            given=given,
             source=self.path,
             line=node.meta.line,
         )
@@ -483,6 +494,16 @@ def _hands_kernel(rule: Rule, name: str) -> bool:
         isinstance(arg, (Positional, Keyword)) and _names(arg.value, name)
         for step in steps
         for arg in step.args
+    )
+
+
+def _guard_reads(rule: Rule, name: str) -> bool:
+    """Whether ``rule``'s guard (``=> if kernel.applies(...)``) is handed ``$name``: what
+    ``given:`` may name."""
+    guard = rule.forward.guard if rule.forward is not None else None
+    return guard is not None and any(
+        isinstance(arg, (Positional, Keyword)) and _names(arg.value, "$" + name)
+        for arg in guard.args
     )
 
 

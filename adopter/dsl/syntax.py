@@ -204,6 +204,11 @@ class Rule:
     # rewrite a matched step that reads one may run under a condition ``c`` (``if c: h = h * w``);
     # the kernel is then handed ``w if c else None``.
     optional: tuple[str, ...] = ()
+    # Variables the guard holds only when they are given (``given: "$labels"``: the guard is
+    # false for ``None``): in a guarded rewrite a matched statement may sit under
+    # ``if labels is not None:`` (the kernel arm runs it on every path the guard takes), under
+    # no other test.
+    given: tuple[str, ...] = ()
     source: str = "<string>"
     line: int = 0
     doc: str = field(default="", compare=False)

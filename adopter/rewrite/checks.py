@@ -1861,14 +1861,46 @@ def _optional_input(branch: ast.If | ast.IfExp, matched: list[ast.expr]) -> bool
     )
 
 
+def _given_by_guard(
+    branch: ast.If | ast.IfExp, matched: list[ast.expr], given: frozenset[str]
+) -> bool:
+    """``if labels is not None:`` around the loss in a guarded range, where the guard holds only
+    for given labels (``given``: the dumps of the rule's ``given:`` inputs): the matched work
+    sits in the arm the guard always takes. The test is ``g is not None`` (or ``g is None``,
+    the work in its ``else``), or an ``and`` of such tests, each of a given input. (Labels
+    rebound in the range before the test are refused by ``check_arm_reads_unchanged``: the
+    kernel arm reads them too.)"""
+    test = branch.test
+    tests = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And) else [test]
+    negated = len(tests) == 1 and isinstance(test, ast.Compare) and isinstance(test.ops[0], ast.Is)
+    for part in tests:
+        if not (
+            isinstance(part, ast.Compare)
+            and len(part.ops) == 1
+            and isinstance(part.ops[0], ast.Is if negated else ast.IsNot)
+            and isinstance(part.comparators[0], ast.Constant)
+            and part.comparators[0].value is None
+            and ast.dump(part.left) in given
+        ):
+            return False
+    skipped = branch.body if negated else branch.orelse
+    skipped = skipped if isinstance(skipped, list) else [skipped]
+    return not any(contains(part, m) for part in skipped for m in matched)
+
+
 @check
 def check_matched_on_every_path(
-    wrapped: list[ast.stmt], matched: list[ast.expr], decided: list[ast.expr]
+    wrapped: list[ast.stmt],
+    matched: list[ast.expr],
+    decided: list[ast.expr],
+    given: frozenset[str] = frozenset(),
 ) -> Refusal | None:
-    """Without a guard the kernel replaces the range on every path through it, so each matched
-    call must run on every path (``if self.with_scale: out = out * self.weight`` would make the
-    weight the kernel always applies optional), unless the condition that decides it is part of
-    the match itself (``decided``: T5's ``if self.weight.dtype in (...)``, a ``where`` step)."""
+    """The kernel replaces the range on every path through it (a guarded one: on every path
+    its guard takes), so each matched call must run on every path (``if self.with_scale: out =
+    out * self.weight`` would make the weight the kernel always applies optional), unless the
+    condition that decides it is part of the match itself (``decided``: T5's ``if
+    self.weight.dtype in (...)``, a ``where`` step) or, in a guarded range, a test the guard
+    always passes (``given``: ``if labels is not None:`` around the loss)."""
     for statement in wrapped:
         for node in ast.walk(statement):
             parts = _conditional_parts(node)
@@ -1877,7 +1909,11 @@ def check_matched_on_every_path(
             test = getattr(node, "test", None)
             if test is not None and any(contains(test, d) for d in decided):
                 continue
-            if isinstance(node, (ast.If, ast.IfExp)) and _optional_input(node, matched):
+            if isinstance(node, (ast.If, ast.IfExp)) and (
+                _optional_input(node, matched)
+                or bool(given)
+                and _given_by_guard(node, matched, given)
+            ):
                 continue
             for part in parts:
                 inner = next((m for m in matched if contains(part, m)), None)

@@ -122,6 +122,10 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
         require(check_matched_on_every_path(wrapped, matched_nodes, decided + matched_nodes))
     setups = _setups(planner, wrapped, matched_nodes, lines, guard_text, blocks, holders)
     allowed = matched_nodes + _modules_built_in(site, function) + [n for _, _, n in setups]
+    if guard is not None:  # the kernel arm runs where the guard holds, on each path it takes
+        decided_here = matched_nodes + [n for _, _, n in setups]
+        given = _given_inputs(site)
+        require(check_matched_on_every_path(wrapped, matched_nodes, decided_here, given))
     copies: list[int] = []
     if guard is not None:
         arm_lines = [*(inlined.lines if inlined is not None else []), *lines]
@@ -210,6 +214,12 @@ def _optional_under_conditions(
                 name_text[entry] = chosen
         conditions.append(test)
     return conditions, var_text, name_text
+
+
+def _given_inputs(site: Site) -> frozenset[str]:
+    """The dumps of the expressions bound to the rule's ``given:`` inputs (``labels``)."""
+    nodes = (getattr(site.bindings.get(name), "node", None) for name in site.rule.given)
+    return frozenset(ast.dump(node) for node in nodes if node is not None)
 
 
 def _optional_node(site: Site, entry: str, matched: list[ast.expr]) -> ast.expr | None:

@@ -259,3 +259,26 @@ def test_reciprocal_names_a_variable_a_mul_step_multiplies_by():
             "bad.adopt",
         )
     assert "reciprocal $scores is no mul step's second operand" in str(caught.value)
+
+
+def test_given_names_a_variable_every_guard_is_handed():
+    (rule,) = parse_rules(
+        """
+        rule demo.6 {
+            given: "$labels"
+            forward { f($x, $labels) -> $y } => if pkg.applies($labels) { pkg.k($x, $labels) -> $y }
+        }
+        """
+    )
+    assert rule.given == ("labels",)
+    with pytest.raises(DslError) as caught:
+        parse_rules(
+            """
+            rule demo.7 {
+                given: "$x"
+                forward { f($x, $labels) -> $y } => if pkg.applies($labels) { pkg.k($x, $labels) -> $y }
+            }
+            """,
+            "bad.adopt",
+        )
+    assert "given $x is not handed to every spelling's guard" in str(caught.value)
