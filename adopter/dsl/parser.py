@@ -326,18 +326,10 @@ class RuleParser:
             raise self.error(node, f"rule {rule_id}: scope is one of {', '.join(SCOPES)}")
         if scope == "block" and (forward is None or not isinstance(forward.replacement, tuple)):
             raise self.error(node, f"rule {rule_id}: scope 'block' needs a forward replacement")
-        reciprocal = tuple(
-            name.strip().removeprefix("$")
-            for name in meta.get("reciprocal", "").split(",")
-            if name.strip()
-        )
+        reciprocal = _variable_list(meta, "reciprocal")
         # a variable (``$weight``) or a name the replacement spells out (``self.weight``)
         optional = tuple(n.strip() for n in meta.get("optional", "").split(",") if n.strip())
-        given = tuple(
-            name.strip().removeprefix("$")
-            for name in meta.get("given", "").split(",")
-            if name.strip()
-        )
+        given = _variable_list(meta, "given")
         rule = Rule(
             id=rule_id,
             name=meta.get("name", rule_id),
@@ -490,20 +482,27 @@ def _hands_kernel(rule: Rule, name: str) -> bool:
     steps = forward.replacement if forward is not None else None
     if not isinstance(steps, tuple):
         return False
-    return any(
-        isinstance(arg, (Positional, Keyword)) and _names(arg.value, name)
-        for step in steps
-        for arg in step.args
-    )
+    return any(_handed(step, name) for step in steps)
 
 
 def _guard_reads(rule: Rule, name: str) -> bool:
     """Whether ``rule``'s guard (``=> if kernel.applies(...)``) is handed ``$name``: what
     ``given:`` may name."""
     guard = rule.forward.guard if rule.forward is not None else None
-    return guard is not None and any(
-        isinstance(arg, (Positional, Keyword)) and _names(arg.value, "$" + name)
-        for arg in guard.args
+    return guard is not None and _handed(guard, "$" + name)
+
+
+def _handed(step: Step, name: str) -> bool:
+    """Whether an argument of ``step`` is ``name`` (``$var`` or a dotted name)."""
+    return any(
+        isinstance(arg, (Positional, Keyword)) and _names(arg.value, name) for arg in step.args
+    )
+
+
+def _variable_list(meta: dict[str, str], key: str) -> tuple[str, ...]:
+    """The variables a metadata entry names (``"$a, $b"`` -> ``("a", "b")``)."""
+    return tuple(
+        name.strip().removeprefix("$") for name in meta.get(key, "").split(",") if name.strip()
     )
 
 

@@ -1910,9 +1910,7 @@ def check_matched_on_every_path(
             if test is not None and any(contains(test, d) for d in decided):
                 continue
             if isinstance(node, (ast.If, ast.IfExp)) and (
-                _optional_input(node, matched)
-                or bool(given)
-                and _given_by_guard(node, matched, given)
+                _optional_input(node, matched) or _given_by_guard(node, matched, given)
             ):
                 continue
             for part in parts:

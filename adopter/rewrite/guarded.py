@@ -122,12 +122,12 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
         require(check_matched_on_every_path(wrapped, matched_nodes, decided + matched_nodes))
     setups = _setups(planner, wrapped, matched_nodes, lines, guard_text, blocks, holders)
     allowed = matched_nodes + _modules_built_in(site, function) + [n for _, _, n in setups]
-    if guard is not None:  # the kernel arm runs where the guard holds, on each path it takes
+    copies: list[int] = []
+    if guard is not None:
+        # the kernel arm runs where the guard holds, on each path it takes
         decided_here = matched_nodes + [n for _, _, n in setups]
         given = _given_inputs(site)
         require(check_matched_on_every_path(wrapped, matched_nodes, decided_here, given))
-    copies: list[int] = []
-    if guard is not None:
         arm_lines = [*(inlined.lines if inlined is not None else []), *lines]
         copies = _apart_from_match(
             function, wrapped, allowed, arm_lines, guard_text, setups, len(lines)

@@ -213,27 +213,29 @@ def names_in(function: ast.FunctionDef) -> set[str]:
     return taken | read_names(function) | assigned_names(function)
 
 
-def has_call(node: ast.AST) -> bool:
-    return any(isinstance(child, (ast.Call, ast.Await, ast.Yield)) for child in ast.walk(node))
-
-
 # Builtins whose call reads its arguments and changes nothing: ``len(self.layers)`` in a test
 # (SAM 3's ``if i < len(self.layers) - 1``) can move past a projection or after it as freely
 # as a comparison can. A module that rebinds one of these names is not looked for.
 EFFECT_FREE_BUILTINS = frozenset({"len", "isinstance", "issubclass", "callable"})
 
 
-def calls_effectful(node: ast.AST) -> bool:
-    """``node`` holds a call that might see or change state: any call but one of
-    :data:`EFFECT_FREE_BUILTINS` by its plain name (whose arguments are looked at in turn)."""
+def has_call(node: ast.AST, exempt: frozenset[str] = frozenset()) -> bool:
+    """``node`` holds a call (or an ``await``/``yield``), other than one of a builtin named in
+    ``exempt`` by its plain name (whose arguments are looked at in turn)."""
     for child in ast.walk(node):
         if isinstance(child, (ast.Await, ast.Yield, ast.YieldFrom)):
             return True
         if isinstance(child, ast.Call) and not (
-            isinstance(child.func, ast.Name) and child.func.id in EFFECT_FREE_BUILTINS
+            isinstance(child.func, ast.Name) and child.func.id in exempt
         ):
             return True
     return False
+
+
+def calls_effectful(node: ast.AST) -> bool:
+    """``node`` holds a call that might see or change state: any call but one of
+    :data:`EFFECT_FREE_BUILTINS`."""
+    return has_call(node, EFFECT_FREE_BUILTINS)
 
 
 def is_plain_assignment(statement: ast.stmt, value: ast.expr) -> bool:
