@@ -64,6 +64,10 @@ MAX_CANDIDATES = 2000  # per pattern step, a guard against pathological files
 # Matches of one start on other paths kept for a rewrite across the arms of a branch (an
 # ``if``/``elif`` chain of this many arms is far beyond real attention code).
 MAX_ALTERNATIVES = 8
+# Calls whose last two positional arguments name two dimensions in either order.
+_SWAPPABLE_DIMS = frozenset(
+    ["Tensor.transpose", "torch.transpose", "Tensor.swapaxes", "torch.swapaxes"]
+)
 
 
 @dataclass
@@ -597,6 +601,10 @@ class Matcher:
             return None
         if divides:
             orders = [[step.positional[0], Reciprocal.of_divisor(step.positional[1])]]
+        elif step.kind in _SWAPPABLE_DIMS and len(step.positional) == 3 and not swap:
+            # ``k.transpose(-1, -2)`` is ``k.transpose(-2, -1)``: the two dimensions are a set
+            tensor, first, second = step.positional
+            orders = [step.positional, [tensor, second, first]]
         for operands in orders:
             order = int(swap)
             trial = state.copy()

@@ -191,3 +191,17 @@ def test_each_variant_of_a_rule_is_matched_as_that_rule():
     module = body("a = self.fc(x)\nb = self.relu(a)\nc = self.fc(b)\nreturn torch.relu(c)")
     sites = sites_of("import torch\n" + module, rules=LINEAR_ACT_VARIANTS)
     assert [(s.rule.id, s.line) for s in sites] == [("user.2", 10), ("user.2", 12)]
+
+
+TRANSPOSE_THEN_MATMUL = """
+rule user.2 {
+    name: "scores"
+    forward { Tensor.transpose($k, -2, -1) -> $kt; matmul($q, $kt) -> $s } => _
+}
+"""
+
+
+def test_a_transpose_names_its_two_dimensions_in_either_order():
+    for dims, found in (("-2, -1", True), ("-1, -2", True), ("-3, -1", False), ("1, 2", False)):
+        source = body(f"return x @ flag.transpose({dims})")
+        assert bool(sites_of(source, rules=TRANSPOSE_THEN_MATMUL)) is found, dims

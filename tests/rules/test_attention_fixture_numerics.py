@@ -62,6 +62,16 @@ def _eager_function_outputs(namespace: dict, train: bool, grouped: bool) -> list
     return outputs
 
 
+# modern.8's other module spellings: constructor arguments (width 8, 2 heads, dropout 0.25
+# where there is one, 6 tokens for a learned bias) and whether forward takes a mask
+_OTHER_MODULES = {
+    "ScoresScaled": ((8, 2, 0.25), False),
+    "DividedScores": ((8, 2, 0.25), True),
+    "NoDropout": ((8, 2), False),
+    "NoDropoutBias": ((8, 2, 6), False),
+}
+
+
 def _module_outputs(namespace: dict, train: bool, grouped: bool) -> list[torch.Tensor]:
     outputs = []
     x = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(0))
@@ -84,6 +94,13 @@ def _module_outputs(namespace: dict, train: bool, grouped: bool) -> list[torch.T
             if name != "TimmAttention":
                 outputs.append(module(x, mask))
             outputs.append(module(x))
+    for name, (args, takes_mask) in _OTHER_MODULES.items():
+        if name in namespace:
+            torch.manual_seed(0)
+            module = namespace[name](*args).train(train)
+            for extra in ((), (mask,)) if takes_mask else ((),):
+                torch.manual_seed(1)
+                outputs.append(module(x, *extra))
     if "TimmMaskHelperAttention" in namespace:  # masks as SDPA reads them, and causal
         torch.manual_seed(0)
         module = namespace["TimmMaskHelperAttention"](8, num_heads=2, attn_drop=0.25)
@@ -111,6 +128,7 @@ def test_a_patched_case_computes_what_the_original_computes(stem, title, origina
     assert expected and len(got) == len(expected)
     # with dropout active on a CPU the kernels run the original and its draws: bit for bit
     dropout = train and "Processor" not in title and "processor" not in title
+    dropout = dropout and (function is not None or "nn.Dropout(" in original)
     # scores divided by s are handed over as scale=1 / s: the replay multiplies by the rounded
     # reciprocal, so it matches to rounding (assert_close), not bit for bit
     dropout = dropout and "1 / " not in patched
