@@ -45,8 +45,9 @@ from .surveys import SurveyStore, module_survey, stored_look, surveyed_candidate
 __all__ = ["DiffusersAdapter", "make_inputs", "small_config"]
 
 MAX_CANDIDATES = 30
-SURVEY_BUDGET = 45.0
-"""Seconds of fresh meta-device builds one file's candidate search may spend."""
+SURVEY_BUDGET = 250
+"""Fresh meta-device builds one file's candidate search may make (a count: the same choice on a
+loaded machine as on a quiet one)."""
 CHOICES_PER_CLASS = 3
 """Surveyed classes that build a patched class before the search for it stops."""
 SETTINGS_TO_RUN = 3

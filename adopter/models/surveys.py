@@ -15,7 +15,6 @@ import json
 import os
 import re
 import tempfile
-import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -123,12 +122,13 @@ def survey_in_order(
     module_name: str,
     needed: set[str],
     *,
-    budget: float,
+    budget: int,
     choices: int,
     max_parameters: int,
 ) -> tuple[dict[str, frozenset[str]], dict[str, int], set[str]]:
     """Survey ``models`` in order: what ``store`` holds for free, fresh ``look``s until each
-    class of ``needed`` has ``choices`` builders or ``budget`` seconds are spent. Returns the
+    class of ``needed`` has ``choices`` builders or ``budget`` fresh looks are made (a count,
+    not a time, so that the models chosen do not depend on the machine's speed or load). Returns the
     classes of ``module_name`` each model of at most ``max_parameters`` builds (those building
     one of ``needed``), their sizes, and the models the survey showed building none of
     ``needed`` (the only ones it rules out: one not surveyed, or too large, stays a candidate
@@ -137,14 +137,13 @@ def survey_in_order(
     sizes: dict[str, int] = {}
     ruled_out: set[str] = set()
     count: dict[str, int] = dict.fromkeys(needed, 0)
-    spent = 0.0
+    fresh = 0
     for model in models:
         if model not in store:
-            if spent > budget or min(count.values(), default=choices) >= choices:
+            if fresh >= budget or min(count.values(), default=choices) >= choices:
                 continue
-            began = time.monotonic()
+            fresh += 1
             look(model)
-            spent += time.monotonic() - began
         found = look(model)
         if found is None:
             continue
@@ -192,7 +191,7 @@ def surveyed_candidates(
     store: SurveyStore,
     module_name: str,
     *,
-    budget: float,
+    budget: int,
     choices: int,
     max_parameters: int,
 ) -> tuple[list[tuple[str, str]], Mapping[str, frozenset[str]] | None]:

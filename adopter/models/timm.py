@@ -55,9 +55,11 @@ SMALL_CLASSES = 10
 FREE_SIZE = 64
 FIXED_SIZE = 112
 MAX_CANDIDATES = 40
-SURVEY_BUDGET = 45.0
-"""Seconds of fresh meta-device builds one file's candidate search may spend (what earlier
-workers surveyed is read from the :class:`~adopter.models.surveys.SurveyStore` for free)."""
+SURVEY_BUDGET = 250
+"""Fresh meta-device builds one file's candidate search may make (what earlier workers surveyed
+is read from the :class:`~adopter.models.surveys.SurveyStore` for free): a count, not seconds, so
+a loaded machine picks the same models as a quiet one (about 50 s on 2 quiet cores; the first
+builder of timm's ``GlobalResponseNormMlp`` is the 100th model surveyed for ``layers.mlp``)."""
 CHOICES_PER_CLASS = 3
 """Surveyed models that build a class before the search for it stops: others to fall back on
 when the first does not run small, and a choice of sizes."""
