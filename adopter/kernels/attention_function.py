@@ -599,6 +599,8 @@ def _scaled_sdpa(
     dims = query.dim() if isinstance(query, torch.Tensor) else 0
     if dims not in (3, 4) or not _sdpa_inputs_ok(query, key, value, attn_mask, p, dims):
         return None
+    if isinstance(scale, torch.Tensor):
+        return None  # a learned or per-head scale (XCiT's temperature): SDPA takes a number
     if upcast_qk and query.dtype != torch.float32:
         return None  # the upcast product would be rounded back to the query dtype
     lift = dims == 3  # SDPA's CPU flash kernel wants (batch, heads, len, dim)

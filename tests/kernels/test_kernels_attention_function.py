@@ -781,3 +781,18 @@ def test_grouped_heads_with_an_optional_position_bias(with_bias, with_mask):
         lambda q, k, v: inkling_eager(module, q, k, v, mask, 0.3, position_bias=bias)[0],
         [q, k, v],
     )
+
+
+def test_scaled_attention_with_a_learned_per_head_scale_runs_the_original():
+    # XCiT's / EdgeNeXt's cross-covariance attention: `(q @ k^T) * self.temperature`, a
+    # Parameter of shape (heads, 1, 1). SDPA takes a number; the gradient must reach the scale.
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 5, 4, requires_grad=True) for _ in range(3))
+    temperature = nn.Parameter(torch.rand(3, 1, 1) + 0.5)
+    expected = ((q @ k.transpose(-2, -1)) * temperature).softmax(dim=-1) @ v
+    got = scaled_attention(q, k, v, scale=temperature)
+    assert torch.equal(got, expected)
+    grads = torch.autograd.grad(got.sum(), (q, k, v, temperature))
+    wanted = torch.autograd.grad(expected.sum(), (q, k, v, temperature))
+    for ours, theirs in zip(grads, wanted, strict=True):
+        assert_close(ours, theirs)
