@@ -1552,12 +1552,16 @@ def check_only_matched_work(
     final_return: ast.Return | None,
     *,
     guarded: bool = False,
+    kept: ast.stmt | None = None,
 ) -> Refusal | None:
     """The range does nothing but the matched work (and the calls of helpers that do only
     matched work); a ``return`` may end it (``final_return``) when it returns the
-    replacement's value. In a guarded range (``guarded``) no statement assigns a value the
+    replacement's value, and its last statement may be ``kept`` as written around the
+    replacement's call. In a guarded range (``guarded``) no statement assigns a value the
     match did not compute either."""
     for statement in wrapped:
+        if statement is kept:
+            continue
         # a local variable's annotation is never evaluated (``loss: Tensor | None = None``)
         annotations = {
             id(part)

@@ -103,8 +103,14 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
         decided += conditions
         planner.render.var_text.update(var_text)
         planner.render.name_text = name_text
+    # ``x = (attn @ v).transpose(1, 2)``: the last statement is kept around the kernel call
+    kept = (
+        _kept_around(steps[-1], wrapped[-1], wrapped[:-1])
+        if guard is None and inlined is None
+        else None
+    )
     try:
-        lines, bound = _kernel_arm(planner, site, plan, body, final_return, inlined, function)
+        lines, bound = _kernel_arm(planner, site, plan, body, final_return, inlined, function, kept)
         guard_text = (
             planner.render.call(
                 guard, site, plan, pattern[-1], steps[-1], module_text, unbound=in_range
@@ -139,6 +145,7 @@ def plan_guarded(planner: Planner, site: Site, guard: PatternStep | None, body: 
             allowed,
             final_return,
             guarded=guard is not None,
+            kept=kept,
         )
     )
     lines = [f"{name} = {planner.source.segment(value)}" for name, value, _ in setups] + lines
@@ -423,10 +430,12 @@ def _kernel_arm(
     final_return: ast.Return | None,
     inlined: InlinedHelper | None = None,
     function: ast.FunctionDef | None = None,
+    kept: ast.stmt | None = None,
 ) -> tuple[list[str], set[str]]:
     """The kernel arm's lines, each target bound to the name its producer's statement
     assigns (a value a copied submodule returns: the name its call is assigned to), and the
-    names they bind."""
+    names they bind; the last step's call in place of its matched value in ``kept`` (see
+    :func:`_kept_around`) when that statement holds it."""
     pattern = site.rule.forward.steps  # type: ignore[union-attr]
     producer = {t.name: (p, s) for p, s in zip(pattern, site.steps, strict=True) for t in p.targets}
     module_text = inlined.module_text if inlined is not None else None
@@ -434,6 +443,13 @@ def _kernel_arm(
     bound: set[str] = set()
     for new_step in body:
         require(check_targets_named(new_step, producer))
+        if kept is not None and new_step is body[-1] and len(new_step.targets) == 1:
+            pattern_step, step = producer[new_step.targets[0].name]
+            if step.statement is kept:
+                value = planner.render.call(new_step, site, plan, pattern_step, step, module_text)
+                lines.append(_with_call_in_place(planner, kept, step_expression(step), value))
+                bound.update(assigned_names(kept))
+                continue
         names = [
             _bound_name(producer[t.name][1], final_return, planner, inlined, function)
             for t in new_step.targets
@@ -450,6 +466,47 @@ def _kernel_arm(
         bound.update(names)
     require(check_return_kept(final_return, lines))
     return lines, bound
+
+
+def _kept_around(step: FlowStep, statement: ast.stmt, earlier: list[ast.stmt]) -> ast.stmt | None:
+    """``statement`` when the matched value of ``step`` is the head of the receiver chain of a
+    one-line statement's value, as ``attn @ v`` in ``x = (attn @ v).transpose(1, 2).reshape(
+    B, N, C)``: evaluated before anything else of it, so the statement may stay as written with
+    the kernel call in its place, provided the rest of it reads nothing the ``earlier``
+    statements of the range bind (they are gone from the kernel arm). ``None`` otherwise (a
+    plain ``name = value`` or ``return value`` needs no keeping)."""
+    node = step_expression(step)
+    if step.statement is not statement or statement.lineno != statement.end_lineno:
+        return None
+    if not isinstance(statement, (ast.Assign, ast.Return)) or statement.value is node:
+        return None
+    current = statement.value
+    while current is not node:
+        if isinstance(current, ast.Call) and isinstance(current.func, ast.Attribute):
+            current = current.func.value
+        elif isinstance(current, (ast.Attribute, ast.Subscript)):
+            current = current.value
+        else:
+            return None
+    inside = {id(part) for part in ast.walk(node)}
+    read_around = {
+        part.id
+        for part in ast.walk(statement.value)  # type: ignore[arg-type]
+        if isinstance(part, ast.Name) and id(part) not in inside
+    }
+    if read_around & set().union(set(), *(assigned_names(s) for s in earlier)):
+        return None
+    return statement
+
+
+def _with_call_in_place(planner: Planner, statement: ast.stmt, node: ast.expr, call: str) -> str:
+    """The one-line ``statement`` as written, with ``call`` where ``node`` stands."""
+    line = statement.lineno
+    start = planner.source.char_column(line, statement.col_offset)
+    text = planner.source.segment(statement)
+    first = planner.source.char_column(line, node.col_offset) - start
+    last = planner.source.char_column(line, node.end_col_offset) - start  # type: ignore[arg-type]
+    return text[:first] + call + text[last:]
 
 
 def _bound_name(

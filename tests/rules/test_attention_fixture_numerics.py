@@ -69,6 +69,7 @@ _OTHER_MODULES = {
     "DividedScores": ((8, 2, 0.25), True),
     "NoDropout": ((8, 2), False),
     "NoDropoutBias": ((8, 2, 6), False),
+    "KeptAround": ((8, 2, 0.25), False),
 }
 
 
