@@ -51,6 +51,7 @@ HARNESS_MAY_IMPORT = {
     "adopter.models.base",  # the protocol of the library adapters
     "adopter.models.registry",  # which adapters there are, by library name
     "adopter.models.sites",  # the kernel calls of a patched text, what reaches and guards each
+    "adopter.models.parts",  # a part of a built model (a module that holds a site) on its own
 }
 
 

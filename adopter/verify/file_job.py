@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import importlib
 import time
+from functools import partial
 from types import ModuleType
 from typing import Any
 
 from ..models.common import error_line, short_traceback
-from ..models.interface import BuildSettings, setting_label
+from ..models.interface import BuildSettings, Subject, setting_label
 from ..models.loading import import_original, import_patched
+from ..models.parts import PART_SUFFIX, parts_to_check
 from ..models.sites import PatchedSite
 from .coverage import SiteRecorder
 from .job import ResultWriter, WorkerJob
 from .prove import verdict_of
-from .reach import Reach, reach
-from .results import NOT_CHECKABLE, ClassVerification
+from .reach import Reach, may_go_on, reach, run_further, unreached
+from .results import NOT_CHECKABLE, VERIFIED, ClassVerification
 
 __all__ = ["check_class", "run_file_job"]
 
@@ -124,3 +126,44 @@ def run_file_job(job: WorkerJob, writer: ResultWriter) -> None:
             job.options.timeout, slowest,
         )  # fmt: skip
         reach(plan, verdicts, sites, check, writer)
+        _check_parts(adapter, (original, patched), job, (recorder, plan), verdicts, writer)
+
+
+def _check_parts(
+    adapter: ModuleType,
+    modules: tuple[ModuleType, ModuleType],
+    job: WorkerJob,
+    tools: tuple[SiteRecorder, Reach],
+    verdicts: list[dict[str, Any]],
+    writer: ResultWriter,
+) -> None:
+    """While sites in classes of the file have not run, check each such class on its own: its
+    part of a model a check verified (:mod:`adopter.models.parts`)."""
+    recorder, plan = tools
+    # model classes are the adapter's to build and drive; a part is any other module class
+    hosts = [s.cls for s in unreached(recorder.sites, verdicts) if s.cls not in plan.available]
+    classes = [cls for cls in dict.fromkeys(hosts) if cls]
+    verified = [v["cls"] for v in verdicts if v["status"] == VERIFIED and not v.get("setting")]
+    if not classes or not verified:
+        return
+    settings = BuildSettings(job.options.seed, job.options.dtype)
+
+    def subject_of(name: str) -> Any:
+        return adapter.subject(name, modules[0], modules[1], {}, settings)
+
+    for cls, found in parts_to_check(subject_of, verified, classes, modules, settings):
+        if not may_go_on(plan, verdicts, writer):
+            return
+        setting = found.label if isinstance(found, Subject) else ""
+        verdict = ClassVerification(cls + PART_SUFFIX, VERIFIED, "", setting=setting)
+        run = partial(_part_check, found, verdict, recorder, job)
+        run_further(plan, verdicts, writer, verdict.label, run)
+
+
+def _part_check(found: Any, named: ClassVerification, recorder: Any, job: WorkerJob) -> Any:
+    """The verdict of a part check (``found``: its subject, or why there is none), named as
+    ``named`` is."""
+    return {
+        **verdict_of(found, named.cls, recorder, job.options).to_json(),
+        "setting": named.setting,
+    }

@@ -12,12 +12,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from ..models.interface import BUILD_FAILED, setting_label
 from .results import NOT_CHECKABLE, ClassVerification, site_coverage
 
-__all__ = ["MAX_REACH_CHECKS", "Reach", "reach", "reach_time_left"]
+__all__ = ["MAX_REACH_CHECKS", "Reach", "may_go_on", "reach", "run_further", "unreached"]
 
 # Checks beyond the planned classes, tried only while a patched site has not run: other
 # model classes, and configurations with the options that guard a site flipped. Bounded by
@@ -46,7 +47,7 @@ class Reach:
     slowest: float = 0.0
 
 
-def _unreached(sites: list[Any], verdicts: list[dict[str, Any]]) -> list[Any]:
+def unreached(sites: list[Any], verdicts: list[dict[str, Any]]) -> list[Any]:
     """Sites that have not yet run in a mode whose comparison agreed."""
     classes = [ClassVerification.from_json(v) for v in verdicts]
     return [entry.site for entry in site_coverage(sites, classes) if not entry.exercised]
@@ -77,13 +78,39 @@ def _next_attempt(
     plan: Reach, sites: list[Any], verdicts: list[dict[str, Any]], done: set[tuple[str, str]]
 ) -> tuple[str, dict[str, Any]] | None:
     broken = _broken(verdicts)
-    for site in _unreached(sites, verdicts):
+    for site in unreached(sites, verdicts):
         for name, overrides in plan.attempts(
             site, plan.names, plan.available, plan.fixed, plan.context, broken
         ):
             if (name, setting_label(overrides)) not in done:
                 return name, overrides
     return None
+
+
+def may_go_on(plan: Reach, verdicts: list[dict[str, Any]], writer: Any) -> bool:
+    """Whether a further check may start: nothing refuted (reaching more sites cannot change
+    that verdict) and, by the slowest check so far, time left within the file's share."""
+    if any(verdict.get("status") == "refuted" for verdict in verdicts):
+        return False
+    if not reach_time_left(writer.started, plan.slowest, plan.budget_seconds):
+        writer.note("stopped trying to reach the remaining sites: the file's time is short")
+        return False
+    return True
+
+
+def run_further(
+    plan: Reach, verdicts: list[dict[str, Any]], writer: Any, label: str, run: Callable[[], Any]
+) -> dict[str, Any]:
+    """One further check named ``label``: planned and started in ``writer``, timed, and its
+    verdict (what ``run`` returns) added to ``verdicts`` and ``writer``."""
+    writer.plan([*writer.data["planned"], label])
+    writer.start(label)
+    began = time.perf_counter()
+    verdict = run()
+    plan.slowest = max(plan.slowest, time.perf_counter() - began)
+    verdicts.append(verdict)
+    writer.add(verdict)
+    return verdict
 
 
 def reach(
@@ -94,23 +121,16 @@ def reach(
     is added to ``verdicts`` and to ``writer`` (a :class:`~adopter.verify.worker.ResultWriter`)."""
     done = {(name, "") for name in plan.names}
     for _ in range(MAX_REACH_CHECKS):
-        if any(verdict.get("status") == "refuted" for verdict in verdicts):
-            return  # refuted already: reaching more sites cannot change the verdict
-        if not reach_time_left(writer.started, plan.slowest, plan.budget_seconds):
-            writer.note("stopped trying to reach the remaining sites: the file's time is short")
-            return
-        attempt = _next_attempt(plan, sites, verdicts, done)
+        attempt = (
+            _next_attempt(plan, sites, verdicts, done)
+            if may_go_on(plan, verdicts, writer)
+            else None
+        )
         if attempt is None:
             return
         name, overrides = attempt
         done.add((name, setting_label(overrides)))
         label = f"{name} [{setting_label(overrides)}]" if overrides else name
-        writer.plan([*writer.data["planned"], label])
-        writer.start(label)
-        began = time.perf_counter()
-        verdict = check(name, overrides)
-        plan.slowest = max(plan.slowest, time.perf_counter() - began)
-        verdicts.append(verdict)
+        run_further(plan, verdicts, writer, label, partial(check, name, overrides))
         if not overrides and name not in plan.names:
             plan.names.append(name)
-        writer.add(verdict)

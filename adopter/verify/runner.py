@@ -149,18 +149,6 @@ class VerifyJob:
     patched_source: str | None = None
     original_text: str | None = None
 
-    @property
-    def timeout(self) -> float:
-        return self.worker_job.options.timeout
-
-    @property
-    def python(self) -> str | None:
-        return self.worker_job.options.python
-
-    @property
-    def memory_limit(self) -> int | None:
-        return self.worker_job.options.memory_limit
-
 
 def _materialize(job: VerifyJob, scratch: Path, index: int) -> WorkerJob:
     """The worker's job for ``job`` on this machine, its files written under ``scratch``: the
@@ -222,8 +210,9 @@ def _worker(job: VerifyJob) -> ContainedWorker:
     defaults = {**WORKER_ENVIRONMENT, "PYTHONHASHSEED": "0"}
     environment = {name: os.environ.get(name, value) for name, value in defaults.items()}
     environment["OMP_NUM_THREADS"] = "1"  # see the worker: tiny models run fastest on one thread
-    command = (job.python or sys.executable, "-m", "adopter.verify.worker")
-    return ContainedWorker(command, job.timeout, job.memory_limit, environment)
+    options = job.worker_job.options
+    command = (options.python or sys.executable, "-m", "adopter.verify.worker")
+    return ContainedWorker(command, options.timeout, options.memory_limit, environment)
 
 
 def file_job(item: PatchedFile, options: VerifyOptions) -> VerifyJob:
@@ -264,7 +253,8 @@ def _run_jobs(
 ) -> list[FileVerification]:
     """Verdicts for ``jobs``, in their order, run by ``executor`` (default: one local worker);
     ``on_result(index, verdict)`` hears of each as it is known."""
-    tasks = [Task(job, job.label, job.timeout, job.memory_limit) for job in jobs]
+    limits = [(job.worker_job.options.timeout, job.worker_job.options.memory_limit) for job in jobs]
+    tasks = [Task(job, job.label, *limit) for job, limit in zip(jobs, limits)]
     return run_in_order(run_verify_jobs, tasks, _verdict_of, executor, on_result)
 
 

@@ -1,0 +1,226 @@
+"""A part of a model as a subject of its own: the module that holds a patched site, taken
+out of both sides of a model built alike, with inputs its ``forward`` takes.
+
+Whole-model checks do not run every part a model builds: a multimodal model's projector and
+vision tower run only when it is given images, a pooler or an adapter layer only under some
+heads or options. While such a site has not run, verify checks the part on its own: the
+submodule of the site's class at the same path in the original and in the patched model (the
+original's weights are loaded strictly into the patched part, as for a whole model), called
+with random tensors whose width comes from the part's own layers (a linear layer's input
+features, a convolution's input channels, a norm's shape), the first shape the original part
+accepts. The patched part must then match in every mode, like a whole model; the verdict
+names the part and the shape, so a reader sees the site was proven on its own.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from .common import call_model, seed_everything, torch_dtype
+from .interface import BuildSettings, Subject, Unbuildable
+
+__all__ = [
+    "PART_SUFFIX",
+    "input_candidates",
+    "part_paths",
+    "part_subject",
+    "parts_to_check",
+    "runnable_inputs",
+]
+
+PART_SUFFIX = " (part)"
+"""How a part check's verdict names the class it checked (``LlavaMultiModalProjector (part)``)."""
+
+_TOKENS = 5  # sequence length of a token-shaped input
+_SPATIAL = {1: (16,), 2: (8, 8), 3: (4, 8, 8)}  # extent of a convolution's input per dimension
+_WIDTHS_TRIED = 4  # a part's first layers that suggest an input width
+
+
+def part_paths(model: nn.Module, cls: str, module_name: str) -> list[str]:
+    """Where ``model`` holds modules of the class ``cls`` defined in ``module_name``."""
+    return [
+        path
+        for path, module in model.named_modules()
+        if path and type(module).__name__ == cls and type(module).__module__ == module_name
+    ]
+
+
+def _layer_shapes(layer: nn.Module) -> list[tuple[int, ...]]:
+    """Input shapes (batch 2) the layer takes: token-shaped and flat for a feature width,
+    channels first with a small extent for a convolution or a channel norm."""
+    if isinstance(layer, nn.Linear):
+        width = layer.in_features  # tokens, a flat vector, a channels-last grid
+        return [(2, _TOKENS, width), (2, width), (2, *_SPATIAL[2], width)]
+    if isinstance(layer, nn.LayerNorm) and layer.normalized_shape:
+        return [(2, _TOKENS, *layer.normalized_shape)]
+    if isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+        dims = len(layer.kernel_size)
+        return [(2, layer.in_channels, *_SPATIAL[dims])]
+    if isinstance(layer, (nn.BatchNorm2d, nn.GroupNorm)):
+        channels = layer.num_features if isinstance(layer, nn.BatchNorm2d) else layer.num_channels
+        return [(2, channels, *_SPATIAL[2])]
+    return []
+
+
+def _required(forward: Callable[..., Any]) -> list[str]:
+    """The parameters of ``forward`` a call must give (``self`` and defaults left out)."""
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [
+        p.name
+        for p in inspect.signature(forward).parameters.values()
+        if p.kind in kinds and p.default is inspect.Parameter.empty
+    ]
+
+
+def input_candidates(part: nn.Module, settings: BuildSettings) -> Iterator[tuple[str, Any]]:
+    """Inputs to try, each with how it is shaped: every required argument of ``forward`` a
+    random tensor of one shape its first layers take (seeded, one draw per argument)."""
+    try:
+        names = _required(part.forward)
+    except (TypeError, ValueError):  # no signature to read: nothing sensible to pass
+        return
+    if not names:
+        return
+    shapes: list[tuple[int, ...]] = []
+    layers = [m for m in part.modules() if m is not part and _layer_shapes(m)]
+    for layer in layers[:_WIDTHS_TRIED]:
+        shapes += [s for s in _layer_shapes(layer) if s not in shapes]
+    dtype = torch_dtype(settings.dtype)
+    for shape in shapes:
+        generator = torch.Generator().manual_seed(settings.seed)
+        tensors = [torch.randn(shape, generator=generator, dtype=dtype) for _ in names]
+        yield "x".join(map(str, shape)), tuple(tensors)
+        if len(names) > 1:  # the further arguments optional in practice (a mask, a cache)
+            rest = ", ".join(f"{name}=None" for name in names[1:])
+            yield f"{'x'.join(map(str, shape))}, {rest}", (tensors[0], *[None] * (len(names) - 1))
+
+
+def runnable_inputs(part: nn.Module, settings: BuildSettings) -> tuple[str, Any] | None:
+    """The first candidate (:func:`input_candidates`) the part runs on in eval mode and answers
+    with a floating-point tensor, or ``None``."""
+    part.eval()
+    for shape, inputs in input_candidates(part, settings):
+        seed_everything(settings.seed)
+        try:
+            with torch.no_grad():
+                result = call_model(part, inputs)
+        except Exception:  # noqa: BLE001 - a shape the part does not take: try the next
+            continue
+        if isinstance(result, tuple) and result:
+            result = result[0]
+        if isinstance(result, torch.Tensor) and result.is_floating_point():
+            return shape, inputs
+    return None
+
+
+def _taken(build: Callable[[], nn.Module], path: str) -> Callable[[], nn.Module]:
+    return lambda: build().get_submodule(path)
+
+
+def part_subject(whole: Subject, cls: str, path: str, shape: str, inputs: Any) -> Subject:
+    """The part at ``path`` of ``whole``'s models as a subject called with ``inputs``."""
+    quiet = whole.quiet
+
+    def quiet_parts() -> tuple[Callable[[], Any], Callable[[], Any]]:
+        assert quiet is not None
+        original, patched = quiet()
+        return _taken(original, path), _taken(patched, path)
+
+    return Subject(
+        name=cls + PART_SUFFIX,
+        label=f"{whole.name}.{path}, input {shape}",
+        build_original=_taken(whole.build_original, path),
+        build_patched=_taken(whole.build_patched, path),
+        inputs=inputs,
+        quiet=None if quiet is None else quiet_parts,
+        dropout_texts=whole.dropout_texts,
+        dropout_mode=whole.dropout_mode,
+    )
+
+
+def _built_from(cls: type, config: Any, settings: BuildSettings) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        torch.manual_seed(settings.seed)
+        return cls(config).to(torch_dtype(settings.dtype))
+
+    return build
+
+
+def constructed_subject(
+    whole: Subject, config: Any, classes: tuple[type, type], settings: BuildSettings
+) -> Subject | Unbuildable:
+    """The class (original, patched) built on its own from ``config``, the configuration of
+    ``whole``'s model (where no model checked builds it: an option the defaults leave off, a
+    head not checked), with inputs that run, or why there is none."""
+    original, patched = classes
+    try:
+        part = _built_from(original, config, settings)()
+    except Exception as exc:  # noqa: BLE001 - the class does not take the model's config
+        return Unbuildable(
+            f"no model checked builds {original.__name__}, and building it "
+            f"from {whole.name}'s configuration raised {type(exc).__name__}"
+        )
+    found = runnable_inputs(part, settings)
+    if found is None:
+        return Unbuildable(
+            f"{original.__name__} built from {whole.name}'s configuration "
+            "runs on none of the input shapes tried"
+        )
+    quiet = whole.quiet
+
+    def quiet_parts() -> tuple[Callable[[], Any], Callable[[], Any]]:
+        assert quiet is not None
+        silent = quiet()[0]().config
+        return _built_from(original, silent, settings), _built_from(patched, silent, settings)
+
+    shape, inputs = found
+    return Subject(
+        name=original.__name__ + PART_SUFFIX,
+        label=f"built from {whole.name}'s configuration, input {shape}",
+        build_original=_built_from(original, config, settings),
+        build_patched=_built_from(patched, config, settings),
+        inputs=inputs,
+        quiet=None if quiet is None else quiet_parts,
+        dropout_texts=whole.dropout_texts,
+        dropout_mode=whole.dropout_mode,
+    )
+
+
+def parts_to_check(
+    subject_of: Callable[[str], Any],
+    names: list[str],
+    classes: list[str],
+    modules: tuple[Any, Any],
+    settings: BuildSettings,
+) -> Iterator[tuple[str, Subject | Unbuildable]]:
+    """For each class of ``classes`` (defined in the original module of ``modules``), its part
+    in the first model of ``names`` (built by ``subject_of``) that holds one, as a subject with
+    inputs that run, or why it has none; a class no such model holds is built on its own from
+    the first model's configuration. Each model is built once, for every class it holds."""
+    remaining, first = list(classes), None
+    for name in names:
+        if not remaining:
+            return
+        whole = subject_of(name)
+        if isinstance(whole, Unbuildable):
+            continue
+        model = whole.build_original()
+        first = first or (whole, getattr(model, "config", None))
+        for cls in [c for c in remaining if part_paths(model, c, modules[0].__name__)]:
+            remaining.remove(cls)
+            path = part_paths(model, cls, modules[0].__name__)[0]
+            found = runnable_inputs(model.get_submodule(path), settings)
+            if found is None:
+                reason = f"{cls} at {name}.{path} runs on none of the input shapes tried"
+                yield cls, Unbuildable(reason)
+            else:
+                yield cls, part_subject(whole, cls, path, *found)
+    for cls in remaining if first is not None and first[1] is not None else []:
+        pair = (getattr(modules[0], cls, None), getattr(modules[1], cls, None))
+        if all(isinstance(c, type) and issubclass(c, nn.Module) for c in pair):
+            yield cls, constructed_subject(first[0], first[1], pair, settings)  # type: ignore[arg-type]

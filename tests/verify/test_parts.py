@@ -1,0 +1,159 @@
+"""A patched site that no whole-model check runs is checked in its part on its own.
+
+A multimodal model's projector runs only when the model is given images; a pooler may be a
+class no model builds. ``parts/modeling_parts.py`` is our own small model with both shapes and
+with a part only token ids can drive. The part checks must verify a correct patch, refute a
+wrong one (a check that cannot fail would be a defect) and say why a part could not be driven.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from adopter.match import Matcher
+from adopter.models.interface import BuildSettings, Subject
+from adopter.models.parts import (
+    PART_SUFFIX,
+    input_candidates,
+    part_paths,
+    part_subject,
+    runnable_inputs,
+)
+from adopter.rewrite import rewrite_text
+from adopter.rules import load_rule_set
+from adopter.verify import FileVerification, PatchedFile, VerifyOptions, verify_patched_files
+from adopter.verify.prove import prove
+
+FIXTURE = Path(__file__).with_name("parts") / "modeling_parts.py"
+SETTINGS = BuildSettings(seed=0, dtype="float32")
+
+
+class _Projector(nn.Module):
+    def __init__(self, gelu: bool = True) -> None:
+        super().__init__()
+        self.linear = nn.Linear(6, 4)
+        self.act = nn.GELU() if gelu else nn.ReLU()
+
+    def forward(self, features: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        hidden = self.act(self.linear(features))
+        return hidden if mask is None else hidden * mask
+
+
+class _Model(nn.Module):
+    def __init__(self, gelu: bool = True) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 4)
+        self.projector = _Projector(gelu)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed(ids)
+
+
+def test_part_paths_name_the_class_where_the_model_holds_it() -> None:
+    model = _Model()
+    assert part_paths(model, "_Projector", __name__) == ["projector"]
+    assert part_paths(model, "_Projector", "elsewhere") == []  # another file's class of that name
+
+
+def test_candidates_take_their_width_from_the_part_s_first_layers() -> None:
+    candidates = dict(input_candidates(_Projector(), SETTINGS))
+    # every required argument a tensor, then the further ones left out
+    assert list(candidates)[:2] == ["2x5x6", "2x5x6, mask=None"]
+    assert all(len(inputs) == 2 for inputs in candidates.values())
+    conv = nn.Sequential(nn.Conv2d(3, 4, 1))
+    assert [shape for shape, _ in input_candidates(conv, SETTINGS)] == ["2x3x8x8"]
+
+
+def test_runnable_inputs_are_the_first_the_original_part_takes() -> None:
+    shape, inputs = runnable_inputs(_Projector(), SETTINGS) or ("", None)
+    # a mask as wide as the input does not fit the output: the next candidate leaves it out
+    assert shape == "2x5x6, mask=None"
+    assert inputs[0].shape == (2, 5, 6) and inputs[1] is None
+    assert runnable_inputs(nn.Embedding(10, 4), SETTINGS) is None  # no float input drives it
+
+
+def _subject(patched_gelu: bool) -> Subject:
+    def build(gelu: bool) -> nn.Module:
+        torch.manual_seed(0)
+        return _Model(gelu)
+
+    whole = Subject("_Model", "", lambda: build(True), lambda: build(patched_gelu), inputs=None)
+    _shape, inputs = runnable_inputs(build(True).projector, SETTINGS) or ("", None)
+    return part_subject(whole, "_Projector", "projector", "2x5x6", inputs)
+
+
+def test_a_part_check_verifies_a_part_that_matches_and_refutes_one_that_does_not() -> None:
+    options = VerifyOptions(modes=("eval", "train"))
+    same = prove(_subject(patched_gelu=True), None, options)
+    assert same.status == "verified", same.reason
+    assert same.cls == "_Projector" + PART_SUFFIX
+    different = prove(_subject(patched_gelu=False), None, options)
+    assert different.status == "refuted", different.reason
+
+
+# -- end to end on the fixture: the worker checks parts while sites have not run -----------------
+
+
+def _patched() -> str:
+    rules = [r for r in load_rule_set("paper") if r.id == "paper.6"]
+    text = FIXTURE.read_text(encoding="utf-8")
+    patched = rewrite_text(text, str(FIXTURE), Matcher(rules)).patched
+    assert patched.count("linear_bias_activation(") == 3
+    return patched
+
+
+@pytest.fixture(scope="module")
+def verdicts() -> dict[str, FileVerification]:
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("needs transformers")
+    patched = _patched()
+    cases = {
+        "correct": patched,
+        # the projector's patch uses another activation: only its part check runs it
+        "wrong-projector": patched.replace(
+            "linear_bias_activation(image_features, self.linear_in, self.act)",
+            "linear_bias_activation(image_features, self.linear_in, torch.tanh)",
+        ),
+    }
+    files = [PatchedFile(FIXTURE, text) for text in cases.values()]
+    options = VerifyOptions(modes=("eval", "train"), timeout=240)
+    return dict(zip(cases, verify_patched_files(files, options)))
+
+
+@pytest.mark.slow
+def test_parts_no_whole_model_runs_are_checked_on_their_own(
+    verdicts: dict[str, FileVerification],
+) -> None:
+    verification = verdicts["correct"]
+    by_class = {entry.site.cls: entry for entry in verification.sites}
+    assert set(by_class["PartsProjector"].matched_in) == {
+        "PartsProjector (part) [PartsModel.projector, input 2x5x6]: eval",
+        "PartsProjector (part) [PartsModel.projector, input 2x5x6]: train",
+    }
+    # the pooler no model builds: built from the checked model's configuration
+    assert all(
+        "built from PartsModel's configuration" in k for k in by_class["PartsPooler"].matched_in
+    )
+    assert by_class["PartsPooler"].matched_in
+    # token ids drive the mixer: no float input runs it, so its site stays not exercised
+    assert verification.status == "not exercised", verification.summary()
+    (missing,) = verification.not_exercised
+    assert missing.site.cls == "PartsTokenMixer"
+    mixer = next(c for c in verification.classes if c.cls == "PartsTokenMixer" + PART_SUFFIX)
+    assert mixer.status == "not checkable"
+    assert "runs on none of the input shapes tried" in mixer.reason
+
+
+@pytest.mark.slow
+def test_a_wrong_patch_in_a_part_is_refuted_by_its_part_check(
+    verdicts: dict[str, FileVerification],
+) -> None:
+    verification = verdicts["wrong-projector"]
+    assert verification.status == "refuted", verification.summary()
+    refuted = [c.label for c in verification.classes if c.status == "refuted"]
+    assert refuted == ["PartsProjector (part) [PartsModel.projector, input 2x5x6]"]
