@@ -37,6 +37,7 @@ from ..extract.model import Step as FlowStep
 from ..match.matcher import Site
 from .checks import (
     CONTROL_STATEMENTS,
+    Refusal,
     check_arguments_unchanged,
     check_arm_reads_unchanged,
     check_arm_sets_what_is_read,
@@ -465,7 +466,50 @@ def _kernel_arm(
         lines.append(f"return {value}" if names == ["return"] else f"{name} = {value}")
         bound.update(names)
     require(check_return_kept(final_return, lines))
-    return lines, bound
+    return _constants_after_their_readers(lines), bound
+
+
+def _constants_after_their_readers(lines: list[str]) -> list[str]:
+    """The kernel arm with each constant binding (``logits = None``) moved after the last arm
+    line that reads its name: what the arm reads is the value from before the range, and a head
+    may read its input from the name its output gets (DistilBERT's masked-LM head, ``x =
+    self.vocab_projector(x)``: ``x = None`` first would hand the loss kernel ``None``)."""
+    result = list(lines)
+    for line in lines:
+        statement = _one_statement(line)
+        if not (isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Constant)):
+            continue
+        names = {target.id for target in statement.targets if isinstance(target, ast.Name)}
+        at = result.index(line)
+        readers = [i for i, other in enumerate(result) if i > at and names & _read_names(other)]
+        if not readers:
+            continue
+        if isinstance(_one_statement(result[readers[-1]]), ast.Return):
+            require(
+                Refusal(
+                    f"the kernel arm reads `{', '.join(sorted(names))}` in its return "
+                    "after binding it to a constant"
+                )
+            )
+        result.insert(readers[-1], result.pop(at))  # the readers move up by one
+    return result
+
+
+def _one_statement(line: str) -> ast.stmt | None:
+    try:
+        body = ast.parse(line.strip()).body
+    except SyntaxError:
+        return None
+    return body[0] if len(body) == 1 else None
+
+
+def _read_names(line: str) -> set[str]:
+    statement = _one_statement(line)
+    if statement is None:
+        return set()
+    return {
+        n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+    }
 
 
 def _kept_around(step: FlowStep, statement: ast.stmt, earlier: list[ast.stmt]) -> ast.stmt | None:

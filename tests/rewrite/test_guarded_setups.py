@@ -239,3 +239,45 @@ def test_logits_upcast_on_the_way_to_the_loss(dtype):
     torch.testing.assert_close(have, want)
     for a, b in zip(original.eval()(hidden, labels), new.eval()(hidden, labels), strict=True):
         torch.testing.assert_close(b, a)
+
+
+# DistilBERT's masked-LM head reads its input from the name its logits get
+# (``x = self.vocab_projector(x)``): the kernel arm hands the loss that input first and sets the
+# name to None after, never the other way round (which handed the kernel None).
+REUSED = """
+class ForMaskedLM(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.vocab_transform = nn.Linear(config.dim, config.dim)
+        self.vocab_projector = nn.Linear(config.dim, config.vocab_size)
+        self.mlm_loss_fct = nn.CrossEntropyLoss()
+
+    def forward(self, hidden_states, labels=None):
+        prediction_logits = self.vocab_transform(hidden_states)
+        prediction_logits = self.vocab_projector(prediction_logits)
+        mlm_loss = None
+        if labels is not None:
+            mlm_loss = self.mlm_loss_fct(prediction_logits.view(-1, prediction_logits.size(-1)), labels.view(-1))
+        return mlm_loss, prediction_logits
+"""
+
+
+def test_a_head_whose_input_has_its_logits_name_hands_the_loss_that_input() -> None:
+    text = HEAD + REUSED
+    matcher = Matcher([rule for rule in load_rule_set("all") if rule.id == "modern.7"])
+    rewrite = rewrite_text(text, "model.py", matcher)
+    assert [r.status.value for r in rewrite.results] == ["patched"]
+    built = []
+    for source in (text, rewrite.patched):
+        namespace: dict[str, object] = {}
+        exec(compile(source, "model.py", "exec"), namespace)  # noqa: S102 - our own fixture
+        torch.manual_seed(0)
+        config = types.SimpleNamespace(dim=8, vocab_size=11)
+        built.append(namespace["ForMaskedLM"](config))  # type: ignore[operator]
+    original, patched = built
+    patched.load_state_dict(original.state_dict(), strict=True)
+    hidden, labels = torch.randn(2, 5, 8), torch.randint(0, 11, (2, 5))
+    want, _ = original.train()(hidden, labels)
+    have, logits = patched.train()(hidden, labels)
+    assert logits is None
+    torch.testing.assert_close(have, want)
