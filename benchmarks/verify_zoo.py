@@ -43,6 +43,7 @@ from machine import describe_machine  # noqa: E402
 
 from adopter.corpus import fetch_wheel  # noqa: E402
 from adopter.executor import EXECUTOR_HELP, Executor, make_executor  # noqa: E402
+from adopter.models.interface import PART_SUFFIX  # noqa: E402
 from adopter.rewrite import rewrite_paths  # noqa: E402
 from adopter.rules import load_rule_set  # noqa: E402
 from adopter.verify import (  # noqa: E402
@@ -184,6 +185,27 @@ def site_summary(results: list[dict], file_status: dict[str, str]) -> list[str]:
     return lines
 
 
+def part_summary(results: list[dict], file_status: dict[str, str]) -> list[str]:
+    """A line saying how much of the proof came from part checks: sites that matched only
+    when their module was checked on its own, and the verified files that hold such a site."""
+    only_parts = [
+        row
+        for row in results
+        if row.get("kind") == "site"
+        and row["status"] == "exercised"
+        and row.get("matched_in")
+        and all(PART_SUFFIX in label for label in row["matched_in"])
+    ]
+    files = {Path(row["path"]).name for row in only_parts}
+    verified = sum(1 for name in files if file_status.get(name) == "verified")
+    return [
+        f"Part checks: {len(only_parts)} patched site(s) in {len(files)} file(s) ran and matched "
+        f"only when their module was checked on its own (a part of a checked model, or built "
+        f"from its configuration; `{PART_SUFFIX.strip()}` in the check's name); {verified} of "
+        "those files are verified.\n",
+    ]
+
+
 def interpreter(python: str | None, adopter: str | None) -> str | None:
     """The worker interpreter: ``--python``, else the ``python`` beside ``--adopter``."""
     if python:
@@ -290,7 +312,9 @@ def main() -> int:
         "site never ran in one, it is not exercised. Verify checks the base model, one head "
         "and every model class whose code holds a site; while a site has not run, it checks "
         "the model classes whose code reaches it by name and flips the boolean/enum options "
-        "that guard the site or the code that builds or calls it.\n",
+        "that guard the site or the code that builds or calls it; and while a site in a module "
+        "that is not a model class has still not run, it checks that module on its own with "
+        "random inputs its first layers take (a *part check*, named `(part)`).\n",
         "| files | verified | refuted | not exercised | not checkable |",
         "|---|---|---|---|---|",
         f"| {len(files)} | {verdicts['verified']} | {verdicts['refuted']} | "
@@ -302,6 +326,7 @@ def main() -> int:
         "from a float64 run of the original than the original's own float32 run; see "
         "docs/reliability.md).\n",
         *site_summary(results, file_status),
+        *part_summary(results, file_status),
         "| file | verdict | checks verified | refuted | not checkable | sites exercised | "
         "sites not exercised | first reason (not verified) |",
         "|---|---|---|---|---|---|---|---|",

@@ -30,6 +30,7 @@ from typing import Any
 __all__ = [
     "BUILD_FAILED",
     "DEFAULT_ADAPTER",
+    "PART_SUFFIX",
     "PER_ELEMENT",
     "WORKER_ENVIRONMENT",
     "BuildSettings",
@@ -43,6 +44,10 @@ __all__ = [
 PER_ELEMENT = "[]"
 """How a site's guard fields (``PatchedSite.config_fields``) name a comparison with an element
 of a per-layer list (``config.layer_types[i] == "sparse"``): the field name with this suffix."""
+
+PART_SUFFIX = " (part)"
+"""How a part check's verdict names the module class it checked on its own
+(:mod:`adopter.models.parts`: ``LlavaMultiModalProjector (part)``)."""
 
 BUILD_FAILED = "could not build and run the original model"
 """How an :class:`Unbuildable` reason starts when no recipe gave a model that runs."""

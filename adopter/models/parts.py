@@ -8,8 +8,9 @@ submodule of the site's class at the same path in the original and in the patche
 original's weights are loaded strictly into the patched part, as for a whole model), called
 with random tensors whose width comes from the part's own layers (a linear layer's input
 features, a convolution's input channels, a norm's shape), the first shape the original part
-accepts. The patched part must then match in every mode, like a whole model; the verdict
-names the part and the shape, so a reader sees the site was proven on its own.
+accepts. The patched part must then match in every mode, like a whole model (its first
+output, every gradient and buffer: see :class:`MainOutput`); the verdict names the part and
+the shape, so a reader sees the site was proven on its own.
 """
 
 from __future__ import annotations
@@ -22,23 +23,23 @@ import torch
 from torch import nn
 
 from .common import call_model, seed_everything, torch_dtype
-from .interface import BuildSettings, Subject, Unbuildable
+from .interface import PART_SUFFIX, BuildSettings, Subject, Unbuildable
 
 __all__ = [
-    "PART_SUFFIX",
+    "MainOutput",
     "input_candidates",
+    "part_classes",
     "part_paths",
     "part_subject",
     "parts_to_check",
     "runnable_inputs",
 ]
 
-PART_SUFFIX = " (part)"
-"""How a part check's verdict names the class it checked (``LlavaMultiModalProjector (part)``)."""
-
 _TOKENS = 5  # sequence length of a token-shaped input
 _SPATIAL = {1: (16,), 2: (8, 8), 3: (4, 8, 8)}  # extent of a convolution's input per dimension
 _WIDTHS_TRIED = 4  # a part's first layers that suggest an input width
+MAX_PART_MODELS = 4
+"""Models of a file built again to take parts from (each costs a build, as a check does)."""
 
 
 def part_paths(model: nn.Module, cls: str, module_name: str) -> list[str]:
@@ -90,6 +91,9 @@ def input_candidates(part: nn.Module, settings: BuildSettings) -> Iterator[tuple
     layers = [m for m in part.modules() if m is not part and _layer_shapes(m)]
     for layer in layers[:_WIDTHS_TRIED]:
         shapes += [s for s in _layer_shapes(layer) if s not in shapes]
+    # a part with weights of its own and no layers (a hand-written norm): its weight's width
+    own = [p.shape[0] for p in part.parameters(recurse=False) if p.dim() == 1]
+    shapes += [(2, _TOKENS, own[0])] if own and (2, _TOKENS, own[0]) not in shapes else []
     dtype = torch_dtype(settings.dtype)
     for shape in shapes:
         generator = torch.Generator().manual_seed(settings.seed)
@@ -118,12 +122,28 @@ def runnable_inputs(part: nn.Module, settings: BuildSettings) -> tuple[str, Any]
     return None
 
 
+class MainOutput(nn.Module):
+    """A part whose first output alone is compared (with every gradient and buffer): what a
+    module returns after it (attention probabilities, a cache) its model reads only under
+    options a part check does not set, and a kernel may leave out (``None``) unless asked."""
+
+    def __init__(self, part: nn.Module) -> None:
+        super().__init__()
+        self.part = part
+
+    def forward(self, *inputs: Any) -> Any:
+        result = self.part(*inputs)
+        return result[0] if isinstance(result, tuple) and result else result
+
+
 def _taken(build: Callable[[], nn.Module], path: str) -> Callable[[], nn.Module]:
-    return lambda: build().get_submodule(path)
+    return lambda: MainOutput(build().get_submodule(path))
 
 
-def part_subject(whole: Subject, cls: str, path: str, shape: str, inputs: Any) -> Subject:
-    """The part at ``path`` of ``whole``'s models as a subject called with ``inputs``."""
+def part_subject(whole: Subject, name: str, cls: str, path: str, found: tuple[str, Any]) -> Subject:
+    """The part at ``path`` of ``whole``'s models (``name``: how the check that built them is
+    named) as a subject called with the inputs ``found`` (their shape, the inputs)."""
+    shape, inputs = found
     quiet = whole.quiet
 
     def quiet_parts() -> tuple[Callable[[], Any], Callable[[], Any]]:
@@ -133,7 +153,7 @@ def part_subject(whole: Subject, cls: str, path: str, shape: str, inputs: Any) -
 
     return Subject(
         name=cls + PART_SUFFIX,
-        label=f"{whole.name}.{path}, input {shape}",
+        label=f"{name}.{path}, input {shape}",
         build_original=_taken(whole.build_original, path),
         build_patched=_taken(whole.build_patched, path),
         inputs=inputs,
@@ -143,12 +163,46 @@ def part_subject(whole: Subject, cls: str, path: str, shape: str, inputs: Any) -
     )
 
 
+def _configurations(config: Any) -> list[Any]:
+    """``config`` and the configurations it holds (``text_config``, ``vision_config``...)."""
+    held = [v for k, v in vars(config).items() if k.endswith("_config") and hasattr(v, "__dict__")]
+    return [config, *held]
+
+
+def _construct(cls: type, config: Any) -> nn.Module:
+    """``cls(config)``, else ``cls`` given the values its constructor requires by name from
+    ``config`` or a configuration it holds (``RMSNorm(hidden_size)``)."""
+    try:
+        return cls(config)
+    except Exception:
+        names = _required(cls)
+        for source in _configurations(config) if names else []:
+            if all(hasattr(source, name) for name in names):
+                return cls(**{name: getattr(source, name) for name in names})
+        raise
+
+
 def _built_from(cls: type, config: Any, settings: BuildSettings) -> Callable[[], nn.Module]:
     def build() -> nn.Module:
         torch.manual_seed(settings.seed)
-        return cls(config).to(torch_dtype(settings.dtype))
+        return MainOutput(_construct(cls, config).to(torch_dtype(settings.dtype)))
 
     return build
+
+
+def part_classes(
+    unreached: list[Any], hosts: dict[str, list[str]], models: list[str]
+) -> dict[str, set[str]]:
+    """The module classes to check on their own, nearest first, each with the keys of the
+    ``unreached`` sites it may run: a site's own class, or for a site in a function the
+    classes whose code reaches it (``hosts``, by site key); never a model class (``models``:
+    the adapter builds and drives those)."""
+    wanted: dict[str, set[str]] = {}
+    for site in unreached:
+        for cls in [site.cls] if site.cls else hosts.get(site.key, []):
+            if cls and cls not in models:
+                wanted.setdefault(cls, set()).add(site.key)
+    return wanted
 
 
 def constructed_subject(
@@ -159,7 +213,7 @@ def constructed_subject(
     head not checked), with inputs that run, or why there is none."""
     original, patched = classes
     try:
-        part = _built_from(original, config, settings)()
+        part = _built_from(original, config, settings)().part
     except Exception as exc:  # noqa: BLE001 - the class does not take the model's config
         return Unbuildable(
             f"no model checked builds {original.__name__}, and building it "
@@ -192,35 +246,39 @@ def constructed_subject(
 
 
 def parts_to_check(
-    subject_of: Callable[[str], Any],
-    names: list[str],
+    builds: list[tuple[str, Callable[[], Any]]],
     classes: list[str],
+    wanted: Callable[[str], bool],
     modules: tuple[Any, Any],
     settings: BuildSettings,
 ) -> Iterator[tuple[str, Subject | Unbuildable]]:
-    """For each class of ``classes`` (defined in the original module of ``modules``), its part
-    in the first model of ``names`` (built by ``subject_of``) that holds one, as a subject with
-    inputs that run, or why it has none; a class no such model holds is built on its own from
-    the first model's configuration. Each model is built once, for every class it holds."""
-    remaining, first = list(classes), None
-    for name in names:
-        if not remaining:
+    """Parts to check for the ``classes`` (defined in the original module of ``modules``) that
+    are still ``wanted``: in each model ``builds`` make (a name, and a builder of its subject;
+    at most ``MAX_PART_MODELS``), each such class's first part, as a subject with inputs that
+    run or why it has none; then each class no model holds, built on its own from the first
+    model's configuration. A class is tried again in a later model while it is wanted (the
+    site's code path may depend on how the model was configured: eager attention)."""
+    first, held = None, set()
+    for name, build in builds[:MAX_PART_MODELS]:
+        if not any(wanted(cls) for cls in classes):
             return
-        whole = subject_of(name)
+        whole = build()
         if isinstance(whole, Unbuildable):
             continue
         model = whole.build_original()
         first = first or (whole, getattr(model, "config", None))
-        for cls in [c for c in remaining if part_paths(model, c, modules[0].__name__)]:
-            remaining.remove(cls)
-            path = part_paths(model, cls, modules[0].__name__)[0]
-            found = runnable_inputs(model.get_submodule(path), settings)
+        for cls in classes:
+            paths = part_paths(model, cls, modules[0].__name__)
+            held |= {cls} if paths else set()
+            if not paths or not wanted(cls):
+                continue
+            found = runnable_inputs(model.get_submodule(paths[0]), settings)
             if found is None:
-                reason = f"{cls} at {name}.{path} runs on none of the input shapes tried"
+                reason = f"{cls} at {name}.{paths[0]} runs on none of the input shapes tried"
                 yield cls, Unbuildable(reason)
             else:
-                yield cls, part_subject(whole, cls, path, *found)
-    for cls in remaining if first is not None and first[1] is not None else []:
+                yield cls, part_subject(whole, name, cls, paths[0], found)
+    for cls in [c for c in classes if c not in held and wanted(c)] if first and first[1] else []:
         pair = (getattr(modules[0], cls, None), getattr(modules[1], cls, None))
         if all(isinstance(c, type) and issubclass(c, nn.Module) for c in pair):
             yield cls, constructed_subject(first[0], first[1], pair, settings)  # type: ignore[arg-type]

@@ -17,7 +17,7 @@ from typing import Any
 from ..models.common import error_line, short_traceback
 from ..models.interface import BuildSettings, Subject, setting_label
 from ..models.loading import import_original, import_patched
-from ..models.parts import PART_SUFFIX, parts_to_check
+from ..models.parts import PART_SUFFIX, part_classes, parts_to_check
 from ..models.sites import PatchedSite
 from .coverage import SiteRecorder
 from .job import ResultWriter, WorkerJob
@@ -102,9 +102,13 @@ def run_file_job(job: WorkerJob, writer: ResultWriter) -> None:
     if patched is None:
         return
 
+    checked: list[tuple[str, dict[str, Any]]] = []  # the checks that verified, for parts
+
     def check(name: str, overrides: dict[str, Any]) -> dict[str, Any]:
         try:
-            return check_class(adapter, name, (original, patched), job, recorder, overrides)
+            verdict = check_class(adapter, name, (original, patched), job, recorder, overrides)
+            checked.extend([(name, overrides)] if verdict["status"] == VERIFIED else [])
+            return verdict
         except Exception as exc:
             reason = f"verify itself failed: {short_traceback(exc)}"
             verdict = ClassVerification(name, NOT_CHECKABLE, reason).to_json()
@@ -126,7 +130,7 @@ def run_file_job(job: WorkerJob, writer: ResultWriter) -> None:
             job.options.timeout, slowest,
         )  # fmt: skip
         reach(plan, verdicts, sites, check, writer)
-        _check_parts(adapter, (original, patched), job, (recorder, plan), verdicts, writer)
+        _check_parts(adapter, (original, patched), job, (recorder, plan), checked, verdicts, writer)
 
 
 def _check_parts(
@@ -134,24 +138,29 @@ def _check_parts(
     modules: tuple[ModuleType, ModuleType],
     job: WorkerJob,
     tools: tuple[SiteRecorder, Reach],
+    checked: list[tuple[str, dict[str, Any]]],
     verdicts: list[dict[str, Any]],
     writer: ResultWriter,
 ) -> None:
     """While sites in classes of the file have not run, check each such class on its own: its
-    part of a model a check verified (:mod:`adopter.models.parts`)."""
+    part of a model a check verified (``checked``: class and configuration overrides), or
+    built from such a model's configuration (:mod:`adopter.models.parts`)."""
     recorder, plan = tools
-    # model classes are the adapter's to build and drive; a part is any other module class
-    hosts = [s.cls for s in unreached(recorder.sites, verdicts) if s.cls not in plan.available]
-    classes = [cls for cls in dict.fromkeys(hosts) if cls]
-    verified = [v["cls"] for v in verdicts if v["status"] == VERIFIED and not v.get("setting")]
-    if not classes or not verified:
-        return
+    hosts = {s.key: s.hosts or [] for s in map(PatchedSite.from_json, job.sites)}
+    wanted = part_classes(unreached(recorder.sites, verdicts), hosts, plan.available)
     settings = BuildSettings(job.options.seed, job.options.dtype)
+    builds = [
+        (f"{name} [{setting_label(overrides)}]" if overrides else name,
+         partial(adapter.subject, name, modules[0], modules[1], overrides, settings))
+        for name, overrides in checked
+    ]  # fmt: skip
 
-    def subject_of(name: str) -> Any:
-        return adapter.subject(name, modules[0], modules[1], {}, settings)
+    def still_wanted(cls: str) -> bool:  # some of its sites have not run yet
+        return bool(wanted[cls] & {site.key for site in unreached(recorder.sites, verdicts)})
 
-    for cls, found in parts_to_check(subject_of, verified, classes, modules, settings):
+    for cls, found in parts_to_check(builds, list(wanted), still_wanted, modules, settings):
+        if not still_wanted(cls):
+            continue  # another part's check ran its sites
         if not may_go_on(plan, verdicts, writer):
             return
         setting = found.label if isinstance(found, Subject) else ""

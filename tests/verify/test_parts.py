@@ -84,7 +84,7 @@ def _subject(patched_gelu: bool) -> Subject:
 
     whole = Subject("_Model", "", lambda: build(True), lambda: build(patched_gelu), inputs=None)
     _shape, inputs = runnable_inputs(build(True).projector, SETTINGS) or ("", None)
-    return part_subject(whole, "_Projector", "projector", "2x5x6", inputs)
+    return part_subject(whole, "_Model", "_Projector", "projector", ("2x5x6", inputs))
 
 
 def test_a_part_check_verifies_a_part_that_matches_and_refutes_one_that_does_not() -> None:
