@@ -32,6 +32,7 @@ import copy
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -485,17 +486,8 @@ def check_mode(
         )
         if failing[0] is not worst:
             detail += f"; first: {failing[0].describe()}"
-        referee = _referee(
-            lambda: fresh(original),
-            lambda: fresh(patched),
-            state,
-            inputs,
-            side,
-            first,
-            other,
-            failing,
-            tol,
-        )
+        sides = (lambda: fresh(original), lambda: fresh(patched))
+        referee = _referee(*sides, state, inputs, side, first, other, failing, tol)
         if referee is None:
             return ModeOutcome(REFUTED, detail, diffs)
         precision = str(first.labelled()[worst.name].dtype).removeprefix("torch.")
@@ -522,33 +514,25 @@ def conclude(
     """
     modes = {name: outcome.line() for name, outcome in outcomes.items()}
     referee = {name: o.referee for name, o in outcomes.items() if o.referee is not None}
+    verdict = partial(ClassVerification, cls_name, modes=modes, referee=referee)
     refuted = {n: o for n, o in outcomes.items() if o.status == REFUTED}
     every_diff = [d for o in outcomes.values() for d in o.differences]
     if refuted:
         failing = [d for o in refuted.values() for d in o.differences if not d.ok]
         worst = _largest(failing)
         name, outcome = next(iter(refuted.items()))
-        return ClassVerification(
-            cls=cls_name,
-            status=REFUTED,
-            reason=f"{prefix}{name}: {outcome.detail}",
+        return verdict(
+            REFUTED,
+            f"{prefix}{name}: {outcome.detail}",
             max_abs_diff=None if worst is None else worst.max_abs_diff,
             where=None if worst is None else worst.name,
-            modes=modes,
-            referee=referee,
         )
     blocked = {n: o for n, o in outcomes.items() if o.status == NOT_CHECKABLE}
     if blocked or not outcomes:
         name, outcome = (
             next(iter(blocked.items())) if blocked else ("-", ModeOutcome("", "no mode"))
         )
-        return ClassVerification(
-            cls=cls_name,
-            status=NOT_CHECKABLE,
-            reason=f"{prefix}{name}: {outcome.detail}",
-            modes=modes,
-            referee=referee,
-        )
+        return verdict(NOT_CHECKABLE, f"{prefix}{name}: {outcome.detail}")
     largest = _largest(every_diff)
     if largest is not None and largest.max_abs_diff == 0.0:
         largest = None  # bit-identical: there is no "where" to point at
@@ -563,12 +547,9 @@ def conclude(
         )
     if skipped:
         reason += "; skipped " + "; ".join(skipped)
-    return ClassVerification(
-        cls=cls_name,
-        status=VERIFIED,
-        reason=reason,
+    return verdict(
+        VERIFIED,
+        reason,
         max_abs_diff=0.0 if largest is None else largest.max_abs_diff,
         where=None if largest is None else largest.name,
-        modes=modes,
-        referee=referee,
     )

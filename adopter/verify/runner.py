@@ -315,18 +315,10 @@ def verify_patched_file(
     module_name: str | None = None,
     classes: list[str] | None = None,
 ) -> FileVerification:
-    """Differentially test a patched modeling file against the original.
-
-    Args:
-        original_path: the original file, inside an importable package: the installed model
-            library or a copy of it (an unpacked wheel), mapped to the installed module of the
-            same dotted name; its models are built by the adapter of that library.
-        patched_source: the full text of the patched file.
-        options: how to verify (:class:`VerifyOptions`: modes, dtype, seed, heads, timeout,
-            interpreter, memory limit); default: its defaults.
-        module_name: the dotted module name, when it cannot be derived from the path.
-        classes: model classes to check; default: the base model plus ``max_heads`` heads.
-    """
+    """Differentially test one patched modeling file against its original (a file of the
+    installed model library or of a copy of it, under its dotted ``module_name`` when the path
+    does not give it), checking ``classes`` (default: the base model and ``max_heads`` heads)
+    with ``options`` (:class:`VerifyOptions`)."""
     item = PatchedFile(original_path, patched_source, module_name, classes)
     return verify_patched_files([item], options)[0]
 

@@ -9,6 +9,7 @@ wrong one (a check that cannot fail would be a defect) and say why a part could 
 from __future__ import annotations
 
 import importlib.util
+import types
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,10 @@ from adopter.match import Matcher
 from adopter.models.interface import BuildSettings, Subject
 from adopter.models.parts import (
     PART_SUFFIX,
+    MainOutput,
+    constructed_subject,
     input_candidates,
+    part_classes,
     part_paths,
     part_subject,
     runnable_inputs,
@@ -75,6 +79,50 @@ def test_runnable_inputs_are_the_first_the_original_part_takes() -> None:
     assert shape == "2x5x6, mask=None"
     assert inputs[0].shape == (2, 5, 6) and inputs[1] is None
     assert runnable_inputs(nn.Embedding(10, 4), SETTINGS) is None  # no float input drives it
+
+
+class _Norm(nn.Module):
+    """A hand-written norm: a weight of its own, no layers, built from a width."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+def test_a_part_with_only_a_weight_of_its_own_takes_that_weight_s_width() -> None:
+    assert [shape for shape, _ in input_candidates(_Norm(7), SETTINGS)] == ["2x5x7"]
+
+
+def test_a_class_no_model_builds_is_built_from_its_configuration_s_values_by_name() -> None:
+    text = types.SimpleNamespace(hidden_size=7)
+    config = types.SimpleNamespace(vocab_size=3, text_config=text)  # the width sits one down
+    whole = Subject("Model", "", nn.Identity, nn.Identity, inputs=None)
+    found = constructed_subject(whole, config, (_Norm, _Norm), SETTINGS)
+    assert isinstance(found, Subject), found
+    assert found.label == "built from Model's configuration, input 2x5x7"
+    assert isinstance(found.build_patched(), MainOutput)
+    missing = constructed_subject(whole, types.SimpleNamespace(), (_Norm, _Norm), SETTINGS)
+    assert "raised TypeError" in getattr(missing, "reason", "")
+
+
+def test_part_classes_are_a_site_s_own_class_or_the_classes_that_call_its_function() -> None:
+    own = types.SimpleNamespace(cls="Projector", key="10:4")
+    in_function = types.SimpleNamespace(cls=None, key="20:8")
+    hosts = {"20:8": ["VisionAttention", "VisionModel", "Projector"]}
+    wanted = part_classes([own, in_function], hosts, models=["VisionModel"])
+    assert wanted == {"Projector": {"10:4", "20:8"}, "VisionAttention": {"20:8"}}
+
+
+def test_a_part_s_first_output_alone_is_compared() -> None:
+    class Attention(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+            return x * 2, None  # the probabilities left out, as a fused kernel does
+
+    assert torch.equal(MainOutput(Attention())(torch.ones(2)), torch.full((2,), 2.0))
 
 
 def _subject(patched_gelu: bool) -> Subject:

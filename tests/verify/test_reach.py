@@ -344,3 +344,45 @@ def test_integer_comparisons_also_try_the_neighbours_of_the_constant() -> None:
         {"sparse_step": 0},
         {"num_experts": 2},
     ]
+
+
+EXPERTS = textwrap.dedent(
+    """\
+    def dispatch(forward):
+        def wrapped(self, *args):
+            chosen = self.config._experts_implementation
+            return forward(self, *args) if chosen == "eager" else args[0]
+        return wrapped
+
+    class Experts:
+        @dispatch
+        def forward(self, x):
+            return x
+
+    class Dense:
+        def forward(self, x):
+            return x
+    """
+)
+
+
+def test_experts_whose_forward_the_configuration_dispatches_get_an_eager_experts_check() -> None:
+    import types
+
+    from adopter.models.transformers.reach import dispatched_experts
+
+    module = types.ModuleType("modeling_experts")
+    exec(compile(EXPERTS, "modeling_experts.py", "exec"), module.__dict__)  # noqa: S102
+    assert dispatched_experts(module) == ["Experts"]
+    defaults = {"Model": {"_dispatched_experts": ["Experts"]}}
+    in_experts = types.SimpleNamespace(
+        cls="Experts", hosts=["Model"], guards=[], config_fields={}, caller_fields={}
+    )
+    attempts = reach_attempts(in_experts, ["Model"], ["Model"], False, defaults)
+    assert ("Model", {"experts_implementation": "eager"}) in attempts
+    in_dense = types.SimpleNamespace(
+        cls="Dense", hosts=["Model"], guards=[], config_fields={}, caller_fields={}
+    )
+    assert ("Model", {"experts_implementation": "eager"}) not in reach_attempts(
+        in_dense, ["Model"], ["Model"], False, defaults
+    )

@@ -175,6 +175,7 @@ def resolve_deferred(fixes: dict[str, Any], build: Any) -> dict[str, Any]:
 
 
 _EAGER = {"attn_implementation": "eager"}
+_EAGER_EXPERTS = {"experts_implementation": "eager"}
 
 
 def reach_attempts(
@@ -228,9 +229,28 @@ def _flip_hosts(
 
 def _host_flips(site: Any, defaults: dict[str, Any], host: str) -> list[tuple[str, dict]]:
     attempts = [(host, flip) for flip in flips(site, defaults)]
+    if site.cls in defaults.get("_dispatched_experts", ()):
+        attempts.append((host, dict(_EAGER_EXPERTS)))
     if defaults.get("_chooses_attention"):
         attempts.append((host, dict(_EAGER)))
     return attempts
+
+
+def dispatched_experts(module: ModuleType) -> list[str]:
+    """The classes of ``module`` whose ``forward`` the configuration's experts implementation
+    replaces (transformers 5's ``@use_experts_implementation``: a grouped-matmul kernel by
+    default, the class's own loop over the experts only with ``experts_implementation="eager"``)."""
+    return [
+        name
+        for name, value in vars(module).items()
+        if isinstance(value, type)
+        and value.__module__ == module.__name__
+        and "_experts_implementation"
+        in getattr(getattr(value, "forward", None), "__code__", _NO_CODE).co_names
+    ]
+
+
+_NO_CODE = (lambda: None).__code__
 
 
 def config_defaults(module: ModuleType, names: list[str]) -> dict[str, dict[str, Any]]:
@@ -238,6 +258,7 @@ def config_defaults(module: ModuleType, names: list[str]) -> dict[str, dict[str,
     picks the attention classes; a configuration that needs arguments gives no flips."""
     by_config: dict[Any, dict[str, Any]] = {}
     found: dict[str, dict[str, Any]] = {}
+    experts = dispatched_experts(module)
     for name in names:
         config_class = getattr(getattr(module, name, None), "config_class", None)
         if config_class is None:
@@ -255,6 +276,7 @@ def config_defaults(module: ModuleType, names: list[str]) -> dict[str, dict[str,
                     str(alias): str(real) for alias, real in aliases.items() if real in defaults
                 }
                 defaults["_documented"] = documented_values(type(config).__doc__ or "")
+                defaults["_dispatched_experts"] = experts
             except Exception:
                 defaults = {}
             by_config[config_class] = defaults
