@@ -1636,6 +1636,17 @@ def check_return_kept(final_return: ast.Return | None, lines: list[str]) -> Refu
 
 
 @check
+def check_constant_not_returned_over(names: set[str], reader: ast.stmt | None) -> Refusal | None:
+    """A constant the kernel arm binds (``logits = None``) moves after the arm's last line that
+    reads its name (that read means the value from before the range); where that line is the
+    arm's ``return``, nothing can follow it."""
+    if isinstance(reader, ast.Return):
+        shown = ", ".join(f"`{name}`" for name in sorted(names))
+        return Refusal(f"the kernel arm's return reads {shown} after binding it to a constant")
+    return None
+
+
+@check
 def check_arm_sets_what_is_read(
     function: ast.FunctionDef, wrapped: list[ast.stmt], bound: set[str], blocks: Blocks
 ) -> Refusal | None:

@@ -37,11 +37,11 @@ from ..extract.model import Step as FlowStep
 from ..match.matcher import Site
 from .checks import (
     CONTROL_STATEMENTS,
-    Refusal,
     check_arguments_unchanged,
     check_arm_reads_unchanged,
     check_arm_sets_what_is_read,
     check_assigned_plainly,
+    check_constant_not_returned_over,
     check_helper_called_once,
     check_helper_result_named,
     check_in_block,
@@ -484,13 +484,7 @@ def _constants_after_their_readers(lines: list[str]) -> list[str]:
         readers = [i for i, other in enumerate(result) if i > at and names & _read_names(other)]
         if not readers:
             continue
-        if isinstance(_one_statement(result[readers[-1]]), ast.Return):
-            require(
-                Refusal(
-                    f"the kernel arm reads `{', '.join(sorted(names))}` in its return "
-                    "after binding it to a constant"
-                )
-            )
+        require(check_constant_not_returned_over(names, _one_statement(result[readers[-1]])))
         result.insert(readers[-1], result.pop(at))  # the readers move up by one
     return result
 

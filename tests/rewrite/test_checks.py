@@ -631,3 +631,10 @@ def test_check_matched_on_every_path():
     conditional = ast.parse("h = (h * w) if flag else h").body[0]
     product = conditional.value.body  # type: ignore[attr-defined]
     _refused(check([conditional], [product], []), check, "(`ifexp`)")
+
+
+def test_constant_not_returned_over():
+    check = checks.check_constant_not_returned_over
+    assert check({"logits"}, ast.parse("loss = f(logits)").body[0]) is None
+    returned = ast.parse("return f(logits)").body[0]
+    _refused(check({"logits"}, returned), check, "return reads `logits`")
