@@ -474,19 +474,23 @@ def _constants_after_their_readers(lines: list[str]) -> list[str]:
     line that reads its name: what the arm reads is the value from before the range, and a head
     may read its input from the name its output gets (DistilBERT's masked-LM head, ``x =
     self.vocab_projector(x)``: ``x = None`` first would hand the loss kernel ``None``)."""
-    result = list(lines)
-    for line in lines:
-        statement = _one_statement(line)
+    arm = [(line, _one_statement(line)) for line in lines]
+    for entry in list(arm):
+        statement = entry[1]
         if not (isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Constant)):
             continue
         names = {target.id for target in statement.targets if isinstance(target, ast.Name)}
-        at = result.index(line)
-        readers = [i for i, other in enumerate(result) if i > at and names & _read_names(other)]
+        at = arm.index(entry)
+        readers = [
+            i
+            for i, (_, other) in enumerate(arm)
+            if i > at and other is not None and names & read_names(other)
+        ]
         if not readers:
             continue
-        require(check_constant_not_returned_over(names, _one_statement(result[readers[-1]])))
-        result.insert(readers[-1], result.pop(at))  # the readers move up by one
-    return result
+        require(check_constant_not_returned_over(names, arm[readers[-1]][1]))
+        arm.insert(readers[-1], arm.pop(at))  # the readers move up by one
+    return [line for line, _ in arm]
 
 
 def _one_statement(line: str) -> ast.stmt | None:
@@ -495,15 +499,6 @@ def _one_statement(line: str) -> ast.stmt | None:
     except SyntaxError:
         return None
     return body[0] if len(body) == 1 else None
-
-
-def _read_names(line: str) -> set[str]:
-    statement = _one_statement(line)
-    if statement is None:
-        return set()
-    return {
-        n.id for n in ast.walk(statement) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
-    }
 
 
 def _kept_around(step: FlowStep, statement: ast.stmt, earlier: list[ast.stmt]) -> ast.stmt | None:
