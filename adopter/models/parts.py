@@ -88,9 +88,9 @@ def input_candidates(part: nn.Module, settings: BuildSettings) -> Iterator[tuple
     if not names:
         return
     shapes: list[tuple[int, ...]] = []
-    layers = [m for m in part.modules() if m is not part and _layer_shapes(m)]
-    for layer in layers[:_WIDTHS_TRIED]:
-        shapes += [s for s in _layer_shapes(layer) if s not in shapes]
+    taken = [found for m in part.modules() if m is not part and (found := _layer_shapes(m))]
+    for layer_shapes in taken[:_WIDTHS_TRIED]:
+        shapes += [s for s in layer_shapes if s not in shapes]
     # a part with weights of its own and no layers (a hand-written norm): its weight's width
     own = [p.shape[0] for p in part.parameters(recurse=False) if p.dim() == 1]
     shapes += [(2, _TOKENS, own[0])] if own and (2, _TOKENS, own[0]) not in shapes else []
@@ -98,25 +98,25 @@ def input_candidates(part: nn.Module, settings: BuildSettings) -> Iterator[tuple
     for shape in shapes:
         generator = torch.Generator().manual_seed(settings.seed)
         tensors = [torch.randn(shape, generator=generator, dtype=dtype) for _ in names]
-        yield "x".join(map(str, shape)), tuple(tensors)
+        label = "x".join(map(str, shape))
+        yield label, tuple(tensors)
         if len(names) > 1:  # the further arguments optional in practice (a mask, a cache)
             rest = ", ".join(f"{name}=None" for name in names[1:])
-            yield f"{'x'.join(map(str, shape))}, {rest}", (tensors[0], *[None] * (len(names) - 1))
+            yield f"{label}, {rest}", (tensors[0], *[None] * (len(names) - 1))
 
 
 def runnable_inputs(part: nn.Module, settings: BuildSettings) -> tuple[str, Any] | None:
     """The first candidate (:func:`input_candidates`) the part runs on in eval mode and answers
-    with a floating-point tensor, or ``None``."""
+    with a floating-point tensor (its first output, as compared: :class:`MainOutput`), or
+    ``None``."""
     part.eval()
     for shape, inputs in input_candidates(part, settings):
         seed_everything(settings.seed)
         try:
             with torch.no_grad():
-                result = call_model(part, inputs)
+                result = call_model(MainOutput(part), inputs)
         except Exception:  # noqa: BLE001 - a shape the part does not take: try the next
             continue
-        if isinstance(result, tuple) and result:
-            result = result[0]
         if isinstance(result, torch.Tensor) and result.is_floating_point():
             return shape, inputs
     return None
@@ -151,13 +151,28 @@ def part_subject(whole: Subject, name: str, cls: str, path: str, found: tuple[st
         original, patched = quiet()
         return _taken(original, path), _taken(patched, path)
 
+    sides = (_taken(whole.build_original, path), _taken(whole.build_patched, path))
+    label = f"{name}.{path}, input {shape}"
+    return _part_of(whole, cls, label, inputs, sides, None if quiet is None else quiet_parts)
+
+
+def _part_of(
+    whole: Subject,
+    cls: str,
+    label: str,
+    inputs: Any,
+    sides: tuple[Callable[[], Any], Callable[[], Any]],
+    quiet: Callable[[], tuple[Callable[[], Any], Callable[[], Any]]] | None,
+) -> Subject:
+    """A part check's subject: builders of both sides' part (``sides``, and without dropout,
+    ``quiet``), the dropout sources of ``whole``, named after the part's class."""
     return Subject(
         name=cls + PART_SUFFIX,
-        label=f"{name}.{path}, input {shape}",
-        build_original=_taken(whole.build_original, path),
-        build_patched=_taken(whole.build_patched, path),
+        label=label,
+        build_original=sides[0],
+        build_patched=sides[1],
         inputs=inputs,
-        quiet=None if quiet is None else quiet_parts,
+        quiet=quiet,
         dropout_texts=whole.dropout_texts,
         dropout_mode=whole.dropout_mode,
     )
@@ -233,16 +248,10 @@ def constructed_subject(
         return _built_from(original, silent, settings), _built_from(patched, silent, settings)
 
     shape, inputs = found
-    return Subject(
-        name=original.__name__ + PART_SUFFIX,
-        label=f"built from {whole.name}'s configuration, input {shape}",
-        build_original=_built_from(original, config, settings),
-        build_patched=_built_from(patched, config, settings),
-        inputs=inputs,
-        quiet=None if quiet is None else quiet_parts,
-        dropout_texts=whole.dropout_texts,
-        dropout_mode=whole.dropout_mode,
-    )
+    label = f"built from {whole.name}'s configuration, input {shape}"
+    sides = (_built_from(original, config, settings), _built_from(patched, config, settings))
+    quiet_sides = None if quiet is None else quiet_parts
+    return _part_of(whole, original.__name__, label, inputs, sides, quiet_sides)
 
 
 def parts_to_check(
@@ -258,7 +267,8 @@ def parts_to_check(
     run or why it has none; then each class no model holds, built on its own from the first
     model's configuration. A class is tried again in a later model while it is wanted (the
     site's code path may depend on how the model was configured: eager attention)."""
-    first, held = None, set()
+    first = None
+    held: set[str] = set()
     for name, build in builds[:MAX_PART_MODELS]:
         if not any(wanted(cls) for cls in classes):
             return
@@ -269,7 +279,8 @@ def parts_to_check(
         first = first or (whole, getattr(model, "config", None))
         for cls in classes:
             paths = part_paths(model, cls, modules[0].__name__)
-            held |= {cls} if paths else set()
+            if paths:
+                held.add(cls)
             if not paths or not wanted(cls):
                 continue
             found = runnable_inputs(model.get_submodule(paths[0]), settings)
@@ -278,7 +289,11 @@ def parts_to_check(
                 yield cls, Unbuildable(reason)
             else:
                 yield cls, part_subject(whole, name, cls, paths[0], found)
-    for cls in [c for c in classes if c not in held and wanted(c)] if first and first[1] else []:
+    if first is None or first[1] is None:
+        return
+    for cls in classes:
+        if cls in held or not wanted(cls):  # asked as each comes: a check may have run it
+            continue
         pair = (getattr(modules[0], cls, None), getattr(modules[1], cls, None))
         if all(isinstance(c, type) and issubclass(c, nn.Module) for c in pair):
             yield cls, constructed_subject(first[0], first[1], pair, settings)  # type: ignore[arg-type]

@@ -23,7 +23,7 @@ from .coverage import SiteRecorder
 from .job import ResultWriter, WorkerJob
 from .prove import verdict_of
 from .reach import Reach, may_go_on, reach, run_further, unreached
-from .results import NOT_CHECKABLE, VERIFIED, ClassVerification
+from .results import NOT_CHECKABLE, VERIFIED, ClassVerification, check_label
 
 __all__ = ["check_class", "run_file_job"]
 
@@ -107,7 +107,8 @@ def run_file_job(job: WorkerJob, writer: ResultWriter) -> None:
     def check(name: str, overrides: dict[str, Any]) -> dict[str, Any]:
         try:
             verdict = check_class(adapter, name, (original, patched), job, recorder, overrides)
-            checked.extend([(name, overrides)] if verdict["status"] == VERIFIED else [])
+            if verdict["status"] == VERIFIED:
+                checked.append((name, overrides))
             return verdict
         except Exception as exc:
             reason = f"verify itself failed: {short_traceback(exc)}"
@@ -150,7 +151,7 @@ def _check_parts(
     wanted = part_classes(unreached(recorder.sites, verdicts), hosts, plan.available)
     settings = BuildSettings(job.options.seed, job.options.dtype)
     builds = [
-        (f"{name} [{setting_label(overrides)}]" if overrides else name,
+        (check_label(name, setting_label(overrides)),
          partial(adapter.subject, name, modules[0], modules[1], overrides, settings))
         for name, overrides in checked
     ]  # fmt: skip
@@ -159,20 +160,13 @@ def _check_parts(
         return bool(wanted[cls] & {site.key for site in unreached(recorder.sites, verdicts)})
 
     for cls, found in parts_to_check(builds, list(wanted), still_wanted, modules, settings):
-        if not still_wanted(cls):
-            continue  # another part's check ran its sites
         if not may_go_on(plan, verdicts, writer):
             return
-        setting = found.label if isinstance(found, Subject) else ""
-        verdict = ClassVerification(cls + PART_SUFFIX, VERIFIED, "", setting=setting)
-        run = partial(_part_check, found, verdict, recorder, job)
-        run_further(plan, verdicts, writer, verdict.label, run)
+        name, setting = cls + PART_SUFFIX, found.label if isinstance(found, Subject) else ""
+        run = partial(_part_check, found, name, setting, recorder, job)
+        run_further(plan, verdicts, writer, check_label(name, setting), run)
 
 
-def _part_check(found: Any, named: ClassVerification, recorder: Any, job: WorkerJob) -> Any:
-    """The verdict of a part check (``found``: its subject, or why there is none), named as
-    ``named`` is."""
-    return {
-        **verdict_of(found, named.cls, recorder, job.options).to_json(),
-        "setting": named.setting,
-    }
+def _part_check(found: Any, name: str, setting: str, recorder: Any, job: WorkerJob) -> Any:
+    """The verdict of a part check (``found``: its subject, or why there is none)."""
+    return {**verdict_of(found, name, recorder, job.options).to_json(), "setting": setting}

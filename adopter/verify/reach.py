@@ -16,7 +16,7 @@ from functools import partial
 from typing import Any
 
 from ..models.interface import BUILD_FAILED, setting_label
-from .results import NOT_CHECKABLE, ClassVerification, site_coverage
+from .results import NOT_CHECKABLE, ClassVerification, check_label, site_coverage
 
 __all__ = ["MAX_REACH_CHECKS", "Reach", "may_go_on", "reach", "run_further", "unreached"]
 
@@ -130,7 +130,7 @@ def reach(
             return
         name, overrides = attempt
         done.add((name, setting_label(overrides)))
-        label = f"{name} [{setting_label(overrides)}]" if overrides else name
+        label = check_label(name, setting_label(overrides))
         run_further(plan, verdicts, writer, label, partial(check, name, overrides))
         if not overrides and name not in plan.names:
             plan.names.append(name)

@@ -23,6 +23,12 @@ NOT_CHECKABLE: Status = "not checkable"
 NOT_EXERCISED: Status = "not exercised"
 
 
+def check_label(name: str, setting: str) -> str:
+    """How a check is named in reports: its class, and the setting it was built with if any
+    (``WhisperModel [use_weighted_layer_sum=True]``)."""
+    return f"{name} [{setting}]" if setting else name
+
+
 @dataclass
 class ClassVerification:
     """The verdict for one model class (or one factory-built model).
@@ -62,7 +68,7 @@ class ClassVerification:
 
     @property
     def label(self) -> str:
-        return f"{self.cls} [{self.setting}]" if self.setting else self.cls
+        return check_label(self.cls, self.setting)
 
     def matched_in(self, mode: str) -> bool:
         """Whether the comparison in ``mode`` ran and agreed."""

@@ -240,17 +240,13 @@ def dispatched_experts(module: ModuleType) -> list[str]:
     """The classes of ``module`` whose ``forward`` the configuration's experts implementation
     replaces (transformers 5's ``@use_experts_implementation``: a grouped-matmul kernel by
     default, the class's own loop over the experts only with ``experts_implementation="eager"``)."""
-    return [
-        name
-        for name, value in vars(module).items()
-        if isinstance(value, type)
-        and value.__module__ == module.__name__
-        and "_experts_implementation"
-        in getattr(getattr(value, "forward", None), "__code__", _NO_CODE).co_names
-    ]
-
-
-_NO_CODE = (lambda: None).__code__
+    found = []
+    for name, value in vars(module).items():
+        if isinstance(value, type) and value.__module__ == module.__name__:
+            code = getattr(getattr(value, "forward", None), "__code__", None)
+            if code is not None and "_experts_implementation" in code.co_names:
+                found.append(name)
+    return found
 
 
 def config_defaults(module: ModuleType, names: list[str]) -> dict[str, dict[str, Any]]:
