@@ -13,6 +13,7 @@ import pytest
 from adopter.match import Matcher
 from adopter.rewrite import rewrite_text
 from adopter.rules import load_rule_set
+from tests.rules.fixture_cases import FIXTURES, read_fixture
 
 torch = pytest.importorskip("torch")
 
@@ -243,37 +244,24 @@ def test_logits_upcast_on_the_way_to_the_loss(dtype):
 
 # DistilBERT's masked-LM head reads its input from the name its logits get
 # (``x = self.vocab_projector(x)``): the kernel arm hands the loss that input first and sets the
-# name to None after, never the other way round (which handed the kernel None).
-REUSED = """
-class ForMaskedLM(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.vocab_transform = nn.Linear(config.dim, config.dim)
-        self.vocab_projector = nn.Linear(config.dim, config.vocab_size)
-        self.mlm_loss_fct = nn.CrossEntropyLoss()
-
-    def forward(self, hidden_states, labels=None):
-        prediction_logits = self.vocab_transform(hidden_states)
-        prediction_logits = self.vocab_projector(prediction_logits)
-        mlm_loss = None
-        if labels is not None:
-            mlm_loss = self.mlm_loss_fct(prediction_logits.view(-1, prediction_logits.size(-1)), labels.view(-1))
-        return mlm_loss, prediction_logits
-"""
+# name to None after, never the other way round (which handed the kernel None). The model is the
+# modern.7 fixture's case of that title, run here.
+REUSED_TITLE = "a masked-LM head whose input has the name its logits get"
 
 
 def test_a_head_whose_input_has_its_logits_name_hands_the_loss_that_input() -> None:
-    text = HEAD + REUSED
+    fixture = FIXTURES / "modern_7_linear_cross_entropy.py"
+    (case,) = [c for c in read_fixture(fixture) if c.title.startswith(REUSED_TITLE)]
     matcher = Matcher([rule for rule in load_rule_set("all") if rule.id == "modern.7"])
-    rewrite = rewrite_text(text, "model.py", matcher)
+    rewrite = rewrite_text(case.source, "model.py", matcher)
     assert [r.status.value for r in rewrite.results] == ["patched"]
     built = []
-    for source in (text, rewrite.patched):
+    for source in (case.source, rewrite.patched):
         namespace: dict[str, object] = {}
         exec(compile(source, "model.py", "exec"), namespace)  # noqa: S102 - our own fixture
         torch.manual_seed(0)
         config = types.SimpleNamespace(dim=8, vocab_size=11)
-        built.append(namespace["ForMaskedLM"](config))  # type: ignore[operator]
+        built.append(namespace["ReusedNameForMaskedLM"](config))  # type: ignore[operator]
     original, patched = built
     patched.load_state_dict(original.state_dict(), strict=True)
     hidden, labels = torch.randn(2, 5, 8), torch.randint(0, 11, (2, 5))
