@@ -486,8 +486,17 @@ def check_mode(
         )
         if failing[0] is not worst:
             detail += f"; first: {failing[0].describe()}"
-        sides = (lambda: fresh(original), lambda: fresh(patched))
-        referee = _referee(*sides, state, inputs, side, first, other, failing, tol)
+        referee = _referee(
+            lambda: fresh(original),
+            lambda: fresh(patched),
+            state,
+            inputs,
+            side,
+            first,
+            other,
+            failing,
+            tol,
+        )
         if referee is None:
             return ModeOutcome(REFUTED, detail, diffs)
         precision = str(first.labelled()[worst.name].dtype).removeprefix("torch.")

@@ -149,6 +149,18 @@ class VerifyJob:
     patched_source: str | None = None
     original_text: str | None = None
 
+    @property
+    def timeout(self) -> float:
+        return self.worker_job.options.timeout
+
+    @property
+    def python(self) -> str | None:
+        return self.worker_job.options.python
+
+    @property
+    def memory_limit(self) -> int | None:
+        return self.worker_job.options.memory_limit
+
 
 def _materialize(job: VerifyJob, scratch: Path, index: int) -> WorkerJob:
     """The worker's job for ``job`` on this machine, its files written under ``scratch``: the
@@ -210,9 +222,8 @@ def _worker(job: VerifyJob) -> ContainedWorker:
     defaults = {**WORKER_ENVIRONMENT, "PYTHONHASHSEED": "0"}
     environment = {name: os.environ.get(name, value) for name, value in defaults.items()}
     environment["OMP_NUM_THREADS"] = "1"  # see the worker: tiny models run fastest on one thread
-    options = job.worker_job.options
-    command = (options.python or sys.executable, "-m", "adopter.verify.worker")
-    return ContainedWorker(command, options.timeout, options.memory_limit, environment)
+    command = (job.python or sys.executable, "-m", "adopter.verify.worker")
+    return ContainedWorker(command, job.timeout, job.memory_limit, environment)
 
 
 def file_job(item: PatchedFile, options: VerifyOptions) -> VerifyJob:
@@ -253,8 +264,7 @@ def _run_jobs(
 ) -> list[FileVerification]:
     """Verdicts for ``jobs``, in their order, run by ``executor`` (default: one local worker);
     ``on_result(index, verdict)`` hears of each as it is known."""
-    limits = [(job.worker_job.options.timeout, job.worker_job.options.memory_limit) for job in jobs]
-    tasks = [Task(job, job.label, *limit) for job, limit in zip(jobs, limits)]
+    tasks = [Task(job, job.label, job.timeout, job.memory_limit) for job in jobs]
     return run_in_order(run_verify_jobs, tasks, _verdict_of, executor, on_result)
 
 
@@ -315,10 +325,18 @@ def verify_patched_file(
     module_name: str | None = None,
     classes: list[str] | None = None,
 ) -> FileVerification:
-    """Differentially test one patched modeling file against its original (a file of the
-    installed model library or of a copy of it, under its dotted ``module_name`` when the path
-    does not give it), checking ``classes`` (default: the base model and ``max_heads`` heads)
-    with ``options`` (:class:`VerifyOptions`)."""
+    """Differentially test a patched modeling file against the original.
+
+    Args:
+        original_path: the original file, inside an importable package: the installed model
+            library or a copy of it (an unpacked wheel), mapped to the installed module of the
+            same dotted name; its models are built by the adapter of that library.
+        patched_source: the full text of the patched file.
+        options: how to verify (:class:`VerifyOptions`: modes, dtype, seed, heads, timeout,
+            interpreter, memory limit); default: its defaults.
+        module_name: the dotted module name, when it cannot be derived from the path.
+        classes: model classes to check; default: the base model plus ``max_heads`` heads.
+    """
     item = PatchedFile(original_path, patched_source, module_name, classes)
     return verify_patched_files([item], options)[0]
 
