@@ -17,9 +17,8 @@ import torch
 from torch import nn
 
 from adopter.match import Matcher
-from adopter.models.interface import BuildSettings, Subject
+from adopter.models.interface import PART_SUFFIX, BuildSettings, Subject
 from adopter.models.parts import (
-    PART_SUFFIX,
     MainOutput,
     constructed_subject,
     input_candidates,
