@@ -840,10 +840,16 @@ def causal_lm_loss(
     shift: bool = True,
     upcast: bool = True,
     chunk_size: int | None = None,
+    loss_function: object = None,
     **kwargs: Any,
 ) -> torch.Tensor:
     """transformers' ``ForCausalLMLoss(lm_head(hidden_states), labels, vocab_size, ...)``
     without the logits (soft-capped first when ``final_logit_softcapping`` is set).
+
+    ``loss_function`` is the loss the replaced call made (``self.loss_function``): when it is
+    transformers' ``ForMaskedLMLoss`` (masked-LM heads, and the encoder-decoders whose decoder
+    inputs are already shifted: T5Gemma) the labels are the targets as they are, with no shift
+    (``shift=False``), the logits upcast as that loss does.
 
     ``hidden_states`` are the head's inputs (after ``logits_to_keep`` slicing); the remaining
     arguments are ``ForCausalLMLoss``'s, so a rewrite can pass the model's ``**kwargs``
@@ -859,6 +865,9 @@ def causal_lm_loss(
     float32 heads only, the original for others); ``vocab_size=None`` is the head's width
     (``logits.view(-1, logits.size(-1))``).
     """
+
+    if _loss_kind(loss_function) == "masked":
+        shift = False
 
     def original() -> torch.Tensor:
         return causal_lm_loss_reference(
@@ -927,10 +936,16 @@ def causal_lm_loss(
     )
 
 
-def _is_causal_lm_loss(loss_function: object) -> bool:
-    return getattr(loss_function, "__name__", None) == "ForCausalLMLoss" and (
-        getattr(loss_function, "__module__", "") or ""
-    ).startswith("transformers.")
+# transformers' token-level losses the kernel computes, by name: the causal one shifts the
+# labels by one token, the masked one takes them as they are.
+_TOKEN_LOSSES = {"ForCausalLMLoss": "causal", "ForMaskedLMLoss": "masked"}
+
+
+def _loss_kind(loss_function: object) -> str | None:
+    """``"causal"`` or ``"masked"`` for transformers' own token-level losses, else ``None``."""
+    if not (getattr(loss_function, "__module__", "") or "").startswith("transformers."):
+        return None
+    return _TOKEN_LOSSES.get(getattr(loss_function, "__name__", None) or "")
 
 
 def fused_loss_applies(
@@ -946,9 +961,11 @@ def fused_loss_applies(
     """
     if kwargs.get("return_logits"):
         return False
+    if labels is None:  # the targets handed as ``shift_labels`` (Moonshine, PP-FormulaNet)
+        labels = kwargs.get("shift_labels")
     if not isinstance(labels, torch.Tensor) or not model.training or not torch.is_grad_enabled():
         return False
-    if loss_function is not None and not _is_causal_lm_loss(loss_function):
+    if loss_function is not None and _loss_kind(loss_function) is None:
         return False
     # Under a tracer the model keeps its original head and loss (and its logits), as
     # linear_cross_entropy() would run them anyway. Under torch.compile it does not: the loss

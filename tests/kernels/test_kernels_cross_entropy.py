@@ -345,16 +345,57 @@ def test_traces_record_the_original_operations():
     assert_traces_like_reference(Kernel(), Original(), [torch.randn(2, 5, 16), labels])
 
 
-def test_fused_loss_applies():
-    def ForCausalLMLoss(*args, **kwargs):  # noqa: N802 - transformers 5's name, checked by it
-        return for_causal_lm_loss(*args, **kwargs)
+def for_masked_lm_loss(
+    logits, labels, vocab_size, num_items_in_batch=None, ignore_index=-100, **kwargs
+):
+    logits = logits.float().view(-1, vocab_size)
+    labels = labels.view(-1).to(logits.device)
+    return fixed_cross_entropy(logits, labels, num_items_in_batch, ignore_index, **kwargs)
 
-    ForCausalLMLoss.__module__ = "transformers.loss.loss_utils"  # not in transformers 4.34
+
+def transformers_loss(name, function):
+    """``function`` under transformers 5's name and module (the kernel knows it by both;
+    transformers 4.34, installed here, has no ``loss`` package)."""
+
+    def loss(*args, **kwargs):
+        return function(*args, **kwargs)
+
+    loss.__name__ = name
+    loss.__module__ = "transformers.loss.loss_utils"
+    return loss
+
+
+@pytest.mark.parametrize("ignore_every", [0, 3])
+@pytest.mark.parametrize("num_items", [None, 17])
+def test_causal_lm_loss_told_the_masked_lm_loss_does_not_shift(ignore_every, num_items):
+    """Masked-LM heads (ModernBERT) and T5Gemma's decoder call ``ForMaskedLMLoss``: the
+    labels are the targets where they stand."""
+    masked = transformers_loss("ForMaskedLMLoss", for_masked_lm_loss)
+    lm_head = head(bias=True)
+    hidden = torch.randn(3, 11, 16)
+    labels = labels_for(3, 11, 50, ignore_every)
+    compare_head_losses(
+        lambda h: causal_lm_loss(
+            h, lm_head, labels, 50, num_items, chunk_size=7, loss_function=masked
+        ),
+        lambda h: masked(lm_head(h), labels, 50, num_items),
+        lm_head,
+        hidden,
+    )
+
+
+def test_fused_loss_applies():
+    ForCausalLMLoss = transformers_loss("ForCausalLMLoss", for_causal_lm_loss)  # noqa: N806
+    ForMaskedLMLoss = transformers_loss("ForMaskedLMLoss", for_masked_lm_loss)  # noqa: N806
     model = nn.Linear(2, 2).train()
     labels = torch.zeros(2, 3, dtype=torch.long)
     assert fused_loss_applies(model, labels, ForCausalLMLoss)
+    assert fused_loss_applies(model, labels, ForMaskedLMLoss)
+    assert not fused_loss_applies(model, labels, transformers_loss("ForTokenClassification", print))
     assert fused_loss_applies(model, labels)
     assert not fused_loss_applies(model, None)
+    # Moonshine hands its (already shifted) targets as shift_labels, with labels=None
+    assert fused_loss_applies(model, None, ForCausalLMLoss, shift_labels=labels)
     assert not fused_loss_applies(model, labels, for_causal_lm_loss)  # not transformers' own
     assert not fused_loss_applies(model, labels, return_logits=True)
     assert not fused_loss_applies(model.eval(), labels)

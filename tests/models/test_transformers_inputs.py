@@ -267,3 +267,26 @@ def test_an_optional_input_used_unchecked_is_named_from_the_failing_line() -> No
         assert named_parameters(exc, model, {"input_ids": None}) == ("bbox",)
     else:
         raise AssertionError("expected a TypeError")
+
+
+class _Seq2SeqLM(torch.nn.Module):
+    def forward(
+        self, input_features: Any, decoder_input_ids: Any = None, labels: Any = None
+    ) -> Any:
+        return labels
+
+
+def test_labels_of_an_encoder_decoder_are_the_decoders_ids() -> None:
+    """Whisper-style models take audio and decoder ids: their loss runs over the decoder's
+    vocabulary and length, so the labelled step's labels are the decoder's ids."""
+    from adopter.models.transformers.build import with_labels
+
+    decoder_ids = torch.randint(0, 7, (2, 5))
+    inputs = {"input_features": torch.randn(2, 3, 8), "decoder_input_ids": decoder_ids}
+    labelled = with_labels(_Seq2SeqLM, inputs)
+    assert labelled is not None and torch.equal(labelled["labels"], decoder_ids)
+    assert labelled["labels"] is not decoder_ids
+    encoder_only = {"input_ids": torch.randint(0, 7, (2, 4))}
+    assert torch.equal(with_labels(_Seq2SeqLM, encoder_only)["labels"], encoder_only["input_ids"])
+    assert with_labels(_Seq2SeqLM, {"input_features": torch.randn(2, 3, 8)}) is None
+    assert with_labels(_Forward, encoder_only) is None  # no labels parameter

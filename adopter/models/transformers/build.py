@@ -194,12 +194,17 @@ def refuse_if_too_large(cls: type, config: Any, *, must_size: bool) -> None:
 
 
 def with_labels(cls: type, inputs: Any) -> dict[str, Any] | None:
-    """The inputs of a training step with labels (a language model's own token ids), for a
-    model whose ``forward`` takes ``labels``: the loss a training loop reads is compared there,
-    with every gradient (kernels that take over the loss run only when labels are given)."""
+    """The inputs of a training step with labels (a language model's own token ids: the
+    decoder's for an encoder-decoder, whose loss is over the decoder's vocabulary and length),
+    for a model whose ``forward`` takes ``labels``: the loss a training loop reads is compared
+    there, with every gradient (kernels that take over the loss run only when labels are
+    given)."""
     import inspect
 
-    if not isinstance(inputs, dict) or "labels" in inputs or "input_ids" not in inputs:
+    if not isinstance(inputs, dict) or "labels" in inputs:
+        return None
+    targets = inputs.get("decoder_input_ids", inputs.get("input_ids"))
+    if not hasattr(targets, "clone"):
         return None
     try:
         parameters = inspect.signature(cls.forward).parameters
@@ -207,4 +212,4 @@ def with_labels(cls: type, inputs: Any) -> dict[str, Any] | None:
         return None
     if "labels" not in parameters:
         return None
-    return {**inputs, "labels": inputs["input_ids"].clone()}
+    return {**inputs, "labels": targets.clone()}
