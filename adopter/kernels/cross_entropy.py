@@ -953,9 +953,11 @@ def fused_loss_applies(
 ) -> bool:
     """Whether a causal LM's ``logits`` + loss may be replaced by :func:`causal_lm_loss`.
 
-    True when labels are given, the model is training with autograd on (the logits of a
-    training step are not used; evaluation and generation keep them), and - when
-    ``loss_function`` is passed - it is transformers' ``ForCausalLMLoss``. A caller that needs
+    True when labels are given (or, with ``labels=None``, ``shift_labels`` in ``kwargs``), the
+    model is training with autograd on (the logits of a training step are not used; evaluation
+    and generation keep them), and - when ``loss_function`` is passed - it is transformers'
+    ``ForCausalLMLoss`` or ``ForMaskedLMLoss`` (the kernel arm hands the same function to
+    :func:`causal_lm_loss`, which then knows whether to shift). A caller that needs
     the logits in training passes ``return_logits=True`` (read from ``kwargs``). When this is
     true the rewritten model returns ``logits=None``.
     """

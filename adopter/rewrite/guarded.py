@@ -8,7 +8,8 @@ the ``else`` arm of an ``if`` whose test is the guard call and whose body runs t
 
     if fused_loss_applies(self, labels, self.loss_function, **kwargs):
         logits = None
-        loss = causal_lm_loss(hidden_states, self.lm_head, labels, self.config.vocab_size, **kwargs)
+        loss = causal_lm_loss(hidden_states, self.lm_head, labels, self.config.vocab_size, **kwargs,
+                              loss_function=self.loss_function)
     else:
         logits = self.lm_head(hidden_states)
         loss = None
