@@ -184,16 +184,43 @@ def _configurations(config: Any) -> list[Any]:
     return [config, *held]
 
 
+# Constructor parameters that number a layer (``Attention(config, layer_idx)``): the first.
+_LAYER_NUMBERS = frozenset({"layer_idx", "layer_index", "layer_id"})
+
+
+def _arguments(names: list[str], source: Any) -> dict[str, Any] | None:
+    """The constructor's required ``names`` filled from the configuration ``source``: the
+    configuration itself for ``config``, layer 0 for a layer's number, else the value of the
+    same name; ``None`` when ``source`` has no such value."""
+    arguments: dict[str, Any] = {}
+    for name in names:
+        if name == "config":
+            arguments[name] = source
+        elif name in _LAYER_NUMBERS:
+            arguments[name] = 0
+        elif hasattr(source, name):
+            arguments[name] = getattr(source, name)
+        else:
+            return None
+    return arguments
+
+
 def _construct(cls: type, config: Any) -> nn.Module:
-    """``cls(config)``, else ``cls`` given the values its constructor requires by name from
-    ``config`` or a configuration it holds (``RMSNorm(hidden_size)``)."""
+    """``cls(config)``, else ``cls`` given what its constructor requires by name from
+    ``config`` or a configuration it holds (``RMSNorm(hidden_size)``,
+    ``AudioAttention(audio_config, layer_idx)``)."""
     try:
         return cls(config)
     except Exception:
         names = _required(cls)
         for source in _configurations(config) if names else []:
-            if all(hasattr(source, name) for name in names):
-                return cls(**{name: getattr(source, name) for name in names})
+            arguments = _arguments(names, source)
+            if arguments is None:
+                continue
+            try:
+                return cls(**arguments)
+            except Exception:  # noqa: BLE001, S112 - the next configuration may be the one
+                continue
         raise
 
 
@@ -264,10 +291,11 @@ def parts_to_check(
     """Parts to check for the ``classes`` (defined in the original module of ``modules``) that
     are still ``wanted``: in each model ``builds`` make (a name, and a builder of its subject;
     at most ``MAX_PART_MODELS``), each such class's first part, as a subject with inputs that
-    run or why it has none; then each class no model holds, built on its own from the first
-    model's configuration. A class is tried again in a later model while it is wanted (the
+    run or why it has none; then each class no model holds, built on its own from the
+    configuration (or one it holds) of the first of those models whose configuration builds
+    it. A class is tried again in a later model while it is wanted (the
     site's code path may depend on how the model was configured: eager attention)."""
-    first = None
+    configured: list[tuple[Subject, Any]] = []  # each model checked, with its configuration
     held: set[str] = set()
     for name, build in builds[:MAX_PART_MODELS]:
         if not any(wanted(cls) for cls in classes):
@@ -276,7 +304,8 @@ def parts_to_check(
         if isinstance(whole, Unbuildable):
             continue
         model = whole.build_original()
-        first = first or (whole, getattr(model, "config", None))
+        if getattr(model, "config", None) is not None:
+            configured.append((whole, model.config))
         for cls in classes:
             paths = part_paths(model, cls, modules[0].__name__)
             if paths:
@@ -289,11 +318,27 @@ def parts_to_check(
                 yield cls, Unbuildable(reason)
             else:
                 yield cls, part_subject(whole, name, cls, paths[0], found)
-    if first is None or first[1] is None:
-        return
     for cls in classes:
         if cls in held or not wanted(cls):  # asked as each comes: a check may have run it
             continue
         pair = (getattr(modules[0], cls, None), getattr(modules[1], cls, None))
-        if all(isinstance(c, type) and issubclass(c, nn.Module) for c in pair):
-            yield cls, constructed_subject(first[0], first[1], pair, settings)  # type: ignore[arg-type]
+        if configured and all(isinstance(c, type) and issubclass(c, nn.Module) for c in pair):
+            yield cls, _constructed_from_any(configured, pair, settings)  # type: ignore[arg-type]
+
+
+def _constructed_from_any(
+    configured: list[tuple[Subject, Any]], classes: tuple[type, type], settings: BuildSettings
+) -> Subject | Unbuildable:
+    """The class built from the first checked model's configuration that builds it with
+    inputs that run (a vision model's for a vision part, a text model's for a text part), or
+    why the first model's does not."""
+    outcomes = (
+        constructed_subject(whole, config, classes, settings) for whole, config in configured
+    )
+    first = None
+    for outcome in outcomes:
+        if not isinstance(outcome, Unbuildable):
+            return outcome
+        first = first or outcome
+    assert first is not None
+    return first

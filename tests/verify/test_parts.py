@@ -108,6 +108,30 @@ def test_a_class_no_model_builds_is_built_from_its_configuration_s_values_by_nam
     assert "raised TypeError" in getattr(missing, "reason", "")
 
 
+class _AudioAttention(nn.Module):
+    """A part built as ``cls(audio_config, layer_idx)``: its width is the audio configuration's."""
+
+    def __init__(self, config: types.SimpleNamespace, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.proj = nn.Linear(config.audio_width, config.audio_width)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.proj(hidden)
+
+
+def test_a_part_is_built_from_the_configuration_it_needs_at_layer_0() -> None:
+    """A multimodal model's audio part takes the audio configuration its model holds, and the
+    number of its layer: the model's own configuration is tried first, then those it holds."""
+    audio = types.SimpleNamespace(audio_width=6)
+    config = types.SimpleNamespace(hidden_size=4, audio_config=audio)
+    whole = Subject("Model", "", nn.Identity, nn.Identity, inputs=None)
+    found = constructed_subject(whole, config, (_AudioAttention, _AudioAttention), SETTINGS)
+    assert isinstance(found, Subject), found
+    assert found.label == "built from Model's configuration, input 2x5x6"
+    assert found.build_original().part.layer_idx == 0
+
+
 def test_part_classes_are_a_site_s_own_class_or_the_classes_that_call_its_function() -> None:
     own = types.SimpleNamespace(cls="Projector", key="10:4")
     in_function = types.SimpleNamespace(cls=None, key="20:8")
