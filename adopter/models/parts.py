@@ -95,6 +95,7 @@ def input_candidates(part: nn.Module, settings: BuildSettings) -> Iterator[tuple
     own = [p.shape[0] for p in part.parameters(recurse=False) if p.dim() == 1]
     shapes += [(2, _TOKENS, own[0])] if own and (2, _TOKENS, own[0]) not in shapes else []
     dtype = torch_dtype(settings.dtype)
+    rotary = _rotary_widths(part)
     for shape in shapes:
         generator = torch.Generator().manual_seed(settings.seed)
         tensors = [torch.randn(shape, generator=generator, dtype=dtype) for _ in names]
@@ -103,6 +104,34 @@ def input_candidates(part: nn.Module, settings: BuildSettings) -> Iterator[tuple
         if len(names) > 1:  # the further arguments optional in practice (a mask, a cache)
             rest = ", ".join(f"{name}=None" for name in names[1:])
             yield f"{label}, {rest}", (tensors[0], *[None] * (len(names) - 1))
+        for width in rotary if len(shape) == 3 else []:
+            # an attention module or layer that rotates by the model's (cos, sin): random
+            # angles of the head's rotary width, the further arguments left out
+            angles = torch.randn((*shape[:2], width), generator=generator, dtype=dtype)
+            named = {names[0]: tensors[0], _ROTARY: (angles.cos(), angles.sin())}
+            named.update({name: None for name in names[1:] if name != _ROTARY})
+            yield f"{label}, {_ROTARY}=(cos, sin) of width {width}", named
+
+
+_ROTARY = "position_embeddings"  # transformers 5's name for the (cos, sin) a layer rotates by
+
+
+def _rotary_widths(part: nn.Module) -> list[int]:
+    """The widths of the (cos, sin) ``part`` may rotate its heads by, when its ``forward``
+    takes them (``position_embeddings``): its (or its first attention's) ``head_dim``, and the
+    rotated share of it where the configuration rotates only part of each head."""
+    try:
+        if _ROTARY not in inspect.signature(part.forward).parameters:
+            return []
+    except (TypeError, ValueError):
+        return []
+    for module in part.modules():
+        head = getattr(module, "head_dim", None)
+        if isinstance(head, int) and head > 0:
+            factor = getattr(getattr(module, "config", None), "partial_rotary_factor", None)
+            partial = int(head * factor) if isinstance(factor, float) and 0 < factor < 1 else None
+            return [head] + ([partial] if partial else [])
+    return []
 
 
 def runnable_inputs(part: nn.Module, settings: BuildSettings) -> tuple[str, Any] | None:
@@ -131,8 +160,8 @@ class MainOutput(nn.Module):
         super().__init__()
         self.part = part
 
-    def forward(self, *inputs: Any) -> Any:
-        result = self.part(*inputs)
+    def forward(self, *inputs: Any, **named: Any) -> Any:
+        result = self.part(*inputs, **named)
         return result[0] if isinstance(result, tuple) and result else result
 
 

@@ -132,6 +132,29 @@ def test_a_part_is_built_from_the_configuration_it_needs_at_layer_0() -> None:
     assert found.build_original().part.layer_idx == 0
 
 
+class _RotaryAttention(nn.Module):
+    """transformers 5's attention signature: the (cos, sin) to rotate by are an argument."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head_dim = 4
+        self.q_proj = nn.Linear(8, 8)
+
+    def forward(self, hidden_states, position_embeddings, attention_mask):  # noqa: ANN001, ANN201
+        cos, sin = position_embeddings
+        query = self.q_proj(hidden_states).view(2, 5, 2, self.head_dim).transpose(1, 2)
+        halves = torch.cat((-query[..., 2:], query[..., :2]), dim=-1)
+        return (query * cos.unsqueeze(1) + halves * sin.unsqueeze(1)).sum(1), None
+
+
+def test_an_attention_part_is_given_cos_and_sin_of_its_head_width() -> None:
+    shape, inputs = runnable_inputs(_RotaryAttention(), SETTINGS)
+    assert shape == "2x5x8, position_embeddings=(cos, sin) of width 4"
+    cos, sin = inputs["position_embeddings"]
+    assert cos.shape == sin.shape == (2, 5, 4) and inputs["attention_mask"] is None
+    assert torch.allclose(cos**2 + sin**2, torch.ones(2, 5, 4))
+
+
 def test_part_classes_are_a_site_s_own_class_or_the_classes_that_call_its_function() -> None:
     own = types.SimpleNamespace(cls="Projector", key="10:4")
     in_function = types.SimpleNamespace(cls=None, key="20:8")
