@@ -100,17 +100,18 @@ def input_candidates(part: nn.Module, settings: BuildSettings) -> Iterator[tuple
         generator = torch.Generator().manual_seed(settings.seed)
         tensors = [torch.randn(shape, generator=generator, dtype=dtype) for _ in names]
         label = "x".join(map(str, shape))
-        yield label, tuple(tensors)
-        if len(names) > 1:  # the further arguments optional in practice (a mask, a cache)
-            rest = ", ".join(f"{name}=None" for name in names[1:])
-            yield f"{label}, {rest}", (tensors[0], *[None] * (len(names) - 1))
         for width in rotary if len(shape) == 3 else []:
             # an attention module or layer that rotates by the model's (cos, sin): random
-            # angles of the head's rotary width, the further arguments left out
+            # angles of the head's rotary width, the further arguments left out. First: a
+            # module that runs without them too (rotary only when given) skips the rotation.
             angles = torch.randn((*shape[:2], width), generator=generator, dtype=dtype)
             named = {names[0]: tensors[0], _ROTARY: (angles.cos(), angles.sin())}
             named.update({name: None for name in names[1:] if name != _ROTARY})
             yield f"{label}, {_ROTARY}=(cos, sin) of width {width}", named
+        yield label, tuple(tensors)
+        if len(names) > 1:  # the further arguments optional in practice (a mask, a cache)
+            rest = ", ".join(f"{name}=None" for name in names[1:])
+            yield f"{label}, {rest}", (tensors[0], *[None] * (len(names) - 1))
 
 
 _ROTARY = "position_embeddings"  # transformers 5's name for the (cos, sin) a layer rotates by
