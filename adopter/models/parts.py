@@ -78,6 +78,18 @@ def _required(forward: Callable[..., Any]) -> list[str]:
     ]
 
 
+def _shapes(part: nn.Module) -> list[tuple[int, ...]]:
+    """Input shapes ``part``'s first layers take, without repeats; for a part with weights of
+    its own and no layers (a hand-written norm), its weight's width."""
+    shapes: list[tuple[int, ...]] = []
+    taken = [found for m in part.modules() if m is not part and (found := _layer_shapes(m))]
+    for layer_shapes in taken[:_WIDTHS_TRIED]:
+        shapes += [s for s in layer_shapes if s not in shapes]
+    own = [p.shape[0] for p in part.parameters(recurse=False) if p.dim() == 1]
+    shapes += [(2, _TOKENS, own[0])] if own and (2, _TOKENS, own[0]) not in shapes else []
+    return shapes
+
+
 def input_candidates(part: nn.Module, settings: BuildSettings) -> Iterator[tuple[str, Any]]:
     """Inputs to try, each with how it is shaped: every required argument of ``forward`` a
     random tensor of one shape its first layers take (seeded, one draw per argument)."""
@@ -87,16 +99,9 @@ def input_candidates(part: nn.Module, settings: BuildSettings) -> Iterator[tuple
         return
     if not names:
         return
-    shapes: list[tuple[int, ...]] = []
-    taken = [found for m in part.modules() if m is not part and (found := _layer_shapes(m))]
-    for layer_shapes in taken[:_WIDTHS_TRIED]:
-        shapes += [s for s in layer_shapes if s not in shapes]
-    # a part with weights of its own and no layers (a hand-written norm): its weight's width
-    own = [p.shape[0] for p in part.parameters(recurse=False) if p.dim() == 1]
-    shapes += [(2, _TOKENS, own[0])] if own and (2, _TOKENS, own[0]) not in shapes else []
     dtype = torch_dtype(settings.dtype)
     rotary = _rotary_widths(part)
-    for shape in shapes:
+    for shape in _shapes(part):
         generator = torch.Generator().manual_seed(settings.seed)
         tensors = [torch.randn(shape, generator=generator, dtype=dtype) for _ in names]
         label = "x".join(map(str, shape))
