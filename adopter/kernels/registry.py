@@ -81,6 +81,10 @@ class Entry:
     # ``adopter run`` log it once per process): a visible change of the model's results.
     notice: str = ""
     needs: tuple[Needs, ...] = ()
+    # The kernel returns the attention probabilities only when something asks for them
+    # (``output_attentions``, a hook), ``None`` otherwise, as transformers' SDPA path does: code
+    # that keeps them whether asked or not would see ``None`` (rewrite/checks.py refuses it).
+    weights_when_asked: bool = False
 
 
 def _softmax(b: Backends) -> str:
@@ -186,6 +190,7 @@ ENTRIES: tuple[Entry, ...] = (
         K,
         RandomDraws.ORIGINAL_ON_CPU,
         _attention_function,
+        weights_when_asked=True,
     ),
     Entry("scaled_attention", "attention_function", K, RandomDraws.ORIGINAL_ON_CPU, _sdpa),
     Entry(

@@ -1069,7 +1069,7 @@ def plan_sites(
     declared = [site.rule.kernel for site in sites if site.applicable]
     kernels = {kernel.rpartition(".")[2] for kernel in declared} if all(declared) else None
     avoid = names_a_kernel_import_must_avoid(tree, visible, kernels)
-    planner = Planner(source, avoid, existing_kernel_imports(tree, visible))
+    planner = Planner(source, avoid, existing_kernel_imports(tree, visible), tree)
     results: list[SiteResult] = []
     plans: list[Plan] = []
     for site in sites:

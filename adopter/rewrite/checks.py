@@ -34,6 +34,8 @@ from ..dsl.syntax import Step as PatternStep
 from ..extract.model import Construction, Operand
 from ..extract.model import Step as FlowStep
 from ..extract.names import DROPOUT_FUNCTION
+from ..kernels.registry import entry as kernel_entry
+from ..kernels.registry import names as kernel_names
 from ..match.matcher import BoundModule, BoundOutput, Site
 from .source import (
     Blocks,
@@ -127,6 +129,23 @@ def check_rewrites(init_replacement: object, forward_replacement: object) -> Ref
     if DETECT_ONLY in (init_replacement, forward_replacement):
         return Refusal("the rule only detects (no replacement)")
     return Refusal("the rule has no replacement")
+
+
+@check
+def check_weights_not_kept_unasked(kernel: str | None, unasked: Sequence[int]) -> Refusal | None:
+    """A kernel that returns attention probabilities only when they are asked for (the
+    registry's ``weights_when_asked``) is not written into a file that keeps its layers'
+    probabilities whether asked or not (``unasked``: the lines that do, rewrite/collected.py):
+    its model would return ``None`` where it returned them."""
+    name = (kernel or "").rpartition(".")[2]
+    if not unasked or name not in kernel_names():
+        return None
+    if not kernel_entry(name).weights_when_asked:
+        return None
+    return Refusal(
+        f"the file keeps its layers' attention probabilities whether or not they are asked "
+        f"for (line {unasked[0]}), and {name} returns them only when asked"
+    )
 
 
 @check

@@ -82,6 +82,7 @@ from .checks import (
     check_statement_holds,
     check_steps_line_up,
     check_unpacked_reads,
+    check_weights_not_kept_unasked,
     first_reads,
     identity_guard,
     input_names,
@@ -91,6 +92,7 @@ from .checks import (
     step_expression,
     step_input_names,
 )
+from .collected import unasked_collections
 from .conditioned import plan_conditioned
 from .guarded import plan_guarded
 from .render import (
@@ -183,10 +185,19 @@ class Planner:
         source: SourceText,
         taken_names: set[str],
         imported_kernels: dict[str, str] | None = None,
+        tree: ast.Module | None = None,
     ) -> None:
         self.source = source
         self.render = Renderer(source, taken_names, imported_kernels)
         self._blocks: dict[int, Blocks] = {}
+        self._tree = tree
+        self._unasked: list[int] | None = None
+
+    def unasked_weights(self) -> list[int]:
+        """The lines where the file keeps attention probabilities nobody asked for."""
+        if self._unasked is None:
+            self._unasked = unasked_collections(self._tree) if self._tree is not None else []
+        return self._unasked
 
     @property
     def aliases(self) -> dict[str, str]:
@@ -218,6 +229,7 @@ class Planner:
         init_replacement = rule.init.replacement if rule.init else None
         forward_replacement = rule.forward.replacement if rule.forward else None
         require(check_rewrites(init_replacement, forward_replacement))
+        require(check_weights_not_kept_unasked(rule.kernel, self.unasked_weights()))
         if isinstance(init_replacement, tuple) and init_replacement:
             return self.plan_construction(site, init_replacement)
         assert rule.forward is not None and isinstance(forward_replacement, tuple)

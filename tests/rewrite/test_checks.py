@@ -638,3 +638,36 @@ def test_constant_not_returned_over():
     assert check({"logits"}, ast.parse("loss = f(logits)").body[0]) is None
     returned = ast.parse("return f(logits)").body[0]
     _refused(check({"logits"}, returned), check, "return reads `logits`")
+
+
+def test_weights_not_kept_unasked():
+    """modern.4's kernel returns the attention probabilities only when asked: a file that keeps
+    them unasked (BridgeTower) is refused; another kernel, or a file that asks, passes."""
+    check = checks.check_weights_not_kept_unasked
+    _refused(check("adopter.kernels.attention_function", [12]), check, "line 12")
+    assert check("adopter.kernels.attention_function", []) is None
+    assert check("adopter.kernels.rms_norm", [12]) is None
+    assert check("", [12]) is None
+
+
+def test_unasked_collections_are_the_ones_outside_a_test_asking_for_them():
+    from adopter.rewrite.collected import unasked_collections
+
+    code = """
+def forward(self, hidden, output_attentions=False):
+    all_self_attentions = []
+    all_cross_attentions = () if output_attentions else None
+    for layer in self.layers:
+        hidden, weights, cross = layer(hidden)
+        all_self_attentions.append(weights)
+        if output_attentions:
+            all_cross_attentions += (cross,)
+        if all_cross_attentions is not None:
+            all_cross_attentions = all_cross_attentions + (cross,)
+        try:
+            all_cross_attentions += (cross,)
+        except TypeError:
+            all_self_attentions.extend([weights])
+    return hidden, all_self_attentions
+"""
+    assert unasked_collections(ast.parse(code)) == [7, 13, 15]
