@@ -24,19 +24,29 @@ def _asks_for_weights(test: ast.expr) -> bool:
 
 
 def _collects(statement: ast.stmt) -> bool:
-    """``all_..._attentions.append(...)`` / ``.extend(...)`` or ``all_..._attentions += ...``."""
+    """``all_..._attentions.append(...)`` / ``.extend(...)`` or ``all_..._attentions += ...`` of
+    a layer's own probabilities: not of a model output's ``.attentions`` (an inner model
+    returns those only when asked, so the outer one passes the answer on)."""
+    added: list[ast.expr] = []
     if isinstance(statement, ast.AugAssign):
         target = statement.target
-        return isinstance(target, ast.Name) and target.id.endswith("attentions")
-    if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+        if isinstance(target, ast.Name) and target.id.endswith("attentions"):
+            added = [statement.value]
+    elif isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
         callee = statement.value.func
-        return (
+        if (
             isinstance(callee, ast.Attribute)
             and callee.attr in {"append", "extend"}
             and isinstance(callee.value, ast.Name)
             and callee.value.id.endswith("attentions")
-        )
-    return False
+        ):
+            added = list(statement.value.args)
+    passed_on = any(
+        isinstance(node, ast.Attribute) and node.attr.endswith("attentions")
+        for value in added
+        for node in ast.walk(value)
+    )
+    return bool(added) and not passed_on
 
 
 def unasked_collections(tree: ast.Module) -> list[int]:

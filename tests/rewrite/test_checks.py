@@ -668,6 +668,7 @@ def forward(self, hidden, output_attentions=False):
             all_cross_attentions += (cross,)
         except TypeError:
             all_self_attentions.extend([weights])
+        all_self_attentions += self.inner(hidden).attentions or ()
     return hidden, all_self_attentions
 """
-    assert unasked_collections(ast.parse(code)) == [7, 13, 15]
+    assert unasked_collections(ast.parse(code)) == [7, 13, 15]  # not 16: the inner model's
