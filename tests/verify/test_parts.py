@@ -16,7 +16,6 @@ import pytest
 import torch
 from torch import nn
 
-from adopter.match import Matcher
 from adopter.models.interface import PART_SUFFIX, BuildSettings, Subject
 from adopter.models.parts import (
     MainOutput,
@@ -27,10 +26,9 @@ from adopter.models.parts import (
     part_subject,
     runnable_inputs,
 )
-from adopter.rewrite import rewrite_text
-from adopter.rules import load_rule_set
-from adopter.verify import FileVerification, PatchedFile, VerifyOptions, verify_patched_files
+from adopter.verify import FileVerification, VerifyOptions
 from adopter.verify.prove import prove
+from tests.verify.fixture_files import rewritten_by, verdicts_of
 
 FIXTURE = Path(__file__).with_name("parts") / "modeling_parts.py"
 SETTINGS = BuildSettings(seed=0, dtype="float32")
@@ -194,9 +192,7 @@ def test_a_part_check_verifies_a_part_that_matches_and_refutes_one_that_does_not
 
 
 def _patched() -> str:
-    rules = [r for r in load_rule_set("paper") if r.id == "paper.6"]
-    text = FIXTURE.read_text(encoding="utf-8")
-    patched = rewrite_text(text, str(FIXTURE), Matcher(rules)).patched
+    patched = rewritten_by(FIXTURE, "paper.6").patched
     assert patched.count("linear_bias_activation(") == 3
     return patched
 
@@ -214,9 +210,7 @@ def verdicts() -> dict[str, FileVerification]:
             "linear_bias_activation(image_features, self.linear_in, torch.tanh)",
         ),
     }
-    files = [PatchedFile(FIXTURE, text) for text in cases.values()]
-    options = VerifyOptions(modes=("eval", "train"), timeout=240)
-    return dict(zip(cases, verify_patched_files(files, options)))
+    return verdicts_of(FIXTURE, cases, VerifyOptions(modes=("eval", "train"), timeout=240))
 
 
 @pytest.mark.slow

@@ -17,12 +17,11 @@ from types import ModuleType
 
 import pytest
 
-from adopter.match import Matcher
 from adopter.models.sites import find_sites
-from adopter.rewrite import rewrite_text
 from adopter.rules import load_rule_set
-from adopter.verify import FileVerification, PatchedFile, VerifyOptions, verify_patched_files
+from adopter.verify import FileVerification, VerifyOptions
 from adopter.verify.coverage import SiteRecorder
+from tests.verify.fixture_files import rewritten_by, verdicts_of
 
 pytestmark = pytest.mark.slow  # see pyproject.toml's markers
 
@@ -141,9 +140,7 @@ def test_recorder_counts_each_call_site_and_built_modules_when_they_run(tmp_path
 
 
 def _patched_correctly() -> str:
-    text = FIXTURE.read_text(encoding="utf-8")
-    rules = [r for r in load_rule_set("paper") if r.id == "paper.4"]
-    patched = rewrite_text(text, str(FIXTURE), Matcher(rules)).patched
+    patched = rewritten_by(FIXTURE, "paper.4").patched
     assert GUARDED in patched and UNREACHABLE in patched
     return patched
 
@@ -161,8 +158,7 @@ def verdicts() -> dict[str, FileVerification]:
         "correct": patched.replace(UNREACHABLE, UNREACHABLE_ORIGINAL),
         "unreachable": patched,
     }
-    files = [PatchedFile(FIXTURE, text) for text in cases.values()]
-    return dict(zip(cases, verify_patched_files(files, VerifyOptions(max_heads=1, timeout=240))))
+    return verdicts_of(FIXTURE, cases, VerifyOptions(max_heads=1, timeout=240))
 
 
 def test_a_wrong_patch_under_a_config_flag_in_an_unchecked_head_is_refuted(
@@ -209,8 +205,7 @@ def test_apply_verify_does_not_write_a_file_whose_sites_did_not_all_run() -> Non
     from adopter.gate import gate_rewrites
 
     rules = [r for r in load_rule_set("paper") if r.id == "paper.4"]
-    text = FIXTURE.read_text(encoding="utf-8")
-    rewrite = rewrite_text(text, str(FIXTURE), Matcher(rules))
+    rewrite = rewritten_by(FIXTURE, "paper.4")
     (gated,) = gate_rewrites([rewrite], rules, timeout=240, modes=("eval",), max_heads=1)
     assert gated.status == "not exercised", gated.reason
     assert gated.text is None and "paper.4" in gated.dropped_rules
