@@ -38,6 +38,7 @@ __all__ = [
 _TOKENS = 5  # sequence length of a token-shaped input
 _SPATIAL = {1: (16,), 2: (8, 8), 3: (4, 8, 8)}  # extent of a convolution's input per dimension
 _WIDTHS_TRIED = 4  # a part's first layers that suggest an input width
+_ROTARY = "position_embeddings"  # transformers 5's name for the (cos, sin) a layer rotates by
 MAX_PART_MODELS = 4
 """Models of a file built again to take parts from (each costs a build, as a check does)."""
 
@@ -117,9 +118,6 @@ def input_candidates(part: nn.Module, settings: BuildSettings) -> Iterator[tuple
         if len(names) > 1:  # the further arguments optional in practice (a mask, a cache)
             rest = ", ".join(f"{name}=None" for name in names[1:])
             yield f"{label}, {rest}", (tensors[0], *[None] * (len(names) - 1))
-
-
-_ROTARY = "position_embeddings"  # transformers 5's name for the (cos, sin) a layer rotates by
 
 
 def _rotary_widths(part: nn.Module) -> list[int]:
