@@ -256,40 +256,43 @@ class Matcher:
         found: dict[tuple[str, str, int, int], Site] = {}
         for flow in structure.all_flows():
             index = self._index(flow)
-            for compiled in self.rules:
-                if compiled.first is None:
-                    continue
-                for site in self._match_flow(compiled, flow, index):
-                    previous = found.get(site.key)
-                    if previous is None:
+            matched = [
+                site
+                for compiled in self.rules
+                if compiled.first is not None
+                for site in self._match_flow(compiled, flow, index)
+            ]
+            for site in _best_spellings(matched):
+                previous = found.get(site.key)
+                if previous is None:
+                    found[site.key] = site
+                elif flow.report_only or _report_only(previous):
+                    # An nn.Sequential's own flow only reports what no call expands: a
+                    # call that runs the same elements is the site (and its edit).
+                    if not flow.report_only:
                         found[site.key] = site
-                    elif flow.report_only or _report_only(previous):
-                        # An nn.Sequential's own flow only reports what no call expands: a
-                        # call that runs the same elements is the site (and its edit).
-                        if not flow.report_only:
-                            found[site.key] = site
-                    elif (
-                        (previous.rule is not site.rule and previous.flow is site.flow)
-                        or _part_of(previous, site)
-                        or _part_of(site, previous)
-                    ):
-                        # Two spellings of one rule at one place (a Llama MLP is also a gated
-                        # product; a variant with the mask added where the other took the path
-                        # without): one site, the applicable one that accounts for more code.
-                        # (Another spelling matched from another method's flow is the same
-                        # place reached through another call: an instance, below.)
-                        if _preferred(site, previous):
-                            site.instances = previous.instances
-                            found[site.key] = site
-                    elif not _same_instance(previous, site):
-                        # One site reached through another call (an nn.Sequential called twice).
-                        if all(not _same_instance(other, site) for other in previous.instances):
-                            previous.instances.append(site)
-                        if not site.applicable and previous.applicable:
-                            previous.applicable, previous.reason = False, site.reason
-                    elif previous.applicable and not site.applicable:
+                elif (
+                    (previous.rule is not site.rule and previous.flow is site.flow)
+                    or _part_of(previous, site)
+                    or _part_of(site, previous)
+                ):
+                    # Two spellings of one rule at one place (a Llama MLP is also a gated
+                    # product; a variant with the mask added where the other took the path
+                    # without): one site, the applicable one that accounts for more code.
+                    # (Another spelling matched from another method's flow is the same
+                    # place reached through another call: an instance, below.)
+                    if _preferred(site, previous):
                         site.instances = previous.instances
                         found[site.key] = site
+                elif not _same_instance(previous, site):
+                    # One site reached through another call (an nn.Sequential called twice).
+                    if all(not _same_instance(other, site) for other in previous.instances):
+                        previous.instances.append(site)
+                    if not site.applicable and previous.applicable:
+                        previous.applicable, previous.reason = False, site.reason
+                elif previous.applicable and not site.applicable:
+                    site.instances = previous.instances
+                    found[site.key] = site
         for compiled in self.rules:
             if compiled.first is None:
                 for site in self._match_init_only(compiled, structure):
@@ -1076,6 +1079,31 @@ def _part_of(part: Site, whole: Site) -> bool:
     calls = {id(step.node) for step in whole.steps}
     own = {id(step.node) for step in part.steps}
     return own < calls
+
+
+def _best_spellings(sites: list[Site]) -> list[Site]:
+    """The sites one flow matched, with only the preferred of the spellings matched at one
+    place (:func:`_preferred`). Chosen within each flow before the flows are merged, so that a
+    larger spelling a caller's flow matched by reaching into the caller (a cast's result
+    multiplied there), and which is unsafe there, does not stand as another call of the callee's
+    own, complete match and veto it (NeoMME's RMSNorm, whose weight is applied under
+    ``if self.with_scale:``, lost its weighted match that way)."""
+    kept: list[Site] = []
+    for site in sites:
+        rival = next(
+            (
+                index
+                for index, other in enumerate(kept)
+                if other.key == site.key
+                and (other.rule is not site.rule or _part_of(other, site) or _part_of(site, other))
+            ),
+            None,
+        )
+        if rival is None:
+            kept.append(site)
+        elif _preferred(site, kept[rival]):
+            kept[rival] = site
+    return kept
 
 
 def _preferred(site: Site, other: Site) -> bool:
