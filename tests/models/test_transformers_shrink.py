@@ -421,3 +421,19 @@ def test_a_flag_per_layer_under_an_index_list_name_keeps_each_kind() -> None:
     assert shrunk["no_rope_layers"] == [1, 0] and shrunk["num_hidden_layers"] == 2
     indices = {"num_hidden_layers": 8, "mlp_only_layers": [0, 5]}
     assert shrink_config_dict(indices, tiny)["mlp_only_layers"] == [0]
+
+
+def test_expert_counts_left_unset_get_small_ones() -> None:
+    # transformers 5.24's Dots1Config: the counts are only in each checkpoint's configuration
+    dots = {"hidden_size": 4096, "n_routed_experts": None, "num_experts_per_tok": None}
+    dots |= {"n_shared_experts": None, "moe_intermediate_size": 1408}
+    overrides = shrink_config_dict(dots, TINY)
+    assert overrides["n_routed_experts"] == 4 and overrides["num_experts_per_tok"] == 2
+    assert overrides["n_shared_experts"] == 1
+    # DeepSeek-V2: the experts counted, the experts per token not
+    deepseek = {"hidden_size": 4096, "n_routed_experts": 64, "num_experts_per_tok": None}
+    overrides = shrink_config_dict(deepseek, TINY)
+    assert overrides["num_experts_per_tok"] == 2 and "n_routed_experts" not in overrides
+    # counts that are set stay as they are
+    set_counts = {"hidden_size": 64, "num_local_experts": 8, "num_experts_per_tok": 2}
+    assert "num_experts_per_tok" not in shrink_config_dict(set_counts, TINY)

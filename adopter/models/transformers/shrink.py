@@ -201,6 +201,7 @@ def shrink_config_dict(defaults: dict[str, Any], setting: ShrinkSetting) -> dict
     _keep_expanded_heads(defaults, overrides)
     _keep_query_groups(defaults, overrides)
     _derive_head_dim(defaults, overrides)
+    _fill_expert_counts(defaults, overrides)
     _follow_sub_config_widths(defaults, overrides)
     _shrink_layer_patterns(defaults, overrides)
     _shrink_stage_names(defaults, overrides)
@@ -306,6 +307,41 @@ def _derive_head_dim(defaults: dict[str, Any], overrides: dict[str, Any]) -> Non
     )
     if new_heads and new_width % new_heads == 0:
         overrides["head_dim"] = new_width // new_heads
+
+
+# How many experts a token is routed to, and the experts every token goes through.
+_EXPERTS_PER_TOKEN = re.compile(r"^(num_experts_per_tok|num_experts_per_token|moe_topk)$")
+_SHARED_EXPERTS = re.compile(r"^(num|n)_shared_experts$")
+_FILLED_EXPERTS = 4
+"""Routed experts given to a configuration whose defaults leave the count unset."""
+
+
+def _fill_expert_counts(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Expert counts the defaults leave ``None`` get small ones. Some mixture-of-experts
+    configurations (transformers 5.24's Dots1, DeepSeek-V2) ship no counts in the class, only in
+    each checkpoint's configuration, and their modules read them as ints (``torch.empty(None,
+    ...)``, ``topk(k=None)``): 4 routed experts, 2 per token, 1 shared."""
+    routed = next(
+        (
+            v
+            for k, v in defaults.items()
+            if isinstance(k, str) and _EXPERT_COUNT.match(k) and _is_int(v)
+        ),
+        None,
+    )
+    for key, value in defaults.items():
+        if value is not None or not isinstance(key, str) or key in overrides:
+            continue
+        if _EXPERT_COUNT.match(key):
+            overrides[key] = routed = _FILLED_EXPERTS
+    experts = routed if routed is not None else _FILLED_EXPERTS
+    for key, value in defaults.items():
+        if value is not None or not isinstance(key, str) or key in overrides:
+            continue
+        if _EXPERTS_PER_TOKEN.match(key):
+            overrides[key] = min(2, experts)
+        elif _SHARED_EXPERTS.match(key):
+            overrides[key] = 1
 
 
 _EXPAND = re.compile(r"^(.*_)?expand$")
