@@ -437,3 +437,10 @@ def test_expert_counts_left_unset_get_small_ones() -> None:
     # counts that are set stay as they are
     set_counts = {"hidden_size": 64, "num_local_experts": 8, "num_experts_per_tok": 2}
     assert "num_experts_per_tok" not in shrink_config_dict(set_counts, TINY)
+
+
+def test_a_detector_keeps_few_object_queries() -> None:
+    # RT-DETR picks its top num_queries anchors; a 32-pixel image has 21 of them
+    overrides = shrink_config_dict({"d_model": 256, "num_queries": 300}, TINY)
+    assert overrides["num_queries"] == TINY.frames == 4
+    assert "num_queries" not in shrink_config_dict({"num_queries": 3}, TINY)

@@ -145,7 +145,10 @@ _CONV_WIDTH_LISTS = re.compile(r"^(conv_dim|conv_channels|.*_conv_dim)$")
 # (VibeVoice's tokenizer doubles ``num_filters`` over seven stages).
 _BASE_CHANNELS = re.compile(r"^(num_filters|n_filters|base_channels|base_filters)$")
 _WINDOW = re.compile(r"^(window_size|attention_window)$")
-_FRAMES = re.compile(r"^(num_frames)$")
+# Counts kept small alike: video frames, and a detector's object queries (RT-DETR and its
+# descendants pick their top ``num_queries`` anchors of the encoder's feature maps, of which a
+# small image has few: 21 at 32 pixels).
+_FRAMES = re.compile(r"^(num_frames|num_queries)$")
 # Compound-scaling factors (EfficientNet's width/depth coefficients, MobileNet's multipliers)
 # that blow every stage up: 1.0 keeps the base architecture.
 _SCALE_FACTOR = re.compile(r"^(width|depth)_(coefficient|multiplier)$")
@@ -197,11 +200,10 @@ def shrink_config_dict(defaults: dict[str, Any], setting: ShrinkSetting) -> dict
         if isinstance(key, str) and _VOCAB.match(key) and key not in _KEEP and isinstance(new, int):
             vocab = new if vocab is None else min(vocab, new)
     _shrink_width_lists(defaults, overrides, setting)
-    _align_expert_widths(defaults, overrides)
+    _shape_experts(defaults, overrides)
     _keep_expanded_heads(defaults, overrides)
     _keep_query_groups(defaults, overrides)
     _derive_head_dim(defaults, overrides)
-    _fill_expert_counts(defaults, overrides)
     _follow_sub_config_widths(defaults, overrides)
     _shrink_layer_patterns(defaults, overrides)
     _shrink_stage_names(defaults, overrides)
@@ -386,6 +388,12 @@ def _keep_expanded_heads(defaults: dict[str, Any], overrides: dict[str, Any]) ->
 
 
 _EXPERT_COUNT = re.compile(r"^(num|n)_(local_|routed_)?experts$")
+
+
+def _shape_experts(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """A mixture of experts: widths aligned for grouped multiplies, counts that are unset set."""
+    _align_expert_widths(defaults, overrides)
+    _fill_expert_counts(defaults, overrides)
 
 
 def _align_expert_widths(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
