@@ -279,3 +279,55 @@ def test_a_noise_value_needs_the_patched_float64_run_to_agree() -> None:
     )
     assert not signal.is_noise  # a value with a true magnitude keeps the plain rule
     assert not replace(signal, agrees_in_float64=True).passes
+
+
+class Chaotic(nn.Module):
+    """Outputs rounding moves far: the sine of 10^4 times a linear layer, so the layer's
+    float32 rounding (~1e-7) moves them by ~1e-3, a hundred times the tolerance, and which of two
+    float32 runs lands nearer the float64 one is chance."""
+
+    gain = 1e4
+    shift = 0.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(32, 32)
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(self.gain * self.project(x)) + self.shift
+
+
+class ChaoticOtherOrder(Chaotic):
+    """The same layer, summed in another order: a correct rewrite."""
+
+    def project(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.unsqueeze(-1) * self.linear.weight.t()).sum(-2) + self.linear.bias
+
+
+class ChaoticShifted(ChaoticOtherOrder):
+    shift = 0.5
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_an_ill_conditioned_comparison_is_not_checkable_rather_than_refuted(seed: int) -> None:
+    # at these seeds the correct rewrite lands farther from the float64 run than the original
+    # (the referee alone refutes it), and weights one rounding unit apart move the original as far
+    outcome = judge(Chaotic, ChaoticOtherOrder, seed)
+    assert outcome.status == "not checkable", outcome.detail
+    assert "float64 referee: against a float64 run of the original" in outcome.detail
+    assert "ill-conditioned here" in outcome.detail
+    # a change larger than what rounding moves stays refuted in the same model
+    wrong = judge(Chaotic, ChaoticShifted, seed)
+    assert wrong.status == "refuted" and "ill-conditioned" not in wrong.detail
+
+
+def test_weights_one_rounding_unit_apart() -> None:
+    state = {"w": torch.ones(1000), "steps": torch.tensor([3])}
+    moved = differential.one_ulp_apart(state, seed=0)
+    step = (moved["w"] - 1).abs()
+    assert torch.all(step == torch.finfo(torch.float32).eps)
+    assert 300 < int((moved["w"] > 1).sum()) < 700  # up or down at random
+    assert torch.equal(moved["steps"], state["steps"])  # integers untouched
