@@ -15,7 +15,9 @@ the shape, so a reader sees the site was proven on its own.
 
 from __future__ import annotations
 
+import copy
 import inspect
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -238,13 +240,46 @@ def _arguments(names: list[str], source: Any) -> dict[str, Any] | None:
     return arguments
 
 
+def _with_unset_sizes(cls: type, config: Any) -> Any | None:
+    """A copy of ``config`` in which the entries ``cls``'s constructor reads (``config.X``)
+    and the configuration leaves ``None`` or lacks get its width (16 without one): the options
+    that switch a part on (Wav2Vec2's attention adapter is built when ``adapter_attn_dim`` is
+    set, and then of that width; HuBERT's configuration, whose file kept the class, has no such
+    entry). ``None`` when there are none, or the source cannot be read."""
+    try:
+        source = inspect.getsource(cls.__init__)
+    except (OSError, TypeError):
+        return None
+    unset = sorted(
+        name for name in set(_CONFIG_READS.findall(source)) if getattr(config, name, None) is None
+    )
+    if not unset or not hasattr(config, "__dict__"):
+        return None
+    width = getattr(config, "hidden_size", None)
+    filled = copy.copy(config)
+    for name in unset:
+        setattr(filled, name, width if isinstance(width, int) and width > 0 else 16)
+    return filled
+
+
+# ``config.adapter_attn_dim`` read in a constructor (a method call is no entry)
+_CONFIG_READS = re.compile(r"\bconfig\.([A-Za-z_]\w*)\b(?!\s*\()")
+
+
 def _construct(cls: type, config: Any) -> nn.Module:
-    """``cls(config)``, else ``cls`` given what its constructor requires by name from
-    ``config`` or a configuration it holds (``RMSNorm(hidden_size)``,
-    ``AudioAttention(audio_config, layer_idx)``)."""
+    """``cls(config)``, else ``cls`` of ``config`` with the sizes its constructor reads and
+    ``config`` leaves unset filled (:func:`_with_unset_sizes`), else ``cls`` given what its
+    constructor requires by name from ``config`` or a configuration it holds
+    (``RMSNorm(hidden_size)``, ``AudioAttention(audio_config, layer_idx)``)."""
     try:
         return cls(config)
     except Exception:
+        filled = _with_unset_sizes(cls, config)
+        if filled is not None:
+            try:
+                return cls(filled)
+            except Exception:  # noqa: BLE001, S110 - the names below may build it
+                pass
         names = _required(cls)
         for source in _configurations(config) if names else []:
             arguments = _arguments(names, source)

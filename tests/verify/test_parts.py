@@ -245,3 +245,29 @@ def test_a_wrong_patch_in_a_part_is_refuted_by_its_part_check(
     assert verification.status == "refuted", verification.summary()
     refuted = [c.label for c in verification.classes if c.status == "refuted"]
     assert refuted == ["PartsProjector (part) [PartsModel.projector, input 2x5x6]"]
+
+
+class _AttentionAdapter(nn.Module):
+    """Built only when an option is set, and then of that width (HuBERT's attention adapter,
+    ``adapter_attn_dim``): the option is ``None`` in the configuration the model was built from."""
+
+    def __init__(self, config: types.SimpleNamespace) -> None:
+        super().__init__()
+        self.down = nn.Linear(config.hidden_size, config.adapter_dim)
+        self.up = nn.Linear(config.adapter_dim, config.hidden_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.up(torch.relu(self.down(hidden)))
+
+
+def test_a_part_switched_on_by_an_unset_size_is_built_with_the_model_s_width() -> None:
+    config = types.SimpleNamespace(hidden_size=6, adapter_dim=None)
+    whole = Subject("Model", "", nn.Identity, nn.Identity, inputs=None)
+    found = constructed_subject(whole, config, (_AttentionAdapter, _AttentionAdapter), SETTINGS)
+    assert isinstance(found, Subject), found
+    assert found.label == "built from Model's configuration, input 2x5x6"
+    assert found.build_patched().part.down.out_features == 6
+    assert config.adapter_dim is None  # the model's configuration is left as it was
+    lacking = types.SimpleNamespace(hidden_size=6)  # HuBERT's: the file kept the class only
+    found = constructed_subject(whole, lacking, (_AttentionAdapter, _AttentionAdapter), SETTINGS)
+    assert isinstance(found, Subject), found
