@@ -271,11 +271,7 @@ class Matcher:
                     # call that runs the same elements is the site (and its edit).
                     if not flow.report_only:
                         found[site.key] = site
-                elif (
-                    (previous.rule is not site.rule and previous.flow is site.flow)
-                    or _part_of(previous, site)
-                    or _part_of(site, previous)
-                ):
+                elif _rival_spellings(previous, site):
                     # Two spellings of one rule at one place (a Llama MLP is also a gated
                     # product; a variant with the mask added where the other took the path
                     # without): one site, the applicable one that accounts for more code.
@@ -1094,8 +1090,7 @@ def _best_spellings(sites: list[Site]) -> list[Site]:
             (
                 index
                 for index, other in enumerate(kept)
-                if other.key == site.key
-                and (other.rule is not site.rule or _part_of(other, site) or _part_of(site, other))
+                if other.key == site.key and _rival_spellings(other, site)
             ),
             None,
         )
@@ -1104,6 +1099,16 @@ def _best_spellings(sites: list[Site]) -> list[Site]:
         elif _preferred(site, kept[rival]):
             kept[rival] = site
     return kept
+
+
+def _rival_spellings(first: Site, second: Site) -> bool:
+    """Two matches at one place that are spellings of one rule rather than one site reached
+    twice: other variants in one flow, or one matching part of what the other matched."""
+    return (
+        (first.rule is not second.rule and first.flow is second.flow)
+        or _part_of(first, second)
+        or _part_of(second, first)
+    )
 
 
 def _preferred(site: Site, other: Site) -> bool:
