@@ -524,21 +524,26 @@ def _judge_failing(
     outcome = _refereed(referee, detail, diffs, failing, worst, precision)
     if outcome.status != REFUTED:
         return outcome
-    moved = _moved_by_rounding(original, state, inputs, side, first, tol)
+    moved = partial(_moved_by_rounding, original, state, inputs, side, first, tol)
     return _unless_ill_conditioned(outcome, referee, failing, moved)
 
 
 def _unless_ill_conditioned(
-    outcome: ModeOutcome, referee: _Referee, failing: list[Difference], moved: dict[str, Difference]
+    outcome: ModeOutcome,
+    referee: _Referee,
+    failing: list[Difference],
+    measure_moved: Callable[[], dict[str, Difference]],
 ) -> ModeOutcome:
     """A refuted ``outcome``, or "not checkable" where the weights one rounding unit apart move
-    (``moved``) every value the referee did not settle beyond the tolerance, and at least as
-    far as the patch does: a real change larger than the model's rounding stays refuted, and so
-    does one the patched model's own float64 run showed (``agrees_in_float64`` false)."""
+    (``measure_moved``, run only when it can decide) every value the referee did not settle
+    beyond the tolerance, and at least as far as the patch does: a real change larger than the
+    model's rounding stays refuted, and so does one the patched model's own float64 run showed
+    (``agrees_in_float64`` false)."""
     if any(f.agrees_in_float64 is False for f in referee.figures):
         return outcome
     unsettled = {f.name for f in referee.figures if not f.passes} or {d.name for d in failing}
     patch = {d.name: d.max_abs_diff for d in failing}
+    moved = measure_moved()
     if not all(n in moved and moved[n].max_abs_diff >= patch[n] for n in unsettled):
         return outcome
     most = max((moved[name] for name in unsettled), key=lambda d: d.excess)
