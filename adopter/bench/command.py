@@ -59,6 +59,7 @@ from ..models.config_names import (
 )
 from ..models.factories import make_importable, parse_factory
 from ..models.loading import load_sibling
+from ..models.transformers.shrink import fill_expert_counts
 from ..rewrite import ApplyResult, FileRewrite, SiteStatus, rewrite_text
 from .measure import (
     RSS_RESOLUTION,
@@ -381,7 +382,8 @@ def bench_config(
     full_size: bool = False,
 ) -> Any:
     """The benchmark configuration: defaults, ``layers`` layers, explicit overrides, dropout;
-    unless ``full_size``, a model wider than :data:`BENCH_WIDTH` is narrowed to it.
+    unless ``full_size``, a model wider than :data:`BENCH_WIDTH` is narrowed to it; expert
+    counts the defaults leave unset get small ones (:func:`fill_expert_counts`).
 
     Widths, heads and vocabulary stay at the defaults (the sizes people run); only depth is cut,
     because every layer does the same work and the speedup per layer is what a rewrite changes.
@@ -395,6 +397,7 @@ def bench_config(
         changes.update(_reduce_layers(defaults, layers))
     if not full_size:
         changes.update(_bench_widths(defaults))
+    fill_expert_counts(defaults, changes)  # counts only checkpoints set (DeepSeek-V2, Dots1)
     if image_size is not None:
         for key, value in defaults.items():
             if key == "image_size" and isinstance(value, int):

@@ -397,3 +397,17 @@ def test_language_model_heads_train_with_their_labels_and_infer_without() -> Non
     assert "labels" not in seen[1]
     base = plan_variants("bert", BenchOptions(config_overrides=TINY_BERT, layers=1, seq_len=16))
     assert "labels" not in base.variants[0].build()[1]
+
+
+def test_bench_config_sets_expert_counts_only_checkpoints_set() -> None:
+    class CheckpointCounts:  # transformers 5.24's DeepSeek-V2: the per-token count is left unset
+        def __init__(self, **changes: object) -> None:
+            self.values = {"hidden_size": 64, "n_routed_experts": 8, "num_experts_per_tok": None}
+            self.values.update(changes)
+
+        def to_dict(self) -> dict[str, object]:
+            return dict(self.values)
+
+    assert bench_config(CheckpointCounts, layers=None).values["num_experts_per_tok"] == 2
+    given = bench_config(CheckpointCounts, layers=None, overrides={"num_experts_per_tok": 3})
+    assert given.values["num_experts_per_tok"] == 3  # an explicit override wins

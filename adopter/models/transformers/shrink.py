@@ -33,6 +33,7 @@ __all__ = [
     "DROPOUT_NAME",
     "SHRINK_SETTINGS",
     "ShrinkSetting",
+    "fill_expert_counts",
     "shrink_config_dict",
     "zero_dropout_dict",
 ]
@@ -318,30 +319,27 @@ _FILLED_EXPERTS = 4
 """Routed experts given to a configuration whose defaults leave the count unset."""
 
 
-def _fill_expert_counts(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
-    """Expert counts the defaults leave ``None`` get small ones. Some mixture-of-experts
-    configurations (transformers 5.24's Dots1, DeepSeek-V2) ship no counts in the class, only in
-    each checkpoint's configuration, and their modules read them as ints (``torch.empty(None,
-    ...)``, ``topk(k=None)``): 4 routed experts, 2 per token, 1 shared."""
+def fill_expert_counts(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Expert counts the defaults leave ``None`` (and ``overrides`` does not set) get small
+    ones. Some mixture-of-experts configurations (transformers 5.24's Dots1, DeepSeek-V2) ship
+    no counts in the class, only in each checkpoint's configuration, and their modules read
+    them as ints (``torch.empty(None, ...)``, ``topk(k=None)``): 4 routed experts, 2 per token
+    (at most as many as there are), 1 shared."""
     routed = next(
         (
             v
             for k, v in defaults.items()
             if isinstance(k, str) and _EXPERT_COUNT.match(k) and _is_int(v)
         ),
-        None,
+        _FILLED_EXPERTS,
     )
     for key, value in defaults.items():
         if value is not None or not isinstance(key, str) or key in overrides:
             continue
         if _EXPERT_COUNT.match(key):
-            overrides[key] = routed = _FILLED_EXPERTS
-    experts = routed if routed is not None else _FILLED_EXPERTS
-    for key, value in defaults.items():
-        if value is not None or not isinstance(key, str) or key in overrides:
-            continue
-        if _EXPERTS_PER_TOKEN.match(key):
-            overrides[key] = min(2, experts)
+            overrides[key] = _FILLED_EXPERTS
+        elif _EXPERTS_PER_TOKEN.match(key):
+            overrides[key] = min(2, routed)
         elif _SHARED_EXPERTS.match(key):
             overrides[key] = 1
 
@@ -393,7 +391,7 @@ _EXPERT_COUNT = re.compile(r"^(num|n)_(local_|routed_)?experts$")
 def _shape_experts(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
     """A mixture of experts: widths aligned for grouped multiplies, counts that are unset set."""
     _align_expert_widths(defaults, overrides)
-    _fill_expert_counts(defaults, overrides)
+    fill_expert_counts(defaults, overrides)
 
 
 def _align_expert_widths(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
