@@ -58,10 +58,10 @@ def choose(pool: list[str], wanted: int, start=test3_start) -> list[str]:
     return [pool[start(step) + i * step] for i in range(wanted)]
 
 
-def main(start=test3_start) -> int:
+def main(start=test3_start, sample=SAMPLE) -> int:
     """Print the chosen files; ``start(k)`` is the first position (the split's phase)."""
     taken = earlier_files()
-    for package, version, patterns, wanted in SAMPLE:
+    for package, version, patterns, wanted in sample:
         root = fetch_wheel(f"{package}=={version}")
         pool = candidates(root, patterns, taken)
         step = len(pool) // wanted
