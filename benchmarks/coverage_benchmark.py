@@ -271,10 +271,10 @@ def render(args, files, labels, rules, comparison: Comparison, roots, scans, sca
     w(
         f"Labels: `benchmarks/coverage/` — {len(files)} files read by hand "
         f"({', '.join(f'{sum(f.split == s for f in files)} {s}' for s in SPLITS)}), "
-        f"{len(labels)} sites; how they were made is in its README. `test5` is the held-out "
+        f"{len(labels)} sites; how they were made is in its README. `test6` is the held-out "
         "split: tune on `dev` (and, since 2026-12-03, on the misses of `test`, `test2` and `test3`; "
-        "since 2026-12-06 on `test4`'s, all of which have been looked at); `test2` to `test5` were "
-        "added later, each read before any scan. "
+        "since 2026-12-06 on `test4`'s, since 2026-12-07 on `test5`'s, all of which have been "
+        "looked at); `test2` to `test6` were added later, each read before any scan. "
         "A record matches a label of the same file and family on the same "
         f"line, else within {args.tolerance} lines, else in the same class/method or function "
         "(each used once). *Static* sites are those a static tool can see (the `static` column "

@@ -34,7 +34,7 @@ PAPER_FAMILIES = tuple(f"paper.{n}" for n in range(1, 10))
 EXTENDED_FAMILIES = tuple(f"ext.{n}" for n in range(1, 5))
 EXISTING_FAMILIES = PAPER_FAMILIES + EXTENDED_FAMILIES
 ALL_FAMILIES = EXISTING_FAMILIES + MODERN_FAMILIES
-SPLITS = ("dev", "test", "test2", "test3", "test4", "test5")
+SPLITS = ("dev", "test", "test2", "test3", "test4", "test5", "test6")
 # A label whose note starts with this is a site the labeller judged not clear-cut (test2, test3).
 EDGE_MARK = "[edge]"
 MATCH_KINDS = ("line", "near", "scope")
