@@ -59,7 +59,9 @@ from ..models.config_names import (
 )
 from ..models.factories import make_importable, parse_factory
 from ..models.loading import load_sibling
-from ..models.transformers.shrink import fill_expert_counts
+from ..models.transformers.patch_grid import grid_parameter, patch_grid
+from ..models.transformers.shrink import fill_expert_counts, keep_layer_structures
+from ..models.transformers.tokens import image_token, placeholder_layout
 from ..rewrite import ApplyResult, FileRewrite, SiteStatus, rewrite_text
 from .measure import (
     RSS_RESOLUTION,
@@ -323,6 +325,9 @@ def _reduce_layers(config: dict[str, Any], layers: int) -> dict[str, Any]:
     # Staged models (GroupViT's vision tower) also state the total depth; keep it the sum.
     if "depths" in out and isinstance(config.get("num_hidden_layers"), int):
         out["num_hidden_layers"] = sum(out["depths"])
+    # Per-layer lists (``layer_types``, index lists, repeat patterns) follow the cut depth as
+    # verify's shrink keeps them (Qwen2-VL's text ``layer_types`` has one entry per layer).
+    keep_layer_structures(config, out)
     # GPT-Neo keeps a per-layer attention pattern whose length must equal the layer count.
     if "attention_types" in config and isinstance(config.get("attention_layers"), list):
         count = out.get("num_layers", config.get("num_layers"))
@@ -419,7 +424,32 @@ BENCH_INTERMEDIATE = 2048
 
 
 def _bench_widths(defaults: dict[str, Any]) -> dict[str, Any]:
-    """Overrides that narrow a configuration wider than :data:`BENCH_WIDTH` (top level only)."""
+    """Overrides that narrow a configuration, and each of its sub-configurations (a
+    multimodal model's text and vision towers), wider than :data:`BENCH_WIDTH`; a size
+    elsewhere in the configuration that named a narrowed width (a vision tower's
+    ``out_hidden_size``, which must equal the text model's width) follows it."""
+    out = _narrowed(defaults)
+    narrowed = {defaults["hidden_size"]: BENCH_WIDTH} if out else {}
+    for key, value in defaults.items():
+        if is_sub_config(key, value):
+            nested = _narrowed(value)
+            if nested:
+                narrowed[value["hidden_size"]] = BENCH_WIDTH
+                out[key] = {**value, **nested}
+    for key, value in defaults.items():
+        if is_sub_config(key, value):
+            follow = {
+                name: narrowed[size]
+                for name, size in value.items()
+                if name.endswith("hidden_size") and name != "hidden_size" and size in narrowed
+            }
+            if follow:
+                out[key] = {**out.get(key, value), **follow}
+    return out
+
+
+def _narrowed(defaults: dict[str, Any]) -> dict[str, Any]:
+    """Overrides that narrow one level of a configuration wider than :data:`BENCH_WIDTH`."""
     hidden = defaults.get("hidden_size")
     if not isinstance(hidden, int) or hidden <= BENCH_WIDTH:
         return {}
@@ -433,9 +463,11 @@ def _bench_widths(defaults: dict[str, Any]) -> dict[str, Any]:
         )
     if isinstance(defaults.get("head_dim"), int):
         out["head_dim"] = BENCH_WIDTH // BENCH_HEADS
-    intermediate = defaults.get("intermediate_size")
-    if isinstance(intermediate, int) and intermediate > BENCH_INTERMEDIATE:
-        out["intermediate_size"] = BENCH_INTERMEDIATE
+    for key, value in defaults.items():  # the MLP's, the experts', the shared expert's
+        if key.endswith("intermediate_size") and isinstance(value, int) and value > 0:
+            # a multiple of 8: grouped matrix products need 16-byte strides (DeepSeek-V2's
+            # experts are 1,407 wide by default, which no float32 grouped product accepts)
+            out[key] = -(-min(value, BENCH_INTERMEDIATE) // 8) * 8
     return out
 
 
@@ -495,9 +527,7 @@ def make_bench_inputs(
         if "attention_mask" in params:
             inputs["attention_mask"] = torch.ones((batch_size, length), dtype=torch.long)
     if "pixel_values" in params:
-        channels = int(getattr(_sub_config(config, "num_channels"), "num_channels", 3))
-        shape = (batch_size, channels, image_size, image_size)
-        inputs["pixel_values"] = torch.randn(shape, generator=gen)
+        _add_images(inputs, params, config, (batch_size, image_size), gen)
     if getattr(config, "is_encoder_decoder", False) and "decoder_input_ids" in params:
         vocab = int(getattr(config, "vocab_size", 1000))
         length = decoder_seq_len or seq_len
@@ -516,6 +546,60 @@ def make_bench_inputs(
     if "return_loss" in params:
         inputs["return_loss"] = True
     return inputs
+
+
+def _add_images(
+    inputs: dict[str, Any], params: Any, config: Any, sizes: tuple[int, int], gen: torch.Generator
+) -> None:
+    """One ``image_size`` image per batch row, in the layout the model takes.
+
+    A model that takes flattened patches and their grid (Qwen2-VL's descendants) gets the
+    patches of an ``image_size`` image and one image placeholder per merged token at the start
+    of each row's text. A model that places image features at placeholder tokens any other way
+    (NeoMME's flattened patches, LLaVA's tower outputs: how many features an image gives is the
+    model's own business) runs on its text alone when its images are optional. Other models get
+    ``batch x channels x image_size x image_size`` images.
+    """
+    batch_size, image_size = sizes
+    grid_name = grid_parameter(params)
+    ids = inputs.get("input_ids")
+    vocab = int(getattr(_sub_config(config, "vocab_size"), "vocab_size", 1000))
+    if grid_name is not None:
+        patch = _sub_value(config, "patch_size") or 14
+        patch = patch[0] if isinstance(patch, (list, tuple)) else patch
+        merge = _sub_value(config, "spatial_merge_size") or _sub_value(config, "merge_size") or 1
+        blocks = max(1, image_size // (int(patch) * int(merge)))
+        grid = patch_grid(lambda name: _sub_value(config, name), batch_size, gen, blocks=blocks)
+        layout = placeholder_layout(config, vocab, grid) if grid is not None else None
+        if grid is not None and layout is not None and ids is not None:
+            if ids.shape[-1] < len(layout[0]) + 2:
+                raise BenchTargetError(
+                    f"seq_len {ids.shape[-1]} cannot hold the {len(layout[0])} image tokens of a "
+                    f"{image_size}-pixel image; raise --seq-len or lower --image-size"
+                )
+            ids[..., 1 : 1 + len(layout[0])] = torch.tensor(layout[0])
+            inputs["pixel_values"], inputs[grid_name] = grid.patches, grid.grid
+            if "mm_token_type_ids" in params:
+                types = torch.zeros_like(ids)
+                types[..., 1 : 1 + len(layout[0])] = torch.tensor(layout[1])
+                inputs["mm_token_type_ids"] = types
+            return
+    optional = params["pixel_values"].default is None
+    if ids is not None and optional and image_token(config, vocab) is not None:
+        return  # image features go to placeholder tokens in a layout only the model knows
+    channels = int(getattr(_sub_config(config, "num_channels"), "num_channels", 3))
+    shape = (batch_size, channels, image_size, image_size)
+    inputs["pixel_values"] = torch.randn(shape, generator=gen)
+
+
+def _sub_value(config: Any, name: str) -> Any:
+    """``name`` of the configuration, or of its vision or text sub-configuration."""
+    parts = (config, getattr(config, "vision_config", None), getattr(config, "text_config", None))
+    for part in parts:
+        value = getattr(part, name, None) if part is not None else None
+        if value is not None:
+            return value
+    return None
 
 
 def _predicts_tokens(model: nn.Module) -> bool:

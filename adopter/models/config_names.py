@@ -55,6 +55,7 @@ STACK_DEPTH_NAMES = frozenset(
         "n_layers",
         "encoder_layers",
         "decoder_layers",
+        "depth",  # vision towers (Qwen2-VL's, GLM-4V's): the block count
     }
 )
 """The depths of a model's main layer stacks: the part of :data:`LAYER_COUNT_NAME` that ``bench``

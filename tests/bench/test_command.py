@@ -411,3 +411,96 @@ def test_bench_config_sets_expert_counts_only_checkpoints_set() -> None:
     assert bench_config(CheckpointCounts, layers=None).values["num_experts_per_tok"] == 2
     given = bench_config(CheckpointCounts, layers=None, overrides={"num_experts_per_tok": 3})
     assert given.values["num_experts_per_tok"] == 3  # an explicit override wins
+
+
+class _DictConfig:
+    """A configuration class as bench reads one: defaults from ``to_dict``, changes kept."""
+
+    defaults: dict[str, object] = {}
+
+    def __init__(self, **changes: object) -> None:
+        self.values = {**self.defaults, **changes}
+
+    def to_dict(self) -> dict[str, object]:
+        return dict(self.defaults)
+
+
+def test_narrowed_widths_keep_grouped_products_and_towers_consistent() -> None:
+    """A narrowed configuration keeps every intermediate size a multiple of 8 (DeepSeek-V2's
+    1,407-wide experts failed the float32 grouped product: "strides should be multiple of 16
+    bytes"), narrows a multimodal model's text tower too, and the vision tower's output width
+    follows the text width it has to match (Qwen2-VL)."""
+
+    class Experts(_DictConfig):
+        defaults = {"hidden_size": 5120, "intermediate_size": 12288, "moe_intermediate_size": 1407}
+
+    class Multimodal(_DictConfig):
+        defaults = {
+            "text_config": {
+                "hidden_size": 3584,
+                "num_attention_heads": 28,
+                "intermediate_size": 18944,
+            },
+            "vision_config": {"hidden_size": 3584, "embed_dim": 1280, "out_hidden_size": 3584},
+        }
+
+    experts = bench_config(Experts, layers=None).values
+    assert (experts["intermediate_size"], experts["moe_intermediate_size"]) == (2048, 1408)
+    both = bench_config(Multimodal, layers=None).values
+    assert both["text_config"]["hidden_size"] == 768
+    assert both["text_config"]["num_attention_heads"] == 12
+    assert both["vision_config"]["out_hidden_size"] == 768
+    assert bench_config(Multimodal, layers=None, full_size=True).values == Multimodal.defaults
+
+
+def test_layer_cut_keeps_per_layer_lists_and_vision_depth() -> None:
+    """Cutting the depth cuts the lists with one entry per layer (Qwen2-VL's text
+    ``layer_types``, whose length its configuration checks) and a vision tower's ``depth``."""
+
+    class Tower(_DictConfig):
+        defaults = {
+            "text_config": {"num_hidden_layers": 28, "layer_types": ["full_attention"] * 28},
+            "vision_config": {"depth": 32},
+        }
+
+    values = bench_config(Tower, layers=2).values
+    assert values["text_config"]["num_hidden_layers"] == 2
+    assert values["text_config"]["layer_types"] == ["full_attention"] * 2
+    assert values["vision_config"]["depth"] == 2
+
+
+def test_images_in_the_layout_the_model_takes() -> None:
+    """Plain images for a vision model; flattened patches, their grid and one placeholder per
+    merged token for a patch-grid model; text alone for a model that scatters image features
+    into placeholders any other way, when its images are optional."""
+    import types
+
+    from torch import nn
+
+    from adopter.bench.command import make_bench_inputs
+
+    class Vision(nn.Module):
+        def forward(self, pixel_values): ...
+
+    class Grid(nn.Module):
+        def forward(self, input_ids, pixel_values=None, image_grid_thw=None): ...
+
+    class Scatter(nn.Module):
+        def forward(self, input_ids, pixel_values=None): ...
+
+    sizes = {"batch_size": 2, "seq_len": 32, "image_size": 56}
+    plain = make_bench_inputs(Vision(), types.SimpleNamespace(num_channels=3), **sizes)
+    assert plain["pixel_values"].shape == (2, 3, 56, 56)
+    grid_config = types.SimpleNamespace(
+        vocab_size=100, image_token_id=7, patch_size=14, spatial_merge_size=2, temporal_patch_size=2
+    )
+    grid = make_bench_inputs(Grid(), grid_config, **sizes)
+    assert grid["image_grid_thw"].tolist() == [[1, 4, 4], [1, 4, 4]]  # 56 px / 14 px patches
+    assert grid["pixel_values"].shape == (2 * 16, 3 * 2 * 14 * 14)
+    assert (grid["input_ids"] == 7).sum(dim=1).tolist() == [4, 4]  # 2 x 2 merged tokens each
+    scatter = make_bench_inputs(
+        Scatter(), types.SimpleNamespace(vocab_size=100, image_token_id=7), **sizes
+    )
+    assert set(scatter) == {"input_ids"}
+    with pytest.raises(BenchTargetError, match="image tokens"):
+        make_bench_inputs(Grid(), grid_config, batch_size=2, seq_len=4, image_size=112)

@@ -47,9 +47,12 @@ def _int(value: Any, default: int) -> int:
     )
 
 
-def patch_grid(get: Any, images: int, gen: torch.Generator) -> PatchGrid | None:
-    """Seeded patches and grid for ``images`` images; ``get(name)`` reads the configuration
-    (a vision sub-configuration's values included). ``None`` without a ``patch_size``."""
+def patch_grid(
+    get: Any, images: int, gen: torch.Generator, blocks: int = _BLOCKS
+) -> PatchGrid | None:
+    """Seeded patches and grid for ``images`` images of ``blocks`` x ``blocks`` merged tokens;
+    ``get(name)`` reads the configuration (a vision sub-configuration's values included).
+    ``None`` without a ``patch_size``."""
     patch = get("patch_size")
     if isinstance(patch, (list, tuple)) and patch:
         patch = patch[0]
@@ -58,8 +61,8 @@ def patch_grid(get: Any, images: int, gen: torch.Generator) -> PatchGrid | None:
     temporal = _int(get("temporal_patch_size"), 1)
     channels = _int(get("in_channels"), _int(get("num_channels"), 3))
     merge = _int(get("spatial_merge_size"), _int(get("merge_size"), 1))
-    side = _BLOCKS * merge
+    side = blocks * merge
     grid = torch.tensor([[1, side, side]] * images, dtype=torch.long)
     features = channels * temporal * patch * patch
     patches = torch.randn((images * side * side, features), generator=gen)
-    return PatchGrid(patches, grid, tokens_per_image=_BLOCKS * _BLOCKS)
+    return PatchGrid(patches, grid, tokens_per_image=blocks * blocks)

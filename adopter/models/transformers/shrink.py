@@ -34,6 +34,7 @@ __all__ = [
     "SHRINK_SETTINGS",
     "ShrinkSetting",
     "fill_expert_counts",
+    "keep_layer_structures",
     "shrink_config_dict",
     "zero_dropout_dict",
 ]
@@ -206,7 +207,7 @@ def shrink_config_dict(defaults: dict[str, Any], setting: ShrinkSetting) -> dict
     _keep_query_groups(defaults, overrides)
     _derive_head_dim(defaults, overrides)
     _follow_sub_config_widths(defaults, overrides)
-    _shrink_layer_patterns(defaults, overrides)
+    keep_layer_structures(defaults, overrides)
     _shrink_stage_names(defaults, overrides)
     _couple_equal_sizes(defaults, overrides)
     _switch_defaults(defaults, overrides)
@@ -492,7 +493,7 @@ _LAYER_INDICES = re.compile(r"(_layers|_indices|_layer_ids)$")
 _LAYER_PERIOD = re.compile(r"^(.*_)?(period|interval)$")
 
 
-def _shrink_layer_patterns(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
+def keep_layer_structures(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
     """Keep per-layer structures consistent with a shrunk layer count.
 
     A repeat pattern ``[[pattern, count], ...]`` whose expansion has as many entries as a layer

@@ -11,7 +11,13 @@ from typing import Any
 
 from .config import sub_attr as _sub_attr
 
-__all__ = ["placeholder_layout", "placeholder_token_ids", "special_token_ids", "token_id_fixes"]
+__all__ = [
+    "image_token",
+    "placeholder_layout",
+    "placeholder_token_ids",
+    "special_token_ids",
+    "token_id_fixes",
+]
 
 
 def token_id_fixes(config: Any) -> dict[str, Any]:
@@ -90,11 +96,17 @@ def _first_token(config: Any, names: tuple[str, ...], vocab: int) -> int | None:
     return None
 
 
+def image_token(config: Any, vocab: int) -> int | None:
+    """The token standing for an image feature in the text, where the configuration names one
+    inside the vocabulary."""
+    return _first_token(config, ("image_token_id", "image_token_index"), vocab)
+
+
 def placeholder_layout(config: Any, vocab: int, grid: Any) -> tuple[list[int], list[int]] | None:
     """The tokens standing for one image in the text (its placeholders, between the vision
     start and end markers where the configuration has them) and their modality types (1 for
     the placeholders); ``None`` without an image token inside the vocabulary."""
-    image = _first_token(config, ("image_token_id", "image_token_index"), vocab)
+    image = image_token(config, vocab)
     if image is None:
         return None
     start = _first_token(config, ("vision_start_token_id", "image_start_token_id"), vocab)
