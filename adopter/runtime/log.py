@@ -12,6 +12,7 @@ matters. At DEBUG (``adopter run -v``) every line is printed as it happens.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import sys
 import threading
@@ -62,10 +63,19 @@ class _Summary(logging.Filter):
             self.counts[package]["rewritten"] += 1
             self.counts[package]["rewrite_ms"] += milliseconds
 
-    def take(self) -> dict[str, Counter[str]]:
+    def take(self, everything: bool = False) -> dict[str, Counter[str]]:
+        """The counts of the packages with a module patched or left alone since the last
+        call (of every package with ``everything``); a package that only had modules
+        rewritten with nothing to patch keeps its counts for its next line."""
         with _LOCK:
-            counts, self.counts = dict(self.counts), defaultdict(Counter)
-        return counts
+            taken = {
+                package: counts
+                for package, counts in self.counts.items()
+                if everything or counts["patched"] or counts["unpatched"] or counts["partial"]
+            }
+            for package in taken:
+                del self.counts[package]
+        return taken
 
 
 _SUMMARY = _Summary()
@@ -118,10 +128,13 @@ def rewritten(module: str, seconds: float) -> None:
         LOGGER.info(f"{package}: {count} module(s) rewritten so far ...")
 
 
-def summarise() -> None:
+def summarise(everything: bool = False) -> None:
     """Print the summary line of each package whose modules were patched or left alone since
-    the last call (the import hook calls it when an outermost import finishes)."""
-    for package, counts in sorted(_SUMMARY.take().items()):
+    the last call (the import hook calls it when an outermost import finishes). Imports that
+    only rewrote modules with nothing to patch print nothing then (a script's first imports of
+    transformers would each print "patched 0 site(s)"); their counts go into the package's next
+    line, or into the last one, at exit (``everything``)."""
+    for package, counts in sorted(_SUMMARY.take(everything).items()):
         LOGGER.info(summary_line(package, counts))
 
 
@@ -145,3 +158,6 @@ def show_on_stderr(level: int | str = logging.INFO) -> None:
     LOGGER.addHandler(handler)
     LOGGER.setLevel(level)
     LOGGER.propagate = False  # printed here once, not again by the program's root handlers
+    # What the last imports rewrote without patching anything is said once, at exit (this
+    # runs before logging's own shutdown, which was registered first).
+    atexit.register(summarise, everything=True)

@@ -87,3 +87,28 @@ def test_a_long_rewrite_says_how_far_it_has_gone(monkeypatch, caplog):
     assert [r.getMessage() for r in caplog.records] == [
         "diffusers: 3 module(s) rewritten so far ..."
     ]
+
+
+def test_imports_that_only_rewrote_say_it_in_the_next_line_or_at_exit(monkeypatch, caplog):
+    """A script's first imports of a package rewrite modules with nothing to patch; they print
+    no "patched 0 site(s)" line of their own: the counts go into the package's next line, and
+    what is left is said once at exit."""
+    monkeypatch.setattr(log.LOGGER, "level", logging.INFO)
+    summary = log._Summary()
+    monkeypatch.setattr(log, "_SUMMARY", summary)
+    with caplog.at_level(logging.INFO, logger="adopter"):
+        log.rewritten("transformers.utils.generic", 2.0)
+        log.summarise()  # the first outermost import finished: nothing to say yet
+        assert not caplog.records
+        log.rewritten("transformers.models.llama.modeling_llama", 1.0)
+        assert not summary.filter(_record("patched", "transformers.models.llama", sites=9))
+        log.summarise()
+        log.rewritten("transformers.models.auto.modeling_auto", 0.5)
+        log.summarise()
+        log.summarise(everything=True)  # at exit
+    assert [r.getMessage() for r in caplog.records] == [
+        "transformers: patched 9 site(s) in 1 module(s), rewrote 2 module(s) in 3.0 s "
+        "(cached for later runs)",
+        "transformers: patched 0 site(s) in 0 module(s), rewrote 1 module(s) in 0.5 s "
+        "(cached for later runs)",
+    ]
