@@ -59,6 +59,7 @@ from ..models.config_names import (
 )
 from ..models.factories import make_importable, parse_factory
 from ..models.loading import load_sibling
+from ..models.transformers.config import sub_attr
 from ..models.transformers.patch_grid import grid_parameter, patch_grid
 from ..models.transformers.shrink import fill_expert_counts, keep_layer_structures
 from ..models.transformers.tokens import image_token, placeholder_layout
@@ -565,11 +566,9 @@ def _add_images(
     ids = inputs.get("input_ids")
     vocab = int(getattr(_sub_config(config, "vocab_size"), "vocab_size", 1000))
     if grid_name is not None:
-        patch = _sub_value(config, "patch_size") or 14
-        patch = patch[0] if isinstance(patch, (list, tuple)) else patch
-        merge = _sub_value(config, "spatial_merge_size") or _sub_value(config, "merge_size") or 1
-        blocks = max(1, image_size // (int(patch) * int(merge)))
-        grid = patch_grid(lambda name: _sub_value(config, name), batch_size, gen, blocks=blocks)
+        grid = patch_grid(
+            functools.partial(sub_attr, config), batch_size, gen, image_size=image_size
+        )
         layout = placeholder_layout(config, vocab, grid) if grid is not None else None
         if grid is not None and layout is not None and ids is not None:
             if ids.shape[-1] < len(layout[0]) + 2:
@@ -590,16 +589,6 @@ def _add_images(
     channels = int(getattr(_sub_config(config, "num_channels"), "num_channels", 3))
     shape = (batch_size, channels, image_size, image_size)
     inputs["pixel_values"] = torch.randn(shape, generator=gen)
-
-
-def _sub_value(config: Any, name: str) -> Any:
-    """``name`` of the configuration, or of its vision or text sub-configuration."""
-    parts = (config, getattr(config, "vision_config", None), getattr(config, "text_config", None))
-    for part in parts:
-        value = getattr(part, name, None) if part is not None else None
-        if value is not None:
-            return value
-    return None
 
 
 def _predicts_tokens(model: nn.Module) -> bool:

@@ -48,11 +48,12 @@ def _int(value: Any, default: int) -> int:
 
 
 def patch_grid(
-    get: Any, images: int, gen: torch.Generator, blocks: int = _BLOCKS
+    get: Any, images: int, gen: torch.Generator, image_size: int | None = None
 ) -> PatchGrid | None:
-    """Seeded patches and grid for ``images`` images of ``blocks`` x ``blocks`` merged tokens;
-    ``get(name)`` reads the configuration (a vision sub-configuration's values included).
-    ``None`` without a ``patch_size``."""
+    """Seeded patches and grid for ``images`` images, each of :data:`_BLOCKS` x
+    :data:`_BLOCKS` merged tokens, or as many as an ``image_size``-pixel square holds (at
+    least one); ``get(name)`` reads the configuration (a vision sub-configuration's values
+    included). ``None`` without a ``patch_size``."""
     patch = get("patch_size")
     if isinstance(patch, (list, tuple)) and patch:
         patch = patch[0]
@@ -61,6 +62,7 @@ def patch_grid(
     temporal = _int(get("temporal_patch_size"), 1)
     channels = _int(get("in_channels"), _int(get("num_channels"), 3))
     merge = _int(get("spatial_merge_size"), _int(get("merge_size"), 1))
+    blocks = _BLOCKS if image_size is None else max(1, image_size // (patch * merge))
     side = blocks * merge
     grid = torch.tensor([[1, side, side]] * images, dtype=torch.long)
     features = channels * temporal * patch * patch
