@@ -16,6 +16,13 @@ def _record(outcome: str, module: str, sites: int = 0) -> logging.LogRecord:
     return record
 
 
+@pytest.fixture(autouse=True)
+def _fresh_progress(monkeypatch):
+    """Each test starts with no rewriting under way: the progress clock is per process, and
+    an earlier test's rewrites (in any order) would make a progress line due here."""
+    monkeypatch.setattr(log, "_PROGRESS", {})
+
+
 def test_outcome_lines_are_counted_per_package_and_other_lines_pass(monkeypatch):
     monkeypatch.setattr(log.LOGGER, "level", logging.INFO)
     summary = log._Summary()
@@ -96,6 +103,7 @@ def test_imports_that_only_rewrote_say_it_in_the_next_line_or_at_exit(monkeypatc
     monkeypatch.setattr(log.LOGGER, "level", logging.INFO)
     summary = log._Summary()
     monkeypatch.setattr(log, "_SUMMARY", summary)
+    monkeypatch.setattr(log.time, "monotonic", lambda: 100.0)  # no progress line falls due
     with caplog.at_level(logging.INFO, logger="adopter"):
         log.rewritten("transformers.utils.generic", 2.0)
         log.summarise()  # the first outermost import finished: nothing to say yet
