@@ -207,6 +207,22 @@ class CompiledRule:
             if t.name not in kept
             and (replacement not in (None, DETECT_ONLY) or t.name not in final)
         ]
+        # The operations every match calls by name, and the classes of the submodules it
+        # calls: a flow without a step of each cannot match, and is not searched (see
+        # Matcher._could_match).
+        self.required_names = tuple(
+            dict.fromkeys(
+                name for step in self.forward if (name := self._required_name(step)) is not None
+            )
+        )
+
+    def _required_name(self, step: Step) -> str | None:
+        """The kind a flow step must have for ``step`` to match it: the operation it names,
+        or for a submodule call (``$proj(x)``) the class its ``init`` pattern constructs."""
+        if isinstance(step.callee, Var):
+            init = self.init_by_var.get(step.callee.name)
+            return _callee_name(init.callee) if init is not None else None
+        return _callee_name(step.callee)
 
     @property
     def first(self) -> Step | None:
@@ -259,7 +275,7 @@ class Matcher:
             matched = [
                 site
                 for compiled in self.rules
-                if compiled.first is not None
+                if compiled.first is not None and self._could_match(compiled, index)
                 for site in self._match_flow(compiled, flow, index)
             ]
             for site in _best_spellings(matched):
@@ -329,6 +345,21 @@ class Matcher:
             for kind in kinds:
                 index.setdefault(kind, []).append(step)
         return index
+
+    def _could_match(self, compiled: CompiledRule, index: dict[str, list[FlowStep]]) -> bool:
+        """Whether the flow calls each operation the rule's pattern names (a step of some
+        kind the name matches, as :meth:`_candidates` and :meth:`_unify` read kinds; ``x / s``
+        where a reciprocal ``mul`` may read it). Most rules name an operation most flows never
+        call, and the sub-sequence search of their first step's candidates is the matcher's
+        main cost. With ``explain`` every rule is searched, for its misses."""
+        if self.explain:
+            return True
+        for name in compiled.required_names:
+            if next(self._kinds_matching(name, index), None) is not None:
+                continue
+            if not (name == "mul" and compiled.rule.reciprocal and "truediv" in index):
+                return False
+        return True
 
     def _kinds_matching(self, pattern: str, index: dict[str, list[FlowStep]]) -> Iterator[str]:
         for kind in index:
