@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 DEFAULT_CACHE = Path(".cache") / "corpus"
@@ -59,14 +61,39 @@ def fetch_wheel(spec: str, cache: Path | None = None, quiet: bool = True) -> Pat
 
     pip runs isolated (``python -I``: neither the current folder nor ``PYTHON*`` variables
     reach its import path, so a ``pip.py`` in the working folder is never executed)."""
-    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
-
     name, version = pinned_requirement(spec)
     root = cache_dir(cache)
     target = root / f"{name}-{version}"
-    marker = target / ".complete"
-    if marker.exists():
+    if (target / ".complete").exists():
         return target
+    root.mkdir(parents=True, exist_ok=True)
+    # Two processes fetching the same release (parallel test workers, two shells) would
+    # unpack into one ".partial" folder: one fetches, the other waits and finds it done.
+    with _exclusive(root / f".{name}-{version}.lock"):
+        if (target / ".complete").exists():
+            return target
+        return _download_and_unpack(name, version, root, target, quiet)
+
+
+@contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock (one process at a time is the user's to keep)
+        yield
+        return
+    with open(lock_path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _download_and_unpack(name: str, version: str, root: Path, target: Path, quiet: bool) -> Path:
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+    marker = target / ".complete"
     wheels = root / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     pinned = f"{name}=={version}"

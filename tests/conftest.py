@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from tests.environments import MODERN_RUN, MODERN_TEST_ID
@@ -19,4 +22,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     # The modern-environment run takes minutes of mostly waiting (a download, a subprocess):
     # begin it now, beside the main suite, rather than when its test's turn comes.
     if any(item.nodeid == MODERN_TEST_ID for item in session.items):
+        worker = getattr(session.config, "workerinput", None)  # set under pytest-xdist
+        if worker is not None:
+            run_id = worker["testrunuid"]
+            MODERN_RUN.share(Path(tempfile.gettempdir()) / f"adopter-modern-run-{run_id}")
         MODERN_RUN.start()

@@ -128,3 +128,34 @@ def test_cached_wheel_is_unpacked_once(tmp_path, monkeypatch):
     assert calls and calls[0][1:5] == ["-I", "-m", "pip", "download"]
     assert fetch_wheel("demo-pkg==1.0", tmp_path) == folder
     assert len(calls) == 1  # the second call is served from the cache
+
+
+def test_two_fetches_of_one_release_at_once_unpack_it_once(tmp_path, monkeypatch):
+    """Parallel test workers (or two shells) fetching the same release: one downloads and
+    unpacks, the other waits for it and finds it done."""
+    import threading
+    import time
+
+    from adopter import corpus
+
+    calls: list[str] = []
+
+    def slow_download(name, version, root, target, quiet):
+        calls.append(name)
+        time.sleep(0.3)  # the other fetch arrives while this one works
+        target.mkdir(parents=True)
+        (target / ".complete").write_text("x.whl")
+        return target
+
+    monkeypatch.setattr(corpus, "_download_and_unpack", slow_download)
+    results: list[object] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(fetch_wheel("demo==1.0", tmp_path)))
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert calls == ["demo"]
+    assert results == [tmp_path / "demo-1.0"] * 2
