@@ -3,6 +3,7 @@ folder (never vendored): ``fetch_wheel("transformers==4.34.0")`` returns the unp
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -77,17 +78,9 @@ def fetch_wheel(spec: str, cache: Path | None = None, quiet: bool = True) -> Pat
 
 @contextmanager
 def _exclusive(lock_path: Path) -> Iterator[None]:
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock (one process at a time is the user's to keep)
-        yield
-        return
     with open(lock_path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def _download_and_unpack(name: str, version: str, root: Path, target: Path, quiet: bool) -> Path:
