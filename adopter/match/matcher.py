@@ -272,10 +272,11 @@ class Matcher:
         found: dict[tuple[str, str, int, int], Site] = {}
         for flow in structure.all_flows():
             index = self._index(flow)
+            called: dict[str, bool] = {}  # per name, shared by the rules naming it
             matched = [
                 site
                 for compiled in self.rules
-                if compiled.first is not None and self._could_match(compiled, index)
+                if compiled.first is not None and self._could_match(compiled, index, called)
                 for site in self._match_flow(compiled, flow, index)
             ]
             for site in _best_spellings(matched):
@@ -346,18 +347,23 @@ class Matcher:
                 index.setdefault(kind, []).append(step)
         return index
 
-    def _could_match(self, compiled: CompiledRule, index: dict[str, list[FlowStep]]) -> bool:
+    def _could_match(
+        self, compiled: CompiledRule, index: dict[str, list[FlowStep]], called: dict[str, bool]
+    ) -> bool:
         """Whether the flow calls each operation the rule's pattern names (a step of some
         kind the name matches, as :meth:`_candidates` and :meth:`_unify` read kinds; ``x / s``
         where a reciprocal ``mul`` may read it). Most rules name an operation most flows never
         call, and the sub-sequence search of their first step's candidates is the matcher's
-        main cost. With ``explain`` every rule is searched, for its misses."""
+        main cost. ``called`` keeps each name's answer for the flow's other rules. With
+        ``explain`` every rule is searched, for its misses."""
         if self.explain:
             return True
         for name in compiled.required_names:
-            if next(self._kinds_matching(name, index), None) is not None:
-                continue
-            if not (name == "mul" and compiled.rule.reciprocal and "truediv" in index):
+            found = called.get(name)
+            if found is None:
+                found = called[name] = next(self._kinds_matching(name, index), None) is not None
+            divides = name == "mul" and compiled.rule.reciprocal and "truediv" in index
+            if not found and not divides:
                 return False
         return True
 

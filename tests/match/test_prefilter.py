@@ -28,7 +28,7 @@ def test_skipping_rules_a_flow_cannot_match_finds_the_same_sites(rule_file, monk
     rules = load_rule_file(rule_file)
     cases = read_fixture(fixture_path(rule_file))
     with_skip = [_found(case.source, rules) for case in cases]
-    monkeypatch.setattr(Matcher, "_could_match", lambda self, compiled, index: True)
+    monkeypatch.setattr(Matcher, "_could_match", lambda self, compiled, index, called: True)
     without_skip = [_found(case.source, rules) for case in cases]
     assert with_skip == without_skip
     assert any(with_skip), "the fixture has sites"
@@ -42,10 +42,10 @@ def test_a_rule_requires_the_operations_and_classes_it_names():
     # A submodule call requires the class its init pattern constructs.
     assert "torch.nn.Linear" in CompiledRule(rules["paper.9"].spellings[0]).required_names
     matcher = Matcher([rules["paper.4"]])
-    assert not matcher._could_match(matcher.rules[0], {"matmul": []})
-    assert matcher._could_match(matcher.rules[0], {"torch.nn.functional.softmax": []})
+    assert not matcher._could_match(matcher.rules[0], {"matmul": []}, {})
+    assert matcher._could_match(matcher.rules[0], {"torch.nn.functional.softmax": []}, {})
 
 
 def test_explain_still_searches_every_rule_for_its_misses():
     matcher = Matcher(load_rule_set("all"), explain=True)
-    assert all(matcher._could_match(compiled, {}) for compiled in matcher.rules)
+    assert all(matcher._could_match(compiled, {}, {}) for compiled in matcher.rules)
