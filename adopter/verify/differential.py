@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from ..models.common import call_model, cast_inputs, map_tensors, seed_everything
 from .compare import (
@@ -302,6 +303,38 @@ def pristine_copies(pristine: nn.Module, rebuild: ModelSource | None = None) -> 
 
 # The precisions a float64 run can referee (complex and float64 values stay as judged).
 _REFEREED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_LOWER_FLOATS = frozenset(_REFEREED_DTYPES)
+_TO_LOWER = {torch.Tensor.float, torch.Tensor.half, torch.Tensor.bfloat16}
+
+
+class Float64Throughout(TorchFunctionMode):
+    """Inside it, what a model casts to float32 or half precision is cast to float64 instead,
+    and factories without a dtype make float64 tensors.
+
+    The referee's float64 run must carry no float32 rounding: eager attention computes its
+    softmax with ``dtype=torch.float32`` and casts back, so in a float64 run the original's
+    probabilities (and the gradients through them) would keep float32's rounding, which the
+    patch, computing in float64 throughout, does not share. Phi-4 multimodal's key-bias
+    gradients, zero in exact arithmetic, were 8e-5 in such a run."""
+
+    def __enter__(self) -> Float64Throughout:
+        self._default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        return super().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        torch.set_default_dtype(self._default)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = dict(kwargs or {})
+        if func in _TO_LOWER:
+            return args[0].to(torch.float64)
+        if kwargs.get("dtype") in _LOWER_FLOATS:
+            kwargs["dtype"] = torch.float64
+        if func is torch.Tensor.to or func is torch.Tensor.type:
+            args = tuple(torch.float64 if a in _LOWER_FLOATS else a for a in args)
+        return func(*args, **kwargs)
 
 
 @dataclass
@@ -355,7 +388,9 @@ def _referee(
             return None
 
     def in_float64(source: Callable[[], nn.Module]) -> SideRun:
-        return run_side(source().to(torch.float64), state64, inputs64, **side)
+        model = source().to(torch.float64)
+        with Float64Throughout():
+            return run_side(model, state64, inputs64, **side)
 
     state64, inputs64 = cast_inputs(state, torch.float64), cast_inputs(inputs, torch.float64)
     try:

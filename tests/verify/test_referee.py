@@ -331,3 +331,76 @@ def test_weights_one_rounding_unit_apart() -> None:
     assert torch.all(step == torch.finfo(torch.float32).eps)
     assert 300 < int((moved["w"] > 1).sum()) < 700  # up or down at random
     assert torch.equal(moved["steps"], state["steps"])  # integers untouched
+
+
+class ExactlyZero(nn.Module):
+    """Outputs that are exactly zero in any precision as written: a sum minus the same sum.
+    The original's float32 run hits zero exactly, the float64 run too, so no float32 error of
+    the original's can say how much rounding the value carries."""
+
+    extra = 0.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(32, 512)
+
+    def difference(self, h: torch.Tensor) -> torch.Tensor:
+        return h.sum(-1) - h.sum(-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.difference(self.linear(x) * 1e4 + 1e4) + self.extra
+
+
+class ExactlyZeroInHalves(ExactlyZero):
+    """The same zero, the first sum taken in two halves: float32 rounding is left over."""
+
+    def difference(self, h: torch.Tensor) -> torch.Tensor:
+        half = h.shape[-1] // 2
+        return (h[..., :half].sum(-1) + h[..., half:].sum(-1)) - h.sum(-1)
+
+
+class ExactlyZeroWrong(ExactlyZeroInHalves):
+    extra = 1e-3
+
+
+def test_a_value_exactly_zero_in_float64_is_judged_in_float64() -> None:
+    outcome = judge(ExactlyZero, ExactlyZeroInHalves)
+    assert outcome.status == "verified", outcome.detail
+    assert outcome.referee is not None and outcome.referee["settled"]
+    assert outcome.referee["original_error"] == 0.0
+    wrong = judge(ExactlyZero, ExactlyZeroWrong)
+    assert wrong.status == "refuted"
+    assert "in float64 does not agree" in wrong.detail
+    zero = referee_value(
+        "v", torch.zeros(3), torch.full((3,), 2e-5), torch.zeros(3, dtype=torch.float64), F32
+    )
+    assert zero.exact_zero and zero.is_noise and not zero.passes
+    assert replace(zero, agrees_in_float64=True).passes
+
+
+class UpcastSoftmax(nn.Module):
+    """Eager attention's habit: the softmax computed in float32 whatever the input's dtype."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(32, 32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.linear(x)
+        probs = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(x.dtype)
+        return probs * scores.float() + torch.ones(32)
+
+
+def test_the_referee_run_carries_no_float32_rounding() -> None:
+    torch.manual_seed(0)
+    model = UpcastSoftmax().to(torch.float64)
+    x = torch.randn(4, 32, dtype=torch.float64)
+    with torch.no_grad():
+        scores = model.linear(x)
+        exact = torch.softmax(scores, dim=-1) * scores + 1
+        with differential.Float64Throughout():
+            raised = model(x)
+        plain = model(x)
+    assert raised.dtype == torch.float64 and torch.equal(raised, exact)
+    assert not torch.equal(plain, exact)  # as written, the softmax keeps float32's rounding
+    assert torch.get_default_dtype() == torch.float32
