@@ -49,6 +49,7 @@ from torch import nn
 
 from ..dsl.syntax import Rule
 from ..match.matcher import Matcher
+from ..models.common import module_sources
 from ..models.config_names import (
     ATTENTION_DROPOUT_NAME,
     DROPOUT_NAME,
@@ -61,6 +62,7 @@ from ..models.factories import make_importable, parse_factory
 from ..models.loading import load_sibling
 from ..models.transformers.config import sub_attr
 from ..models.transformers.patch_grid import grid_parameter, patch_grid
+from ..models.transformers.repairs import size_fixes, split_fixes
 from ..models.transformers.shrink import fill_expert_counts, keep_layer_structures
 from ..models.transformers.tokens import image_token, placeholder_layout
 from ..rewrite import ApplyResult, FileRewrite, SiteStatus, rewrite_text
@@ -386,10 +388,12 @@ def bench_config(
     dropout: str = "config",
     image_size: int | None = None,
     full_size: bool = False,
+    repairs: Mapping[str, Any] | None = None,
 ) -> Any:
     """The benchmark configuration: defaults, ``layers`` layers, explicit overrides, dropout;
     unless ``full_size``, a model wider than :data:`BENCH_WIDTH` is narrowed to it; expert
-    counts the defaults leave unset get small ones (:func:`fill_expert_counts`).
+    counts the defaults leave unset get small ones (:func:`fill_expert_counts`); ``repairs``
+    (entries a first forward pass asked for, see :func:`build_transformers`) last.
 
     Widths, heads and vocabulary stay at the defaults (the sizes people run); only depth is cut,
     because every layer does the same work and the speedup per layer is what a rewrite changes.
@@ -402,7 +406,7 @@ def bench_config(
     if layers is not None:
         changes.update(_reduce_layers(defaults, layers))
     if not full_size:
-        changes.update(_bench_widths(defaults))
+        _merge_changes(changes, defaults, _bench_widths(defaults))
     fill_expert_counts(defaults, changes)  # counts only checkpoints set (DeepSeek-V2, Dots1)
     if image_size is not None:
         for key, value in defaults.items():
@@ -413,8 +417,24 @@ def bench_config(
     for key, value in (overrides or {}).items():
         _set_dotted(changes, defaults, key, value)
     merged = {**defaults, **changes}
-    changes.update(_dropout_overrides(merged, dropout))
+    _merge_changes(changes, defaults, _dropout_overrides(merged, dropout))
+    _merge_changes(changes, defaults, repairs or {})
     return config_class(**changes)
+
+
+def _merge_changes(
+    changes: dict[str, Any], defaults: dict[str, Any], new: Mapping[str, Any]
+) -> None:
+    """Add ``new`` to ``changes``; a sub-configuration's entries merge with the changes made to
+    it already, so a narrowed vision tower keeps its cut depth. (``new`` may hold a whole copy
+    of a sub-configuration: the entries that equal its defaults change nothing.)"""
+    for key, value in new.items():
+        base = defaults.get(key)
+        if isinstance(value, dict) and isinstance(base, dict) and is_sub_config(key, base):
+            edits = {k: v for k, v in value.items() if k not in base or base[k] != v}
+            changes[key] = {**changes.get(key, base), **edits}
+        else:
+            changes[key] = value
 
 
 BENCH_WIDTH = 768
@@ -643,27 +663,58 @@ def build_transformers(spec: TransformersBuild) -> tuple[nn.Module, dict[str, An
     cls = getattr(spec.module(), reference.__name__, None)
     if not isinstance(cls, type):
         raise BenchTargetError(f"the {spec.tag} source does not define {reference.__name__}")
-    config = bench_config(
-        reference.config_class,
-        layers=spec.layers,
-        overrides=dict(spec.overrides),
-        dropout=spec.dropout,
-        image_size=spec.image_size,
-        full_size=spec.full_size,
-    )
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = cls(config)
-    inputs = make_bench_inputs(
-        model,
-        config,
-        batch_size=spec.batch_size,
-        seq_len=spec.seq_len,
-        image_size=spec.image_size,
-        decoder_seq_len=spec.decoder_seq_len,
-        seed=spec.seed,
-    )
-    return model, inputs
+    repairs: dict[str, Any] = {}
+    while True:
+        config = bench_config(
+            reference.config_class,
+            layers=spec.layers,
+            overrides=dict(spec.overrides),
+            dropout=spec.dropout,
+            image_size=spec.image_size,
+            full_size=spec.full_size,
+            repairs=repairs,
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = cls(config)
+        inputs = make_bench_inputs(
+            model,
+            config,
+            batch_size=spec.batch_size,
+            seq_len=spec.seq_len,
+            image_size=spec.image_size,
+            decoder_seq_len=spec.decoder_seq_len,
+            seed=spec.seed,
+        )
+        asked = _size_repairs(model, config, inputs)
+        if not asked or len(repairs) >= _MAX_REPAIRS or asked.items() <= repairs.items():
+            return model, inputs
+        repairs = {**repairs, **asked}
+
+
+_MAX_REPAIRS = 4
+
+
+def _size_repairs(model: nn.Module, config: Any, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Configuration entries a forward pass of the narrowed model asks to change, if any.
+
+    Narrowing widths shrinks the head size, and sizes the configuration (or the model's code,
+    as a default) fixes for the full model no longer fit: Qwen2-VL's multimodal RoPE splits
+    half a head into ``[16, 24, 24]`` sections. The adapter's repairs (the ones ``verify``
+    uses on its tiny models) rescale them; any other failure is left to the timed steps to
+    report."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model(**inputs)
+    except Exception as exc:
+        sources = "\n".join(module_sources(model, []))
+        return size_fixes(config, str(exc)) or split_fixes(config, str(exc), sources)
+    finally:
+        model.train(was_training)
+    return {}
 
 
 # ----------------------------------------------------------------------------------------------
