@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ._fold import bn_foldable, folded_weight_bias
-from ._util import grad_needed, is_plain, plain_tensors, tracing
+from ._util import grad_needed_through, is_plain, plain_tensors, tracing
 
 __all__ = ["conv_batch_norm"]
 
@@ -64,7 +64,7 @@ def conv_batch_norm(x: torch.Tensor, conv: nn.Module, batch_norm: nn.Module) -> 
         return batch_norm(conv(x))
     if not isinstance(batch_norm, _BN_FOR_DIMS[spatial]):
         return batch_norm(conv(x))
-    if not bn_foldable(batch_norm, weight, conv.out_channels) or grad_needed(x, *conv.parameters()):
+    if not bn_foldable(batch_norm, weight, conv.out_channels) or grad_needed_through(x, conv):
         return batch_norm(conv(x))
     new_weight, new_bias = folded_weight_bias(conv, weight, bias, batch_norm)
     return conv._conv_forward(x, new_weight, new_bias)

@@ -35,7 +35,7 @@ from torch import nn
 
 from ._activations import ActSpec, resolve_activation
 from ._fold import folded_weight_bias, stats_foldable
-from ._util import grad_needed, has_hooks, is_plain, plain_tensors, tracing
+from ._util import grad_needed, grad_needed_through, has_hooks, is_plain, plain_tensors, tracing
 from .conv import conv_batch_norm
 
 __all__ = ["conv_bn_act", "group_norm_activation"]
@@ -118,7 +118,7 @@ def _fold_timm(x: torch.Tensor, conv: nn.Module, bn: Any) -> torch.Tensor | None
         return None
     # the batch norm's own parameters too: the in-place activation below must not run where
     # autograd records through the folded weights (frozen conv, trainable norm)
-    if not plain_tensors(x, weight, bias) or grad_needed(x, *conv.parameters(), *bn.parameters()):
+    if not plain_tensors(x, weight, bias) or grad_needed_through(x, conv, bn):
         return None
     if not stats_foldable(bn, weight, conv.out_channels):  # a BatchNormAct2d is not stock
         return None
@@ -163,7 +163,7 @@ def conv_bn_act(
     if act is None:
         return conv_batch_norm(x, conv, bn)
     spec = resolve_activation(act)
-    recording = grad_needed(x, *conv.parameters(), *bn.parameters())
+    recording = grad_needed_through(x, conv, bn)
     stock = is_plain(conv, *_CONVS) and is_plain(bn, nn.modules.batchnorm._BatchNorm)
     if spec is None or recording or not stock:
         return original()
