@@ -414,31 +414,31 @@ def _referee(
         # all rounding can still be judged float64 against float64, where both sides draw alike.
         spread = {d.name: d.max_abs_diff for d in failing}
         figures = [replace(f, float32_spread=spread[f.name]) for f in figures]
-    noise = [f for f in figures if f.is_noise]
-    if noise:
-        # Values that are all rounding in the original's float32 run: does the patched model,
-        # run in float64 as well, compute what the original does there?
-        try:
-            patched64: SideRun | None = in_float64(patched_model)
-        except Exception:
-            patched64 = None
-        if patched64 is not None:
-            patched_values64 = patched64.labelled()
-            figures = [
-                replace(
-                    figure,
-                    agrees_in_float64=compare_values(
-                        figure.name,
-                        reference_values.get(figure.name),
-                        patched_values64.get(figure.name),
-                        tol,
-                    ).ok,
-                )
-                if figure in noise
-                else figure
-                for figure in figures
-            ]
+    if any(f.is_noise for f in figures):
+        figures = _noise_in_float64(figures, lambda: in_float64(patched_model), reference, tol)
     return _Referee(all(f.passes for f in figures), figures)
+
+
+def _noise_in_float64(
+    figures: list[RefereeFigures],
+    patched_run: Callable[[], SideRun],
+    reference: SideRun,
+    tol: Tolerance,
+) -> list[RefereeFigures]:
+    """``figures`` with ``agrees_in_float64`` set on the values that are all rounding in the
+    original's float32 run (or exactly zero): does the patched model, run in float64 as well
+    (``patched_run``), compute what the original does there? Unset where that run fails."""
+    try:
+        patched_values = patched_run().labelled()
+    except Exception:
+        return figures
+    reference_values = reference.labelled()
+
+    def agrees(name: str) -> bool:
+        found = compare_values(name, reference_values.get(name), patched_values.get(name), tol)
+        return found.ok
+
+    return [replace(f, agrees_in_float64=agrees(f.name)) if f.is_noise else f for f in figures]
 
 
 def _refereed(
