@@ -413,7 +413,7 @@ def bench_config(
             if key == "image_size" and isinstance(value, int):
                 changes[key] = image_size
             elif key.endswith("config") and isinstance(value, dict) and "image_size" in value:
-                changes[key] = {**changes.get(key, value), "image_size": image_size}
+                _merge_changes(changes, defaults, {key: {"image_size": image_size}})
     for key, value in (overrides or {}).items():
         _set_dotted(changes, defaults, key, value)
     merged = {**defaults, **changes}
@@ -426,13 +426,11 @@ def _merge_changes(
     changes: dict[str, Any], defaults: dict[str, Any], new: Mapping[str, Any]
 ) -> None:
     """Add ``new`` to ``changes``; a sub-configuration's entries merge with the changes made to
-    it already, so a narrowed vision tower keeps its cut depth. (``new`` may hold a whole copy
-    of a sub-configuration: the entries that equal its defaults change nothing.)"""
+    it already (so a narrowed vision tower keeps its cut depth)."""
     for key, value in new.items():
         base = defaults.get(key)
         if isinstance(value, dict) and isinstance(base, dict) and is_sub_config(key, base):
-            edits = {k: v for k, v in value.items() if k not in base or base[k] != v}
-            changes[key] = {**changes.get(key, base), **edits}
+            changes[key] = {**changes.get(key, base), **value}
         else:
             changes[key] = value
 
@@ -448,7 +446,8 @@ def _bench_widths(defaults: dict[str, Any]) -> dict[str, Any]:
     """Overrides that narrow a configuration, and each of its sub-configurations (a
     multimodal model's text and vision towers), wider than :data:`BENCH_WIDTH`; a size
     elsewhere in the configuration that named a narrowed width (a vision tower's
-    ``out_hidden_size``, which must equal the text model's width) follows it."""
+    ``out_hidden_size``, which must equal the text model's width) follows it. A
+    sub-configuration's entry holds only its changed entries (see :func:`_merge_changes`)."""
     out = _narrowed(defaults)
     narrowed = {defaults["hidden_size"]: BENCH_WIDTH} if out else {}
     for key, value in defaults.items():
@@ -456,7 +455,7 @@ def _bench_widths(defaults: dict[str, Any]) -> dict[str, Any]:
             nested = _narrowed(value)
             if nested:
                 narrowed[value["hidden_size"]] = BENCH_WIDTH
-                out[key] = {**value, **nested}
+                out[key] = nested
     for key, value in defaults.items():
         if is_sub_config(key, value):
             follow = {
@@ -465,7 +464,7 @@ def _bench_widths(defaults: dict[str, Any]) -> dict[str, Any]:
                 if name.endswith("hidden_size") and name != "hidden_size" and size in narrowed
             }
             if follow:
-                out[key] = {**out.get(key, value), **follow}
+                out[key] = {**out.get(key, {}), **follow}
     return out
 
 
@@ -663,7 +662,9 @@ def build_transformers(spec: TransformersBuild) -> tuple[nn.Module, dict[str, An
     cls = getattr(spec.module(), reference.__name__, None)
     if not isinstance(cls, type):
         raise BenchTargetError(f"the {spec.tag} source does not define {reference.__name__}")
-    repairs: dict[str, Any] = {}
+    variant_free = repr(replace(spec, source=None, tag=""))
+    known = _REPAIRS.get(variant_free)
+    repairs = dict(known or {})
     while True:
         config = bench_config(
             reference.config_class,
@@ -686,13 +687,20 @@ def build_transformers(spec: TransformersBuild) -> tuple[nn.Module, dict[str, An
             decoder_seq_len=spec.decoder_seq_len,
             seed=spec.seed,
         )
+        if known is not None:
+            return model, inputs
         asked = _size_repairs(model, config, inputs)
         if not asked or len(repairs) >= _MAX_REPAIRS or asked.items() <= repairs.items():
+            _REPAIRS[variant_free] = repairs
             return model, inputs
         repairs = {**repairs, **asked}
 
 
 _MAX_REPAIRS = 4
+_REPAIRS: dict[str, dict[str, Any]] = {}
+"""The repairs each build needed, by its spec less the variant (source and tag): the variant
+built next (the patched one) takes the configuration the first one's forward pass asked for,
+so both sides share it and the probe runs once per process."""
 
 
 def _size_repairs(model: nn.Module, config: Any, inputs: dict[str, Any]) -> dict[str, Any]:

@@ -62,3 +62,24 @@ def test_a_narrowed_sub_configuration_keeps_its_cut_depth() -> None:
     assert config.vision_config.num_hidden_layers == 2
     assert config.qformer_config.num_hidden_layers == 2
     assert config.text_config.num_hidden_layers == 2
+
+
+def test_the_second_variant_takes_the_first_ones_repairs(monkeypatch) -> None:
+    from adopter.bench import command
+
+    probes: list[str] = []
+
+    def probe(model, config, inputs):  # noqa: ANN001, ANN202
+        probes.append(type(model).__name__)
+        return {} if len(probes) > 1 else {"intermediate_size": 40}
+
+    monkeypatch.setattr(command, "_size_repairs", probe)
+    monkeypatch.setattr(command, "_REPAIRS", {})
+    tiny = (("hidden_size", 32), ("num_attention_heads", 2), ("intermediate_size", 37))
+    spec = command.TransformersBuild(
+        "transformers.models.bert.modeling_bert", None, "original", overrides=tiny, seq_len=8
+    )
+    first, _ = command.build_transformers(spec)
+    second, _ = command.build_transformers(command.replace(spec, tag="patched"))
+    assert len(probes) == 2  # the first build probed twice (asked, then satisfied), no more
+    assert first.config.intermediate_size == second.config.intermediate_size == 40
