@@ -415,14 +415,15 @@ def _referee(
         spread = {d.name: d.max_abs_diff for d in failing}
         figures = [replace(f, float32_spread=spread[f.name]) for f in figures]
     if any(f.is_noise for f in figures):
-        figures = _noise_in_float64(figures, lambda: in_float64(patched_model), reference, tol)
+        run = partial(in_float64, patched_model)
+        figures = _noise_in_float64(figures, run, reference_values, tol)
     return _Referee(all(f.passes for f in figures), figures)
 
 
 def _noise_in_float64(
     figures: list[RefereeFigures],
     patched_run: Callable[[], SideRun],
-    reference: SideRun,
+    reference_values: dict[str, Any],
     tol: Tolerance,
 ) -> list[RefereeFigures]:
     """``figures`` with ``agrees_in_float64`` set on the values that are all rounding in the
@@ -432,7 +433,6 @@ def _noise_in_float64(
         patched_values = patched_run().labelled()
     except Exception:
         return figures
-    reference_values = reference.labelled()
 
     def agrees(name: str) -> bool:
         found = compare_values(name, reference_values.get(name), patched_values.get(name), tol)
