@@ -10,7 +10,8 @@ step time, its ratio to the reference (Adopter's own backend where the op has on
 original) with a 95% paired-bootstrap interval, and the step's peak tensor memory (profiler
 allocation events, above the level before the step). The winner of a shape is the fastest
 candidate whose interval against the reference lies wholly above 1; when none does, the
-reference stays (:func:`winners`). Winners are written per ``device/dtype/bucket``.
+reference stays (:func:`winners`). Winners are written per ``device/dtype/mode/bucket``: each
+measured mode has its own (the kernels look up the mode of each call).
 
 Shapes: a model's (``hidden_size``, ``vocab_size``, heads and head size of its default
 configuration, ``batch x seq`` tokens) or :func:`default_shapes`.
@@ -216,7 +217,7 @@ def _step(
 class BackendRow:
     op: str
     shape: str
-    key: str  # the table key: device/dtype/bucket
+    key: str  # the table key: device/dtype/mode/bucket
     mode: str
     backend: str
     median_s: float
@@ -270,10 +271,10 @@ def measure_backends(
     for shape in shapes:
         torch.manual_seed(0)
         case = _case(shape, dev, dtype)
-        key = kernel_backends.table_key(dev.type, dtype, case.bucket)
         candidates = _candidates(shape, case, dev)
         reference = "adopter" if "adopter" in candidates else ORIGINAL
         for mode in modes:
+            key = kernel_backends.table_key(dev.type, dtype, mode, case.bucket)
             steps = {
                 name: _step(fn, case.leaves, mode == "train") for name, fn in candidates.items()
             }
@@ -326,10 +327,11 @@ def measure_backends(
 
 
 def _default(op_name: str, key: str, measured: set[str], reference: str) -> str:
-    """The op's safe default for the device of ``key`` among the measured candidates."""
+    """The op's safe default for the device and mode of ``key`` among the measured
+    candidates."""
     o = kernel_backends.op(op_name)
-    device = key.split("/", 1)[0]
-    for name in o.default_order(device):
+    device, _dtype, mode, _bucket = key.split("/", 3)
+    for name in o.default_order(device, mode):
         if name in measured:
             return name
     return reference
@@ -341,8 +343,8 @@ def _costs_no_memory(row: BackendRow, default_peak: int | None) -> bool:
     return row.peak_bytes <= 1.1 * default_peak
 
 
-def winners(rows: Sequence[BackendRow], mode: str = "train") -> dict[str, dict[str, str]]:
-    """Per op and table key, the backend to prefer: the fastest candidate whose interval
+def winners(rows: Sequence[BackendRow]) -> dict[str, dict[str, str]]:
+    """Per op and table key (so per mode), the backend to prefer: the fastest candidate whose interval
     against the reference lies wholly above 1 and whose peak memory is at most 10% above the
     safe default's (a measured win that costs no memory), else the safe default (which the
     kernels also choose without a table). ``original`` may win (the op then runs the original
@@ -350,8 +352,7 @@ def winners(rows: Sequence[BackendRow], mode: str = "train") -> dict[str, dict[s
     chosen: dict[str, dict[str, str]] = {}
     groups: dict[tuple[str, str], list[BackendRow]] = {}
     for row in rows:
-        if row.mode == mode:
-            groups.setdefault((row.op, row.key), []).append(row)
+        groups.setdefault((row.op, row.key), []).append(row)
     for (op_name, key), group in groups.items():
         reference = group[0].reference
         default = _default(op_name, key, {r.backend for r in group}, reference)
@@ -370,11 +371,11 @@ def winners(rows: Sequence[BackendRow], mode: str = "train") -> dict[str, dict[s
     return chosen
 
 
-def record(rows: Sequence[BackendRow], path: Path | None = None, mode: str = "train") -> Path:
+def record(rows: Sequence[BackendRow], path: Path | None = None) -> Path:
     """Write the winners of ``rows`` into this machine's table (merged with what it holds)."""
     target = path or kernel_backends.table_path()
     merged = {o: dict(per) for o, per in kernel_backends.current_table().items()}
-    for op_name, per in winners(rows, mode).items():
+    for op_name, per in winners(rows).items():
         merged.setdefault(op_name, {}).update(per)
     kernel_backends.write_table(merged, [row.to_json() for row in rows], target)
     return target
@@ -400,7 +401,7 @@ def render_backends(rows: Sequence[BackendRow], chosen: dict[str, dict[str, str]
     ):
         table.add_column(column, justify="right" if column in ("median ms", "peak MiB") else "left")
     for row in rows:
-        picked = chosen.get(row.op, {}).get(row.key) == row.backend and row.mode == "train"
+        picked = chosen.get(row.op, {}).get(row.key) == row.backend
         ratio = (
             "reference"
             if row.backend == row.reference
@@ -504,6 +505,5 @@ def run_backend_bench(
         memory=memory,
         progress=progress,
     )
-    mode = "train" if "train" in modes else modes[0]
-    path = record(rows, table, mode)
-    return rows, winners(rows, mode), path
+    path = record(rows, table)
+    return rows, winners(rows), path

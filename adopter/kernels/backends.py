@@ -15,7 +15,10 @@ op's reference). The order comes from, first to last:
 * :func:`prefer` (a context manager, for tests and ``adopter bench --backends``) and the
   environment variable ``ADOPTER_BACKENDS`` (``rms_norm=torch,linear_cross_entropy=adopter``);
 * the measured table of this machine (:func:`table_path`), written by ``adopter bench
-  --backends``: per op, per ``device/dtype/shape bucket``, the backend that measured fastest;
+  --backends``: per op, per ``device/dtype/mode/shape bucket``, the backend that measured
+  fastest; the mode is ``train`` when autograd is recording (``torch.is_grad_enabled()``) and
+  ``inference`` otherwise, because a backend that wins the forward alone may lose the step with
+  its backward (and the other way round);
 * the op's safe default (:attr:`Op.default`: correctness first, the maintained op where it is
   known to be at least as good as ours, per device).
 
@@ -70,7 +73,7 @@ __all__ = [
 
 TABLE_ENV = "ADOPTER_BACKENDS_TABLE"
 PREFER_ENV = "ADOPTER_BACKENDS"
-TABLE_VERSION = 1
+TABLE_VERSION = 2  # 2: keys carry the mode (train / inference)
 ORIGINAL = "original"  # the name under which a table or preference asks for the original
 
 
@@ -103,7 +106,8 @@ class Backend:
 @dataclass(frozen=True)
 class Op:
     """An op with backends: the kernels that dispatch it, the module defining its
-    ``BACKENDS``, and the safe default order per device type (``"*"``: any other)."""
+    ``BACKENDS``, and the safe default order per device type (``"*"``: any other), which a
+    ``"device/mode"`` entry overrides for one mode (``"cpu/inference"``)."""
 
     name: str
     module: str
@@ -112,9 +116,12 @@ class Op:
     # The shape bucket of a call: the measured table keeps one winner per bucket.
     bucket: str = "bucket"  # the name of the module's function computing it
 
-    def default_order(self, device: str) -> tuple[str, ...]:
-        """The safe default order of backends on a device of type ``device``."""
-        return self.default.get(device, self.default.get("*", ()))
+    def default_order(self, device: str, mode: str = "train") -> tuple[str, ...]:
+        """The safe default order of backends on a device of type ``device`` in ``mode``."""
+        for key in (f"{device}/{mode}", device, "*"):
+            if key in self.default:
+                return self.default[key]
+        return ()
 
 
 OPS: tuple[Op, ...] = (
@@ -238,7 +245,7 @@ def table_path() -> Path:
 
 
 def _read_table() -> dict[str, dict[str, str]]:
-    """``{op: {"device/dtype/bucket": backend}}`` from the table file; empty when it is
+    """``{op: {"device/dtype/mode/bucket": backend}}`` from the table file; empty when it is
     missing, unreadable, of another version or written on another machine."""
     path = table_path()
     try:
@@ -288,8 +295,17 @@ def reload_table() -> None:
     _STATE["environment"] = _read_environment()
 
 
-def table_key(device: str, dtype: torch.dtype, shape_bucket: str) -> str:
-    return f"{device}/{str(dtype).removeprefix('torch.')}/{shape_bucket}"
+MODES = ("train", "inference")
+
+
+def call_mode() -> str:
+    """The table's mode of a call made now: ``train`` while autograd records, else
+    ``inference`` (``torch.no_grad()`` / ``torch.inference_mode()``)."""
+    return "train" if torch.is_grad_enabled() else "inference"
+
+
+def table_key(device: str, dtype: torch.dtype, mode: str, shape_bucket: str) -> str:
+    return f"{device}/{str(dtype).removeprefix('torch.')}/{mode}/{shape_bucket}"
 
 
 def write_table(winners: dict[str, dict[str, str]], measurements: list[Any], path: Path) -> None:
@@ -352,12 +368,14 @@ def _order(o: Op, device: str, dtype: torch.dtype, shape_bucket: Callable[[], st
     for forced in (_STATE["forced"].get(o.name), _STATE["environment"].get(o.name)):
         if forced:
             order.append(forced)
+    mode = call_mode()
     measured = table.get(o.name, {})
     if measured:  # the bucket and keys cost a little on every call: only for a table
-        for key in (table_key(device, dtype, shape_bucket()), table_key(device, dtype, "*")):
+        for bucket_key in (shape_bucket(), "*"):
+            key = table_key(device, dtype, mode, bucket_key)
             if key in measured:
                 order.append(measured[key])
-    order.extend(o.default_order(device))
+    order.extend(o.default_order(device, mode))
     return order
 
 

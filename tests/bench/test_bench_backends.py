@@ -71,12 +71,14 @@ def test_every_installed_backend_is_measured_and_the_winners_recorded(tmp_path: 
     assert plot_backends(rows, tmp_path / "b.png").stat().st_size > 0
 
 
-def _row(backend: str, median_s: float, ci: tuple[float, float]) -> BackendRow:
+def _row(
+    backend: str, median_s: float, ci: tuple[float, float], mode: str = "train"
+) -> BackendRow:
     return BackendRow(
         "rms_norm",
         "s",
-        "cpu/float32/h8",
-        "train",
+        f"cpu/float32/{mode}/h8",
+        mode,
         backend,
         median_s,
         0.1 / median_s,
@@ -88,13 +90,26 @@ def _row(backend: str, median_s: float, ci: tuple[float, float]) -> BackendRow:
 
 def test_a_winner_must_be_clearly_faster_than_the_reference() -> None:
     rows = [_row("adopter", 0.1, (1, 1)), _row("torch", 0.09, (0.95, 1.2))]
-    assert winners(rows) == {"rms_norm": {"cpu/float32/h8": "adopter"}}  # within noise
+    assert winners(rows) == {"rms_norm": {"cpu/float32/train/h8": "adopter"}}  # within noise
     rows = [
         _row("adopter", 0.1, (1, 1)),
         _row("torch", 0.05, (1.6, 2.2)),
         _row("original", 0.07, (1.2, 1.6)),
     ]
-    assert winners(rows) == {"rms_norm": {"cpu/float32/h8": "torch"}}
+    assert winners(rows) == {"rms_norm": {"cpu/float32/train/h8": "torch"}}
+
+
+def test_each_mode_has_its_own_winner() -> None:
+    # a backend that wins the forward alone need not win the step with its backward
+    rows = [
+        _row("adopter", 0.1, (1, 1)),
+        _row("torch", 0.2, (0.4, 0.6)),
+        _row("adopter", 0.1, (1, 1), "inference"),
+        _row("torch", 0.05, (1.6, 2.2), "inference"),
+    ]
+    assert winners(rows) == {
+        "rms_norm": {"cpu/float32/train/h8": "adopter", "cpu/float32/inference/h8": "torch"}
+    }
 
 
 def test_shapes_of_a_configuration_and_the_defaults() -> None:

@@ -318,12 +318,20 @@ def test_prefer_and_environment_and_original(monkeypatch: pytest.MonkeyPatch) ->
 def test_measured_table_is_read_and_keyed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     h, w, t = _loss_inputs()
     call = LossCall(h, w, None, t, -100, "mean", None, None, None, None, None)
-    key = backends.table_key("cpu", torch.float32, kernels.cross_entropy.bucket(call))
+    key = backends.table_key("cpu", torch.float32, "train", kernels.cross_entropy.bucket(call))
     path = tmp_path / "table.json"
     backends.write_table({"linear_cross_entropy": {key: "torch"}}, [], path)
     monkeypatch.setenv(backends.TABLE_ENV, str(path))
     backends.reload_table()
     assert _ran(lambda: kernels.linear_cross_entropy(h, w, None, t))[0][1] == "torch"
+    # the same call without autograd recording is the inference mode: no entry, the default
+    with torch.no_grad():
+        assert _ran(lambda: kernels.linear_cross_entropy(h, w, None, t))[0][1] == "adopter"
+    inference = backends.table_key("cpu", torch.float32, "inference", "*")
+    backends.write_table({"linear_cross_entropy": {inference: "torch"}}, [], path)
+    with torch.no_grad():
+        assert _ran(lambda: kernels.linear_cross_entropy(h, w, None, t))[0][1] == "torch"
+    assert _ran(lambda: kernels.linear_cross_entropy(h, w, None, t))[0][1] == "adopter"
     # another bucket (a wider vocabulary): the default
     wide = torch.randn(40, 4)
     assert _ran(lambda: kernels.linear_cross_entropy(h, wide, None, t))[0][1] == "adopter"
@@ -338,8 +346,8 @@ def test_table_of_another_machine_is_ignored(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     path = backends.table_path()
     assert path.parent == tmp_path / "adopter" and backends.machine_key() in path.name
-    backends.write_table({"rms_norm": {"cpu/float32/*": "torch"}}, [], path)
-    assert backends.current_table() == {"rms_norm": {"cpu/float32/*": "torch"}}
+    backends.write_table({"rms_norm": {"cpu/float32/train/*": "torch"}}, [], path)
+    assert backends.current_table() == {"rms_norm": {"cpu/float32/train/*": "torch"}}
     data = json.loads(path.read_text(encoding="utf-8"))
     data["machine"]["cpu"] = "another CPU"
     path.write_text(json.dumps(data), encoding="utf-8")
