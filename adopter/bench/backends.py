@@ -344,9 +344,9 @@ def _costs_no_memory(row: BackendRow, default_peak: int | None) -> bool:
 
 
 def winners(rows: Sequence[BackendRow]) -> dict[str, dict[str, str]]:
-    """Per op and table key (so per mode), the backend to prefer: the fastest candidate whose interval
-    against the reference lies wholly above 1 and whose peak memory is at most 10% above the
-    safe default's (a measured win that costs no memory), else the safe default (which the
+    """Per op and table key (so per mode), the backend to prefer: the fastest candidate whose
+    interval against the reference lies wholly above 1 and whose peak memory is at most 10% above
+    the safe default's (a measured win that costs no memory), else the safe default (which the
     kernels also choose without a table). ``original`` may win (the op then runs the original
     computation for that bucket)."""
     chosen: dict[str, dict[str, str]] = {}
