@@ -71,9 +71,7 @@ def test_every_installed_backend_is_measured_and_the_winners_recorded(tmp_path: 
     assert plot_backends(rows, tmp_path / "b.png").stat().st_size > 0
 
 
-def _row(
-    backend: str, median_s: float, ci: tuple[float, float], mode: str = "train"
-) -> BackendRow:
+def _row(backend: str, median_s: float, ci: tuple[float, float], mode: str = "train") -> BackendRow:
     return BackendRow(
         "rms_norm",
         "s",
