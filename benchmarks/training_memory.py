@@ -205,7 +205,7 @@ def _markdown(results, loads, args, overrides) -> str:
             "",
             f"* model: {shape}",
             f"* machine: {env.get('cpu', platform.processor())}, {os.cpu_count()} cores "
-            f"(shared with other jobs; load average before -> after each run: {load_text}), "
+            f"(load average before -> after each run: {load_text}), "
             f"{args.threads} torch threads; torch {env.get('torch')}",
             "* rules: `all` (the model rules; modern.7's chunked loss is what saves memory) via "
             "`adopter bench`'s rewrite of the modeling file; the fused AdamW is what the `train` "
