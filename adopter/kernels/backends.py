@@ -131,9 +131,14 @@ OPS: tuple[Op, ...] = (
         ("linear_cross_entropy", "causal_lm_loss"),
         # CPU: ours measured fastest in a training step, and under torch.compile (where it
         # runs as a torch.library op) it holds a third of torch's chunked op's memory at vocab
-        # 128k (docs/training-memory.md). CUDA: ours
+        # 128k (docs/training-memory.md). Without autograd, torch's op measured 1.01-1.02x ours
+        # with half the memory (it keeps no gradient buffers; docs/kernels.md). CUDA: ours
         # measured 0.82x of the unfused loss on an H200; Liger is the reference there.
-        {"cpu": ("adopter", "torch"), "cuda": ("liger", "torch", "adopter")},
+        {
+            "cpu": ("adopter", "torch"),
+            "cpu/inference": ("torch", "adopter"),
+            "cuda": ("liger", "torch", "adopter"),
+        },
     ),
     Op(
         "rms_norm",
