@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import time
 from functools import partial
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -21,6 +22,7 @@ from ..models.parts import PART_SUFFIX, part_classes, parts_to_check
 from ..models.sites import PatchedSite
 from .coverage import SiteRecorder
 from .job import ResultWriter, WorkerJob
+from .optimizer import OPTIMIZER_KERNEL, optimizer_verdicts
 from .prove import verdict_of
 from .reach import Reach, may_go_on, reach, run_further, unreached
 from .results import NOT_CHECKABLE, VERIFIED, ClassVerification, check_label
@@ -81,13 +83,18 @@ def _patched_module(
 def run_file_job(job: WorkerJob, writer: ResultWriter) -> None:
     """Import both sides, choose the classes and check them one by one; then, while a patched
     site has not run, try other classes and configurations that may reach it."""
+    sites = [PatchedSite.from_json(site) for site in job.sites]
+    for verdict in optimizer_verdicts(Path(job.patched_path).read_text("utf-8"), sites):
+        writer.add(verdict.to_json())
+    if sites and all(site.kernel == OPTIMIZER_KERNEL for site in sites):
+        writer.data["sites"] = [site.to_json() for site in sites]
+        return  # training code: its optimizers are proven, and importing it would train
     adapter = importlib.import_module(job.adapter)
     try:
         original = import_original(job.module_name, job.original_path, job.tag, writer.note)
     except BaseException as exc:
         writer.error(f"importing the original {job.module_name} failed:\n{short_traceback(exc)}")
         return
-    sites = [PatchedSite.from_json(site) for site in job.sites]
     available, names = _classes_to_check(adapter, original, job, sites)
     for site in sites:
         if site.hosts is not None:  # the classes a check can start from

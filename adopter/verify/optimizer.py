@@ -10,13 +10,18 @@ fused path, is reported as not exercised, never as proven.
 
 from __future__ import annotations
 
+import ast
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..dsl.syntax import Rule
 from ..match.matcher import Matcher
+from ..models.sites import PatchedSite
 from ..rewrite.driver import rewrite_text
+from .results import NOT_CHECKABLE, REFUTED, VERIFIED, ClassVerification
+
+OPTIMIZER_KERNEL = "fused_optimizer"  # the train rules' kernel this module proves
 
 # Fused and per-tensor updates round differently (fused AdamW computes the step in one pass);
 # after a few steps in float32 the parameters of the model below differ by ~1e-7.
@@ -107,3 +112,71 @@ def _train(model, source: str, batches, torch):  # noqa: ANN001, ANN202
         torch.nn.functional.mse_loss(out, target).backward()
         optimizer.step()
     return [p.detach().clone() for p in model.parameters()], optimizer
+
+
+def optimizer_verdicts(patched: str, sites: Sequence[PatchedSite]) -> list[ClassVerification]:
+    """A proof per ``fused_optimizer`` call among ``sites`` of the ``patched`` text: the
+    construction it stands for (``torch.optim.X(params, ...)`` with the call's other arguments)
+    is rewritten again by the ``train`` rules and both train the small model. A check counts
+    the site as run in mode ``train-steps`` when its proof went through; a construction whose
+    other arguments are not literals (``lr=args.lr``) cannot be rebuilt and is not checkable."""
+    from ..rules import load_rule_set
+
+    calls = {
+        (node.lineno, node.col_offset): node
+        for node in ast.walk(ast.parse(patched))
+        if isinstance(node, ast.Call) and _callee(node.func) == OPTIMIZER_KERNEL
+    }
+    verdicts = []
+    for site in sites:
+        node = calls.get((site.line, site.column))
+        if site.kernel != OPTIMIZER_KERNEL or node is None:
+            continue
+        call, why_not = _construction(node)
+        name = f"optimizer at line {site.original_line or site.line}"
+        if call is None:
+            verdicts.append(ClassVerification(name, NOT_CHECKABLE, why_not))
+            continue
+        proof = prove_optimizer_rewrite(call, load_rule_set("train"))
+        refuted = proof.patched_call and proof.fused and not proof.matched
+        status = VERIFIED if proof.proven else REFUTED if refuted else NOT_CHECKABLE
+        verdicts.append(
+            ClassVerification(
+                name,
+                status,
+                f"{call}: {proof.verdict}",
+                max_abs_diff=proof.max_abs_diff,
+                where="parameters after training",
+                modes={"train-steps": proof.verdict},
+                runs={"train-steps": {site.key: proof.steps}} if proof.proven else {},
+            )
+        )
+    return verdicts
+
+
+def _callee(func: ast.expr) -> str:
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+
+
+def _construction(node: ast.Call) -> tuple[str | None, str]:
+    """``torch.optim.X(params, ...)`` for ``fused_optimizer(X, <params>, ...)``, or why not."""
+    if len(node.args) < 1 or any(isinstance(a, ast.Starred) for a in node.args):
+        return None, "the call's arguments are unpacked at run time"
+    optimizer = _callee(node.args[0])
+    arguments = ["params"] if len(node.args) > 1 else []
+    rest = [("", a) for a in node.args[2:]]
+    rest += [(f"{k.arg}=", k.value) for k in node.keywords if k.arg != "params"]
+    if any(k.arg is None for k in node.keywords):
+        return None, "the call's arguments are unpacked at run time"
+    if any(k.arg == "params" for k in node.keywords):
+        arguments.append("params=params")
+    for prefix, value in rest:
+        try:
+            ast.literal_eval(value)
+        except ValueError:
+            return None, (
+                f"`{prefix}{ast.unparse(value)}` is a run-time value: the proof rebuilds the "
+                "construction from literal arguments only"
+            )
+        arguments.append(prefix + ast.unparse(value))
+    return f"torch.optim.{optimizer}({', '.join(arguments)})", ""
