@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
 import pytest
+
+# The kernels read this machine's measured backend table (written by `adopter bench
+# --backends`) and the ADOPTER_BACKENDS preferences when they are imported: the suite must not
+# depend on what a developer measured or set, so it runs every kernel on its safe defaults
+# (tests that need a table write their own). Set before anything imports adopter.kernels; the
+# verify workers the tests start inherit it.
+os.environ["ADOPTER_BACKENDS_TABLE"] = str(Path(tempfile.gettempdir()) / "adopter-no-table.json")
+os.environ.pop("ADOPTER_BACKENDS", None)
 
 from tests.environments import MODERN_RUN, MODERN_TEST_ID
 

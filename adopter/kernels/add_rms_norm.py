@@ -247,7 +247,7 @@ def add_rms_norm(
         return original()
     call = AddNormCall(hidden_states, residual, spec)
     device, dtype = hidden_states.device.type, hidden_states.dtype
-    return backends.run(OP, BACKENDS, bucket(call), call, device, dtype, original)
+    return backends.run(OP, BACKENDS, bucket, call, device, dtype, original)
 
 
 def _addends_fit(a: Any, b: Any) -> bool:

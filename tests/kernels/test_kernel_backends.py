@@ -503,3 +503,17 @@ def test_mean_over_no_counted_token_is_nan_with_zero_gradients() -> None:
     assert math.isnan(loss.item())
     loss.backward()
     assert not h.grad.any() and not w.grad.any()
+
+
+def test_every_op_reads_its_table_entry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # each kernel hands the dispatcher its bucket function (add_rms_norm once passed a string,
+    # which failed only where a table had an entry for the op)
+    path = tmp_path / "table.json"
+    wildcard = backends.table_key("cpu", torch.float32, "train", "*")
+    backends.write_table({o.name: {wildcard: "original"} for o in backends.OPS}, [], path)
+    monkeypatch.setenv(backends.TABLE_ENV, str(path))
+    backends.reload_table()
+    x, residual = torch.randn(2, 3, 8, requires_grad=True), torch.randn(2, 3, 8)
+    norm = torch.nn.RMSNorm(8, eps=1e-6)
+    assert _ran(lambda: kernels.add_rms_norm(x, residual, norm)) == [("add_rms_norm", "original")]
+    assert _ran(lambda: kernels.rms_norm(x, norm.weight, 1e-6)) == [("rms_norm", "original")]
