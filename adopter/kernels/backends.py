@@ -300,9 +300,6 @@ def reload_table() -> None:
     _STATE["environment"] = _read_environment()
 
 
-MODES = ("train", "inference")
-
-
 def call_mode() -> str:
     """The table's mode of a call made now: ``train`` while autograd records, else
     ``inference`` (``torch.no_grad()`` / ``torch.inference_mode()``)."""

@@ -122,22 +122,26 @@ def optimizer_verdicts(patched: str, sites: Sequence[PatchedSite]) -> list[Class
     other arguments are not literals (``lr=args.lr``) cannot be rebuilt and is not checkable."""
     from ..rules import load_rule_set
 
+    wanted = [site for site in sites if site.kernel == OPTIMIZER_KERNEL]
+    if not wanted:  # every verified file passes here: no parse, no rule set
+        return []
     calls = {
         (node.lineno, node.col_offset): node
         for node in ast.walk(ast.parse(patched))
         if isinstance(node, ast.Call) and _callee(node.func) == OPTIMIZER_KERNEL
     }
+    rules = load_rule_set("train")
     verdicts = []
-    for site in sites:
+    for site in wanted:
         node = calls.get((site.line, site.column))
-        if site.kernel != OPTIMIZER_KERNEL or node is None:
+        if node is None:
             continue
         call, why_not = _construction(node)
         name = f"optimizer at line {site.original_line or site.line}"
         if call is None:
             verdicts.append(ClassVerification(name, NOT_CHECKABLE, why_not))
             continue
-        proof = prove_optimizer_rewrite(call, load_rule_set("train"))
+        proof = prove_optimizer_rewrite(call, rules)
         refuted = proof.patched_call and proof.fused and not proof.matched
         status = VERIFIED if proof.proven else REFUTED if refuted else NOT_CHECKABLE
         verdicts.append(
@@ -160,14 +164,13 @@ def _callee(func: ast.expr) -> str:
 
 def _construction(node: ast.Call) -> tuple[str | None, str]:
     """``torch.optim.X(params, ...)`` for ``fused_optimizer(X, <params>, ...)``, or why not."""
-    if len(node.args) < 1 or any(isinstance(a, ast.Starred) for a in node.args):
+    unpacked = any(isinstance(a, ast.Starred) for a in node.args)
+    if not node.args or unpacked or any(k.arg is None for k in node.keywords):
         return None, "the call's arguments are unpacked at run time"
     optimizer = _callee(node.args[0])
     arguments = ["params"] if len(node.args) > 1 else []
     rest = [("", a) for a in node.args[2:]]
     rest += [(f"{k.arg}=", k.value) for k in node.keywords if k.arg != "params"]
-    if any(k.arg is None for k in node.keywords):
-        return None, "the call's arguments are unpacked at run time"
     if any(k.arg == "params" for k in node.keywords):
         arguments.append("params=params")
     for prefix, value in rest:
