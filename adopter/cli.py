@@ -1036,7 +1036,12 @@ def _print_verdicts(rows: list[dict[str, object]], output_format: str) -> None:
                 Text(_display_path(str(row["path"]))),
                 Text(str(row["class"])),
                 Text(status, style=colors.get(status, "yellow")),
-                Text("" if diff is None else f"|diff| {diff:.2e} ({row.get('where') or ''})"),
+                # no place named: nothing differed (as FileVerification.summary says)
+                Text(
+                    ""
+                    if diff is None
+                    else f"|diff| {diff:.2e} ({row.get('where') or 'bit-identical'})"
+                ),
                 Text(str(row.get("reason") or "")),
             ]
         )
