@@ -20,9 +20,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ._util import HALF_DTYPES, cached, grad_needed, is_plain, plain_tensors
+from ._util import HALF_DTYPES, cached, cached_value, grad_needed, is_plain, plain_tensors
 
-__all__ = ["bn_foldable", "folded_weight_bias", "stats_foldable"]
+__all__ = ["bn_foldable", "cached_fold", "folded_weight_bias", "stats_foldable"]
 
 
 def bn_foldable(bn: nn.Module, weight: torch.Tensor, out_channels: int) -> bool:
@@ -74,6 +74,10 @@ def _fold(
     return new_weight.to(weight.dtype), new_bias.to(weight.dtype)
 
 
+def _slot(bn: nn.Module) -> tuple[str, int]:
+    return ("bn_fold", id(bn))
+
+
 def folded_weight_bias(
     owner: nn.Module,
     weight: torch.Tensor,
@@ -84,6 +88,34 @@ def folded_weight_bias(
     if grad_needed(weight, bias, bn.weight, bn.bias):
         return _fold(weight, bias, bn)
     sources = (weight, bias, bn.weight, bn.bias, bn.running_mean, bn.running_var)
-    return cached(
-        owner, f"bn_fold:{id(bn)}", sources, float(bn.eps), lambda: _fold(weight, bias, bn)
+    return cached(owner, _slot(bn), sources, float(bn.eps), lambda: _fold(weight, bias, bn))
+
+
+def cached_fold(owner: nn.Module, bn: nn.Module) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The ``(W', b')`` :func:`folded_weight_bias` stored for ``bn`` on ``owner``, while grad
+    mode is off, ``bn`` is in eval mode and the six tensors the fold read are still the ones
+    the modules hold, unchanged; else ``None``.
+
+    Why: the fold was stored only after its checks passed (:func:`stats_foldable`), and they
+    read nothing but those tensors and the eval flag, so a caller that gets a value skips them.
+    In a small layer the checks and the cache key cost more than the BatchNorm pass the fold
+    saves (timm's ResNet-50 at 64 x 64 pixels ran 5 % slower patched); this costs a few
+    microseconds. The modules' own dictionaries are read: a parametrised weight is not in
+    ``_parameters`` and takes the full path.
+    """
+    if torch.is_grad_enabled() or bn.training:
+        return None
+    parameters = owner._parameters
+    weight = parameters.get("weight")
+    if weight is None:
+        return None
+    norm_parameters, buffers = bn._parameters, bn._buffers
+    sources = (
+        weight,
+        parameters.get("bias"),
+        norm_parameters.get("weight"),
+        norm_parameters.get("bias"),
+        buffers.get("running_mean"),
+        buffers.get("running_var"),
     )
+    return cached_value(owner, _slot(bn), sources, float(bn.eps))

@@ -26,11 +26,14 @@ When it falls back (runs ``batch_norm(conv(x))`` unchanged):
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
-from ._fold import bn_foldable, folded_weight_bias
-from ._util import grad_needed_through, is_plain, plain_tensors, tracing
+from ._activations import resolve_activation
+from ._fold import cached_fold, folded_weight_bias, stats_foldable
+from ._util import grad_needed_through, has_hooks, is_plain, plain_tensors, tracing
 
 __all__ = ["conv_batch_norm"]
 
@@ -53,18 +56,65 @@ def conv_batch_norm(x: torch.Tensor, conv: nn.Module, batch_norm: nn.Module) -> 
         return batch_norm(conv(x))
     # timm's BatchNormAct2d (a BatchNorm2d subclass with its activation, identity when built
     # with ``apply_act=False``): folded with its activation by the conv + BN + act kernel.
-    from .norm_act import _fold_timm, _timm_norm_act  # norm_act imports this module
-
-    if _timm_norm_act(batch_norm, "BatchNormAct2d"):
-        fused = _fold_timm(x, conv, batch_norm)
+    if timm_norm_act(batch_norm, "BatchNormAct2d"):
+        fused = fold_timm(x, conv, batch_norm)
         return batch_norm(conv(x)) if fused is None else fused
-    weight, bias = conv.weight, conv.bias
+    folded = stock_fold(x, conv, batch_norm)
+    if folded is None:
+        return batch_norm(conv(x))
+    return conv._conv_forward(x, *folded)
+
+
+def stock_fold(
+    x: torch.Tensor, conv: nn.Module, bn: nn.Module
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(W', b')`` of a stock ``bn`` of ``conv``'s dimensions folded into ``conv`` (a stock
+    convolution, which the caller checked) for input ``x``, or ``None`` when it cannot be
+    folded now (training, autograd recording through the convolution, another layout)."""
     spatial = _SPATIAL[type(conv).forward]
-    if x.dim() != spatial + 2 or not plain_tensors(x, weight, bias):
-        return batch_norm(conv(x))
-    if not isinstance(batch_norm, _BN_FOR_DIMS[spatial]):
-        return batch_norm(conv(x))
-    if not bn_foldable(batch_norm, weight, conv.out_channels) or grad_needed_through(x, conv):
-        return batch_norm(conv(x))
-    new_weight, new_bias = folded_weight_bias(conv, weight, bias, batch_norm)
-    return conv._conv_forward(x, new_weight, new_bias)
+    if x.dim() != spatial + 2 or not plain_tensors(x) or not isinstance(bn, _BN_FOR_DIMS[spatial]):
+        return None
+    if not is_plain(bn, nn.modules.batchnorm._BatchNorm) or grad_needed_through(x, conv):
+        return None
+    return _folded(conv, bn)
+
+
+def _folded(conv: nn.Module, bn: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The fold of ``bn`` into ``conv``: the stored one while nothing it read changed, else
+    checked (eval mode, running statistics matching the convolution) and built."""
+    hit = cached_fold(conv, bn)
+    if hit is not None:
+        return hit
+    weight, bias = conv.weight, conv.bias
+    if not plain_tensors(weight, bias) or not stats_foldable(bn, weight, conv.out_channels):
+        return None
+    return folded_weight_bias(conv, weight, bias, bn)
+
+
+def timm_norm_act(norm: object, name: str) -> bool:
+    """``norm`` is timm's ``name`` class (by defining module), unhooked, with an inactive
+    dropout slot."""
+    cls = type(norm)
+    if cls.__name__ != name or not (cls.__module__ or "").startswith("timm."):
+        return False
+    if has_hooks(norm) or getattr(norm, "_fast_norm", False):  # type: ignore[arg-type]
+        return False
+    drop = getattr(norm, "drop", None)
+    if is_plain(drop, nn.Identity):
+        return True
+    return is_plain(drop, nn.Dropout) and not drop.training  # type: ignore[union-attr]
+
+
+def fold_timm(x: torch.Tensor, conv: nn.Module, bn: Any) -> torch.Tensor | None:
+    """The folded convolution + activation for timm's ``BatchNormAct2d``, or ``None``."""
+    spec = resolve_activation(bn.act)
+    if spec is None or not is_plain(conv, nn.Conv2d) or x.dim() != 4 or not plain_tensors(x):
+        return None
+    # the batch norm's own parameters too: the in-place activation below must not run where
+    # autograd records through the folded weights (frozen conv, trainable norm)
+    if grad_needed_through(x, conv, bn):
+        return None
+    folded = _folded(conv, bn)  # a BatchNormAct2d is not stock: its statistics are checked
+    if folded is None:
+        return None
+    return spec.apply(conv._conv_forward(x, *folded), recording=False)

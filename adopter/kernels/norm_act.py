@@ -34,27 +34,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ._activations import ActSpec, resolve_activation
-from ._fold import folded_weight_bias, stats_foldable
-from ._util import grad_needed, grad_needed_through, has_hooks, is_plain, plain_tensors, tracing
-from .conv import conv_batch_norm
+from ._util import grad_needed, grad_needed_through, is_plain, plain_tensors, tracing
+from .conv import conv_batch_norm, fold_timm, stock_fold, timm_norm_act
 
 __all__ = ["conv_bn_act", "group_norm_activation"]
 
 Module = Callable[[torch.Tensor], torch.Tensor]
-
-
-def _timm_norm_act(norm: object, name: str) -> bool:
-    """``norm`` is timm's ``name`` class (by defining module), unhooked, with an inactive
-    dropout slot."""
-    cls = type(norm)
-    if cls.__name__ != name or not (cls.__module__ or "").startswith("timm."):
-        return False
-    if has_hooks(norm) or getattr(norm, "_fast_norm", False):  # type: ignore[arg-type]
-        return False
-    drop = getattr(norm, "drop", None)
-    if is_plain(drop, nn.Identity):
-        return True
-    return is_plain(drop, nn.Dropout) and not drop.training  # type: ignore[union-attr]
 
 
 def _inplace(y: torch.Tensor, spec: ActSpec) -> torch.Tensor:
@@ -86,7 +71,7 @@ def group_norm_activation(
     if tracing(x):
         return original()
     if act is None:
-        if not _timm_norm_act(norm, "GroupNormAct"):
+        if not timm_norm_act(norm, "GroupNormAct"):
             return original()
         activation: Any = norm.act
     elif is_plain(norm, nn.GroupNorm):
@@ -108,22 +93,6 @@ def group_norm_activation(
 
 
 _CONVS: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
-
-
-def _fold_timm(x: torch.Tensor, conv: nn.Module, bn: Any) -> torch.Tensor | None:
-    """The folded convolution + activation for timm's ``BatchNormAct2d``, or ``None``."""
-    spec = resolve_activation(bn.act)
-    weight, bias = conv.weight, conv.bias
-    if spec is None or not is_plain(conv, nn.Conv2d) or x.dim() != 4:
-        return None
-    # the batch norm's own parameters too: the in-place activation below must not run where
-    # autograd records through the folded weights (frozen conv, trainable norm)
-    if not plain_tensors(x, weight, bias) or grad_needed_through(x, conv, bn):
-        return None
-    if not stats_foldable(bn, weight, conv.out_channels):  # a BatchNormAct2d is not stock
-        return None
-    new_weight, new_bias = folded_weight_bias(conv, weight, bias, bn)
-    return _inplace(conv._conv_forward(x, new_weight, new_bias), spec)
 
 
 def _inactive(drop: object) -> bool:
@@ -157,8 +126,8 @@ def conv_bn_act(
         return original()
     if drop is not None and not _inactive(drop):
         return original()
-    if act is None and _timm_norm_act(bn, "BatchNormAct2d"):
-        fused = _fold_timm(x, conv, bn)
+    if act is None and timm_norm_act(bn, "BatchNormAct2d"):
+        fused = fold_timm(x, conv, bn)
         return original() if fused is None else fused
     if act is None:
         return conv_batch_norm(x, conv, bn)
@@ -167,6 +136,8 @@ def conv_bn_act(
     stock = is_plain(conv, *_CONVS) and is_plain(bn, nn.modules.batchnorm._BatchNorm)
     if spec is None or recording or not stock:
         return original()
-    # Without autograd the result of conv_batch_norm is a fresh buffer (folded convolution or
-    # the BatchNorm's output), so the activation may overwrite it.
-    return _inplace(conv_batch_norm(x, conv, bn), spec)
+    # Without autograd the folded convolution's output, or the BatchNorm's, is a fresh buffer,
+    # so the activation may overwrite it.
+    folded = stock_fold(x, conv, bn)
+    y = bn(conv(x)) if folded is None else conv._conv_forward(x, *folded)
+    return _inplace(y, spec)

@@ -155,6 +155,49 @@ def test_cache_reuse_and_invalidation(monkeypatch):
         torch.testing.assert_close(conv_batch_norm(x, conv, bn), bn(conv(x)), **TOL[torch.float64])
 
 
+def test_a_stored_fold_is_reused_only_while_the_modules_hold_the_same_unchanged_tensors():
+    """The stored fold skips the foldability checks, so every way a module can come to hold
+    other values must miss it: a new parameter or buffer, new data under the same parameter,
+    an in-place update, eval mode left, grad mode on with a trainable norm, a parametrised
+    weight."""
+    clear_caches()
+    conv, bn = make()
+    bn.eval()
+    x = inputs(2, torch.float64)
+
+    def agrees() -> None:
+        torch.testing.assert_close(conv_batch_norm(x, conv, bn), bn(conv(x)), **TOL[torch.float64])
+
+    with torch.no_grad():
+        conv_batch_norm(x, conv, bn)
+        assert _fold.cached_fold(conv, bn) is not None
+        conv.weight = nn.Parameter(conv.weight * 2)
+        assert _fold.cached_fold(conv, bn) is None
+        agrees()
+        bn.running_mean = bn.running_mean + 1
+        agrees()
+        bn.bias.data = torch.zeros(6, dtype=torch.float64)
+        agrees()
+        bn.running_var.add_(1.0)
+        agrees()
+        bn.train()
+        assert _fold.cached_fold(conv, bn) is None
+        bn.eval()
+    conv_batch_norm(x, conv, bn)  # grad mode on: the trainable norm's fold is recomputed
+    assert _fold.cached_fold(conv, bn) is None
+    out = conv_batch_norm(x, conv, bn)
+    assert out.requires_grad
+    torch.nn.utils.parametrize.register_parametrization(conv, "weight", _Doubled())
+    with torch.no_grad():
+        agrees()
+        assert _fold.cached_fold(conv, bn) is None
+
+
+class _Doubled(nn.Module):
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight * 2
+
+
 def test_grad_mode_recomputes_fold_and_gradients_flow():
     conv, bn = make()
     bn.eval()
