@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import Any, Protocol, runtime_checkable
 
 __all__ = [
+    "MAX_FALLBACK_PARAMETERS",
     "MAX_SMALL_PARAMETERS",
     "BuiltModel",
     "ModelAdapter",
@@ -41,6 +42,11 @@ MAX_SMALL_PARAMETERS = 30_000_000
 passes per side) takes minutes. Adapters skip such a model, naming its size."""
 
 
+MAX_FALLBACK_PARAMETERS = 120_000_000
+"""A class that no small model builds is checked through the smallest model that does, up to
+this size (an adapter admits such a model by name, :attr:`ModelCandidate.max_parameters`)."""
+
+
 class NotSmallError(ValueError):
     """The model cannot be made small enough to check or benchmark by default."""
 
@@ -48,10 +54,13 @@ class NotSmallError(ValueError):
 @dataclass(frozen=True)
 class ModelCandidate:
     """A model of a library that may run the code of a file: its name as the library gives it
-    (``resnet18``, ``UNet2DConditionModel``) and why it is a candidate."""
+    (``resnet18``, ``UNet2DConditionModel``), why it is a candidate, and the most parameters
+    it may have to be built (more than the small limit only for the smallest builder of a class
+    no small model builds)."""
 
     name: str
     reason: str
+    max_parameters: int = MAX_SMALL_PARAMETERS
 
 
 @dataclass(frozen=True)
@@ -261,16 +270,16 @@ def adopt_patched_classes(model: Any, module_name: str, patched_module: ModuleTy
 
 
 def worth_building(
-    adapter: ModelAdapter, name: str, module_name: str, hosts: set[str]
+    adapter: ModelAdapter, candidate: ModelCandidate, module_name: str, hosts: set[str]
 ) -> tuple[bool, str]:
-    """Whether to build model ``name`` for a check of ``module_name``, and why: its survey
-    shows it building one of ``hosts`` (the classes whose code reaches a site still to run;
-    none: any model of the module will do) at a small size, or it cannot be surveyed (then only
-    building it tells)."""
-    survey = adapter.survey(name, module_name)
+    """Whether to build ``candidate`` for a check of ``module_name``, and why: its survey shows
+    it building one of ``hosts`` (the classes whose code reaches a site still to run; none: any
+    model of the module will do) within the candidate's size, or it cannot be surveyed (then
+    only building it tells)."""
+    survey = adapter.survey(candidate.name, module_name)
     if survey is None:
         return True, "could not be surveyed"
-    if survey.parameters > MAX_SMALL_PARAMETERS:
+    if survey.parameters > candidate.max_parameters:
         return False, ""
     if hosts and not survey.classes & hosts:
         return False, ""

@@ -125,6 +125,7 @@ def survey_in_order(
     budget: int,
     choices: int,
     max_parameters: int,
+    fallback_parameters: int | None = None,
 ) -> tuple[dict[str, frozenset[str]], dict[str, int], set[str]]:
     """Survey ``models`` in order: what ``store`` holds for free, fresh ``look``s until each
     class of ``needed`` has ``choices`` builders or ``budget`` fresh looks are made (a count,
@@ -132,10 +133,13 @@ def survey_in_order(
     classes of ``module_name`` each model of at most ``max_parameters`` builds (those building
     one of ``needed``), their sizes, and the models the survey showed building none of
     ``needed`` (the only ones it rules out: one not surveyed, or too large, stays a candidate
-    that a check then reports)."""
+    that a check then reports). With ``fallback_parameters``, a needed class that no model of
+    at most ``max_parameters`` builds is given the smallest surveyed model up to that size
+    that does (:func:`_smallest_larger_builders`)."""
     builds: dict[str, frozenset[str]] = {}
     sizes: dict[str, int] = {}
     ruled_out: set[str] = set()
+    larger: dict[str, tuple[frozenset[str], int]] = {}
     count: dict[str, int] = dict.fromkeys(needed, 0)
     fresh = 0
     for model in models:
@@ -155,8 +159,31 @@ def survey_in_order(
             builds[model], sizes[model] = classes, parameters
             for name in classes & needed:
                 count[name] += 1
+        elif fallback_parameters is not None and parameters <= fallback_parameters:
+            larger[model] = (classes, parameters)
     store.save()
+    uncovered = needed - set().union(*builds.values())
+    for model in _smallest_larger_builders(larger, uncovered):
+        # recorded for the classes only it builds, so that the covering order takes it for
+        # those alone, after small models of as many classes
+        builds[model], sizes[model] = larger[model][0] & uncovered, larger[model][1]
     return builds, sizes, ruled_out
+
+
+def _smallest_larger_builders(
+    larger: Mapping[str, tuple[frozenset[str], int]], uncovered: set[str]
+) -> list[str]:
+    """For each class of ``uncovered``, the smallest model of ``larger`` (``name -> (classes,
+    parameters)``) that builds it, once. Why: a class only large models build (timm's
+    ``ChannelAttentionV2``, only in DaViT-Base/Huge; PNASNet's cells) would otherwise never
+    run, and one check of a model a few times the small limit, at a small image, takes a
+    minute on a CPU where "not exercised" proves nothing."""
+    chosen: list[str] = []
+    for model, (classes, _) in sorted(larger.items(), key=lambda item: (item[1][1], item[0])):
+        if classes & uncovered:
+            chosen.append(model)
+            uncovered = uncovered - classes
+    return chosen
 
 
 def candidate_order(
@@ -194,6 +221,7 @@ def surveyed_candidates(
     budget: int,
     choices: int,
     max_parameters: int,
+    fallback_parameters: int | None = None,
 ) -> tuple[list[tuple[str, str]], Mapping[str, frozenset[str]] | None]:
     """The :func:`candidate_order` of ``ranked`` after a :func:`survey_in_order` for the
     classes of ``names`` that the module's text (``own_text``) defines, and what each surveyed
@@ -211,6 +239,7 @@ def surveyed_candidates(
         budget=budget,
         choices=choices,
         max_parameters=max_parameters,
+        fallback_parameters=fallback_parameters,
     )
     return candidate_order(ranked, builds, sizes, ruled_out, needed), builds
 

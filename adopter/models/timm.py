@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import (
+    MAX_FALLBACK_PARAMETERS,
     MAX_SMALL_PARAMETERS,
     BuiltModel,
     ModelCandidate,
@@ -131,6 +132,9 @@ class TimmAdapter:
 
     library = "timm"
 
+    def __init__(self) -> None:
+        self._admitted: set[str] = set()  # models above the small limit that a check may build
+
     def owns(self, module_name: str) -> bool:
         return module_name == "timm" or module_name.startswith("timm.")
 
@@ -167,12 +171,24 @@ class TimmAdapter:
             budget=SURVEY_BUDGET,
             choices=CHOICES_PER_CLASS,
             max_parameters=MAX_SMALL_PARAMETERS,
+            fallback_parameters=MAX_FALLBACK_PARAMETERS,
         )
         # A model only the registry-wide look proposed is kept when its survey shows it
         # building a patched class: unsurveyed, it is no evidence of anything.
         if builds is not None:
             order = [(m, why) for m, why in order if m in builds or why != _ANY_MODEL]
-        return [ModelCandidate(model, why) for model, why in order[:MAX_CANDIDATES]]
+        # The smallest builder of a class no small model builds may be built above the limit.
+        self._admitted.update(m for m in builds or () if self._size(m) > MAX_SMALL_PARAMETERS)
+        return [
+            ModelCandidate(model, why, self._limit(model)) for model, why in order[:MAX_CANDIDATES]
+        ]
+
+    def _size(self, name: str) -> int:
+        look = self._meta_look(name)
+        return 0 if look is None else look[1]
+
+    def _limit(self, name: str) -> int:
+        return MAX_FALLBACK_PARAMETERS if name in self._admitted else MAX_SMALL_PARAMETERS
 
     def _ranked(self, module_name: str, names: set[str]) -> list[tuple[str, str]]:
         """Every registered model that may build ``names``, with why, in the order to survey
@@ -298,7 +314,7 @@ class TimmAdapter:
     def _setting(self, name: str, full_size: bool) -> tuple[dict[str, Any], int, int]:
         """The keyword arguments and image size ``name`` is built with."""
         survey = self.survey(name, "")
-        if not full_size and survey is not None and survey.parameters > MAX_SMALL_PARAMETERS:
+        if not full_size and survey is not None and survey.parameters > self._limit(name):
             raise NotSmallError(
                 f"{name} has {survey.parameters:,} parameters even with a small head; "
                 "timm has no smaller setting of it"

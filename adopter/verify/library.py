@@ -100,7 +100,7 @@ def _check_candidates(
             break
         hosts = {name for site in remaining for name in site.reached_from}
         module_name = checks.job.module_name
-        wanted, why = worth_building(checks.sides.adapter, candidate.name, module_name, hosts)
+        wanted, why = worth_building(checks.sides.adapter, candidate, module_name, hosts)
         if wanted:
             _check_one(candidate, why, sites, matched, checks)
             checked += 1

@@ -181,6 +181,46 @@ def test_the_covering_order_takes_few_small_models_that_build_every_needed_class
     assert order == ["tiny_mlp", "small_swiglu"]  # the one needing none is left out
 
 
+def test_a_class_only_large_models_build_is_given_its_smallest_builder_after_the_small_ones(
+    tmp_path,
+):
+    from adopter.models.surveys import survey_in_order
+
+    looks = {
+        "tiny": ({"lib.attn": ["ChannelAttention", "Mlp"]}, 10),
+        "base": ({"lib.attn": ["ChannelAttention", "ChannelAttentionV2"]}, 90),
+        "huge": ({"lib.attn": ["ChannelAttentionV2"]}, 400),
+        "large": ({"lib.attn": ["ChannelAttentionV2", "Mlp"]}, 200),
+        "large_mlp": ({"lib.attn": ["Mlp"]}, 50),
+    }
+    needed = {"ChannelAttention", "ChannelAttentionV2", "Mlp"}
+    store = SurveyStore("lib", "1.0", tmp_path)
+
+    def survey(fallback):
+        return survey_in_order(
+            list(looks),
+            looks.get,
+            store,
+            "lib.attn",
+            needed,
+            budget=10,
+            choices=3,
+            max_parameters=20,
+            fallback_parameters=fallback,
+        )
+
+    builds, sizes, _ = survey(None)
+    assert set(builds) == {"tiny"}
+    builds, sizes, _ = survey(300)
+    # base, the smallest builder of ChannelAttentionV2 under 300, for that class alone; no
+    # large model for the classes tiny builds, and huge is above the fallback
+    assert builds == {
+        "tiny": frozenset({"ChannelAttention", "Mlp"}),
+        "base": frozenset({"ChannelAttentionV2"}),
+    }
+    assert covering_order(builds, sizes, needed) == ["tiny", "base"]
+
+
 def test_a_survey_store_merges_what_other_workers_wrote(tmp_path):
     first, second = SurveyStore("lib", "1.0", tmp_path), SurveyStore("lib", "1.0", tmp_path)
     first.put("a", {"parameters": 1})
