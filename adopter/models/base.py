@@ -111,14 +111,20 @@ class ModelAdapter(Protocol):
         self, name: str, *, seed: int = 0, full_size: bool = False, entry: str = "forward"
     ) -> BuiltModel:
         """Model ``name``, small unless ``full_size``, with inputs that run; raises
-        :class:`NotSmallError` when it cannot be made small. ``entry``: a method of the model
-        other than ``forward`` (one of :meth:`entries`) that the built model's call runs."""
+        :class:`NotSmallError` when it cannot be made small. ``entry``: one of :meth:`entries`,
+        the method the built model's call runs or the other construction built."""
         ...
 
     def entries(self, name: str) -> list[str]:
-        """Methods of model ``name`` besides ``forward`` that run its layers and take the same
-        inputs (timm's ``forward_intermediates``): code only they reach is reached through
-        them."""
+        """Ways into model ``name`` besides ``forward`` that run its layers on the same inputs:
+        methods (timm's ``forward_intermediates``) and other constructions of it (timm's
+        ``features_only``): code only they reach is reached through them."""
+        ...
+
+    def entry_classes(self, name: str, entry: str, module_name: str) -> frozenset[str] | None:
+        """For an ``entry`` that builds model ``name`` another way, the classes of
+        ``module_name`` that build holds (found cheaply, as :meth:`survey` does); ``None`` for
+        an entry that is a method of the model as ``forward`` builds it."""
         ...
 
     def keeping_registries(self) -> AbstractContextManager[None]:

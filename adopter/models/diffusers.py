@@ -350,6 +350,9 @@ class DiffusersAdapter:
     def entries(self, name: str) -> list[str]:
         return []
 
+    def entry_classes(self, name: str, entry: str, module_name: str) -> frozenset[str] | None:
+        return None  # no entries besides forward
+
     def keeping_registries(self) -> Any:
         """diffusers registers nothing when a module is loaded."""
         import contextlib

@@ -80,7 +80,14 @@ class LibrarySides:
         )
 
     def entries_reaching(self, name: str, remaining: list[PatchedSite]) -> list[str]:
-        """Model ``name``'s entry points besides ``forward`` that hold a site of
-        ``remaining``."""
+        """Model ``name``'s entry points besides ``forward`` that may run a site of
+        ``remaining``: a method holding one, or another construction that builds a class
+        whose code reaches one."""
         methods = {site.function.rpartition(".")[2] for site in remaining}
-        return [entry for entry in self.adapter.entries(name) if entry in methods]
+        hosts = {host for site in remaining for host in site.reached_from}
+        reaching = []
+        for entry in self.adapter.entries(name):
+            built = self.adapter.entry_classes(name, entry, self.module_name)
+            if (entry in methods) if built is None else bool(built & hosts):
+                reaching.append(entry)
+        return reaching

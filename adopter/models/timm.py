@@ -53,6 +53,7 @@ __all__ = [
 
 BATCH = 2
 SMALL_CLASSES = 10
+FEATURES = "features_only"  # the entry that builds the model as a feature extractor
 FREE_SIZE = 64
 FIXED_SIZE = 112
 MAX_CANDIDATES = 40
@@ -251,13 +252,13 @@ class TimmAdapter:
         Kept in the survey store, so each model is built once per timm version."""
         return stored_look(self._store(), name, self._meta_build)
 
-    def _meta_build(self, name: str) -> dict[str, Any] | None:
+    def _meta_build(self, name: str, extra: dict[str, Any] | None = None) -> dict[str, Any] | None:
         import torch
 
         try:
             with warnings.catch_warnings(), torch.device("meta"):
                 warnings.simplefilter("ignore")
-                model = self._create(name, {"num_classes": SMALL_CLASSES})
+                model = self._create(name, {"num_classes": SMALL_CLASSES, **(extra or {})})
         except Exception:
             return None
         by_module: dict[str, set[str]] = {}
@@ -331,21 +332,34 @@ class TimmAdapter:
         import torch
 
         kwargs, height, width = self._setting(name, full_size)
+        construction = {FEATURES: True} if entry == FEATURES else {}
         torch.manual_seed(seed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = self._create(name, kwargs)
+            model = self._create(name, {**kwargs, **construction})
         generator = torch.Generator().manual_seed(seed)
         inputs = (torch.randn(BATCH, 3, height, width, generator=generator),)
-        settings = {**kwargs, "input_size": [3, height, width]}
-        if entry != "forward":
+        settings = {**kwargs, **construction, "input_size": [3, height, width]}
+        if entry not in ("forward", FEATURES):
             model, settings = entry_point(model, entry), {**settings, "entry": entry}
         return BuiltModel(model, inputs, settings)
 
     def entries(self, name: str) -> list[str]:
-        """The model's other entry points that run layers: ``forward_intermediates`` (feature
-        extraction), besides ``forward``."""
-        return ["forward_intermediates"]
+        """The model's other entry points that run layers, besides ``forward``:
+        ``forward_intermediates`` (feature extraction), and the model built with
+        ``features_only=True``, which builds timm's feature-extraction classes
+        (``EfficientNetFeatures``, ``HighResolutionNetFeatures``) instead of the classifier."""
+        return ["forward_intermediates", FEATURES]
+
+    def entry_classes(self, name: str, entry: str, module_name: str) -> frozenset[str] | None:
+        """What the ``features_only`` build holds of ``module_name`` (a meta-device build, kept
+        in the survey store as ``name[features_only]``); ``None`` for the methods."""
+        if entry != FEATURES:
+            return None
+        look = stored_look(
+            self._store(), f"{name}[{FEATURES}]", lambda _: self._meta_build(name, {FEATURES: True})
+        )
+        return frozenset() if look is None else frozenset(look[0].get(module_name, ()))
 
     @contextmanager
     def keeping_registries(self) -> Iterator[None]:

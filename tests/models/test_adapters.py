@@ -325,6 +325,33 @@ def test_guards_are_flipped_after_an_agreeing_check_where_no_site_ran(monkeypatc
     assert matched == {site.key}
 
 
+def test_an_entry_is_taken_when_its_method_holds_a_site_or_its_construction_builds_a_host():
+    from adopter.models.library_sides import LibrarySides
+
+    class Adapter:
+        built = {"features_only": frozenset({"NetFeatures"})}
+
+        def entries(self, name):
+            return ["forward_intermediates", "features_only"]
+
+        def entry_classes(self, name, entry, module_name):
+            return self.built.get(entry)
+
+    sides = LibrarySides(Adapter(), "lib.net", None, None, None)  # type: ignore[arg-type]
+
+    def site(function: str, hosts: list[str]) -> PatchedSite:
+        cls = function.split(".")[0]
+        return PatchedSite("conv_bn_act", 1, 0, 1, 5, function, cls, hosts=hosts)
+
+    features = site("NetFeatures.forward", ["NetFeatures"])
+    assert sides.entries_reaching("net", [features]) == ["features_only"]
+    intermediates = site("Net.forward_intermediates", ["Net"])
+    assert sides.entries_reaching("net", [intermediates]) == ["forward_intermediates"]
+    assert sides.entries_reaching("net", [site("Net.forward", ["Net"])]) == []
+    Adapter.built = {"features_only": frozenset()}  # the feature build holds no host
+    assert sides.entries_reaching("net", [features]) == []
+
+
 def test_candidates_keep_models_the_survey_did_not_rule_out_after_the_covering_set():
     from adopter.models.surveys import candidate_order
 
