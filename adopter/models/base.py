@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -108,11 +108,18 @@ class ModelAdapter(Protocol):
         ...
 
     def build(
-        self, name: str, *, seed: int = 0, full_size: bool = False, entry: str = "forward"
+        self,
+        name: str,
+        *,
+        seed: int = 0,
+        full_size: bool = False,
+        entry: str = "forward",
+        overrides: Mapping[str, Any] | None = None,
     ) -> BuiltModel:
         """Model ``name``, small unless ``full_size``, with inputs that run; raises
         :class:`NotSmallError` when it cannot be made small. ``entry``: one of :meth:`entries`,
-        the method the built model's call runs or the other construction built."""
+        the method the built model's call runs or the other construction built.
+        ``overrides``: keywords its construction is given on top of the small setting's."""
         ...
 
     def entries(self, name: str) -> list[str]:

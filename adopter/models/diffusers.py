@@ -22,6 +22,7 @@ import functools
 import importlib
 import re
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -319,7 +320,14 @@ class DiffusersAdapter:
             raise ValueError(f"no small setting of {name} builds")
         raise DoesNotRun(_failure_text(failures))
 
-    def _construct(self, name: str, setting: Setting | None, *, seed: int) -> Any:
+    def _construct(
+        self,
+        name: str,
+        setting: Setting | None,
+        *,
+        seed: int,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> Any:
         import torch
 
         cls = self._class(name)
@@ -328,21 +336,29 @@ class DiffusersAdapter:
         torch.manual_seed(seed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return cls(**(setting.config if setting is not None else {}))
+            config = setting.config if setting is not None else {}
+            return cls(**{**config, **(overrides or {})})
 
     def build(
-        self, name: str, *, seed: int = 0, full_size: bool = False, entry: str = "forward"
+        self,
+        name: str,
+        *,
+        seed: int = 0,
+        full_size: bool = False,
+        entry: str = "forward",
+        overrides: Mapping[str, Any] | None = None,
     ) -> BuiltModel:
         # raises what keeps it from running small, once
         setting, layout = self._small(name)
+        given = dict(overrides or {})
         if full_size:  # the layout of the small run; its fitted widths are the small ones
-            model = self._construct(name, None, seed=seed)
+            model = self._construct(name, None, seed=seed, overrides=given)
             inputs = make_inputs(model, seed, Layout(layout.kind, layout.frames))
-            settings: dict[str, Any] = {"layout": layout.label}
+            settings: dict[str, Any] = {**given, "layout": layout.label}
         else:
-            model = self._construct(name, setting, seed=seed)
+            model = self._construct(name, setting, seed=seed, overrides=given)
             inputs = make_inputs(model, seed, layout)
-            settings = {**setting.config, "layout": layout.label}
+            settings = {**setting.config, **given, "layout": layout.label}
         if entry != "forward":
             model = entry_point(model, entry)
         return BuiltModel(model, inputs, settings)

@@ -10,11 +10,13 @@ Worker side only: the builds import torch and the library.
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from .base import ModelAdapter, NotSmallError, adopt_patched_classes
 from .common import cast_inputs, error_line, torch_dtype
+from .construction import construction_flips
 from .interface import BuildSettings, Subject, Unbuildable, prebuilt_first
 from .sites import PatchedSite
 
@@ -47,10 +49,22 @@ class LibrarySides:
         self.original, self.patched = original, patched
         self.settings = settings
         self.flags: dict[str, bool] = {}
+        self.overrides: dict[str, Any] = {}  # constructor keywords both sides are built with
+
+    def construction_flips(self, remaining: list[PatchedSite]) -> dict[str, Any]:
+        """The constructor keywords that build the guarded attributes of ``remaining`` the
+        way their sites need (:func:`~adopter.models.construction.construction_flips`)."""
+        try:
+            text = Path(self.patched.__file__ or "").read_text(encoding="utf-8")
+        except (OSError, TypeError, UnicodeDecodeError):
+            return {}
+        return construction_flips(remaining, text)
 
     def build(self, name: str, patched: bool, entry: str = "forward") -> tuple[Any, Any, dict]:
         """One side of model ``name``: the model, its inputs and what made it small."""
-        built = self.adapter.build(name, seed=self.settings.seed, entry=entry)
+        built = self.adapter.build(
+            name, seed=self.settings.seed, entry=entry, overrides=self.overrides
+        )
         replacement = self.patched if patched else self.original
         if replacement is not None:
             adopt_patched_classes(built.model, self.module_name, replacement)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -327,12 +327,18 @@ class TimmAdapter:
         return chosen
 
     def build(
-        self, name: str, *, seed: int = 0, full_size: bool = False, entry: str = "forward"
+        self,
+        name: str,
+        *,
+        seed: int = 0,
+        full_size: bool = False,
+        entry: str = "forward",
+        overrides: Mapping[str, Any] | None = None,
     ) -> BuiltModel:
         import torch
 
         kwargs, height, width = self._setting(name, full_size)
-        construction = {FEATURES: True} if entry == FEATURES else {}
+        construction = {**(overrides or {}), **({FEATURES: True} if entry == FEATURES else {})}
         torch.manual_seed(seed)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -110,34 +110,42 @@ def _check_candidates(
 def _check_one(
     candidate: Any, why: str, sites: list[PatchedSite], matched: set[str], checks: _Checks
 ) -> None:
-    """Compare one model through each entry point that may run a site still to reach, then
-    with the guards' attributes flipped where its forward ran the file; ``matched`` grows by
-    the sites that ran in a matching comparison."""
+    """Compare one model through each entry point that may run a site still to reach, then,
+    where its forward agreed, with the guards' attributes flipped and with the constructor
+    keywords that build a guarded attribute as a site needs; ``matched`` grows by the sites
+    that ran in a matching comparison."""
     remaining = [site for site in sites if site.key not in matched]
-    runs = [
-        ("forward", {}),
-        *[(e, {}) for e in checks.sides.entries_reaching(candidate.name, remaining)],
+    runs: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+        ("forward", {}, {}),
+        *[(e, {}, {}) for e in checks.sides.entries_reaching(candidate.name, remaining)],
     ]
-    for entry, flags in runs:
+    for entry, flags, overrides in runs:
         if not remaining:
             break
-        checks.sides.flags = flags
+        checks.sides.flags, checks.sides.overrides = flags, overrides
         verdict = _checked(candidate, entry, checks)
-        flips = attribute_flips(remaining)
-        agreed = bool(verdict.runs) or verdict.status == VERIFIED
-        if flips and not flags and agreed and entry == "forward":
-            # The model builds the file's classes and agreed, though its guards may have kept
-            # every site from running (``fused_attn`` on by default): now where they lead.
-            runs.append((entry, flips))
         verdict.reason = f"{verdict.reason}; {'; '.join(x for x in (candidate.reason, why) if x)}"
         checks.writer.add(verdict.to_json())
         for mode, counts in verdict.runs.items():
             if verdict.matched_in(mode):
                 matched.update(counts)
         remaining = [site for site in sites if site.key not in matched]
+        agreed = bool(verdict.runs) or verdict.status == VERIFIED
+        if remaining and agreed and (entry, flags, overrides) == ("forward", {}, {}):
+            runs += _guard_runs(remaining, checks)
 
 
-def _label(name: str, entry: str, flags: dict[str, bool]) -> str:
+def _guard_runs(
+    remaining: list[PatchedSite], checks: _Checks
+) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """After a forward that agreed, though guards kept ``remaining`` from running
+    (``fused_attn`` on by default, ``self.qkv`` built only with ``qkv_fused``): the runs that
+    follow where they lead, with the attributes set after the build, or built so."""
+    flips, built = attribute_flips(remaining), checks.sides.construction_flips(remaining)
+    return [("forward", f, o) for f, o in ((flips, {}), ({}, built)) if f or o]
+
+
+def _label(name: str, entry: str, flags: dict[str, Any]) -> str:
     label = name if entry == "forward" else f"{name}.{entry}"
     if flags:
         label += " [" + ", ".join(f"{key}={value}" for key, value in flags.items()) + "]"
@@ -147,7 +155,7 @@ def _label(name: str, entry: str, flags: dict[str, bool]) -> str:
 def _checked(candidate: Any, entry: str, checks: _Checks) -> ClassVerification:
     """One model of the library, original against patched, in the job's modes; ``entry`` the
     method the comparison calls (its label then names it)."""
-    label = _label(candidate.name, entry, checks.sides.flags)
+    label = _label(candidate.name, entry, {**checks.sides.flags, **checks.sides.overrides})
     checks.writer.plan([*checks.writer.data["planned"], label])
     checks.writer.start(label)
     found = checks.sides.subject(candidate.name, label, entry)

@@ -298,31 +298,72 @@ def test_bench_narrows_a_wide_default_configuration(defaults, expected):
 
 
 def test_guards_are_flipped_after_an_agreeing_check_where_no_site_ran(monkeypatch):
+    """An attribute guard is set after the build; a ``self.x is None`` guard is built so."""
     from types import SimpleNamespace
 
     from adopter.verify import library
     from adopter.verify.results import VERIFIED, ClassVerification
 
-    site = PatchedSite("softmax", 1, 0, 1, 5, "Attention.forward", "Attention")
-    site.guards = ["not (self.fused_attn)"]
-    tried: list[dict[str, bool]] = []
+    flagged = PatchedSite("softmax", 1, 0, 1, 5, "Attention.forward", "Attention")
+    flagged.guards = ["not (self.fused_attn)"]
+    built = PatchedSite("qkv_projection", 2, 0, 2, 5, "Attention.forward", "Attention")
+    built.guards = ["not (self.qkv is not None)"]
+    tried: list[dict[str, object]] = []
 
     def checked(candidate, entry, checks):
-        flags = dict(checks.sides.flags)
-        tried.append(flags)
-        runs = {"eval": {site.key: 1}} if flags else {}  # the guard kept it from running
+        setting = {**checks.sides.flags, **checks.sides.overrides}
+        tried.append(setting)
+        ran = flagged if checks.sides.flags else built if checks.sides.overrides else None
+        runs = {"eval": {ran.key: 1}} if ran else {}  # the guards kept both from running
         modes = {"eval": "verified"}
         return ClassVerification(candidate.name, VERIFIED, "agrees", modes=modes, runs=runs)
 
     monkeypatch.setattr(library, "_checked", checked)
-    sides = SimpleNamespace(flags={}, entries_reaching=lambda name, remaining: [])
+    sides = SimpleNamespace(
+        flags={},
+        overrides={},
+        entries_reaching=lambda name, remaining: [],
+        construction_flips=lambda remaining: {"qkv_fused": False},
+    )
     writer = SimpleNamespace(rows=[], add=lambda row: writer.rows.append(row))
     matched: set[str] = set()
     candidate = SimpleNamespace(name="vit", reason="builds Attention")
     checks = SimpleNamespace(sides=sides, writer=writer)
-    library._check_one(candidate, "", [site], matched, checks)
-    assert tried == [{}, {"fused_attn": False}]
-    assert matched == {site.key}
+    library._check_one(candidate, "", [flagged, built], matched, checks)
+    assert tried == [{}, {"fused_attn": False}, {"qkv_fused": False}]
+    assert matched == {flagged.key, built.key}
+
+
+def test_a_none_guard_names_the_constructor_keyword_that_builds_the_attribute_so():
+    from adopter.models.construction import construction_flips
+
+    text = """
+class Attention(nn.Module):
+    def __init__(self, dim, qkv_fused=True, scale=0.0, norm=None):
+        if qkv_fused:
+            self.qkv = nn.Linear(dim, dim * 3)
+            self.q = self.k = None
+        else:
+            self.qkv = None
+            self.q = nn.Linear(dim, dim)
+        if scale > 0:
+            self.gamma = nn.Parameter(torch.ones(dim) * scale)
+        else:
+            self.gamma = None
+        self.norm = norm  # set from an argument: no keyword decides it alone
+"""
+
+    def guarded(*guards: str) -> PatchedSite:
+        site = PatchedSite("k", 1, 0, 1, 2, "Attention.forward", "Attention")
+        site.guards = list(guards)
+        return site
+
+    assert construction_flips([guarded("not (self.qkv is not None)")], text) == {"qkv_fused": False}
+    assert construction_flips([guarded("self.q is not None")], text) == {"qkv_fused": False}
+    assert construction_flips([guarded("self.qkv is not None")], text) == {"qkv_fused": True}
+    assert construction_flips([guarded("self.gamma is not None")], text) == {"scale": 1.0}
+    assert construction_flips([guarded("self.norm is not None")], text) == {}
+    assert construction_flips([guarded("self.training")], text) == {}
 
 
 def test_an_entry_is_taken_when_its_method_holds_a_site_or_its_construction_builds_a_host():

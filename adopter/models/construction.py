@@ -1,0 +1,113 @@
+"""Constructor keywords that make a site's ``self.<x> is None`` guard lead to it.
+
+A site behind ``if self.qkv is not None:`` ... ``else: <site>`` runs only in a module built
+without ``self.qkv``, and which modules have it was decided in ``__init__`` by one of its
+parameters (timm's ``if qkv_fused: self.qkv = nn.Linear(...) else: self.qkv = None``; FasterNet's
+``if layer_scale_init_value > 0: self.layer_scale = ...``). No attribute set after the build can
+stand for that, so the model is built again with the parameter given (``qkv_fused=False``),
+where the library passes it on (timm's ``create_model`` hands its keywords to the model class,
+which hands most of them to its blocks). Read statically from the file's text: the ``__init__``
+of the site's class, an ``if`` on the parameter alone (``if p:``, ``if not p:``) or compared
+with a number (``if p > 0:``), and ``self.<x> = None`` in one arm and another value in the
+other.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from .sites import PatchedSite
+
+__all__ = ["construction_flips"]
+
+_NONE_GUARD = re.compile(r"^(not \()?self\.(\w+) is (not )?None\)?$")
+
+
+def construction_flips(sites: Iterable[PatchedSite], text: str) -> dict[str, Any]:
+    """``parameter -> value`` of the ``__init__`` of ``sites``' classes in ``text`` (the file)
+    that builds each guarded attribute the way its site needs: ``None`` for a site behind
+    ``not (self.x is not None)``, a value for one behind ``self.x is not None``."""
+    wanted: dict[tuple[str, str], bool] = {}  # (class, attribute) -> the site needs it None
+    for site in sites:
+        for guard in site.guards if site.cls else ():
+            match = _NONE_GUARD.match(guard.strip())
+            if match:
+                negated, is_not = match.group(1) is not None, match.group(3) is not None
+                wanted[(site.cls, match.group(2))] = is_not == negated  # type: ignore[index]
+    if not wanted:
+        return {}
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return {}
+    inits = {
+        node.name: item
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+        for item in node.body
+        if isinstance(item, ast.FunctionDef) and item.name == "__init__"
+    }
+    flips: dict[str, Any] = {}
+    for (cls, attribute), needs_none in wanted.items():
+        if cls in inits:
+            flips.update(_choosing(inits[cls], attribute, needs_none))
+    return flips
+
+
+def _choosing(init: ast.FunctionDef, attribute: str, needs_none: bool) -> dict[str, Any]:
+    parameters = {a.arg for a in [*init.args.args, *init.args.kwonlyargs]}
+    for node in ast.walk(init):
+        if not isinstance(node, ast.If):
+            continue
+        arms = _arm_values(node.test, parameters)
+        if arms is None:
+            continue
+        name, then_value, else_value = arms
+        for body, value in ((node.body, then_value), (node.orelse, else_value)):
+            assigned = _assigns_none(body, attribute)
+            if assigned is not None and assigned == needs_none:
+                return {name: value}
+    return {}
+
+
+def _arm_values(test: ast.expr, parameters: set[str]) -> tuple[str, Any, Any] | None:
+    """``(parameter, value taking the if arm, value taking the else arm)`` for a test on one
+    ``__init__`` parameter, or ``None``."""
+    if isinstance(test, ast.Name) and test.id in parameters:
+        return test.id, True, False
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _arm_values(test.operand, parameters)
+        return None if inner is None or inner[1] is not True else (inner[0], False, True)
+    if (
+        isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Name)
+        and test.left.id in parameters
+        and len(test.ops) == 1
+        and isinstance(test.ops[0], ast.Gt)
+        and isinstance(test.comparators[0], ast.Constant)
+        and type(test.comparators[0].value) in (int, float)
+    ):
+        bound = test.comparators[0].value
+        return test.left.id, bound + 1, bound
+    return None
+
+
+def _assigns_none(body: list[ast.stmt], attribute: str) -> bool | None:
+    """Whether the statements of ``body`` (not nested ones) set ``self.<attribute>`` to
+    ``None`` (``True``) or to something else (``False``); ``None`` when they do not set it."""
+    for statement in body:
+        if not isinstance(statement, ast.Assign):
+            continue
+        for target in statement.targets:
+            if (
+                isinstance(target, ast.Attribute)
+                and target.attr == attribute
+                and isinstance(target.value, ast.Name)
+                and target.value.id == "self"
+            ):
+                value = statement.value
+                return isinstance(value, ast.Constant) and value.value is None
+    return None
