@@ -37,7 +37,7 @@ from ._util import grad_needed_through, has_hooks, is_plain, plain_tensors, trac
 
 __all__ = ["conv_batch_norm"]
 
-_CONVS: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+CONVS: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _SPATIAL = {nn.Conv1d.forward: 1, nn.Conv2d.forward: 2, nn.Conv3d.forward: 3}
 _BN_FOR_DIMS: dict[int, type[nn.Module]] = {
     1: nn.BatchNorm1d,
@@ -52,14 +52,15 @@ def conv_batch_norm(x: torch.Tensor, conv: nn.Module, batch_norm: nn.Module) -> 
     Under autograd (eval-mode fine-tuning with frozen statistics) the two modules run as they
     are: the fold pays off in inference only.
     """
-    if tracing() or not is_plain(conv, *_CONVS) or torch.compiler.is_compiling():
+    if tracing() or not is_plain(conv, *CONVS) or torch.compiler.is_compiling():
         return batch_norm(conv(x))
     # timm's BatchNormAct2d (a BatchNorm2d subclass with its activation, identity when built
     # with ``apply_act=False``): folded with its activation by the conv + BN + act kernel.
     if timm_norm_act(batch_norm, "BatchNormAct2d"):
         fused = fold_timm(x, conv, batch_norm)
         return batch_norm(conv(x)) if fused is None else fused
-    folded = stock_fold(x, conv, batch_norm)
+    stock = is_plain(batch_norm, nn.modules.batchnorm._BatchNorm)
+    folded = None if not stock or grad_needed_through(x, conv) else stock_fold(x, conv, batch_norm)
     if folded is None:
         return batch_norm(conv(x))
     return conv._conv_forward(x, *folded)
@@ -68,13 +69,12 @@ def conv_batch_norm(x: torch.Tensor, conv: nn.Module, batch_norm: nn.Module) -> 
 def stock_fold(
     x: torch.Tensor, conv: nn.Module, bn: nn.Module
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(W', b')`` of a stock ``bn`` of ``conv``'s dimensions folded into ``conv`` (a stock
-    convolution, which the caller checked) for input ``x``, or ``None`` when it cannot be
-    folded now (training, autograd recording through the convolution, another layout)."""
+    """``(W', b')`` of ``bn`` folded into ``conv`` for input ``x``, or ``None`` when it cannot
+    be folded now (training, another layout, a norm of other dimensions). The caller checked
+    that both modules are stock and that autograd does not record through the convolution:
+    the conv + BN + act kernel checks more than that, and each check runs once a call."""
     spatial = _SPATIAL[type(conv).forward]
     if x.dim() != spatial + 2 or not plain_tensors(x) or not isinstance(bn, _BN_FOR_DIMS[spatial]):
-        return None
-    if not is_plain(bn, nn.modules.batchnorm._BatchNorm) or grad_needed_through(x, conv):
         return None
     return _folded(conv, bn)
 

@@ -35,7 +35,7 @@ from torch import nn
 
 from ._activations import ActSpec, resolve_activation
 from ._util import grad_needed, grad_needed_through, is_plain, plain_tensors, tracing
-from .conv import conv_batch_norm, fold_timm, stock_fold, timm_norm_act
+from .conv import CONVS, conv_batch_norm, fold_timm, stock_fold, timm_norm_act
 
 __all__ = ["conv_bn_act", "group_norm_activation"]
 
@@ -92,9 +92,6 @@ def group_norm_activation(
 # Conv -> BatchNorm -> activation
 
 
-_CONVS: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
-
-
 def _inactive(drop: object) -> bool:
     """``drop`` passes its input through unchanged: an ``nn.Identity`` or an eval-mode
     ``nn.Dropout`` (stock, unhooked). timm's ``DropBlock2d`` and the like are not recognised."""
@@ -133,7 +130,7 @@ def conv_bn_act(
         return conv_batch_norm(x, conv, bn)
     spec = resolve_activation(act)
     recording = grad_needed_through(x, conv, bn)
-    stock = is_plain(conv, *_CONVS) and is_plain(bn, nn.modules.batchnorm._BatchNorm)
+    stock = is_plain(conv, *CONVS) and is_plain(bn, nn.modules.batchnorm._BatchNorm)
     if spec is None or recording or not stock:
         return original()
     # Without autograd the folded convolution's output, or the BatchNorm's, is a fresh buffer,

@@ -10,6 +10,7 @@ Worker side only: the builds import torch and the library.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -54,11 +55,15 @@ class LibrarySides:
     def construction_flips(self, remaining: list[PatchedSite]) -> dict[str, Any]:
         """The constructor keywords that build the guarded attributes of ``remaining`` the
         way their sites need (:func:`~adopter.models.construction.construction_flips`)."""
+        return construction_flips(remaining, self._patched_text) if self._patched_text else {}
+
+    @functools.cached_property
+    def _patched_text(self) -> str:
+        """The patched file's text, read once however many models are checked ("": none)."""
         try:
-            text = Path(self.patched.__file__ or "").read_text(encoding="utf-8")
+            return Path(self.patched.__file__ or "").read_text(encoding="utf-8")
         except (OSError, TypeError, UnicodeDecodeError):
-            return {}
-        return construction_flips(remaining, text)
+            return ""
 
     def build(self, name: str, patched: bool, entry: str = "forward") -> tuple[Any, Any, dict]:
         """One side of model ``name``: the model, its inputs and what made it small."""

@@ -179,14 +179,13 @@ class TimmAdapter:
         if builds is not None:
             order = [(m, why) for m, why in order if m in builds or why != _ANY_MODEL]
         # The smallest builder of a class no small model builds may be built above the limit.
-        self._admitted.update(m for m in builds or () if self._size(m) > MAX_SMALL_PARAMETERS)
+        for model in builds or ():
+            survey = self.survey(model, module_name)
+            if survey is not None and survey.parameters > MAX_SMALL_PARAMETERS:
+                self._admitted.add(model)
         return [
             ModelCandidate(model, why, self._limit(model)) for model, why in order[:MAX_CANDIDATES]
         ]
-
-    def _size(self, name: str) -> int:
-        look = self._meta_look(name)
-        return 0 if look is None else look[1]
 
     def _limit(self, name: str) -> int:
         return MAX_FALLBACK_PARAMETERS if name in self._admitted else MAX_SMALL_PARAMETERS
