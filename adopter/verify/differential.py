@@ -55,6 +55,7 @@ from .compare import (
     compare_values,
     mismatch,
     referee_value,
+    tolerance_for,
 )
 from .results import NOT_CHECKABLE, REFUTED, VERIFIED, ClassVerification
 
@@ -414,31 +415,40 @@ def _referee(
         # all rounding can still be judged float64 against float64, where both sides draw alike.
         spread = {d.name: d.max_abs_diff for d in failing}
         figures = [replace(f, float32_spread=spread[f.name]) for f in figures]
-    if any(f.is_noise for f in figures):
+    if any(f.is_noise or f.near_miss for f in figures):
         run = partial(in_float64, patched_model)
-        figures = _noise_in_float64(figures, run, reference_values, tol)
+        figures = _patched_in_float64(figures, run, reference_values, tol)
     return _Referee(all(f.passes for f in figures), figures)
 
 
-def _noise_in_float64(
+def _patched_in_float64(
     figures: list[RefereeFigures],
     patched_run: Callable[[], SideRun],
     reference_values: dict[str, Any],
     tol: Tolerance,
 ) -> list[RefereeFigures]:
-    """``figures`` with ``agrees_in_float64`` set on the values that are all rounding in the
-    original's float32 run (or exactly zero): does the patched model, run in float64 as well
-    (``patched_run``), compute what the original does there? Unset where that run fails."""
+    """``figures`` with ``agrees_in_float64`` set where the patched model's own float64 run
+    (``patched_run``) decides: on values all rounding in the original's float32 run (or exactly
+    zero), within ``tol``; on near misses (:attr:`RefereeFigures.near_miss`), within the
+    float64 tolerance. Unset where that run fails."""
     try:
         patched_values = patched_run().labelled()
     except Exception:
         return figures
+    strict = tolerance_for(torch.float64)
 
-    def agrees(name: str) -> bool:
-        found = compare_values(name, reference_values.get(name), patched_values.get(name), tol)
-        return found.ok
+    def judged(figure: RefereeFigures) -> RefereeFigures:
+        if not (figure.is_noise or figure.near_miss):
+            return figure
+        found = compare_values(
+            figure.name,
+            reference_values.get(figure.name),
+            patched_values.get(figure.name),
+            tol if figure.is_noise else strict,
+        )
+        return replace(figure, agrees_in_float64=found.ok)
 
-    return [replace(f, agrees_in_float64=agrees(f.name)) if f.is_noise else f for f in figures]
+    return [judged(f) for f in figures]
 
 
 def _refereed(

@@ -20,6 +20,7 @@ from ..models.common import error_line, torch_dtype
 from ..models.dropout import has_dropout, zero_dropout_modules
 from ..models.interface import Subject, Unbuildable
 from .compare import Tolerance, tolerance_for
+from .conditioning import conditioned_state
 from .differential import (
     SKIPPED,
     ModelSource,
@@ -33,7 +34,7 @@ from .differential import (
 from .options import VerifyOptions
 from .results import NOT_CHECKABLE, REFUTED, ClassVerification
 
-__all__ = ["ModeRun", "Sides", "prove", "run_modes", "sides_from", "sides_of", "verdict_of"]
+__all__ = ["ModeRun", "Sides", "prove", "run_modes", "sides_of", "verdict_of"]
 
 
 @dataclass
@@ -46,26 +47,22 @@ class Sides:
 
 
 def sides_of(
-    build_original: Callable[[], nn.Module], build_patched: Callable[[], nn.Module]
+    build_original: Callable[[], nn.Module],
+    build_patched: Callable[[], nn.Module],
+    inputs: Any,
+    seed: int,
 ) -> tuple[Sides, str | None]:
-    """Fresh-model sources of both sides, the original's weights, and why the patched model
+    """Fresh-model sources of both sides, the weights both run with (the original's,
+    conditioned on ``inputs``: :mod:`adopter.verify.conditioning`), and why the patched model
     does not take them (``None`` when it does)."""
-    return sides_from(build_original(), build_patched(), build_original, build_patched)
-
-
-def sides_from(
-    original: nn.Module,
-    patched: nn.Module,
-    rebuild_original: Callable[[], nn.Module],
-    rebuild_patched: Callable[[], nn.Module],
-) -> tuple[Sides, str | None]:
-    """:func:`sides_of` for models already built (``rebuild_*`` build fresh ones alike)."""
+    original, patched = build_original(), build_patched()
     state = snapshot_state(original)
     problem = load_strictly(patched, state)
+    originals = pristine_copies(original, build_original)
     sides = Sides(
-        pristine_copies(original, rebuild_original),
-        pristine_copies(patched, rebuild_patched),
-        state,
+        originals,
+        pristine_copies(patched, build_patched),
+        conditioned_state(state, originals, inputs, seed),
     )
     return sides, problem
 
@@ -127,7 +124,9 @@ def prove(subject: Subject, recorder: Any, options: VerifyOptions) -> ClassVerif
     """The verdict of ``subject`` in the modes of ``options``; ``recorder`` (a
     :class:`~adopter.verify.coverage.SiteRecorder`, or ``None``) counts the sites that run."""
     try:
-        sides, problem = sides_of(subject.build_original, subject.build_patched)
+        sides, problem = sides_of(
+            subject.build_original, subject.build_patched, subject.inputs, options.seed
+        )
     except Exception as exc:
         reason = f"building the patched model raised {error_line(exc)}"
         return ClassVerification(subject.name, REFUTED, reason, where="construction")
@@ -169,7 +168,7 @@ def run_modes(
     quiet_sides = sides if quiet is None else None
     if quiet is not None:
         try:
-            quiet_sides, problem = sides_of(*quiet())
+            quiet_sides, problem = sides_of(*quiet(), run.inputs, run.seed)
         except Exception as exc:
             reason = f"building the models without dropout raised {error_line(exc)}"
             outcomes["train"] = ModeOutcome(NOT_CHECKABLE, reason)

@@ -311,11 +311,45 @@ class ChaoticShifted(ChaoticOtherOrder):
     shift = 0.5
 
 
+def test_a_near_miss_needs_the_patched_float64_run_to_agree() -> None:
+    reference = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    original = torch.tensor([1.001, -2.0])
+    within_twice = referee_value("v", original, torch.tensor([1.0018, -2.0]), reference, F32)
+    assert within_twice.near_miss and not within_twice.passes  # float64 not run yet
+    assert replace(within_twice, agrees_in_float64=True).passes
+    assert not replace(within_twice, agrees_in_float64=False).passes
+    beyond = referee_value("v", original, torch.tensor([1.003, -2.0]), reference, F32)
+    assert not beyond.near_miss and not replace(beyond, agrees_in_float64=True).passes
+    closer = referee_value("v", original, torch.tensor([1.0005, -2.0]), reference, F32)
+    assert closer.passes and not closer.near_miss  # the plain rule settles it alone
+
+
+def test_a_correct_reordering_that_rounds_worse_by_chance_is_verified_in_float64() -> None:
+    # at this seed the correct rewrite lands up to 1.5x farther from the float64 run than the
+    # original: the referee's plain rule refutes it, its float64 run agrees to nine digits
+    outcome = judge(Chaotic, ChaoticOtherOrder, 4)
+    assert outcome.status == "verified", outcome.detail
+    assert "within twice: the patched model in float64 agrees" in outcome.detail
+
+
+class ChaoticOtherOrderFloat32Only(ChaoticOtherOrder):
+    """The correct rewrite as a kernel without float64 (many GPU kernels): its float64 run
+    fails, so a near miss cannot be settled there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mix = torch.eye(32)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) @ self.mix
+
+
 @pytest.mark.parametrize("seed", [3, 4])
 def test_an_ill_conditioned_comparison_is_not_checkable_rather_than_refuted(seed: int) -> None:
-    # at these seeds the correct rewrite lands farther from the float64 run than the original
-    # (the referee alone refutes it), and weights one rounding unit apart move the original as far
-    outcome = judge(Chaotic, ChaoticOtherOrder, seed)
+    # at these seeds the correct rewrite lands farther from the float64 run than the original,
+    # its own float64 run fails (the referee refutes it), and weights one rounding unit apart
+    # move the original as far
+    outcome = judge(Chaotic, ChaoticOtherOrderFloat32Only, seed)
     assert outcome.status == "not checkable", outcome.detail
     assert "float64 referee: against a float64 run of the original" in outcome.detail
     assert "ill-conditioned here" in outcome.detail
