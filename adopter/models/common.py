@@ -10,11 +10,13 @@ import random
 import sys
 import traceback
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 __all__ = [
+    "Continued",
     "call_model",
     "cast_inputs",
     "error_line",
@@ -51,13 +53,29 @@ def seed_everything(seed: int) -> None:
         pass
 
 
+@dataclass(frozen=True)
+class Continued:
+    """Inputs of two calls of one model, the second continuing from the first: ``first`` as
+    keyword arguments, then ``second`` together with what ``carry`` takes from the first call's
+    output (a language model's cache of keys and values: code that runs only on a cached step
+    runs then). The model's output is both calls' outputs, in order; the first alone where
+    ``carry`` finds nothing to continue from (``None``)."""
+
+    first: dict[str, Any]
+    second: dict[str, Any]
+    carry: Callable[[Any], dict[str, Any] | None]
+
+
 def map_tensors(value: Any, change: Callable[[Any], Any]) -> Any:
     """``value`` with ``change`` applied to every tensor in it, nested in mappings (which come
-    back as dicts), tuples and lists; anything else as it is."""
+    back as dicts), tuples, lists and :class:`Continued` calls; anything else as it is."""
     import torch
 
     if isinstance(value, torch.Tensor):
         return change(value)
+    if isinstance(value, Continued):
+        first, second = map_tensors(value.first, change), map_tensors(value.second, change)
+        return Continued(first, second, value.carry)
     if isinstance(value, Mapping):
         return {key: map_tensors(item, change) for key, item in value.items()}
     if isinstance(value, (tuple, list)):
@@ -72,7 +90,12 @@ def cast_inputs(inputs: Any, dtype: Any) -> Any:
 
 def call_model(model: Any, inputs: Any) -> Any:
     """``model`` called with ``inputs``: a mapping as keyword arguments, a tuple or list as
-    positional ones, anything else as the one argument."""
+    positional ones, :class:`Continued` inputs as two calls, anything else as the one
+    argument."""
+    if isinstance(inputs, Continued):
+        first = model(**inputs.first)
+        carried = inputs.carry(first)
+        return (first,) if carried is None else (first, model(**inputs.second, **carried))
     if isinstance(inputs, Mapping):
         return model(**inputs)
     if isinstance(inputs, (tuple, list)):

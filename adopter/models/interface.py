@@ -29,6 +29,7 @@ from typing import Any
 
 __all__ = [
     "BUILD_FAILED",
+    "CACHED_STEP",
     "DEFAULT_ADAPTER",
     "PART_SUFFIX",
     "PER_ELEMENT",
@@ -48,6 +49,11 @@ of a per-layer list (``config.layer_types[i] == "sparse"``): the field name with
 PART_SUFFIX = " (part)"
 """How a part check's verdict names the module class it checked on its own
 (:mod:`adopter.models.parts`: ``LlavaMultiModalProjector (part)``)."""
+
+CACHED_STEP = "cached_step"
+"""The override key of a check that calls a language model twice, the second time with the
+cache of keys and values the first returned (code under ``if past_key_values is not None:``
+runs only then); an adapter pops it before building the configuration."""
 
 BUILD_FAILED = "could not build and run the original model"
 """How an :class:`Unbuildable` reason starts when no recipe gave a model that runs."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+from adopter.models.interface import CACHED_STEP
 from adopter.models.sites import find_sites
 from adopter.models.transformers.reach import (
     EveryLayer,
@@ -386,3 +387,20 @@ def test_experts_whose_forward_the_configuration_dispatches_get_an_eager_experts
     assert ("Model", {"experts_implementation": "eager"}) not in reach_attempts(
         in_dense, ["Model"], ["Model"], False, defaults
     )
+
+
+def test_a_site_under_a_cache_guard_is_tried_on_a_cached_step_first() -> None:
+    sparse = _sites()["SparseAttention.forward"]
+    sparse.guards = ["past_key_value is not None"]
+    encoder = {"attention_type": "full", "is_decoder": False, "is_encoder_decoder": False}
+    defaults = {"Model": encoder, "ForMasking": dict(encoder, is_decoder=True)}
+    attempts = reach_attempts(sparse, ["Model"], ["Model", "ForMasking"], False, defaults)
+    # a model that is no decoder by default is configured as one, so that it returns a cache
+    assert attempts[0] == ("Model", {CACHED_STEP: True, "is_decoder": True})
+    flipped = {"attention_type": "block_sparse", CACHED_STEP: True, "is_decoder": True}
+    assert attempts[1] == ("Model", flipped)
+    assert ("ForMasking", {CACHED_STEP: True}) in attempts  # another host, a decoder already
+    sparse.guards = ["self.use_sparse"]
+    assert all(CACHED_STEP not in overrides for _, overrides in reach_attempts(
+        sparse, ["Model"], ["Model", "ForMasking"], False, defaults
+    ))  # fmt: skip

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from ..common import cast_inputs, error_line, module_sources, module_text, torch_dtype
-from ..interface import BUILD_FAILED, BuildSettings, Subject, Unbuildable
+from ..interface import BUILD_FAILED, CACHED_STEP, BuildSettings, Subject, Unbuildable
 from .config import ModelRecipe, build_config, recipes
-from .inputs import make_inputs
+from .inputs import continued_inputs, make_inputs
 from .reach import resolve_deferred
 from .repairs import layout_fix, named_parameters, size_fixes, split_fixes
 from .tokens import token_id_fixes
@@ -49,10 +49,17 @@ def subject(
     patched_cls = getattr(patched_module, name, None)
     if not isinstance(patched_cls, type):
         return Unbuildable("the patched source does not define it", refuted=True)
+    overrides = dict(overrides)
+    cached_step = bool(overrides.pop(CACHED_STEP, False))
     found = _first_runnable(original_cls, name, module_text(original_module), overrides, settings)
     if isinstance(found, Unbuildable):
         return found
     recipe, fixes, config, inputs = found
+    labelled = with_labels(original_cls, inputs)
+    if cached_step:
+        inputs, labelled = continued_inputs(original_cls, inputs), None
+        if inputs is None:
+            return Unbuildable("its forward takes no past_key_values to continue from")
 
     def build(cls: type, chosen: Any) -> Any:
         torch.manual_seed(settings.seed)
@@ -71,7 +78,7 @@ def subject(
         lambda: build(patched_cls, config),
         inputs,
         quiet=quiet,
-        labelled_inputs=with_labels(original_cls, inputs),
+        labelled_inputs=labelled,
         dropout_texts=[module_text(patched_module)],
     )
 

@@ -12,11 +12,12 @@ from typing import Any
 
 import torch
 
+from ..common import Continued
 from .config import sub_attr as _sub_attr
 from .patch_grid import grid_parameter, patch_grid
 from .tokens import placeholder_layout, placeholder_token_ids, special_token_ids
 
-__all__ = ["MODALITIES", "make_inputs"]
+__all__ = ["MODALITIES", "continued_inputs", "make_inputs"]
 
 
 BATCH = 2
@@ -361,3 +362,43 @@ def _named_input(
     if isinstance(categories, int) and not isinstance(categories, bool) and categories > 0:
         return torch.randint(0, categories, (*lead, 1), generator=gen)
     return None
+
+
+# Per-token inputs of a decoder's step, besides its ids, that a cached step takes for the new
+# token only (the encoder's inputs of an encoder-decoder stay whole: cross-attention reads them).
+_STEP_KEYS = {
+    "input_ids": ("input_ids", "token_type_ids", "position_ids"),
+    "decoder_input_ids": ("decoder_input_ids", "decoder_position_ids"),
+}
+_STEP_MASK = {"input_ids": "attention_mask", "decoder_input_ids": "decoder_attention_mask"}
+
+
+def _carried_cache(output: Any) -> dict[str, Any] | None:
+    cache = getattr(output, "past_key_values", None)
+    return None if cache is None else {"past_key_values": cache}
+
+
+def continued_inputs(cls: type, inputs: dict[str, Any]) -> Continued | None:
+    """``inputs`` of model class ``cls`` as a first call that returns the cache of keys and
+    values, then a second call of one more token with that cache: the cached step of
+    generation, where code under ``if past_key_values is not None:`` runs. The new token's ids
+    are the last ones again; its attention mask gains one attended position. ``None`` where
+    the model takes no cache or the inputs have no token ids to step."""
+    params = inspect.signature(cls.forward).parameters
+    ids_key = "decoder_input_ids" if "decoder_input_ids" in inputs else "input_ids"
+    ids = inputs.get(ids_key)
+    if "past_key_values" not in params or not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        return None
+    first = dict(inputs)
+    if "use_cache" in params:
+        first["use_cache"] = True
+    second = dict(first)
+    length = ids.shape[1]
+    for key in _STEP_KEYS[ids_key]:
+        value = second.get(key)
+        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[1] == length:
+            second[key] = value[:, -1:]
+    mask = second.get(_STEP_MASK[ids_key])
+    if isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[1] == length:
+        second[_STEP_MASK[ids_key]] = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+    return Continued(first, second, _carried_cache)

@@ -14,7 +14,7 @@ import re
 from types import ModuleType
 from typing import Any
 
-from ..interface import PER_ELEMENT
+from ..interface import CACHED_STEP, PER_ELEMENT
 
 __all__ = [
     "EveryLayer",
@@ -209,11 +209,22 @@ def reach_attempts(
     if not checked_hosts:
         attempts += [(name, {}) for name in fresh[:2]]
     hosts = _flip_hosts(site, available, fixed, broken, checked_hosts + fresh)
-    for host in hosts[:1]:  # ``defaults``: each class's configuration defaults
-        attempts += _host_flips(site, defaults.get(host, {}), host)
+    attempts += _flips_on(site, hosts, defaults)
     if not fixed:
         rest = fresh + [name for name in available if name not in checked and name not in fresh]
         attempts += [(name, {}) for name in rest]
+    return attempts
+
+
+def _flips_on(
+    site: Any, hosts: list[str], defaults: dict[str, dict[str, Any]]
+) -> list[tuple[str, dict[str, Any]]]:
+    """The flipped options of ``hosts``' first (``defaults``: each class's configuration
+    defaults); for a site under a cache guard, a cached step of the next two as well (another
+    host may be the decoder that returns a cache)."""
+    attempts = [a for host in hosts[:1] for a in _host_flips(site, defaults.get(host, {}), host)]
+    if _cache_guarded(site):
+        attempts += [(host, _cached_step(defaults.get(host, {}))) for host in hosts[1:3]]
     return attempts
 
 
@@ -227,8 +238,34 @@ def _flip_hosts(
     return hosts + [name for name in candidates if name not in hosts]
 
 
+# A guard on the cache of keys and values (``past_key_value is not None``, GPT-2's
+# ``layer_past``): the code under it runs on a cached step of generation only.
+_CACHE_GUARD = re.compile(r"\b(past_key_values?|layer_past|cache)\b")
+
+
+def _cache_guarded(site: Any) -> bool:
+    return any(_CACHE_GUARD.search(guard) for guard in site.guards)
+
+
+def _cached_step(defaults: dict[str, Any]) -> dict[str, Any]:
+    """The overrides of a cached-step check: a model that is no decoder by default (BERT's
+    family) returns no cache, so it is configured as one, as its language-model heads are."""
+    cached: dict[str, Any] = {CACHED_STEP: True}
+    if defaults.get("is_decoder") is False and not defaults.get("is_encoder_decoder"):
+        cached["is_decoder"] = True
+    return cached
+
+
 def _host_flips(site: Any, defaults: dict[str, Any], host: str) -> list[tuple[str, dict]]:
-    attempts = [(host, flip) for flip in flips(site, defaults)]
+    config_flips = flips(site, defaults)
+    attempts = [(host, flip) for flip in config_flips]
+    if _cache_guarded(site):
+        cached = _cached_step(defaults)
+        # the cached step alone first, then with each option flipped (a decoder's cross-
+        # attention cache needs add_cross_attention too)
+        attempts = (
+            [(host, cached)] + [(host, {**flip, **cached}) for flip in config_flips] + attempts
+        )
     if site.cls in defaults.get("_dispatched_experts", ()):
         attempts.append((host, dict(_EAGER_EXPERTS)))
     if defaults.get("_chooses_attention"):
