@@ -9,7 +9,8 @@ where the library passes it on (timm's ``create_model`` hands its keywords to th
 which hands most of them to its blocks). Read statically from the file's text: the ``__init__``
 of the site's class, an ``if`` on the parameter alone (``if p:``, ``if not p:``) or compared
 with a number (``if p > 0:``), and ``self.<x> = None`` in one arm and another value in the
-other.
+other; or the parameter stored as it is (``self.gamma = gamma``), given a value of its
+annotated type.
 """
 
 from __future__ import annotations
@@ -36,7 +37,10 @@ def construction_flips(sites: Iterable[PatchedSite], text: str) -> dict[str, Any
             match = _NONE_GUARD.match(guard.strip())
             if match:
                 negated, is_not = match.group(1) is not None, match.group(3) is not None
-                wanted[(site.cls, match.group(2))] = is_not == negated  # type: ignore[index]
+                key = (site.cls, match.group(2))
+                # Sites in both arms: the one that needs a value, as most such attributes are
+                # None by default, and the first build ran that arm already.
+                wanted[key] = wanted.get(key, True) and is_not == negated  # type: ignore[index]
     if not wanted:
         return {}
     try:
@@ -69,6 +73,36 @@ def _choosing(init: ast.FunctionDef, attribute: str, needs_none: bool) -> dict[s
         for body, value in ((node.body, then_value), (node.orelse, else_value)):
             assigned = _assigns_none(body, attribute)
             if assigned is not None and assigned == needs_none:
+                return {name: value}
+    return _passed_through(init, attribute, needs_none)
+
+
+# A value of each annotated type for a parameter stored as it is (``self.gamma = gamma``,
+# ``gamma: Optional[float] = None``): any value that is not None takes the site's arm.
+_VALUE_OF_TYPE = (("bool", True), ("float", 2.0), ("int", 2))
+
+
+def _passed_through(init: ast.FunctionDef, attribute: str, needs_none: bool) -> dict[str, Any]:
+    """``{parameter: value}`` where ``__init__`` stores a parameter as ``self.<attribute>``
+    unchanged (SimPool's ``self.gamma = gamma``): ``None`` where the site needs it so, else a
+    value of the parameter's annotated type; ``{}`` where neither applies."""
+    annotations = {a.arg: a.annotation for a in [*init.args.args, *init.args.kwonlyargs]}
+    for statement in init.body:
+        if not (isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Name)):
+            continue
+        name = statement.value.id
+        stores = any(
+            isinstance(t, ast.Attribute) and t.attr == attribute and isinstance(t.value, ast.Name)
+            and t.value.id == "self"
+            for t in statement.targets
+        )  # fmt: skip
+        if not stores or name not in annotations:
+            continue
+        if needs_none:
+            return {name: None}
+        annotation = ast.unparse(annotations[name]) if annotations[name] is not None else ""
+        for type_name, value in _VALUE_OF_TYPE:
+            if re.search(rf"\b{type_name}\b", annotation):
                 return {name: value}
     return {}
 

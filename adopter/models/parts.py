@@ -28,6 +28,7 @@ from .common import call_model, seed_everything, torch_dtype
 from .interface import PART_SUFFIX, BuildSettings, Subject, Unbuildable
 
 __all__ = [
+    "STANDALONE_WIDTH",
     "MainOutput",
     "input_candidates",
     "part_classes",
@@ -35,6 +36,7 @@ __all__ = [
     "part_subject",
     "parts_to_check",
     "runnable_inputs",
+    "standalone_part",
 ]
 
 _TOKENS = 5  # sequence length of a token-shaped input
@@ -410,3 +412,51 @@ def _constructed_from_any(
         first = first or outcome
     assert first is not None
     return first
+
+
+STANDALONE_WIDTH = 32
+"""The size a class built on its own is given for each required size argument: divisible by the
+head counts and reduction divisors layer classes default to (8 heads, a divisor of 8)."""
+
+# Required constructor arguments that are a layer's width, by name.
+_WIDTH_ARGUMENTS = re.compile(
+    r"(channels|in_chs|dim|d_model|in_features|num_features|hidden_size|embed_dim|width)$"
+)
+
+
+def standalone_part(
+    cls: type, settings: BuildSettings, keywords: dict[str, Any]
+) -> tuple[nn.Module, tuple[str, Any]]:
+    """``cls`` built on its own (a layer class no model of its library builds), seeded: each
+    required argument a width by its name (``channels``, ``dim``, ``d_model``:
+    :data:`STANDALONE_WIDTH`), ``keywords`` on top, wrapped in :class:`MainOutput`; with the
+    first input it runs on (its shape, the inputs): those its layers suggest
+    (:func:`runnable_inputs`), else channels-first maps, tokens or vectors of that width.
+    Raises ``ValueError`` saying why where it cannot be built or run."""
+    arguments = {}
+    for name in _required(cls):
+        if not _WIDTH_ARGUMENTS.search(name):
+            raise ValueError(f"{cls.__name__} requires {name!r}, which is no width to guess")
+        arguments[name] = STANDALONE_WIDTH
+    torch.manual_seed(settings.seed)
+    part = cls(**arguments, **keywords).to(torch_dtype(settings.dtype))
+    found = runnable_inputs(part, settings) or _width_inputs(part, settings)
+    if found is None:
+        raise ValueError(f"{cls.__name__} built on its own runs on none of the inputs tried")
+    return MainOutput(part), found
+
+
+def _width_inputs(part: nn.Module, settings: BuildSettings) -> tuple[str, Any] | None:
+    width, dtype = STANDALONE_WIDTH, torch_dtype(settings.dtype)
+    for shape in ((2, width, *_SPATIAL[2]), (2, _TOKENS, width), (2, width)):
+        generator = torch.Generator().manual_seed(settings.seed)
+        inputs = (torch.randn(shape, generator=generator, dtype=dtype),)
+        seed_everything(settings.seed)
+        try:
+            with torch.no_grad():
+                result = MainOutput(part.eval())(*inputs)
+        except Exception:  # noqa: BLE001 - a shape the part does not take: try the next
+            continue
+        if isinstance(result, torch.Tensor) and result.is_floating_point():
+            return "x".join(map(str, shape)), inputs
+    return None

@@ -54,6 +54,7 @@ __all__ = [
 BATCH = 2
 SMALL_CLASSES = 10
 FEATURES = "features_only"  # the entry that builds the model as a feature extractor
+STANDALONE = ":"  # "timm.layers.coord_attn:CoordAttn": a class built on its own, by no model
 FREE_SIZE = 64
 FIXED_SIZE = 112
 MAX_CANDIDATES = 40
@@ -183,8 +184,26 @@ class TimmAdapter:
             survey = self.survey(model, module_name)
             if survey is not None and survey.parameters > MAX_SMALL_PARAMETERS:
                 self._admitted.add(model)
-        return [
+        found = [
             ModelCandidate(model, why, self._limit(model)) for model, why in order[:MAX_CANDIDATES]
+        ]
+        return found or self._standalone_candidates(module_name, names)
+
+    def _standalone_candidates(self, module_name: str, names: set[str]) -> list[ModelCandidate]:
+        """Where no registered model builds the file's classes (layers timm ships for users'
+        own models: ``CoordAttn``, ``SimPool2d``), each module class of ``names`` the file
+        defines, to be built on its own (:func:`~adopter.models.parts.standalone_part`)."""
+        import importlib
+
+        from torch import nn
+
+        module = importlib.import_module(module_name)
+        return [
+            ModelCandidate(f"{module_name}{STANDALONE}{name}", "no registered model builds it")
+            for name in sorted(names)
+            if isinstance(cls := getattr(module, name, None), type)
+            and issubclass(cls, nn.Module)
+            and cls.__module__ == module_name
         ]
 
     def _limit(self, name: str) -> int:
@@ -243,6 +262,9 @@ class TimmAdapter:
         return SurveyStore("timm", timm.__version__)
 
     def survey(self, name: str, module_name: str) -> ModelSurvey | None:
+        if STANDALONE in name:  # a class built on its own: it builds that class
+            owner, _, cls = name.partition(STANDALONE)
+            return ModelSurvey(frozenset({cls} if owner == module_name else ()), 0)
         return module_survey(self._meta_look, name, module_name)
 
     def _meta_look(self, name: str) -> tuple[dict[str, list[str]], int] | None:
@@ -336,6 +358,8 @@ class TimmAdapter:
     ) -> BuiltModel:
         import torch
 
+        if STANDALONE in name:
+            return self._build_standalone(name, seed, dict(overrides or {}))
         kwargs, height, width = self._setting(name, full_size)
         construction = {**(overrides or {}), **({FEATURES: True} if entry == FEATURES else {})}
         torch.manual_seed(seed)
@@ -349,12 +373,23 @@ class TimmAdapter:
             model, settings = entry_point(model, entry), {**settings, "entry": entry}
         return BuiltModel(model, inputs, settings)
 
+    def _build_standalone(self, name: str, seed: int, overrides: dict[str, Any]) -> BuiltModel:
+        import importlib
+
+        from .interface import BuildSettings
+        from .parts import standalone_part  # imports torch: worker side only
+
+        module_name, _, cls = name.partition(STANDALONE)
+        layer = getattr(importlib.import_module(module_name), cls)
+        model, (shape, inputs) = standalone_part(layer, BuildSettings(seed, "float32"), overrides)
+        return BuiltModel(model, inputs, {**overrides, "input": shape})
+
     def entries(self, name: str) -> list[str]:
         """The model's other entry points that run layers, besides ``forward``:
         ``forward_intermediates`` (feature extraction), and the model built with
         ``features_only=True``, which builds timm's feature-extraction classes
         (``EfficientNetFeatures``, ``HighResolutionNetFeatures``) instead of the classifier."""
-        return ["forward_intermediates", FEATURES]
+        return [] if STANDALONE in name else ["forward_intermediates", FEATURES]
 
     def entry_classes(self, name: str, entry: str, module_name: str) -> frozenset[str] | None:
         """What the ``features_only`` build holds of ``module_name`` (a meta-device build, kept

@@ -142,7 +142,8 @@ def _guard_runs(
     (``fused_attn`` on by default, ``self.qkv`` built only with ``qkv_fused``): the runs that
     follow where they lead, with the attributes set after the build, or built so."""
     flips, built = attribute_flips(remaining), checks.sides.construction_flips(remaining)
-    return [("forward", f, o) for f, o in ((flips, {}), ({}, built)) if f or o]
+    both = [(flips, built)] if flips and built else []  # SimPool: gamma set, fused_attn off
+    return [("forward", f, o) for f, o in [(flips, {}), ({}, built), *both] if f or o]
 
 
 def _label(name: str, entry: str, flags: dict[str, Any]) -> str:

@@ -366,6 +366,31 @@ class Attention(nn.Module):
     assert construction_flips([guarded("self.training")], text) == {}
 
 
+def test_a_parameter_stored_as_it_is_gets_a_value_of_its_annotated_type():
+    from adopter.models.construction import construction_flips
+
+    text = """
+class Pool(nn.Module):
+    def __init__(self, dim, gamma: Optional[float] = None, mask: bool = False, other=None):
+        self.gamma = gamma
+        self.mask = mask
+        self.other = other
+"""
+
+    def guarded(*guards: str) -> PatchedSite:
+        site = PatchedSite("k", 1, 0, 1, 2, "Pool.forward", "Pool")
+        site.guards = list(guards)
+        return site
+
+    assert construction_flips([guarded("self.gamma is not None")], text) == {"gamma": 2.0}
+    assert construction_flips([guarded("not (self.gamma is not None)")], text) == {"gamma": None}
+    # sites in both arms: the arm that needs a value (the default build ran the other)
+    both = [guarded("not (self.gamma is not None)"), guarded("self.gamma is not None")]
+    assert construction_flips(both, text) == {"gamma": 2.0}
+    assert construction_flips([guarded("self.mask is not None")], text) == {"mask": True}
+    assert construction_flips([guarded("self.other is not None")], text) == {}  # no type
+
+
 def test_an_entry_is_taken_when_its_method_holds_a_site_or_its_construction_builds_a_host():
     from adopter.models.library_sides import LibrarySides
 

@@ -30,6 +30,19 @@ def test_timm_candidates_of_a_model_module_build_the_patched_class():
         assert built.model.eval()(*built.inputs).shape == (2, 10)
 
 
+def test_a_timm_layer_no_registered_model_builds_is_built_on_its_own():
+    adapter = adapter_for("timm")
+    candidates = adapter.candidates("timm.layers.coord_attn", {"CoordAttn"})
+    assert [c.name for c in candidates] == ["timm.layers.coord_attn:CoordAttn"]
+    survey = adapter.survey(candidates[0].name, "timm.layers.coord_attn")
+    assert survey is not None and survey.classes == {"CoordAttn"}
+    assert adapter.entries(candidates[0].name) == []
+    built = adapter.build(candidates[0].name, overrides={"bias": True})
+    assert built.settings == {"bias": True, "input": "2x32x8x8"}
+    with torch.no_grad():
+        assert built.model.eval()(*built.inputs).shape == (2, 32, 8, 8)
+
+
 @pytest.mark.slow
 def test_timm_candidates_cover_the_rare_classes_of_a_layer_file():
     names = {"Mlp", "SwiGLU", "GatedMlp", "GlobalResponseNormMlp"}
