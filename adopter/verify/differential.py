@@ -46,6 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..models.common import call_model, cast_inputs, map_tensors, seed_everything
 from .compare import (
@@ -321,10 +322,15 @@ class Float64Throughout(TorchFunctionMode):
     def __enter__(self) -> Float64Throughout:
         self._default = torch.get_default_dtype()
         torch.set_default_dtype(torch.float64)
+        # A kernel's own backward (an autograd.Function) runs in the autograd engine, where
+        # function modes are not active and dispatch modes are: its casts are widened there.
+        self._backward = _WidenedDtypes()
+        self._backward.__enter__()
         return super().__enter__()
 
     def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
+        self._backward.__exit__(*exc)
         torch.set_default_dtype(self._default)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
@@ -335,6 +341,18 @@ class Float64Throughout(TorchFunctionMode):
             kwargs["dtype"] = torch.float64
         if func is torch.Tensor.to or func is torch.Tensor.type:
             args = tuple(torch.float64 if a in _LOWER_FLOATS else a for a in args)
+        return func(*args, **kwargs)
+
+
+class _WidenedDtypes(TorchDispatchMode):
+    """Every operation asked for a float32 or half-precision result (``_to_copy``, factories)
+    gives float64 instead: :class:`Float64Throughout`'s casts, where its function mode does not
+    reach (the backward of an ``autograd.Function``)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if kwargs.get("dtype") in _LOWER_FLOATS:
+            kwargs = {**kwargs, "dtype": torch.float64}
         return func(*args, **kwargs)
 
 

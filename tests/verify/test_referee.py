@@ -438,3 +438,29 @@ def test_the_referee_run_carries_no_float32_rounding() -> None:
     assert raised.dtype == torch.float64 and torch.equal(raised, exact)
     assert not torch.equal(plain, exact)  # as written, the softmax keeps float32's rounding
     assert torch.get_default_dtype() == torch.float32
+
+
+class _CastingSquare(torch.autograd.Function):
+    """A kernel's own backward that computes in float32, as the fused kernels do."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        (x,) = ctx.saved_tensors
+        return (2 * grad.to(torch.float32) * x.to(torch.float32)).to(x.dtype)
+
+
+def test_the_referee_run_widens_a_kernel_s_own_backward_too() -> None:
+    x = (torch.rand(64, dtype=torch.float64) + 1) / 3  # thirds: not exact in float32
+    exact = 2 * x
+    with differential.Float64Throughout():
+        widened = x.clone().requires_grad_()
+        _CastingSquare.apply(widened).sum().backward()
+    assert widened.grad is not None and torch.equal(widened.grad, exact)
+    plain = x.clone().requires_grad_()
+    _CastingSquare.apply(plain).sum().backward()
+    assert plain.grad is not None and not torch.equal(plain.grad, exact)
