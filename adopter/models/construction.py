@@ -91,12 +91,7 @@ def _passed_through(init: ast.FunctionDef, attribute: str, needs_none: bool) -> 
         if not (isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Name)):
             continue
         name = statement.value.id
-        stores = any(
-            isinstance(t, ast.Attribute) and t.attr == attribute and isinstance(t.value, ast.Name)
-            and t.value.id == "self"
-            for t in statement.targets
-        )  # fmt: skip
-        if not stores or name not in annotations:
+        if not _stores_to(statement, attribute) or name not in annotations:
             continue
         if needs_none:
             return {name: None}
@@ -133,15 +128,18 @@ def _assigns_none(body: list[ast.stmt], attribute: str) -> bool | None:
     """Whether the statements of ``body`` (not nested ones) set ``self.<attribute>`` to
     ``None`` (``True``) or to something else (``False``); ``None`` when they do not set it."""
     for statement in body:
-        if not isinstance(statement, ast.Assign):
-            continue
-        for target in statement.targets:
-            if (
-                isinstance(target, ast.Attribute)
-                and target.attr == attribute
-                and isinstance(target.value, ast.Name)
-                and target.value.id == "self"
-            ):
-                value = statement.value
-                return isinstance(value, ast.Constant) and value.value is None
+        if isinstance(statement, ast.Assign) and _stores_to(statement, attribute):
+            value = statement.value
+            return isinstance(value, ast.Constant) and value.value is None
     return None
+
+
+def _stores_to(statement: ast.Assign, attribute: str) -> bool:
+    """Whether ``statement`` assigns ``self.<attribute>`` (among its targets)."""
+    return any(
+        isinstance(target, ast.Attribute)
+        and target.attr == attribute
+        and isinstance(target.value, ast.Name)
+        and target.value.id == "self"
+        for target in statement.targets
+    )

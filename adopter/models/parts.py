@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import copy
 import inspect
+import itertools
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -142,12 +143,16 @@ def _rotary_widths(part: nn.Module) -> list[int]:
     return []
 
 
-def runnable_inputs(part: nn.Module, settings: BuildSettings) -> tuple[str, Any] | None:
-    """The first candidate (:func:`input_candidates`) the part runs on in eval mode and answers
-    with a floating-point tensor (its first output, as compared: :class:`MainOutput`), or
-    ``None``."""
+def runnable_inputs(
+    part: nn.Module,
+    settings: BuildSettings,
+    candidates: Iterable[tuple[str, Any]] | None = None,
+) -> tuple[str, Any] | None:
+    """The first of ``candidates`` (default: :func:`input_candidates`) the part runs on in eval
+    mode and answers with a floating-point tensor (its first output, as compared:
+    :class:`MainOutput`), or ``None``."""
     part.eval()
-    for shape, inputs in input_candidates(part, settings):
+    for shape, inputs in input_candidates(part, settings) if candidates is None else candidates:
         seed_everything(settings.seed)
         try:
             with torch.no_grad():
@@ -440,23 +445,16 @@ def standalone_part(
         arguments[name] = STANDALONE_WIDTH
     torch.manual_seed(settings.seed)
     part = cls(**arguments, **keywords).to(torch_dtype(settings.dtype))
-    found = runnable_inputs(part, settings) or _width_inputs(part, settings)
+    tried = itertools.chain(input_candidates(part, settings), _width_candidates(settings))
+    found = runnable_inputs(part, settings, tried)
     if found is None:
         raise ValueError(f"{cls.__name__} built on its own runs on none of the inputs tried")
     return MainOutput(part), found
 
 
-def _width_inputs(part: nn.Module, settings: BuildSettings) -> tuple[str, Any] | None:
+def _width_candidates(settings: BuildSettings) -> Iterator[tuple[str, Any]]:
+    """Channels-first maps, tokens and vectors of :data:`STANDALONE_WIDTH`, with their shapes."""
     width, dtype = STANDALONE_WIDTH, torch_dtype(settings.dtype)
     for shape in ((2, width, *_SPATIAL[2]), (2, _TOKENS, width), (2, width)):
         generator = torch.Generator().manual_seed(settings.seed)
-        inputs = (torch.randn(shape, generator=generator, dtype=dtype),)
-        seed_everything(settings.seed)
-        try:
-            with torch.no_grad():
-                result = MainOutput(part.eval())(*inputs)
-        except Exception:  # noqa: BLE001 - a shape the part does not take: try the next
-            continue
-        if isinstance(result, torch.Tensor) and result.is_floating_point():
-            return "x".join(map(str, shape)), inputs
-    return None
+        yield "x".join(map(str, shape)), (torch.randn(shape, generator=generator, dtype=dtype),)
