@@ -122,6 +122,12 @@ class ModelAdapter(Protocol):
         ``overrides``: keywords its construction is given on top of the small setting's."""
         ...
 
+    def build_unrun(self, name: str, *, seed: int = 0) -> Any:
+        """Model ``name`` built small as :meth:`build` builds it, but without inputs and never
+        run: a host of parts to check on their own where no inputs of the whole run. Raises
+        what keeps it from being built small."""
+        ...
+
     def entries(self, name: str) -> list[str]:
         """Ways into model ``name`` besides ``forward`` that run its layers on the same inputs:
         methods (timm's ``forward_intermediates``) and other constructions of it (timm's

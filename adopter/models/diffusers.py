@@ -363,6 +363,15 @@ class DiffusersAdapter:
             model = entry_point(model, entry)
         return BuiltModel(model, inputs, settings)
 
+    def build_unrun(self, name: str, *, seed: int = 0) -> Any:
+        """The first small setting that builds on the meta device (:meth:`_viable`), built for
+        real: its inputs need not run (a model whose forward takes what only its pipeline makes
+        still holds attention and feed-forward parts that take plain tensors)."""
+        viable = self._viable(name)
+        if not viable:
+            raise ValueError(f"no small setting of {name} builds")
+        return self._construct(name, viable[0][0], seed=seed)
+
     def entries(self, name: str) -> list[str]:
         return []
 

@@ -98,6 +98,31 @@ class LibrarySides:
             dropout_mode=False,
         )
 
+    def unrun_subject(self, name: str) -> Subject | Unbuildable:
+        """Both sides of model ``name`` built small without inputs (never run whole): the host
+        of part checks (:func:`~adopter.models.parts.parts_to_check`), for a model that builds
+        though none of the inputs tried runs it; or why it does not build."""
+
+        def side(patched: bool) -> Any:
+            model = self.adapter.build_unrun(name, seed=self.settings.seed)
+            replacement = self.patched if patched else self.original
+            if replacement is not None:
+                adopt_patched_classes(model, self.module_name, replacement)
+            return model.to(torch_dtype(self.settings.dtype))
+
+        try:
+            original = side(False)
+        except Exception as exc:
+            return Unbuildable(f"could not build it: {error_line(exc)}")
+        return Subject(
+            name,
+            "built small, its parts run on their own",
+            prebuilt_first(original, lambda: side(False)),
+            lambda: side(True),
+            None,
+            dropout_mode=False,
+        )
+
     def entries_reaching(self, name: str, remaining: list[PatchedSite]) -> list[str]:
         """Model ``name``'s entry points besides ``forward`` that may run a site of
         ``remaining``: a method holding one, or another construction that builds a class

@@ -311,15 +311,20 @@ def part_classes(
     unreached: list[Any], hosts: dict[str, list[str]], models: list[str]
 ) -> dict[str, set[str]]:
     """The module classes to check on their own, nearest first, each with the keys of the
-    ``unreached`` sites it may run: a site's own class, or for a site in a function the
-    classes whose code reaches it (``hosts``, by site key); never a model class (``models``:
-    the adapter builds and drives those)."""
+    ``unreached`` sites it may run: a site's own class, then the classes whose code reaches it
+    (``hosts``, by site key, nearest first: the attention module that calls a processor, the
+    block that holds it); never a model class (``models``: the adapter builds and drives
+    those). Classes that are no module are left for :func:`parts_to_check` to pass over."""
     wanted: dict[str, set[str]] = {}
+    distance: dict[str, int] = {}
     for site in unreached:
-        for cls in [site.cls] if site.cls else hosts.get(site.key, []):
+        reaching = [site.cls] if site.cls else []
+        reaching += [cls for cls in hosts.get(site.key, []) if cls not in reaching]
+        for rank, cls in enumerate(reaching):
             if cls and cls not in models:
                 wanted.setdefault(cls, set()).add(site.key)
-    return wanted
+                distance[cls] = min(distance.get(cls, rank), rank)
+    return {cls: wanted[cls] for cls in sorted(wanted, key=distance.__getitem__)}
 
 
 def constructed_subject(

@@ -200,8 +200,17 @@ class _Finder(ast.NodeVisitor):
             self.visit(outer)  # outside the class body: a base class runs in its subclasses
         self.scopes.append(node)
         for statement in node.body:
+            if isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Name):
+                self._class_default(node, statement.value.id)
             self.visit(statement)
         self.scopes.pop()
+
+    def _class_default(self, node: ast.ClassDef, name: str) -> None:
+        """``_default_processor_cls = AttnProcessor`` in a class body: a class the class
+        makes when it is given none, so the class reaches what that one runs. (A container
+        in a class body, ``_can_record_outputs = {...}``, describes the model instead.)"""
+        if self.top == node.name and name != node.name and name in self.top_names:
+            self.references.append(_Reference(node.name, name, [], node.name, {}))
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:  # noqa: N802
         for decorator in node.decorator_list:

@@ -373,6 +373,11 @@ class TimmAdapter:
             model, settings = entry_point(model, entry), {**settings, "entry": entry}
         return BuiltModel(model, inputs, settings)
 
+    def build_unrun(self, name: str, *, seed: int = 0) -> Any:
+        if STANDALONE in name:  # a layer class on its own is a part already
+            raise ValueError(f"{name} is a layer built on its own, no model holding parts")
+        return self.build(name, seed=seed).model  # timm's build makes inputs without running
+
     def _build_standalone(self, name: str, seed: int, overrides: dict[str, Any]) -> BuiltModel:
         import importlib
 

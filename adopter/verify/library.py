@@ -12,15 +12,18 @@ classes that host a site still to reach is passed over unbuilt.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
+from importlib import import_module
 from typing import Any
 
 from ..models.base import worth_building
 from ..models.common import error_line
-from ..models.interface import BuildSettings
+from ..models.interface import PART_SUFFIX, BuildSettings
 from ..models.library_sides import LibrarySides
 from ..models.loading import import_original, import_patched
+from ..models.parts import part_classes, parts_to_check
 from ..models.registry import adapter_for
 from ..models.sites import PatchedSite, attribute_flips, reaching_names
 from .coverage import SiteRecorder
@@ -72,7 +75,12 @@ def run_library_job(job: WorkerJob, writer: Any) -> None:
     if not candidates:
         writer.error(f"no {job.library} model is known to use {job.module_name}")
         return
-    checked = _check_candidates(candidates, sites, _Checks(sides, recorder, job, writer), began)
+    checks = _Checks(sides, recorder, job, writer)
+    matched: set[str] = set()
+    checked = _check_candidates(candidates, sites, matched, checks, began)
+    unmatched = [site for site in sites if site.key not in matched]
+    if unmatched:
+        checked += _check_parts(candidates, unmatched, checks, began)
     if checked == 0:
         writer.error(
             f"none of the {len(candidates)} {job.library} model(s) that may use the file "
@@ -82,20 +90,28 @@ def run_library_job(job: WorkerJob, writer: Any) -> None:
         )
 
 
+def _spent(checks: _Checks, began: float) -> bool:
+    """Whether the file's time budget (counted from ``began``, when the worker started on it)
+    is spent: the checks still to make would not finish before its timeout."""
+    return time.monotonic() - began > float(checks.job.options.timeout) * 0.8
+
+
 def _check_candidates(
-    candidates: list[Any], sites: list[PatchedSite], checks: _Checks, began: float
+    candidates: list[Any],
+    sites: list[PatchedSite],
+    matched: set[str],
+    checks: _Checks,
+    began: float,
 ) -> int:
-    """Compare the candidate models in turn until every site ran in a matching comparison, the
-    time budget (counted from ``began``, when the worker started on the file) is spent or
-    :data:`MAX_MODELS` were checked; the number checked."""
-    budget = float(checks.job.options.timeout) * 0.8
-    matched: set[str] = set()
+    """Compare the candidate models in turn until every site ran in a matching comparison
+    (``matched`` grows by their keys), the time budget is spent or :data:`MAX_MODELS` were
+    checked; the number checked."""
     checked = 0
     for candidate in candidates:
         remaining = [site for site in sites if site.key not in matched]
         if not remaining or checked >= MAX_MODELS:
             break
-        if time.monotonic() - began > budget:
+        if _spent(checks, began):
             checks.writer.note(f"time budget spent after {checked} model(s)")
             break
         hosts = {name for site in remaining for name in site.reached_from}
@@ -133,6 +149,46 @@ def _check_one(
         agreed = bool(verdict.runs) or verdict.status == VERIFIED
         if remaining and agreed and (entry, flags, overrides) == ("forward", {}, {}):
             runs += _guard_runs(remaining, checks)
+
+
+def _check_parts(
+    candidates: list[Any], remaining: list[PatchedSite], checks: _Checks, began: float
+) -> int:
+    """While ``remaining`` sites have not run in a matching comparison (their model does not
+    run whole on any inputs tried, or no input takes their path): each module class that holds
+    or reaches one, nearest first, checked on its own as a part of a candidate model built
+    small (:func:`~adopter.models.parts.parts_to_check`); the number of part checks made."""
+    module = checks.job.module_name
+    hosts = {site.key: site.hosts or [] for site in remaining}
+    wanted = part_classes(remaining, hosts, [])
+    unmatched = {site.key for site in remaining}
+    reaching = set(wanted)
+    builds = [
+        (c.name, functools.partial(checks.sides.unrun_subject, c.name))
+        for c in candidates
+        if worth_building(checks.sides.adapter, c, module, reaching)[0]
+    ]
+    modules = (checks.sides.original or import_module(module), checks.sides.patched)
+    settings = checks.sides.settings
+
+    def still_wanted(cls: str) -> bool:  # some of its sites have not run yet
+        return bool(wanted[cls] & unmatched)
+
+    made = 0
+    for cls, found in parts_to_check(builds, list(wanted), still_wanted, modules, settings):
+        if _spent(checks, began):
+            checks.writer.note(f"time budget spent after {made} part check(s)")
+            break
+        label = cls + PART_SUFFIX
+        checks.writer.plan([*checks.writer.data["planned"], label])
+        checks.writer.start(label)
+        verdict = verdict_of(found, label, checks.recorder, checks.job.options)
+        checks.writer.add(verdict.to_json())
+        for mode, counts in verdict.runs.items():
+            if verdict.matched_in(mode):
+                unmatched.difference_update(counts)
+        made += 1
+    return made
 
 
 def _guard_runs(
