@@ -104,3 +104,34 @@ def test_verify_on_a_copied_folder_after_apply_write_compares_with_the_installed
     rows = json.loads(done.stdout)
     files = [row for row in rows if row["kind"] == "file"]
     assert [row["status"] for row in files] == ["verified"], files
+
+
+@pytest.mark.slow
+def test_a_diffusers_model_that_takes_pipeline_inputs_is_verified_through_its_parts(tmp_path):
+    """Krea2's forward needs position ids only its pipeline makes, so the whole model runs on
+    no inputs the adapter makes; its attention and feed-forward modules take plain tensors, and
+    both patched sites are proven in them, each verdict naming the part and its input."""
+    import diffusers
+
+    folder = tmp_path / "my_models"
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    source = Path(diffusers.__file__).parent / "models" / "transformers" / "transformer_krea2.py"
+    shutil.copy(source, folder / "transformer_krea2.py")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = [sys.executable, "-m", "adopter"]
+    target = str(folder / "transformer_krea2.py")
+    subprocess.run([*run, "apply", "--rule-set", "all", "--write", target], env=env, check=True)
+    done = subprocess.run(
+        [*run, "verify", "--rule-set", "all", target, "-f", "json", "--timeout", "600"],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    rows = json.loads(done.stdout)
+    (whole,) = [r for r in rows if r["class"].endswith(":Krea2Transformer2DModel")]
+    assert whole["status"] == "not checkable"
+    parts = {r["class"]: r for r in rows if r["class"].endswith("(part)")}
+    assert {"Krea2Attention (part)", "Krea2SwiGLU (part)"} <= set(parts)
+    assert all("input 2x5x" in r["reason"] for r in parts.values())
+    sites = [r for r in rows if r["kind"] == "site"]
+    assert sites and all(r["status"] == "exercised" for r in sites)
+    assert [r["status"] for r in rows if r["kind"] == "file"] == ["verified"]

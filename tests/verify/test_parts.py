@@ -161,6 +161,16 @@ def test_part_classes_are_a_site_s_own_class_or_the_classes_that_call_its_functi
     assert wanted == {"Projector": {"10:4", "20:8"}, "VisionAttention": {"20:8"}}
 
 
+def test_part_classes_come_nearest_first_across_sites() -> None:
+    processor = types.SimpleNamespace(cls="AttnProcessor", key="10:4")
+    mlp = types.SimpleNamespace(cls="SwiGLU", key="30:8")
+    hosts = {"10:4": ["AttnProcessor", "Attention", "Block"], "30:8": ["SwiGLU", "Block"]}
+    wanted = part_classes([processor, mlp], hosts, models=[])
+    # the block reaches both sites, but each site's nearer class is tried before it
+    assert list(wanted) == ["AttnProcessor", "SwiGLU", "Attention", "Block"]
+    assert wanted["Block"] == {"10:4", "30:8"}
+
+
 def test_a_part_s_first_output_alone_is_compared() -> None:
     class Attention(nn.Module):
         def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:

@@ -404,3 +404,27 @@ def test_a_site_under_a_cache_guard_is_tried_on_a_cached_step_first() -> None:
     assert all(CACHED_STEP not in overrides for _, overrides in reach_attempts(
         sparse, ["Model"], ["Model", "ForMasking"], False, defaults
     ))  # fmt: skip
+
+
+def test_a_class_default_reaches_the_code_of_the_class_it_names() -> None:
+    source = textwrap.dedent(
+        """\
+        from adopter.kernels import qkv_projection
+
+        class AttnProcessor:
+            def __call__(self, attn, x):
+                return qkv_projection(x, attn.to_q, attn.to_k, attn.to_v)
+
+        class Attention:
+            _default_processor_cls = AttnProcessor
+            _available_processors = [AttnProcessor]
+
+        class Block:
+            def __init__(self):
+                self.attn = Attention()
+        """
+    )
+    (site,) = find_sites(source)
+    # the attention module makes its processor when given none: it reaches the processor's
+    # code, and the block through it; a list of classes in a class body only describes
+    assert site.hosts == ["AttnProcessor", "Attention", "Block"]
