@@ -128,6 +128,12 @@ class ModelAdapter(Protocol):
         what keeps it from being built small."""
         ...
 
+    def part_inputs(self, part: Any, seed: int) -> Iterator[tuple[str, Any]]:
+        """Inputs for a part of one of the library's models taken on its own, made the way the
+        library's conventions say (a timestep embedder takes timesteps, not a feature map),
+        each with how it is shaped: tried after the shapes its first layers suggest."""
+        ...
+
     def entries(self, name: str) -> list[str]:
         """Ways into model ``name`` besides ``forward`` that run its layers on the same inputs:
         methods (timm's ``forward_intermediates``) and other constructions of it (timm's

@@ -22,7 +22,7 @@ import functools
 import importlib
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -371,6 +371,21 @@ class DiffusersAdapter:
         if not viable:
             raise ValueError(f"no small setting of {name} builds")
         return self._construct(name, viable[0][0], seed=seed)
+
+    def part_inputs(self, part: Any, seed: int) -> Iterator[tuple[str, Any]]:
+        """The inputs a model of the part's ``forward`` signature would get, by the role each
+        argument's name says (a timestep embedder's ``t``), in each layout of the sample."""
+        for layout in LAYOUTS:
+            try:
+                inputs = make_inputs(part, seed, layout)
+            except ValueError:  # an argument no role makes: no layout will
+                return
+            shapes = ", ".join(
+                f"{key}={'x'.join(map(str, value.shape))}"
+                for key, value in inputs.items()
+                if hasattr(value, "shape")
+            )
+            yield f"{shapes} ({layout.label}, by role)", inputs
 
     def entries(self, name: str) -> list[str]:
         return []

@@ -48,12 +48,22 @@ MAX_PART_MODELS = 4
 """Models of a file built again to take parts from (each costs a build, as a check does)."""
 
 
+def _of_class(value: object, cls: str, module_name: str) -> bool:
+    return type(value).__name__ == cls and type(value).__module__ == module_name
+
+
 def part_paths(model: nn.Module, cls: str, module_name: str) -> list[str]:
-    """Where ``model`` holds modules of the class ``cls`` defined in ``module_name``."""
+    """Where ``model`` holds modules of the class ``cls`` defined in ``module_name``, or, for a
+    class that is no module, the modules holding one of its objects as an attribute (an
+    attention module and the processor object its ``forward`` hands the work to)."""
     return [
         path
         for path, module in model.named_modules()
-        if path and type(module).__name__ == cls and type(module).__module__ == module_name
+        if path
+        and (
+            _of_class(module, cls, module_name)
+            or any(_of_class(value, cls, module_name) for value in vars(module).values())
+        )
     ]
 
 
@@ -68,9 +78,10 @@ def _layer_shapes(layer: nn.Module) -> list[tuple[int, ...]]:
     if isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
         dims = len(layer.kernel_size)
         return [(2, layer.in_channels, *_SPATIAL[dims])]
-    if isinstance(layer, (nn.BatchNorm2d, nn.GroupNorm)):
-        channels = layer.num_features if isinstance(layer, nn.BatchNorm2d) else layer.num_channels
-        return [(2, channels, *_SPATIAL[2])]
+    if isinstance(layer, nn.BatchNorm2d):
+        return [(2, layer.num_features, *_SPATIAL[2])]
+    if isinstance(layer, nn.GroupNorm):  # any extent: an image, a signal, a video
+        return [(2, layer.num_channels, *_SPATIAL[dims]) for dims in (2, 1, 3)]
     return []
 
 
@@ -367,6 +378,7 @@ def parts_to_check(
     wanted: Callable[[str], bool],
     modules: tuple[Any, Any],
     settings: BuildSettings,
+    more_inputs: Callable[[nn.Module], Iterable[tuple[str, Any]]] | None = None,
 ) -> Iterator[tuple[str, Subject | Unbuildable]]:
     """Parts to check for the ``classes`` (defined in the original module of ``modules``) that
     are still ``wanted``: in each model ``builds`` make (a name, and a builder of its subject;
@@ -374,9 +386,12 @@ def parts_to_check(
     run or why it has none; then each class no model holds, built on its own from the
     configuration (or one it holds) of the first of those models whose configuration builds
     it. A class is tried again in a later model while it is wanted (the
-    site's code path may depend on how the model was configured: eager attention)."""
+    site's code path may depend on how the model was configured: eager attention). A part
+    runs on the shapes its first layers suggest, else on ``more_inputs`` of it (the library
+    adapter's own, by role)."""
     configured: list[tuple[Subject, Any]] = []  # each model checked, with its configuration
     held: set[str] = set()
+    taken: set[tuple[str, str]] = set()  # (model, path) of the parts tried already
     for name, build in builds[:MAX_PART_MODELS]:
         if not any(wanted(cls) for cls in classes):
             return
@@ -388,22 +403,38 @@ def parts_to_check(
             configured.append((whole, model.config))
         for cls in classes:
             paths = part_paths(model, cls, modules[0].__name__)
-            if paths:
-                held.add(cls)
-            if not paths or not wanted(cls):
-                continue
-            found = runnable_inputs(model.get_submodule(paths[0]), settings)
-            if found is None:
-                reason = f"{cls} at {name}.{paths[0]} runs on none of the input shapes tried"
-                yield cls, Unbuildable(reason)
-            else:
-                yield cls, part_subject(whole, name, cls, paths[0], found)
+            if paths or _of_class(model, cls, modules[0].__name__):
+                held.add(cls)  # a part of it, or the model itself: no part to build alone
+            if not paths or not wanted(cls) or (name, paths[0]) in taken:
+                continue  # (a processor's holder is its attention module's part too)
+            taken.add((name, paths[0]))
+            yield cls, _held_part((whole, model, name), cls, paths[0], settings, more_inputs)
     for cls in classes:
         if cls in held or not wanted(cls):  # asked as each comes: a check may have run it
             continue
         pair = (getattr(modules[0], cls, None), getattr(modules[1], cls, None))
         if configured and all(isinstance(c, type) and issubclass(c, nn.Module) for c in pair):
             yield cls, _constructed_from_any(configured, pair, settings)  # type: ignore[arg-type]
+
+
+def _held_part(
+    built: tuple[Subject, nn.Module, str],
+    cls: str,
+    path: str,
+    settings: BuildSettings,
+    more_inputs: Callable[[nn.Module], Iterable[tuple[str, Any]]] | None,
+) -> Subject | Unbuildable:
+    """The part at ``path`` of a model built (its subject, the original model, its name) with
+    the first inputs it runs on, named for the module checked (the holder of a processor
+    object is checked); or why it runs on none."""
+    whole, model, name = built
+    part = model.get_submodule(path)
+    tried = input_candidates(part, settings)
+    further = more_inputs(part) if more_inputs is not None else ()
+    found = runnable_inputs(part, settings, itertools.chain(tried, further))
+    if found is None:
+        return Unbuildable(f"{cls} at {name}.{path} runs on none of the input shapes tried")
+    return part_subject(whole, name, type(part).__name__, path, found)
 
 
 def _constructed_from_any(

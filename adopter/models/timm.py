@@ -378,6 +378,9 @@ class TimmAdapter:
             raise ValueError(f"{name} is a layer built on its own, no model holding parts")
         return self.build(name, seed=seed).model  # timm's build makes inputs without running
 
+    def part_inputs(self, part: Any, seed: int) -> Iterator[tuple[str, Any]]:
+        return iter(())  # timm's layers take feature maps or tokens: their layers say which
+
     def _build_standalone(self, name: str, seed: int, overrides: dict[str, Any]) -> BuiltModel:
         import importlib
 

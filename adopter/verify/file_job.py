@@ -169,7 +169,9 @@ def _check_parts(
     for cls, found in parts_to_check(builds, list(wanted), still_wanted, modules, settings):
         if not may_go_on(plan, verdicts, writer):
             return
-        name, setting = cls + PART_SUFFIX, found.label if isinstance(found, Subject) else ""
+        name, setting = (
+            (found.name, found.label) if isinstance(found, Subject) else (cls + PART_SUFFIX, "")
+        )
         run = partial(_part_check, found, name, setting, recorder, job)
         run_further(plan, verdicts, writer, check_label(name, setting), run)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..models.base import worth_building
 from ..models.common import error_line
-from ..models.interface import PART_SUFFIX, BuildSettings
+from ..models.interface import PART_SUFFIX, BuildSettings, Subject
 from ..models.library_sides import LibrarySides
 from ..models.loading import import_original, import_patched
 from ..models.parts import part_classes, parts_to_check
@@ -175,11 +175,13 @@ def _check_parts(
         return bool(wanted[cls] & unmatched)
 
     made = 0
-    for cls, found in parts_to_check(builds, list(wanted), still_wanted, modules, settings):
+    adapter = checks.sides.adapter
+    more = functools.partial(adapter.part_inputs, seed=settings.seed)
+    for cls, found in parts_to_check(builds, list(wanted), still_wanted, modules, settings, more):
         if _spent(checks, began):
             checks.writer.note(f"time budget spent after {made} part check(s)")
             break
-        label = cls + PART_SUFFIX
+        label = found.name if isinstance(found, Subject) else cls + PART_SUFFIX
         checks.writer.plan([*checks.writer.data["planned"], label])
         checks.writer.start(label)
         verdict = verdict_of(found, label, checks.recorder, checks.job.options)

@@ -135,3 +135,21 @@ def test_a_diffusers_model_that_takes_pipeline_inputs_is_verified_through_its_pa
     sites = [r for r in rows if r["kind"] == "site"]
     assert sites and all(r["status"] == "exercised" for r in sites)
     assert [r["status"] for r in rows if r["kind"] == "file"] == ["verified"]
+
+
+def test_diffusers_makes_a_part_s_inputs_by_the_role_of_their_names():
+    from torch import nn
+
+    class TimestepEmbedder(nn.Module):  # takes timesteps, which no layer of it suggests
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = nn.Linear(16, 8)
+
+        def forward(self, timestep: torch.Tensor) -> torch.Tensor:
+            angles = timestep[:, None].float() * torch.arange(16) / 16
+            return self.linear(torch.sin(angles))
+
+    part = TimestepEmbedder()
+    label, inputs = next(adapter_for("diffusers").part_inputs(part, seed=0))
+    assert label.startswith("timestep=2 ")
+    assert part(**inputs).shape == (2, 8)

@@ -61,6 +61,32 @@ def test_part_paths_name_the_class_where_the_model_holds_it() -> None:
     assert part_paths(model, "_Projector", "elsewhere") == []  # another file's class of that name
 
 
+class _Processor:  # no module: the attention module that holds it hands it the work
+    def __call__(self, attention: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+        return attention.to_out(hidden)
+
+
+class _Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.to_out = nn.Linear(4, 4)
+        self.processor = _Processor()
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.processor(self, hidden)
+
+
+def test_a_class_that_is_no_module_is_checked_in_the_module_holding_its_object() -> None:
+    model = nn.Sequential(nn.Linear(4, 4), _Attention())
+    assert part_paths(model, "_Processor", __name__) == ["1"]
+
+
+def test_a_group_norm_suggests_an_image_a_signal_and_a_video() -> None:
+    norm = nn.Sequential(nn.GroupNorm(2, 4))
+    shapes = [shape for shape, _ in input_candidates(norm, SETTINGS)]
+    assert shapes == ["2x4x8x8", "2x4x16", "2x4x4x8x8"]
+
+
 def test_candidates_take_their_width_from_the_part_s_first_layers() -> None:
     candidates = dict(input_candidates(_Projector(), SETTINGS))
     # every required argument a tensor, then the further ones left out
