@@ -10,6 +10,9 @@ verify's worker after the original module and the patched sibling module are imp
 ``subject(name, original, patched, overrides, settings) -> Subject | Unbuildable``
     a small model of class ``name`` from both modules (with ``overrides`` on its default
     configuration) and inputs that run on the original, or why there is none;
+``unrun_subject(name, original, patched, settings) -> Subject | Unbuildable``
+    both sides of class ``name`` built small without inputs (never run whole): the models
+    whose parts are checked on their own where no inputs run the whole;
 ``reach_context(module, classes) -> object``
     whatever ``reach_attempts`` needs to know of the classes' configurations;
 ``reach_attempts(site, checked, classes, fixed, context, broken) -> list[(name, overrides)]``

@@ -162,6 +162,7 @@ def _check_parts(
          partial(adapter.subject, name, modules[0], modules[1], overrides, settings))
         for name, overrides in checked
     ]  # fmt: skip
+    builds += _unrun_builds(adapter, modules, settings, verdicts)
 
     def still_wanted(cls: str) -> bool:  # some of its sites have not run yet
         return bool(wanted[cls] & {site.key for site in unreached(recorder.sites, verdicts)})
@@ -174,6 +175,25 @@ def _check_parts(
         )
         run = partial(_part_check, found, name, setting, recorder, job)
         run_further(plan, verdicts, writer, check_label(name, setting), run)
+
+
+def _unrun_builds(
+    adapter: ModuleType,
+    modules: tuple[ModuleType, ModuleType],
+    settings: BuildSettings,
+    verdicts: list[dict[str, Any]],
+) -> list[tuple[str, Any]]:
+    """Hosts of parts after the verified checks: each class whose check at its default
+    configuration was not checkable (no recipe's model ran on the inputs made), built small
+    without running it whole, where the adapter can (``unrun_subject``)."""
+    unrun = getattr(adapter, "unrun_subject", None)
+    if unrun is None:
+        return []
+    names = [v["cls"] for v in verdicts if v["status"] == NOT_CHECKABLE and not v.get("setting")]
+    return [
+        (name, partial(unrun, name, modules[0], modules[1], settings))
+        for name in dict.fromkeys(names)
+    ]
 
 
 def _part_check(found: Any, name: str, setting: str, recorder: Any, job: WorkerJob) -> Any:

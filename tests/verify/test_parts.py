@@ -31,6 +31,7 @@ from adopter.verify.prove import prove
 from tests.verify.fixture_files import rewritten_by, verdicts_of
 
 FIXTURE = Path(__file__).with_name("parts") / "modeling_parts.py"
+PIPELINE_ONLY = Path(__file__).with_name("parts") / "modeling_pipeline_only.py"
 SETTINGS = BuildSettings(seed=0, dtype="float32")
 
 
@@ -307,3 +308,21 @@ def test_a_part_switched_on_by_an_unset_size_is_built_with_the_model_s_width() -
     lacking = types.SimpleNamespace(hidden_size=6)  # HuBERT's: the file kept the class only
     found = constructed_subject(whole, lacking, (_AttentionAdapter, _AttentionAdapter), SETTINGS)
     assert isinstance(found, Subject), found
+
+
+@pytest.mark.slow
+def test_a_model_no_inputs_run_is_verified_through_its_parts_and_refuted_through_them() -> None:
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("needs transformers")
+    patched = rewritten_by(PIPELINE_ONLY, "paper.6").patched
+    assert patched.count("linear_bias_activation(") == 1
+    cases = {"correct": patched, "wrong": patched.replace("self.act)", "nn.functional.silu)")}
+    verdicts = verdicts_of(PIPELINE_ONLY, cases, VerifyOptions(modes=("eval", "train")))
+    correct = verdicts["correct"]
+    whole = next(c for c in correct.classes if c.cls == "PipelineOnlyModel")
+    assert whole.status == "not checkable" and "runs only inside its pipeline" in whole.reason
+    # built small without running it whole, its projector is proven on its own
+    assert correct.status == "verified", correct.summary()
+    (part,) = [c for c in correct.classes if c.cls.endswith(PART_SUFFIX)]
+    assert part.label == "PipelineOnlyProjector (part) [PipelineOnlyModel.projector, input 2x5x6]"
+    assert verdicts["wrong"].status == "refuted", verdicts["wrong"].summary()

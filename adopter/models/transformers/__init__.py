@@ -19,7 +19,15 @@ from typing import Any
 
 from ..interface import BuildSettings, Subject, Unbuildable
 
-__all__ = ["NO_MODELS", "model_classes", "planned", "reach_attempts", "reach_context", "subject"]
+__all__ = [
+    "NO_MODELS",
+    "model_classes",
+    "planned",
+    "reach_attempts",
+    "reach_context",
+    "subject",
+    "unrun_subject",
+]
 
 NO_MODELS = (
     "no transformers model classes (PreTrainedModel subclasses with a config_class) "
@@ -53,6 +61,16 @@ def subject(
     from .build import subject as build_subject
 
     return build_subject(name, original_module, patched_module, overrides, settings)
+
+
+def unrun_subject(
+    name: str, original_module: ModuleType, patched_module: ModuleType, settings: BuildSettings
+) -> Subject | Unbuildable:
+    """Both sides of class ``name`` built small but not run (no inputs found run it): a host
+    of part checks."""
+    from .build import unrun_subject as build_unrun
+
+    return build_unrun(name, original_module, patched_module, settings)
 
 
 def reach_context(module: ModuleType, names: list[str]) -> dict[str, dict[str, Any]]:

@@ -15,14 +15,21 @@ from typing import Any
 import torch
 
 from ..common import cast_inputs, error_line, module_sources, module_text, torch_dtype
-from ..interface import BUILD_FAILED, CACHED_STEP, BuildSettings, Subject, Unbuildable
+from ..interface import (
+    BUILD_FAILED,
+    CACHED_STEP,
+    BuildSettings,
+    Subject,
+    Unbuildable,
+    prebuilt_first,
+)
 from .config import ModelRecipe, build_config, recipes
 from .inputs import continued_inputs, make_inputs
 from .reach import resolve_deferred
 from .repairs import layout_fix, named_parameters, size_fixes, split_fixes
 from .tokens import token_id_fixes
 
-__all__ = ["MAX_PARAMETERS", "subject"]
+__all__ = ["MAX_PARAMETERS", "subject", "unrun_subject"]
 
 # Beyond this size (reached by the unshrunk default configuration, the last resort, or by a
 # configuration the name rules could not shrink) a CPU run of three modes - nine forward and
@@ -83,6 +90,41 @@ def subject(
     )
 
 
+def unrun_subject(
+    name: str, original_module: ModuleType, patched_module: ModuleType, settings: BuildSettings
+) -> Subject | Unbuildable:
+    """Class ``name`` of both modules built from the first recipe whose model builds small,
+    without inputs (none need run it whole): the host of part checks where no recipe's model
+    runs (a vision tower's image size, an input a repair cannot make); or why none builds."""
+    original_cls = getattr(original_module, name, None)
+    patched_cls = getattr(patched_module, name, None)
+    if not (isinstance(original_cls, type) and isinstance(patched_cls, type)):
+        return Unbuildable("no such class on both sides")
+    failures: list[str] = []
+    for recipe in recipes():
+        trial = _Trial(recipe, {})
+        try:
+            _build_recipe(original_cls, name, trial, settings)
+        except Exception as exc:
+            failures.append(f"{recipe.label}: {error_line(exc)}")
+            continue
+        config, probe = trial.config, trial.probe
+
+        def build(cls: type, chosen: Any = config) -> Any:
+            torch.manual_seed(settings.seed)
+            return cls(chosen).to(torch_dtype(settings.dtype))
+
+        return Subject(
+            name,
+            f"{recipe.label}, built without running it whole",
+            prebuilt_first(probe, lambda: build(original_cls)),
+            lambda: build(patched_cls),
+            None,
+            dropout_texts=[module_text(patched_module)],
+        )
+    return Unbuildable(f"no recipe builds it ({'; '.join(failures[:2])})")
+
+
 @dataclass
 class _Trial:
     """How far one recipe got: its fixes so far, the configuration and the probe model."""
@@ -124,6 +166,13 @@ def _first_runnable(
 def _run_recipe(cls: type, name: str, trial: _Trial, settings: BuildSettings) -> dict[str, Any]:
     """Build ``trial``'s configuration and probe model and find inputs it runs on (the probe
     only tries the recipe: it is dropped afterwards)."""
+    _build_recipe(cls, name, trial, settings)
+    return _runnable_inputs(trial.probe, trial.config, trial.recipe, settings)
+
+
+def _build_recipe(cls: type, name: str, trial: _Trial, settings: BuildSettings) -> None:
+    """``trial``'s configuration (deferred sizes resolved, placeholder token ids fixed) and
+    its probe model in eval mode; raises what stops either, or a model too large to check."""
     setting = trial.recipe.setting
 
     def config_with(fixes: dict[str, Any]) -> Any:
@@ -140,7 +189,6 @@ def _run_recipe(cls: type, name: str, trial: _Trial, settings: BuildSettings) ->
     torch.manual_seed(settings.seed)
     trial.probe = cls(trial.config).to(torch_dtype(settings.dtype))
     trial.probe.eval()
-    return _runnable_inputs(trial.probe, trial.config, trial.recipe, settings)
 
 
 def _runnable_inputs(
