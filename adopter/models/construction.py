@@ -10,7 +10,7 @@ which hands most of them to its blocks). Read statically from the file's text: t
 of the site's class, an ``if`` on the parameter alone (``if p:``, ``if not p:``) or compared
 with a number (``if p > 0:``), and ``self.<x> = None`` in one arm and another value in the
 other; or the parameter stored as it is (``self.gamma = gamma``), given a value of its
-annotated type.
+annotated type, or for a site behind ``self.dims == 2`` the constant it is compared with.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def construction_flips(sites: Iterable[PatchedSite], text: str) -> dict[str, Any
                 # Sites in both arms: the one that needs a value, as most such attributes are
                 # None by default, and the first build ran that arm already.
                 wanted[key] = wanted.get(key, True) and is_not == negated  # type: ignore[index]
-    if not wanted:
+    equal = _equality_guards(sites)
+    if not wanted and not equal:
         return {}
     try:
         tree = ast.parse(text)
@@ -58,7 +59,34 @@ def construction_flips(sites: Iterable[PatchedSite], text: str) -> dict[str, Any
     for (cls, attribute), needs_none in wanted.items():
         if cls in inits:
             flips.update(_choosing(inits[cls], attribute, needs_none))
+    for (cls, attribute), value in equal.items():
+        stored = _stored_parameter(inits[cls], attribute) if cls in inits else None
+        if stored is not None:
+            flips[stored[0]] = value
     return flips
+
+
+def _equality_guards(sites: Iterable[PatchedSite]) -> dict[tuple[str, str], Any]:
+    """``(class, attribute) -> constant`` for each site behind ``self.<attribute> == constant``
+    (LTX's upsampler: ``if self.dims == 2:``, its ``dims`` given to the constructor)."""
+    equal: dict[tuple[str, str], Any] = {}
+    for site in sites:
+        for guard in site.guards if site.cls else ():
+            try:
+                test = ast.parse(guard.strip(), mode="eval").body
+            except SyntaxError:
+                continue
+            if (
+                isinstance(test, ast.Compare)
+                and len(test.ops) == 1
+                and isinstance(test.ops[0], ast.Eq)
+                and isinstance(test.left, ast.Attribute)
+                and isinstance(test.left.value, ast.Name)
+                and test.left.value.id == "self"
+                and isinstance(test.comparators[0], ast.Constant)
+            ):
+                equal.setdefault((site.cls, test.left.attr), test.comparators[0].value)  # type: ignore[index]
+    return equal
 
 
 def _choosing(init: ast.FunctionDef, attribute: str, needs_none: bool) -> dict[str, Any]:
@@ -86,20 +114,30 @@ def _passed_through(init: ast.FunctionDef, attribute: str, needs_none: bool) -> 
     """``{parameter: value}`` where ``__init__`` stores a parameter as ``self.<attribute>``
     unchanged (SimPool's ``self.gamma = gamma``): ``None`` where the site needs it so, else a
     value of the parameter's annotated type; ``{}`` where neither applies."""
+    stored = _stored_parameter(init, attribute)
+    if stored is None:
+        return {}
+    name, annotation = stored
+    if needs_none:
+        return {name: None}
+    for type_name, value in _VALUE_OF_TYPE:
+        if re.search(rf"\b{type_name}\b", annotation):
+            return {name: value}
+    return {}
+
+
+def _stored_parameter(init: ast.FunctionDef, attribute: str) -> tuple[str, str] | None:
+    """The ``__init__`` parameter stored unchanged as ``self.<attribute>`` (``self.gamma =
+    gamma``) with its annotation's text (``""``: none), or ``None``."""
     annotations = {a.arg: a.annotation for a in [*init.args.args, *init.args.kwonlyargs]}
     for statement in init.body:
         if not (isinstance(statement, ast.Assign) and isinstance(statement.value, ast.Name)):
             continue
         name = statement.value.id
-        if not _stores_to(statement, attribute) or name not in annotations:
-            continue
-        if needs_none:
-            return {name: None}
-        annotation = ast.unparse(annotations[name]) if annotations[name] is not None else ""
-        for type_name, value in _VALUE_OF_TYPE:
-            if re.search(rf"\b{type_name}\b", annotation):
-                return {name: value}
-    return {}
+        if _stores_to(statement, attribute) and name in annotations:
+            annotation = annotations[name]
+            return name, ast.unparse(annotation) if annotation is not None else ""
+    return None
 
 
 def _arm_values(test: ast.expr, parameters: set[str]) -> tuple[str, Any, Any] | None:

@@ -391,6 +391,28 @@ class Pool(nn.Module):
     assert construction_flips([guarded("self.other is not None")], text) == {}  # no type
 
 
+def test_a_parameter_compared_with_a_constant_is_given_that_constant():
+    from adopter.models.construction import construction_flips
+
+    text = """
+class Upsampler(nn.Module):
+    def __init__(self, channels, dims: int = 3, mode="nearest"):
+        self.dims = dims
+        self.kind = "fixed"
+"""
+
+    def guarded(guard: str) -> PatchedSite:
+        site = PatchedSite("k", 1, 0, 1, 2, "Upsampler.forward", "Upsampler")
+        site.guards = [guard]
+        return site
+
+    assert construction_flips([guarded("self.dims == 2")], text) == {"dims": 2}
+    # no parameter stored as it is, or no equality: nothing to build differently
+    assert construction_flips([guarded("self.kind == 'learned'")], text) == {}
+    assert construction_flips([guarded("not (self.dims == 2)")], text) == {}
+    assert construction_flips([guarded("self.dims > 2")], text) == {}
+
+
 def test_an_entry_is_taken_when_its_method_holds_a_site_or_its_construction_builds_a_host():
     from adopter.models.library_sides import LibrarySides
 
