@@ -314,7 +314,9 @@ def main() -> int:
         "the model classes whose code reaches it by name and flips the boolean/enum options "
         "that guard the site or the code that builds or calls it; and while a site in a module "
         "that is not a model class has still not run, it checks that module on its own with "
-        "random inputs its first layers take (a *part check*, named `(part)`).\n",
+        "random inputs its first layers take (a *part check*, named `(part)`), taken from a "
+        "model that verified or, where no inputs ran a model whole, from that model built "
+        "small without running it (its own verdict stays not checkable).\n",
         "| files | verified | refuted | not exercised | not checkable |",
         "|---|---|---|---|---|",
         f"| {len(files)} | {verdicts['verified']} | {verdicts['refuted']} | "
