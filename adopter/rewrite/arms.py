@@ -45,6 +45,7 @@ from .checks import (
     input_names,
     require,
     spelling_names,
+    spellings_made_one,
     step_expression,
 )
 from .render import tuple_assignment
@@ -275,7 +276,20 @@ def plan_tuple_around_branch(
         for i, body in enumerate(bodies)
         if i not in closed and check_arm_keeps_inputs(body, inputs) is None
     ]
-    require(check_some_arm_fuses(branch, fused_arms))
+    # an arm that makes the spellings one tensor (diffusers' ``encoder_hidden_states =
+    # hidden_states`` when no encoder states are given) fuses at its end, with no identity
+    # test: the query moves past the arm's statements, which neither call anything nor touch
+    # what it reads or sets
+    late_fused = [
+        i
+        for i, body in enumerate(bodies)
+        if i not in closed
+        and i not in fused_arms
+        and spellings_made_one(body, site)
+        and check_arm_keeps_inputs(body, inputs - spelling_names(site)) is None
+        and all(check_sinkable_past(s, body, early) is None for s in early)
+    ]
+    require(check_some_arm_fuses(branch, fused_arms + late_fused))
     taken = names_in(plan.function)
     names: list[str] = []
     for target in targets:
@@ -301,6 +315,15 @@ def plan_tuple_around_branch(
             )
         starts += [ArmStart("", copy_of=s, plain=True, at_end=True) for s in post]
         spread.fused[arm] = _in_source_order(starts, moved)
+    for arm in late_fused:
+        starts = [ArmStart(tuple_assignment(names, plan.unguarded_call), at_end=True)]
+        starts += [
+            ArmStart(name, copy_of=step.statement, node=step_expression(step), at_end=True)
+            for step, name in zip(steps, names, strict=True)
+        ]
+        starts += [ArmStart("", copy_of=s, plain=True, at_end=True) for s in post]
+        spread.fused[arm] = _in_source_order(starts, moved)
+    fused_arms = sorted(fused_arms + late_fused)
     plan.kernel_calls[:] = plan.kernel_calls * len(fused_arms)  # the call in each fused arm
     plan.spread = spread
     plan.touched.extend([*moved, branch])

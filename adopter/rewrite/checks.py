@@ -289,6 +289,36 @@ def identity_guard(site: Site) -> str | None:
     return " and ".join(tests) or None
 
 
+def spellings_made_one(body: list[ast.stmt], site: Site) -> bool:
+    """Whether, at the end of an arm, every spelling of each input names one tensor: the arm's
+    last binding of each later spelling is a plain copy of the first
+    (``encoder_hidden_states = hidden_states``, diffusers' self-attention arm) and nothing after
+    that copy rebinds or changes either name."""
+    several = _several_spellings(site)
+    if not several:
+        return False
+    for spellings in several.values():
+        first = spellings[0].text
+        for operand in spellings[1:]:
+            copies = [
+                index
+                for index, statement in enumerate(body)
+                if isinstance(statement, ast.Assign)
+                and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name)
+                and statement.targets[0].id == operand.text
+                and isinstance(statement.value, ast.Name)
+                and statement.value.id == first
+            ]
+            if not copies:
+                return False
+            for statement in body[copies[-1] + 1 :]:
+                changed = assigned_names(statement) | mutated_names(statement)
+                if {first, operand.text} & changed:
+                    return False
+    return True
+
+
 def spelling_names(site: Site) -> set[str]:
     """The names read by every spelling of the matched inputs (:func:`input_names` reads the
     bound, first one only)."""

@@ -151,6 +151,9 @@ class Plan:
     spread: Spread | None = None
     # computations written again, once each, as the original arm of an identity-guarded call
     fallback: list[ast.expr] = field(default_factory=list)
+    # the kernel call before any identity guard: where an arm makes the spellings one tensor
+    # (``encoder_hidden_states = hidden_states``), the call needs no test there
+    unguarded_call: str = ""
     sequential: SequentialPiece | None = None
     # a match that starts inside an nn.Sequential call: (call, first matched element, the
     # text of the elements before it called one by one), so pieces before it can merge in
@@ -286,6 +289,7 @@ class Planner:
         require(check_dropped_arguments(self.source, site, pattern, new_step, final_index))
         call_text = self.render.call(new_step, site, plan, pattern[final_index], steps[final_index])
         require(check_in_statements(steps))
+        plan.unguarded_call = call_text
         if guard is not None:
             require(check_spellings_guardable(site, targets, len(pattern)))
             call_text = self.identity_guarded(site, plan, call_text, targets, producer_of)

@@ -473,3 +473,82 @@ def test_a_projection_in_an_arm_of_a_conditional_expression_is_fused_where_that_
         new.load_state_dict(original.state_dict(), strict=True)
         for want, have in zip(original(h), new(h), strict=True):
             torch.testing.assert_close(have, want)
+
+
+# diffusers' AttnProcessor: the query first, then `encoder_hidden_states = hidden_states` when
+# no encoder states are given (self-attention) or their norm, then the keys and values. The
+# self-attention arm makes the two spellings one tensor, so it fuses at its end with no
+# identity test; the arm that passes the given states through fuses behind one.
+ENCODER_STATES_DEFAULTED = (
+    HEAD
+    + """\
+class Attention(nn.Module):
+    def __init__(self, norm_cross):
+        super().__init__()
+        self.to_q = nn.Linear(8, 8)
+        self.to_k = nn.Linear(8, 8)
+        self.to_v = nn.Linear(8, 8)
+        self.norm_cross = nn.LayerNorm(8) if norm_cross else None
+
+    def forward(self, hidden_states, encoder_hidden_states=None):
+        query = self.to_q(hidden_states)
+
+        if encoder_hidden_states is None:
+            encoder_hidden_states = hidden_states
+        elif self.norm_cross is not None:
+            encoder_hidden_states = self.norm_cross(encoder_hidden_states)
+
+        key = self.to_k(encoder_hidden_states)
+        value = self.to_v(encoder_hidden_states)
+        query = query.view(2, 3, 2, 4).transpose(1, 2)
+        key = key.view(2, -1, 2, 4).transpose(1, 2)
+        value = value.view(2, -1, 2, 4).transpose(1, 2)
+        return query, key, value
+"""
+)
+
+
+def test_an_arm_that_copies_one_spelling_into_the_other_fuses_at_its_end_without_a_test():
+    rewrite, matcher = _rewrite(ENCODER_STATES_DEFAULTED)
+    assert [r.status.value for r in rewrite.results] == ["patched"]
+    patched = rewrite.patched
+    assert (
+        "        if encoder_hidden_states is None:\n"
+        "            encoder_hidden_states = hidden_states\n"
+        "            fused_query, fused_key, fused_value = qkv_projection("
+        "hidden_states, self.to_q, self.to_k, self.to_v)\n"
+        "            query = fused_query\n"
+    ) in patched
+    # the norm's arm keeps the three projections; the pass-through arm tests the identity
+    assert "            encoder_hidden_states = self.norm_cross(encoder_hidden_states)\n" in patched
+    assert patched.count("if encoder_hidden_states is hidden_states") == 1
+    assert not rewrite_text(patched, "attention.py", matcher).changed
+    h, e = torch.randn(2, 3, 8), torch.randn(2, 5, 8)
+    for norm_cross in (True, False):
+        original = _reduction_model(ENCODER_STATES_DEFAULTED, norm_cross)
+        new = _reduction_model(patched, norm_cross)
+        new.load_state_dict(original.state_dict(), strict=True)
+        for kwargs in ({}, {"encoder_hidden_states": e}, {"encoder_hidden_states": h}):
+            for want, have in zip(original(h, **kwargs), new(h, **kwargs), strict=True):
+                torch.testing.assert_close(have, want)
+
+
+@pytest.mark.parametrize(
+    "after_copy",
+    [
+        "            hidden_states = hidden_states * 2\n",  # the first spelling changes after
+        "            self.norm_cross(hidden_states)\n",  # a call the query would move past
+    ],
+)
+def test_an_arm_whose_copy_does_not_last_or_that_calls_something_keeps_the_plain_copies(after_copy):
+    text = ENCODER_STATES_DEFAULTED.replace(
+        "            encoder_hidden_states = hidden_states\n",
+        "            encoder_hidden_states = hidden_states\n" + after_copy,
+    )
+    rewrite, _ = _rewrite(text)
+    patched = rewrite.patched
+    assert "            fused_query, fused_key, fused_value = qkv_projection(" not in patched
+    assert (
+        "            query = self.to_q(hidden_states)\n"
+        "            encoder_hidden_states = hidden_states\n"
+    ) in patched
