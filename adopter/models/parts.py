@@ -385,11 +385,14 @@ def parts_to_check(
     at most ``MAX_PART_MODELS``), each such class's first part, as a subject with inputs that
     run or why it has none; then each class no model holds, built on its own from the
     configuration (or one it holds) of the first of those models whose configuration builds
-    it. A class is tried again in a later model while it is wanted (the
-    site's code path may depend on how the model was configured: eager attention). A part
-    runs on the shapes its first layers suggest, else on ``more_inputs`` of it (the library
-    adapter's own, by role)."""
+    it, or, for a class that is no module, an object of it standing in for one a built model's
+    module calls with the same arguments (:func:`_stand_in`). A class is tried again in a
+    later model while it is wanted (the site's code path may depend on how the model was
+    configured: eager attention). A part runs on the shapes its first layers suggest (given
+    to every argument a processor it holds requires), else on ``more_inputs`` of it (the
+    library adapter's own, by role)."""
     configured: list[tuple[Subject, Any]] = []  # each model checked, with its configuration
+    built: list[tuple[Subject, nn.Module, str]] = []
     held: set[str] = set()
     taken: set[tuple[str, str]] = set()  # (model, path) of the parts tried already
     for name, build in builds[:MAX_PART_MODELS]:
@@ -399,6 +402,7 @@ def parts_to_check(
         if isinstance(whole, Unbuildable):
             continue
         model = whole.build_original()
+        built.append((whole, model, name))
         if getattr(model, "config", None) is not None:
             configured.append((whole, model.config))
         for cls in classes:
@@ -409,12 +413,34 @@ def parts_to_check(
                 continue  # (a processor's holder is its attention module's part too)
             taken.add((name, paths[0]))
             yield cls, _held_part((whole, model, name), cls, paths[0], settings, more_inputs)
+    unheld = [cls for cls in classes if cls not in held]
+    yield from _unheld_parts(unheld, wanted, modules, (configured, built), settings, more_inputs)
+
+
+def _unheld_parts(
+    classes: list[str],
+    wanted: Callable[[str], bool],
+    modules: tuple[Any, Any],
+    models: tuple[list[tuple[Subject, Any]], list[tuple[Subject, nn.Module, str]]],
+    settings: BuildSettings,
+    more_inputs: Callable[[nn.Module], Iterable[tuple[str, Any]]] | None,
+) -> Iterator[tuple[str, Subject | Unbuildable]]:
+    """Parts for the ``classes`` no model built holds, while wanted: a module class built from
+    a checked model's configuration (``models``: each with its configuration, and each built
+    with its name), an object's class standing in for one a built model's module calls."""
+    configured, built = models
     for cls in classes:
-        if cls in held or not wanted(cls):  # asked as each comes: a check may have run it
+        if not wanted(cls):  # asked as each comes: a check may have run it
             continue
         pair = (getattr(modules[0], cls, None), getattr(modules[1], cls, None))
-        if configured and all(isinstance(c, type) and issubclass(c, nn.Module) for c in pair):
+        if not all(isinstance(c, type) for c in pair):
+            continue
+        if configured and all(issubclass(c, nn.Module) for c in pair):  # type: ignore[arg-type]
             yield cls, _constructed_from_any(configured, pair, settings)  # type: ignore[arg-type]
+        elif not any(issubclass(c, nn.Module) for c in pair):  # type: ignore[arg-type]
+            stand_in = _stand_in(built, pair[0])  # type: ignore[arg-type]
+            if stand_in is not None:
+                yield cls, _swapped_part(stand_in, pair, settings, more_inputs)  # type: ignore[arg-type]
 
 
 def _held_part(
@@ -429,12 +455,142 @@ def _held_part(
     object is checked); or why it runs on none."""
     whole, model, name = built
     part = model.get_submodule(path)
+    held = [type(v) for v in vars(part).values() if type(v).__name__ == cls]
     tried = input_candidates(part, settings)
+    called = _called_with(part, held[0], settings) if held else ()
     further = more_inputs(part) if more_inputs is not None else ()
-    found = runnable_inputs(part, settings, itertools.chain(tried, further))
+    found = runnable_inputs(part, settings, itertools.chain(tried, called, further))
     if found is None:
         return Unbuildable(f"{cls} at {name}.{path} runs on none of the input shapes tried")
     return part_subject(whole, name, type(part).__name__, path, found)
+
+
+def _call_parameters(cls: type) -> tuple[set[str], set[str]] | None:
+    """The parameters of ``cls.__call__`` (``self`` left out), all and required, or ``None``
+    where it has no signature to read."""
+    try:
+        parameters = list(inspect.signature(cls.__call__).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return None
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    names = {p.name for p in parameters if p.kind in (*positional, inspect.Parameter.KEYWORD_ONLY)}
+    required = {
+        p.name for p in parameters if p.kind in positional and p.default is inspect.Parameter.empty
+    }
+    return names, required
+
+
+def _called_with(
+    part: nn.Module, called: type, settings: BuildSettings
+) -> Iterator[tuple[str, Any]]:
+    """Inputs for a module that hands its work to an object of ``called`` (an attention module
+    and its processor): each shape its first layers take, given to every parameter of its
+    ``forward`` that the object's call requires (``encoder_hidden_states``: optional for the
+    module, required by a joint or cross-attention processor)."""
+    found = _call_parameters(called)
+    try:
+        parameters = list(inspect.signature(part.forward).parameters)
+    except (TypeError, ValueError):
+        return
+    names = [name for name in parameters if found is not None and name in found[1]]
+    if len(names) < 2:  # one tensor: what input_candidates tries already
+        return
+    dtype = torch_dtype(settings.dtype)
+    for shape in _shapes(part):
+        generator = torch.Generator().manual_seed(settings.seed)
+        label = f"{'x'.join(map(str, shape))} as {', '.join(names)}"
+        yield label, {name: torch.randn(shape, generator=generator, dtype=dtype) for name in names}
+
+
+def _interchangeable(held: type, wanted: type) -> bool:
+    """Whether an object of ``wanted`` can stand in for the ``held`` one a module calls (an
+    attention module's processor): each takes every argument the other requires."""
+    if held is wanted or "__call__" not in vars(wanted):
+        return False
+    ours, theirs = _call_parameters(held), _call_parameters(wanted)
+    if ours is None or theirs is None or not ours[1]:
+        return False
+    return theirs[1] <= ours[0] and ours[1] <= theirs[0]
+
+
+def _stand_in(
+    built: list[tuple[Subject, nn.Module, str]], wanted: type
+) -> tuple[Subject, str, str, str] | None:
+    """A module of a built model that calls an object ``wanted`` can stand in for, held as an
+    attribute (a processor no model sets by default: a perturbed or training variant the user
+    installs on an attention module): (the model's subject, its name, the module's path, the
+    attribute); one whose object's class is defined beside ``wanted`` first."""
+    found: list[tuple[bool, Subject, str, str, str]] = []
+    for whole, model, name in built:
+        for path, module in model.named_modules():
+            for attribute, value in vars(module).items():
+                held = type(value)
+                if isinstance(value, nn.Module) or not _interchangeable(held, wanted):
+                    continue
+                found.append((held.__module__ != wanted.__module__, whole, name, path, attribute))
+    if not found:
+        return None
+    _, whole, name, path, attribute = min(found, key=lambda entry: entry[0])
+    return whole, name, path, attribute
+
+
+def _holding(
+    build: Callable[[], nn.Module], path: str, attribute: str, cls: type
+) -> Callable[[], nn.Module]:
+    """A builder of the module at ``path`` with a new ``cls()`` as its ``attribute``."""
+
+    def swapped() -> nn.Module:
+        part = build().get_submodule(path)
+        setattr(part, attribute, cls())
+        return part
+
+    return swapped
+
+
+def _swapped_part(
+    stand_in: tuple[Subject, str, str, str],
+    classes: tuple[type, type],
+    settings: BuildSettings,
+    more_inputs: Callable[[nn.Module], Iterable[tuple[str, Any]]] | None,
+) -> Subject | Unbuildable:
+    """The module found by :func:`_stand_in`, on each side given a new object of that side's
+    class of ``classes`` in place of the one it holds, with the first inputs it runs on."""
+    whole, name, path, attribute = stand_in
+    original, patched = classes
+    try:
+        probe = _holding(whole.build_original, path, attribute, original)()
+    except Exception as exc:  # noqa: BLE001 - a class that needs arguments, or a package
+        return Unbuildable(f"{original.__name__}() could not stand in at {name}.{path}: {exc!r}")
+    further = more_inputs(probe) if more_inputs is not None else ()
+    tried = input_candidates(probe, settings)
+    called = _called_with(probe, original, settings)
+    found = runnable_inputs(probe, settings, itertools.chain(tried, called, further))
+    if found is None:
+        return Unbuildable(
+            f"{name}.{path} with {original.__name__}() as its {attribute} runs on none of the "
+            "input shapes tried"
+        )
+    quiet = whole.quiet
+
+    def quiet_parts() -> tuple[Callable[[], Any], Callable[[], Any]]:
+        assert quiet is not None
+        builders = quiet()
+        return tuple(  # type: ignore[return-value]
+            _wrapped(_holding(b, path, attribute, c))
+            for b, c in zip(builders, classes, strict=True)
+        )
+
+    sides = tuple(
+        _wrapped(_holding(b, path, attribute, c))
+        for b, c in zip((whole.build_original, whole.build_patched), classes, strict=True)
+    )
+    label = f"{name}.{path} with {original.__name__}() as its {attribute}, input {found[0]}"
+    quiet_sides = None if quiet is None else quiet_parts
+    return _part_of(whole, original.__name__, label, found[1], sides, quiet_sides)  # type: ignore[arg-type]
+
+
+def _wrapped(build: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
+    return lambda: MainOutput(build())
 
 
 def _constructed_from_any(

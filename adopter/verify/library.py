@@ -163,11 +163,14 @@ def _check_parts(
     wanted = part_classes(remaining, hosts, [])
     unmatched = {site.key for site in remaining}
     reaching = set(wanted)
-    builds = [
-        (c.name, functools.partial(checks.sides.unrun_subject, c.name))
-        for c in candidates
-        if worth_building(checks.sides.adapter, c, module, reaching)[0]
+    # no model builds a class that reaches them (a processor class no model sets): any model
+    # of the module lends its parts, to build a module class from its configuration or to
+    # hold an object of the class in place of the one it calls
+    worth = [c for c in candidates if worth_building(checks.sides.adapter, c, module, reaching)[0]]
+    worth = worth or [
+        c for c in candidates if worth_building(checks.sides.adapter, c, module, set())[0]
     ]
+    builds = [(c.name, functools.partial(checks.sides.unrun_subject, c.name)) for c in worth]
     modules = (checks.sides.original or import_module(module), checks.sides.patched)
     settings = checks.sides.settings
 

@@ -326,3 +326,89 @@ def test_a_model_no_inputs_run_is_verified_through_its_parts_and_refuted_through
     (part,) = [c for c in correct.classes if c.cls.endswith(PART_SUFFIX)]
     assert part.label == "PipelineOnlyProjector (part) [PipelineOnlyModel.projector, input 2x5x6]"
     assert verdicts["wrong"].status == "refuted", verdicts["wrong"].summary()
+
+
+# -- a processor no model sets: checked standing in for the one an attention module holds --------
+
+PROCESSORS = """
+import torch
+from torch import nn
+
+
+class DefaultProcessor:
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None):
+        return attn.to_out(hidden_states)
+
+
+class JointProcessor:  # a variant the user installs: it needs the encoder states
+    def __call__(self, attn, hidden_states, encoder_hidden_states, scale=1.0):
+        return attn.to_out(hidden_states + encoder_hidden_states) * ACTIVATION(scale)
+
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.to_out = nn.Linear(4, 4)
+        self.processor = DefaultProcessor()
+
+    def forward(self, hidden_states, encoder_hidden_states=None):
+        return self.processor(self, hidden_states, encoder_hidden_states)
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = Attention()
+
+    def forward(self, hidden_states):
+        return self.attn(hidden_states)
+"""
+
+
+def _processors_module(name: str, activation: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+    text = PROCESSORS.replace("ACTIVATION(scale)", f"{activation}(torch.tensor(scale))")
+    exec(compile(text, f"{name}.py", "exec"), module.__dict__)  # noqa: S102 - our own fixture
+    for value in vars(module).values():
+        if isinstance(value, type):
+            value.__module__ = name
+    return module
+
+
+def _stand_in_check(patched_activation: str) -> Subject:
+    from adopter.models.parts import parts_to_check
+
+    original = _processors_module("processors_original", "torch.sigmoid")
+    patched = _processors_module("processors_patched", patched_activation)
+
+    def build(module: types.ModuleType) -> nn.Module:
+        torch.manual_seed(0)
+        return module.Model()
+
+    def whole() -> Subject:
+        inputs = torch.randn(2, 5, 4)
+        return Subject("Model", "", lambda: build(original), lambda: build(patched), inputs)
+
+    found = list(
+        parts_to_check(
+            [("Model", whole)], ["JointProcessor"], lambda cls: True, (original, patched), SETTINGS
+        )
+    )
+    ((cls, subject),) = found
+    assert cls == "JointProcessor"
+    assert isinstance(subject, Subject), subject
+    return subject
+
+
+def test_a_processor_no_model_sets_is_checked_in_place_of_the_one_a_module_holds() -> None:
+    subject = _stand_in_check("torch.sigmoid")
+    assert subject.name == "JointProcessor" + PART_SUFFIX
+    # the module that calls a processor, the variant in its place, both tensors it requires
+    assert subject.label == (
+        "Model.attn with JointProcessor() as its processor, "
+        "input 2x5x4 as hidden_states, encoder_hidden_states"
+    )
+    options = VerifyOptions(modes=("eval", "train"))
+    assert prove(subject, None, options).status == "verified"
+    wrong = prove(_stand_in_check("torch.tanh"), None, options)
+    assert wrong.status == "refuted", wrong.reason
