@@ -44,6 +44,11 @@ _TOKENS = 5  # sequence length of a token-shaped input
 _SPATIAL = {1: (16,), 2: (8, 8), 3: (4, 8, 8)}  # extent of a convolution's input per dimension
 _WIDTHS_TRIED = 4  # a part's first layers that suggest an input width
 _ROTARY = "position_embeddings"  # transformers 5's name for the (cos, sin) a layer rotates by
+_ATTENTION_OPERANDS = {
+    "query",
+    "key",
+    "value",
+}  # an attention's arguments, one tensor in self-attention
 MAX_PART_MODELS = 4
 """Models of a file built again to take parts from (each costs a build, as a check does)."""
 
@@ -109,7 +114,8 @@ def _shapes(part: nn.Module) -> list[tuple[int, ...]]:
 
 def input_candidates(part: nn.Module, settings: BuildSettings) -> Iterator[tuple[str, Any]]:
     """Inputs to try, each with how it is shaped: every required argument of ``forward`` a
-    random tensor of one shape its first layers take (seeded, one draw per argument)."""
+    random tensor of one shape its first layers take (seeded, one draw per argument; first
+    one draw for all of an attention's ``query``, ``key`` and ``value``)."""
     try:
         names = _required(part.forward)
     except (TypeError, ValueError):  # no signature to read: nothing sensible to pass
@@ -130,6 +136,12 @@ def input_candidates(part: nn.Module, settings: BuildSettings) -> Iterator[tuple
             named = {names[0]: tensors[0], _ROTARY: (angles.cos(), angles.sin())}
             named.update({name: None for name in names[1:] if name != _ROTARY})
             yield f"{label}, {_ROTARY}=(cos, sin) of width {width}", named
+        shared = [name for name in names if name in _ATTENTION_OPERANDS]
+        if len(shared) > 1:
+            # self-attention: one tensor as query, key and value (a fused path the rewrite put
+            # behind `key is query and value is query` runs only so); then one tensor each
+            one = [tensors[0] if n in shared else t for n, t in zip(names, tensors, strict=True)]
+            yield f"{label}, one tensor as {', '.join(shared)}", tuple(one)
         yield label, tuple(tensors)
         if len(names) > 1:  # the further arguments optional in practice (a mask, a cache)
             rest = ", ".join(f"{name}=None" for name in names[1:])

@@ -412,3 +412,22 @@ def test_a_processor_no_model_sets_is_checked_in_place_of_the_one_a_module_holds
     assert prove(subject, None, options).status == "verified"
     wrong = prove(_stand_in_check("torch.tanh"), None, options)
     assert wrong.status == "refuted", wrong.reason
+
+
+class _SelfOrCrossAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_proj = nn.Linear(4, 4)
+
+    def forward(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: torch.Tensor
+    ):
+        assert key is query and value is query, "the fused path: taken only with one tensor"
+        return self.q_proj(query) * scale
+
+
+def test_an_attention_part_is_given_one_tensor_as_query_key_and_value_first() -> None:
+    shape, inputs = runnable_inputs(_SelfOrCrossAttention(), SETTINGS) or ("", None)
+    assert shape == "2x5x4, one tensor as query, key, value"
+    query, key, value, scale = inputs
+    assert key is query and value is query and scale is not query
