@@ -109,6 +109,16 @@ def _shapes(part: nn.Module) -> list[tuple[int, ...]]:
         shapes += [s for s in layer_shapes if s not in shapes]
     own = [p.shape[0] for p in part.parameters(recurse=False) if p.dim() == 1]
     shapes += [(2, _TOKENS, own[0])] if own and (2, _TOKENS, own[0]) not in shapes else []
+    # last, a square grid of narrower tokens: a projector that first folds each f x f block of
+    # a vision grid into one token of f*f times the width (pixel shuffle, space to depth)
+    # takes width / f**2 at its first layer's width
+    widths = [shape[-1] for shape in shapes if len(shape) == 3 and shape[1] == _TOKENS]
+    for factor in (2, 3):
+        shapes += [
+            (2, (2 * factor) ** 2, width // factor**2)
+            for width in widths[:1]
+            if width % factor**2 == 0
+        ]
     return shapes
 
 

@@ -431,3 +431,23 @@ def test_an_attention_part_is_given_one_tensor_as_query_key_and_value_first() ->
     assert shape == "2x5x4, one tensor as query, key, value"
     query, key, value, scale = inputs
     assert key is query and value is query and scale is not query
+
+
+class _PixelShuffleProjector(nn.Module):
+    """Folds each 2 x 2 block of a square grid of tokens into one token four times as wide."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(32)
+        self.linear = nn.Linear(32, 4)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        batch, tokens, width = features.shape
+        side = int(tokens**0.5)
+        grid = features.reshape(batch, side // 2, 2, side // 2, 2, width).permute(0, 1, 3, 2, 4, 5)
+        return self.linear(self.norm(grid.reshape(batch, -1, 4 * width)))
+
+
+def test_a_pixel_shuffle_projector_is_given_a_square_grid_of_narrower_tokens() -> None:
+    shape, inputs = runnable_inputs(_PixelShuffleProjector(), SETTINGS) or ("", None)
+    assert shape == "2x16x8"  # a 4 x 4 grid of tokens a quarter of the first layer's width
