@@ -160,8 +160,16 @@ def _flatten(value: Any, prefix: str, out: list[tuple[str, Any]]) -> None:
 
 def _fresh(inputs: Any) -> Any:
     """A copy of the inputs' tensors, so that a model writing into its inputs in place cannot
-    change what the next run sees."""
-    return map_tensors(inputs, torch.Tensor.clone)
+    change what the next run sees; a tensor given twice is one copy given twice (code that
+    tests ``key is query`` takes the same path on the copies)."""
+    copies: dict[int, torch.Tensor] = {}
+
+    def copy_once(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in copies:
+            copies[id(tensor)] = tensor.clone()
+        return copies[id(tensor)]
+
+    return map_tensors(inputs, copy_once)
 
 
 def _projection_loss(outputs: list[tuple[str, Any]], seed: int) -> torch.Tensor | None:

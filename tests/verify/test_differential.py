@@ -181,3 +181,36 @@ def test_objective_compares_the_loss_and_its_gradients_only() -> None:
     wrong = judged(LossModel(skip_logits=True, scale=1.5))
     assert wrong.status == "refuted"
     assert {d.name for d in wrong.differences if not d.ok} >= {"output loss", "grad head.bias"}
+
+
+class SelfAttentionOnly(nn.Module):
+    """Runs only when its query, key and value are one tensor (a fused path behind an identity
+    test, as `apply` writes it for one input spelled several ways)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        if not (key is query and value is query):
+            raise RuntimeError("called with three tensors")
+        return self.linear(query)
+
+
+def test_a_tensor_given_twice_is_one_tensor_in_every_run() -> None:
+    torch.manual_seed(0)
+    original, patched = SelfAttentionOnly(), SelfAttentionOnly()
+    state = snapshot_state(original)
+    assert load_strictly(patched, state) is None
+    x = torch.randn(3, 4)
+    for training in (False, True):
+        outcome = check_mode(
+            pristine_copies(original),
+            pristine_copies(patched),
+            state,
+            (x, x, x),
+            training=training,
+            seed=0,
+            tol=F32,
+        )
+        assert outcome.status == "verified", outcome.detail
