@@ -44,11 +44,8 @@ _TOKENS = 5  # sequence length of a token-shaped input
 _SPATIAL = {1: (16,), 2: (8, 8), 3: (4, 8, 8)}  # extent of a convolution's input per dimension
 _WIDTHS_TRIED = 4  # a part's first layers that suggest an input width
 _ROTARY = "position_embeddings"  # transformers 5's name for the (cos, sin) a layer rotates by
-_ATTENTION_OPERANDS = {
-    "query",
-    "key",
-    "value",
-}  # an attention's arguments, one tensor in self-attention
+# an attention's arguments: one tensor in self-attention
+_ATTENTION_OPERANDS = {"query", "key", "value"}
 MAX_PART_MODELS = 4
 """Models of a file built again to take parts from (each costs a build, as a check does)."""
 
@@ -478,13 +475,24 @@ def _held_part(
     whole, model, name = built
     part = model.get_submodule(path)
     held = [type(v) for v in vars(part).values() if type(v).__name__ == cls]
-    tried = input_candidates(part, settings)
-    called = _called_with(part, held[0], settings) if held else ()
-    further = more_inputs(part) if more_inputs is not None else ()
-    found = runnable_inputs(part, settings, itertools.chain(tried, called, further))
+    found = _part_inputs(part, held[0] if held else None, settings, more_inputs)
     if found is None:
         return Unbuildable(f"{cls} at {name}.{path} runs on none of the input shapes tried")
     return part_subject(whole, name, type(part).__name__, path, found)
+
+
+def _part_inputs(
+    part: nn.Module,
+    called: type | None,
+    settings: BuildSettings,
+    more_inputs: Callable[[nn.Module], Iterable[tuple[str, Any]]] | None,
+) -> tuple[str, Any] | None:
+    """The first inputs ``part`` runs on: the shapes its first layers take, then those given
+    to every argument an object of ``called`` it calls requires, then ``more_inputs`` of it."""
+    tried = input_candidates(part, settings)
+    by_call = _called_with(part, called, settings) if called is not None else ()
+    further = more_inputs(part) if more_inputs is not None else ()
+    return runnable_inputs(part, settings, itertools.chain(tried, by_call, further))
 
 
 def _call_parameters(cls: type) -> tuple[set[str], set[str]] | None:
@@ -510,11 +518,13 @@ def _called_with(
     ``forward`` that the object's call requires (``encoder_hidden_states``: optional for the
     module, required by a joint or cross-attention processor)."""
     found = _call_parameters(called)
+    if found is None:
+        return
     try:
         parameters = list(inspect.signature(part.forward).parameters)
     except (TypeError, ValueError):
         return
-    names = [name for name in parameters if found is not None and name in found[1]]
+    names = [name for name in parameters if name in found[1]]
     if len(names) < 2:  # one tensor: what input_candidates tries already
         return
     dtype = torch_dtype(settings.dtype)
@@ -583,10 +593,7 @@ def _swapped_part(
         probe = _holding(whole.build_original, path, attribute, original)()
     except Exception as exc:  # noqa: BLE001 - a class that needs arguments, or a package
         return Unbuildable(f"{original.__name__}() could not stand in at {name}.{path}: {exc!r}")
-    further = more_inputs(probe) if more_inputs is not None else ()
-    tried = input_candidates(probe, settings)
-    called = _called_with(probe, original, settings)
-    found = runnable_inputs(probe, settings, itertools.chain(tried, called, further))
+    found = _part_inputs(probe, original, settings, more_inputs)
     if found is None:
         return Unbuildable(
             f"{name}.{path} with {original.__name__}() as its {attribute} runs on none of the "
