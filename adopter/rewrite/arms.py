@@ -306,21 +306,17 @@ def plan_tuple_around_branch(
         carried=post,
         late=[s for s in moved if blocks.block_of(s)[1] > where],
     )
-    for arm in fused_arms:
-        starts = [ArmStart(tuple_assignment(names, call_text))]
+    for arm in fused_arms + late_fused:
+        # an arm fused at its start keeps the identity test; one fused at its end needs none,
+        # and every statement it fuses ran before its end
+        at_arm_end = arm in late_fused
+        text = plan.unguarded_call if at_arm_end else call_text
+        starts = [ArmStart(tuple_assignment(names, text), at_end=at_arm_end)]
         for step, name in zip(steps, names, strict=True):
-            at_end = any(step.statement is s for s in late)
+            at_end = at_arm_end or any(step.statement is s for s in late)
             starts.append(
                 ArmStart(name, copy_of=step.statement, node=step_expression(step), at_end=at_end)
             )
-        starts += [ArmStart("", copy_of=s, plain=True, at_end=True) for s in post]
-        spread.fused[arm] = _in_source_order(starts, moved)
-    for arm in late_fused:
-        starts = [ArmStart(tuple_assignment(names, plan.unguarded_call), at_end=True)]
-        starts += [
-            ArmStart(name, copy_of=step.statement, node=step_expression(step), at_end=True)
-            for step, name in zip(steps, names, strict=True)
-        ]
         starts += [ArmStart("", copy_of=s, plain=True, at_end=True) for s in post]
         spread.fused[arm] = _in_source_order(starts, moved)
     fused_arms = sorted(fused_arms + late_fused)
