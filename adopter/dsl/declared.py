@@ -56,6 +56,7 @@ __all__ = [
     "KERNEL_PACKAGE",
     "NeededFlag",
     "check_declared_kernels",
+    "kernel_entry",
     "needed_flags",
     "registered_kernels",
 ]
@@ -178,6 +179,12 @@ def needed_flags(spelling: Rule, kernel: str) -> list[NeededFlag]:
 @cache
 def _entries() -> dict[str, Any]:
     return {entry.name: entry for entry in _registry().ENTRIES}
+
+
+def kernel_entry(name: str) -> Any | None:
+    """The registry entry of ``adopter.kernels.<name>`` (``None``: no such kernel), read
+    without torch: the rewrite consults the entries and must not import the kernels."""
+    return _entries().get(name)
 
 
 _CALLABLE_ROLES = ("kernel", "attention factory")

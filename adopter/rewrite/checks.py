@@ -17,6 +17,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, ParamSpec
 
+from ..dsl.declared import kernel_entry
 from ..dsl.syntax import (
     DETECT_ONLY,
     Call,
@@ -34,8 +35,6 @@ from ..dsl.syntax import Step as PatternStep
 from ..extract.model import Construction, Operand
 from ..extract.model import Step as FlowStep
 from ..extract.names import DROPOUT_FUNCTION
-from ..kernels.registry import entry as kernel_entry
-from ..kernels.registry import names as kernel_names
 from ..match.matcher import BoundModule, BoundOutput, Site
 from .source import (
     Blocks,
@@ -138,9 +137,8 @@ def check_weights_not_kept_unasked(kernel: str | None, unasked: Sequence[int]) -
     probabilities whether asked or not (``unasked``: the lines that do, rewrite/collected.py):
     its model would return ``None`` where it returned them."""
     name = (kernel or "").rpartition(".")[2]
-    if not unasked or name not in kernel_names():
-        return None
-    if not kernel_entry(name).weights_when_asked:
+    entry = kernel_entry(name) if unasked else None
+    if entry is None or not entry.weights_when_asked:
         return None
     return Refusal(
         f"the file keeps its layers' attention probabilities whether or not they are asked "

@@ -15,30 +15,41 @@ import difflib
 
 
 class LineMap:
-    """Patched line number -> original line number (both 1-based), never decreasing."""
+    """Patched line number -> original line number (both 1-based), never decreasing.
 
-    def __init__(self, original: str, patched: str) -> None:
+    ``original`` and ``patched`` may be excerpts (one function of each version) starting at
+    lines ``original_first`` and ``patched_first`` of their files: diffing one changed function
+    at a time costs a fraction of diffing whole files, and the rewrite keeps every function's
+    place in the outline, so the excerpts correspond."""
+
+    def __init__(
+        self, original: str, patched: str, original_first: int = 1, patched_first: int = 1
+    ) -> None:
         old = original.splitlines()
         new = patched.splitlines()
+        self._first = patched_first
         self._map = [0] * (len(new) + 1)
         self._exact = [False] * (len(new) + 1)
+        base = original_first - 1
         matcher = difflib.SequenceMatcher(None, old, new, autojunk=False)
         for tag, i1, i2, j1, j2 in matcher.get_opcodes():
             for offset, j in enumerate(range(j1, j2)):
                 if tag == "equal":
-                    self._map[j + 1], self._exact[j + 1] = i1 + offset + 1, True
+                    self._map[j + 1], self._exact[j + 1] = base + i1 + offset + 1, True
                 elif i2 > i1:  # replaced lines: the k-th new line on the k-th old one
-                    self._map[j + 1] = i1 + min(offset, i2 - i1 - 1) + 1
+                    self._map[j + 1] = base + i1 + min(offset, i2 - i1 - 1) + 1
                 else:  # inserted lines: on the original line before them
-                    self._map[j + 1] = max(i1, 1)
+                    self._map[j + 1] = base + max(i1, 1)
 
     def line(self, patched_line: int) -> int:
-        if 0 < patched_line < len(self._map):
-            return self._map[patched_line]
+        index = patched_line - self._first + 1
+        if 0 < index < len(self._map):
+            return self._map[index]
         return patched_line
 
     def exact(self, patched_line: int) -> bool:
-        return 0 < patched_line < len(self._exact) and self._exact[patched_line]
+        index = patched_line - self._first + 1
+        return 0 < index < len(self._exact) and self._exact[index]
 
 
 def remap(tree: ast.AST, lines: LineMap) -> None:

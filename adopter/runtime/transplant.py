@@ -152,9 +152,8 @@ def plan_transplant(original: str, patched: str, filename: str) -> Transplant:
     if not changed:
         return Transplant([], {})
     added = [_added_keywords(old, new) for old, new in changed]
-    codes = _compile_changed(
-        new_tree, [new for _, new in changed], LineMap(original, patched), filename
-    )
+    mapped = [(new, _line_map(old_lines, old, new_lines, new)) for old, new in changed]
+    codes = _compile_changed(new_tree, mapped, filename)
     functions = [
         ChangedFunction(old.qualname, old.first_line, code, keywords)
         for (old, _), code, keywords in zip(changed, codes, added, strict=True)
@@ -202,10 +201,23 @@ def _added_keywords(old: _Def, new: _Def) -> dict[str, Any]:
     return added
 
 
+def _line_map(old_lines: list[str], old: _Def, new_lines: list[str], new: _Def) -> LineMap:
+    """The lines of the patched function ``new`` on those of the original ``old``."""
+    return LineMap(
+        "\n".join(_text(old_lines, old)),
+        "\n".join(_text(new_lines, new)),
+        old.first_line,
+        new.first_line,
+    )
+
+
 def _compile_changed(
-    tree: ast.Module, defs: list[_Def], lines: LineMap, filename: str
+    tree: ast.Module, defs: list[tuple[_Def, LineMap]], filename: str
 ) -> list[CodeType]:
-    """Code objects of ``defs``, compiled inside copies of their enclosing classes."""
+    """Code objects of ``defs``, compiled inside empty copies of their enclosing classes.
+
+    The function nodes of ``tree`` are moved onto the original lines in place, not copied:
+    ``tree`` is this plan's own parse, and the functions ``_defs`` collects never nest."""
     body: list[ast.stmt] = [
         copy.deepcopy(node)
         for node in tree.body
@@ -225,11 +237,10 @@ def _compile_changed(
         return classes[path].body
 
     copies = []
-    for item in defs:
-        node = copy.deepcopy(item.node)
-        remap(node, lines)
-        copies.append((item.qualname, node))
-        block_for(item.qualname[:-1]).append(node)
+    for item, lines in defs:
+        remap(item.node, lines)
+        copies.append((item.qualname, item.node))
+        block_for(item.qualname[:-1]).append(item.node)
     module = ast.Module(body=body, type_ignores=[])
     ast.fix_missing_locations(module)
     compiled = compile(module, filename, "exec", dont_inherit=True)

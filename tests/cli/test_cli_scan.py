@@ -188,6 +188,29 @@ def test_scan_never_imports_the_target(tmp_path):
     assert "trap" not in sys.modules
 
 
+def test_scan_and_apply_never_import_torch(tmp_path):
+    """Scanning and rewriting are static: the kernels (and torch) are named, never imported;
+    a rewrite check that read the kernel registry through ``adopter.kernels`` once cost every
+    command torch's import (seconds)."""
+    (tmp_path / "model.py").write_text(GOOD)
+    code = (
+        "import sys\n"
+        "from adopter.cli import app\n"
+        "for command in (['scan', sys.argv[1]], ['apply', '--write', sys.argv[1]]):\n"
+        "    try:\n"
+        "        app(command)\n"
+        "    except SystemExit as done:\n"
+        "        assert not done.code, done.code\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('adopter.kernels')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "from adopter.kernels import softmax" in (tmp_path / "model.py").read_text()
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
 @pytest.mark.parametrize(
     ("name", "content", "expected"),
     [
