@@ -88,22 +88,27 @@ def test_diffusers_builds_a_small_unet_with_inputs_that_run():
 
 @pytest.mark.slow
 def test_verify_on_a_copied_folder_after_apply_write_compares_with_the_installed_file(tmp_path):
+    """A user copies a library file into a folder of their own, patches it in place, then asks
+    verify: the original is the installed file of the same name (timm's coord_attn, a small
+    layer file whose classes are built on their own: seconds, where a model file is a minute)."""
     import timm
 
     folder = tmp_path / "my_models"
     folder.mkdir()
     (folder / "__init__.py").write_text("")
-    shutil.copy(Path(timm.__file__).parent / "models" / "dla.py", folder / "dla.py")
+    shutil.copy(Path(timm.__file__).parent / "layers" / "coord_attn.py", folder / "coord_attn.py")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = [sys.executable, "-m", "adopter"]
     subprocess.run([*run, "apply", "--write", str(folder)], env=env, check=True, cwd=tmp_path)
     done = subprocess.run(
-        [*run, "verify", str(folder / "dla.py"), "-f", "json", "--timeout", "600"],
+        [*run, "verify", str(folder / "coord_attn.py"), "-f", "json", "--timeout", "600"],
         env=env, cwd=tmp_path, capture_output=True, text=True, check=False,
     )  # fmt: skip
     rows = json.loads(done.stdout)
     files = [row for row in rows if row["kind"] == "file"]
     assert [row["status"] for row in files] == ["verified"], files
+    sites = [row for row in rows if row["kind"] == "site"]
+    assert len(sites) >= 2 and all(row["status"] == "exercised" for row in sites), sites
 
 
 @pytest.mark.slow
