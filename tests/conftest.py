@@ -16,6 +16,14 @@ import pytest
 os.environ["ADOPTER_BACKENDS_TABLE"] = str(Path(tempfile.gettempdir()) / "adopter-no-table.json")
 os.environ.pop("ADOPTER_BACKENDS", None)
 
+# One thread per torch process. The suite runs two test workers, the modern environment's
+# run and their subprocesses at once on a machine of a few cores, on models of a few thousand
+# parameters: a second OpenMP thread per process finds no work worth splitting and spins while
+# it waits, which on two cores cost a fifth of the suite's CPU time. Set before anything imports
+# torch; the subprocesses the tests start (the modern run, verify workers) inherit it. No test
+# asserts a thread count or a timing.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 from tests.environments import MODERN_RUN, MODERN_TEST_ID
 
 

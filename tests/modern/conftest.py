@@ -3,7 +3,12 @@ only in the modern environment (tests/environments.py), never beside transformer
 
 from __future__ import annotations
 
+import os
 from importlib import metadata
+
+# One torch thread per process, as in the main suite (tests/conftest.py says why); set here too
+# for a run of tests/modern on its own.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _modern() -> bool:
