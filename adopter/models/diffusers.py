@@ -41,7 +41,13 @@ from .common import call_model, error_line
 from .diffusers_blocks import split_variant, variant_config, variant_names
 from .diffusers_inputs import LAYOUTS, Layout, fit_inputs, make_inputs
 from .diffusers_shrink import Setting, init_defaults, settings_for
-from .surveys import SurveyStore, module_survey, stored_look, surveyed_candidates
+from .surveys import (
+    SurveyStore,
+    module_survey,
+    stored_look,
+    survey_budget,
+    surveyed_candidates,
+)
 
 __all__ = ["DiffusersAdapter", "make_inputs", "small_config"]
 
@@ -163,7 +169,7 @@ class DiffusersAdapter:
             self._meta_look,
             self._store(),
             module_name,
-            budget=SURVEY_BUDGET,
+            budget=survey_budget(SURVEY_BUDGET),
             choices=CHOICES_PER_CLASS,
             max_parameters=MAX_SMALL_PARAMETERS,
         )

@@ -38,6 +38,17 @@ Look = Callable[[str], "tuple[dict[str, list[str]], int] | None"]
 ``None`` where it cannot be built cheaply."""
 
 
+def survey_budget(default: int) -> int:
+    """How many models a library adapter may build afresh on the meta device to find those
+    using a file: ``ADOPTER_SURVEY_BUDGET`` (a positive count) or the adapter's ``default``.
+    A class no model builds costs the whole budget on a machine whose store is cold (timm:
+    about half a second a model); a smaller one trades reach for that time."""
+    value = os.environ.get("ADOPTER_SURVEY_BUDGET", "")
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    return default
+
+
 def survey_dir() -> Path | None:
     """Where surveys are kept for this user (``None``: not on disk)."""
     if os.environ.get("ADOPTER_SURVEY_CACHE", "1") == "0":

@@ -41,7 +41,13 @@ from .base import (
     mentions,
     modules_naming,
 )
-from .surveys import SurveyStore, module_survey, stored_look, surveyed_candidates
+from .surveys import (
+    SurveyStore,
+    module_survey,
+    stored_look,
+    survey_budget,
+    surveyed_candidates,
+)
 
 __all__ = [
     "TimmAdapter",
@@ -170,7 +176,7 @@ class TimmAdapter:
             self._meta_look,
             self._store(),
             module_name,
-            budget=SURVEY_BUDGET,
+            budget=survey_budget(SURVEY_BUDGET),
             choices=CHOICES_PER_CLASS,
             max_parameters=MAX_SMALL_PARAMETERS,
             fallback_parameters=MAX_FALLBACK_PARAMETERS,
@@ -187,7 +193,13 @@ class TimmAdapter:
         found = [
             ModelCandidate(model, why, self._limit(model)) for model, why in order[:MAX_CANDIDATES]
         ]
-        return found or self._standalone_candidates(module_name, names)
+        if builds:
+            return found
+        # No surveyed model builds a patched class: the classes on their own come first. Models
+        # the survey's budget left unsurveyed follow; a warm survey store (where every look is
+        # free) has ruled them out already, a cold one has not, and the verdict must not
+        # depend on which this machine has.
+        return self._standalone_candidates(module_name, names) + found
 
     def _standalone_candidates(self, module_name: str, names: set[str]) -> list[ModelCandidate]:
         """Where no registered model builds the file's classes (layers timm ships for users'

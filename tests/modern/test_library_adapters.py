@@ -30,10 +30,19 @@ def test_timm_candidates_of_a_model_module_build_the_patched_class():
         assert built.model.eval()(*built.inputs).shape == (2, 10)
 
 
-def test_a_timm_layer_no_registered_model_builds_is_built_on_its_own():
+# No registered model builds CoordAttn: finding that out spends the whole survey budget (250
+# meta-device builds, about two minutes where the survey store is cold, as on a fresh CI
+# machine). The class on its own comes first however many models were surveyed; these tests
+# survey few.
+FEW_LOOKS = "30"
+
+
+def test_a_timm_layer_no_registered_model_builds_is_built_on_its_own(monkeypatch):
+    monkeypatch.setenv("ADOPTER_SURVEY_BUDGET", FEW_LOOKS)
     adapter = adapter_for("timm")
     candidates = adapter.candidates("timm.layers.coord_attn", {"CoordAttn"})
-    assert [c.name for c in candidates] == ["timm.layers.coord_attn:CoordAttn"]
+    # first whether or not the survey store is warm (models left unsurveyed may follow)
+    assert candidates[0].name == "timm.layers.coord_attn:CoordAttn"
     survey = adapter.survey(candidates[0].name, "timm.layers.coord_attn")
     assert survey is not None and survey.classes == {"CoordAttn"}
     assert adapter.entries(candidates[0].name) == []
@@ -97,7 +106,7 @@ def test_verify_on_a_copied_folder_after_apply_write_compares_with_the_installed
     folder.mkdir()
     (folder / "__init__.py").write_text("")
     shutil.copy(Path(timm.__file__).parent / "layers" / "coord_attn.py", folder / "coord_attn.py")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ADOPTER_SURVEY_BUDGET": FEW_LOOKS}
     run = [sys.executable, "-m", "adopter"]
     subprocess.run([*run, "apply", "--write", str(folder)], env=env, check=True, cwd=tmp_path)
     done = subprocess.run(
