@@ -149,7 +149,7 @@ def needed_flags(spelling: Rule, kernel: str) -> list[NeededFlag]:
     package, _, name = kernel.rpartition(".")
     if package != KERNEL_PACKAGE or spelling.init is None:
         return []
-    entry = _entries().get(name)
+    entry = kernel_entry(name)
     if entry is None or not entry.needs:
         return []
     constructions = {

@@ -193,8 +193,8 @@ class TimmAdapter:
         found = [
             ModelCandidate(model, why, self._limit(model)) for model, why in order[:MAX_CANDIDATES]
         ]
-        if builds:
-            return found
+        if builds is None or builds:  # nothing to survey for, or a surveyed builder
+            return found or self._standalone_candidates(module_name, names)
         # No surveyed model builds a patched class: the classes on their own come first. Models
         # the survey's budget left unsurveyed follow; a warm survey store (where every look is
         # free) has ruled them out already, a cold one has not, and the verdict must not

@@ -12,21 +12,24 @@ from __future__ import annotations
 
 import ast
 import difflib
+from collections.abc import Sequence
 
 
 class LineMap:
     """Patched line number -> original line number (both 1-based), never decreasing.
 
-    ``original`` and ``patched`` may be excerpts (one function of each version) starting at
-    lines ``original_first`` and ``patched_first`` of their files: diffing one changed function
-    at a time costs a fraction of diffing whole files, and the rewrite keeps every function's
-    place in the outline, so the excerpts correspond."""
+    ``old`` and ``new`` are lines of the two versions, possibly excerpts (one function of
+    each) starting at lines ``original_first`` and ``patched_first`` of their files: diffing
+    one changed function at a time costs a fraction of diffing whole files, and the rewrite
+    keeps every function's place in the outline, so the excerpts correspond."""
 
     def __init__(
-        self, original: str, patched: str, original_first: int = 1, patched_first: int = 1
+        self,
+        old: Sequence[str],
+        new: Sequence[str],
+        original_first: int = 1,
+        patched_first: int = 1,
     ) -> None:
-        old = original.splitlines()
-        new = patched.splitlines()
         self._first = patched_first
         self._map = [0] * (len(new) + 1)
         self._exact = [False] * (len(new) + 1)

@@ -203,12 +203,7 @@ def _added_keywords(old: _Def, new: _Def) -> dict[str, Any]:
 
 def _line_map(old_lines: list[str], old: _Def, new_lines: list[str], new: _Def) -> LineMap:
     """The lines of the patched function ``new`` on those of the original ``old``."""
-    return LineMap(
-        "\n".join(_text(old_lines, old)),
-        "\n".join(_text(new_lines, new)),
-        old.first_line,
-        new.first_line,
-    )
+    return LineMap(_text(old_lines, old), _text(new_lines, new), old.first_line, new.first_line)
 
 
 def _compile_changed(
@@ -236,10 +231,8 @@ def _compile_changed(
             classes[path] = cls
         return classes[path].body
 
-    copies = []
     for item, lines in defs:
         remap(item.node, lines)
-        copies.append((item.qualname, item.node))
         block_for(item.qualname[:-1]).append(item.node)
     module = ast.Module(body=body, type_ignores=[])
     ast.fix_missing_locations(module)
@@ -255,11 +248,10 @@ def _compile_changed(
 
     walk(compiled, ())
     result = []
-    for qualname, node in copies:
-        first = min([d.lineno for d in node.decorator_list] + [node.lineno])
-        code = found.get((qualname, first))
+    for item, _ in defs:  # first_line reads the node: the original line, after remap
+        code = found.get((item.qualname, item.first_line))
         if code is None:
-            raise Unpatchable(f"compiling {'.'.join(qualname)} gave no code object")
+            raise Unpatchable(f"compiling {item.label} gave no code object")
         result.append(code)
     return result
 
