@@ -57,7 +57,10 @@ def modern_python() -> Path:
     if python.exists() and stamp.exists() and stamp.read_text() == _stamp():
         return python
     venv.EnvBuilder(with_pip=True, clear=True).create(MODERN_ENV)
-    command = [str(python), "-m", "pip", "install", "-q", "-e", str(ROOT), *MODERN_REQUIREMENTS]
+    # --no-compile: byte-compiling every file of torch, transformers and diffusers at install
+    # costs about 30 s of CPU; Python compiles the modules the tests import on first use.
+    command = [str(python), "-m", "pip", "install", "-q", "--no-compile", "-e", str(ROOT)]
+    command += MODERN_REQUIREMENTS
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         pytest.fail(f"could not build {MODERN_ENV}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
