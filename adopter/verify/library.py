@@ -14,20 +14,22 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import import_module
+from pathlib import Path
 from typing import Any
 
 from ..models.base import worth_building
 from ..models.common import error_line
-from ..models.interface import PART_SUFFIX, BuildSettings, Subject
+from ..models.interface import DEFAULT_ADAPTER, PART_SUFFIX, BuildSettings, Subject
 from ..models.library_sides import LibrarySides
 from ..models.loading import import_original, import_patched
 from ..models.parts import part_classes, parts_to_check
 from ..models.registry import adapter_for
 from ..models.sites import PatchedSite, attribute_flips, reaching_names
 from .coverage import SiteRecorder
-from .job import WorkerJob
+from .file_job import run_file_job
+from .job import FILE, WorkerJob
 from .prove import verdict_of
 from .results import VERIFIED, ClassVerification
 
@@ -65,15 +67,15 @@ def run_library_job(job: WorkerJob, writer: Any) -> None:
     adapter = adapter_for(job.library)
     sites = [PatchedSite.from_json(site) for site in job.sites]
     writer.data["sites"] = [site.to_json() for site in sites]
+    candidates = adapter.candidates(job.module_name, reaching_names(sites))
+    if not candidates:
+        _check_own_models(job, writer)
+        return
     recorder = SiteRecorder(sites, files=[job.patched_path])
     try:
         sides = _load_sides(job, writer, adapter, recorder)
     except BaseException as exc:
         writer.error(f"importing {job.module_name} or its patch failed: {error_line(exc)}")
-        return
-    candidates = adapter.candidates(job.module_name, reaching_names(sites))
-    if not candidates:
-        writer.error(f"no {job.library} model is known to use {job.module_name}")
         return
     checks = _Checks(sides, recorder, job, writer)
     matched: set[str] = set()
@@ -88,6 +90,19 @@ def run_library_job(job: WorkerJob, writer: Any) -> None:
             + ", ".join(c.name for c in candidates[:8])
             + ")"
         )
+
+
+def _check_own_models(job: WorkerJob, writer: Any) -> None:
+    """A file no model of its library is known to use: the model classes it defines itself,
+    where the default adapter may find some (a text encoder of another library's kind inside
+    a pipeline), are checked as a modeling file's are; else that is the verdict."""
+    unused = f"no {job.library} model is known to use {job.module_name}"
+    default = import_module(DEFAULT_ADAPTER)
+    if not default.may_define_models(Path(job.original_path).read_text("utf-8")):
+        writer.error(unused)
+        return
+    writer.note(f"{unused}: the model classes the file defines are checked on their own")
+    run_file_job(replace(job, kind=FILE, adapter=DEFAULT_ADAPTER), writer)
 
 
 def _spent(checks: _Checks, began: float) -> bool:

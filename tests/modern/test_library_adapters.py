@@ -151,6 +151,41 @@ def test_a_diffusers_model_that_takes_pipeline_inputs_is_verified_through_its_pa
     assert [r["status"] for r in rows if r["kind"] == "file"] == ["verified"]
 
 
+@pytest.mark.slow
+def test_a_transformers_model_inside_diffusers_is_verified_through_its_own_classes(tmp_path):
+    """BLIP-Diffusion's Q-Former file defines transformers models (``Blip2VisionModel``) that
+    no diffusers model class builds: with no diffusers candidate, the file's own model classes
+    are built from their configurations, as a transformers modeling file's are."""
+    import diffusers
+
+    folder = tmp_path / "my_models"
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    package = Path(diffusers.__file__).parent
+    shutil.copy(package / "pipelines/deprecated/blip_diffusion/modeling_blip2.py", folder)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = [sys.executable, "-m", "adopter"]
+    target = str(folder / "modeling_blip2.py")
+    subprocess.run([*run, "apply", "--rule-set", "all", "--write", target], env=env, check=True)
+    done = subprocess.run(
+        [*run, "verify", "--rule-set", "all", target, "-f", "json", "--timeout", "600"],
+        env=env, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    rows = json.loads(done.stdout)
+    checked = {r["class"]: r["status"] for r in rows if r["kind"] == "class"}
+    assert checked.get("Blip2VisionModel") == "verified", rows
+    assert [r["status"] for r in rows if r["kind"] == "file"] == ["verified"], rows
+
+
+def test_only_a_file_that_may_define_transformers_models_is_handed_to_their_adapter():
+    from adopter.models.transformers import may_define_models
+
+    assert may_define_models("class A(Blip2PreTrainedModel):\n    pass\n")
+    assert may_define_models("class A(Base):\n    config_class = AConfig\n")
+    assert not may_define_models("class EMAModel:\n    decay = 0.9\n")
+    assert not may_define_models("class Step(ModularPipelineBlocks):\n    model_name = 'x'\n")
+
+
 def test_diffusers_makes_a_part_s_inputs_by_the_role_of_their_names():
     from torch import nn
 

@@ -21,6 +21,7 @@ from ..interface import BuildSettings, Subject, Unbuildable
 
 __all__ = [
     "NO_MODELS",
+    "may_define_models",
     "model_classes",
     "planned",
     "reach_attempts",
@@ -33,6 +34,26 @@ NO_MODELS = (
     "no transformers model classes (PreTrainedModel subclasses with a config_class) "
     "in this file; check plain nn.Module code with verify_factory"
 )
+
+
+def may_define_models(source: str) -> bool:
+    """Whether the text of a file may define a model class of this adapter (static: a class
+    with a ``config_class`` or a base named ``...PreTrainedModel``). A file of another library
+    (diffusers' Kolors text encoder, LDM-BERT) can hold transformers models no model of its
+    own library uses; :func:`model_classes` decides on the imported module."""
+    import ast
+
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        bases = [ast.unparse(base).rsplit(".", 1)[-1] for base in node.bases]
+        if any(base.lower().endswith("pretrainedmodel") for base in bases):
+            return True
+        for statement in node.body:
+            targets = statement.targets if isinstance(statement, ast.Assign) else []
+            if any(isinstance(t, ast.Name) and t.id == "config_class" for t in targets):
+                return True
+    return False
 
 
 def model_classes(module: ModuleType) -> list[str]:
