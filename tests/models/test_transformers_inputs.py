@@ -70,6 +70,18 @@ def test_size_fixes_take_the_single_attribute_holding_a_mismatched_size() -> Non
     assert size_fixes(config, "some other error") == {}
 
 
+def test_a_group_count_the_shrunk_width_of_a_sub_configuration_misses_widens_that_width() -> None:
+    """Emu3's VQ-VAE builds ``nn.GroupNorm(num_groups=32, ...)`` from ``vq_config.base_channels``:
+    shrunk to 8 it does not divide; the sub-configuration's width grows to a multiple of 32."""
+    vq = {"model_type": "vq", "base_channels": 8, "embed_dim": 4, "in_channels": 3}
+    config = _Config(hidden_size=8, vq_config=vq)
+    error = "num_channels (8) must be divisible by num_groups (32)"
+    assert size_fixes(config, error) == {
+        "hidden_size": 32,
+        "vq_config": {**vq, "base_channels": 32},
+    }
+
+
 class _Decoder(torch.nn.Module):
     main_input_name = "input_ids"
 

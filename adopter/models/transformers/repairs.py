@@ -45,15 +45,7 @@ def size_fixes(config: Any, error: str) -> dict[str, Any]:
     """
     groups = _GROUPS_DIVIDE.search(error)
     if groups is not None:
-        # Every width holding the rejected size grows to a multiple of the group count (all of
-        # them: equal widths usually have to stay equal). Heads, powers of two, still divide.
-        channels, count = int(groups.group(1)), int(groups.group(2))
-        wider = math.lcm(channels, count)
-        return {
-            key: wider
-            for key, value in config.to_dict().items()
-            if _is_size(value) and value == channels and _SIZE_NAME.search(key)
-        }
+        return _group_fixes(config.to_dict(), int(groups.group(1)), int(groups.group(2)))
     for pattern in _SIZE_PAIRS:
         match = pattern.search(error)
         if match is None:
@@ -71,6 +63,24 @@ def size_fixes(config: Any, error: str) -> dict[str, Any]:
             key, value = next(iter(sizes.items()))
             return {key: b if value == a else a}
     return {}
+
+
+def _group_fixes(entries: dict[str, Any], channels: int, count: int) -> dict[str, Any]:
+    """Every width holding the rejected size grows to a multiple of the group count (all of
+    them: equal widths usually have to stay equal; heads, powers of two, still divide), in the
+    configuration and in its sub-configurations (Emu3's VQ-VAE ``vq_config.base_channels``)."""
+    wider = math.lcm(channels, count)
+    fixes: dict[str, Any] = {
+        key: wider
+        for key, value in entries.items()
+        if _is_size(value) and value == channels and _SIZE_NAME.search(key)
+    }
+    for key, value in entries.items():
+        if _is_config_dict(value):
+            nested = _group_fixes(value, channels, count)
+            if nested:
+                fixes[key] = {**value, **nested}
+    return fixes
 
 
 def _is_size(value: Any) -> bool:
