@@ -302,3 +302,29 @@ def test_labels_of_an_encoder_decoder_are_the_decoders_ids() -> None:
     assert torch.equal(with_labels(_Seq2SeqLM, encoder_only)["labels"], encoder_only["input_ids"])
     assert with_labels(_Seq2SeqLM, {"input_features": torch.randn(2, 3, 8)}) is None
     assert with_labels(_Forward, encoder_only) is None  # no labels parameter
+
+
+def test_labels_name_classes_the_output_head_has() -> None:
+    """Apertus 1.5 at the small configuration embeds ids up to its image token (262,355) but
+    its shrunk text head scores 128 classes: labels equal to the ids are out of bounds for the
+    loss, and the labelled step never ran. Ids the head cannot score are taken modulo its width;
+    ids it can are kept."""
+    from adopter.models.transformers.build import _logits_width, with_labels
+
+    ids = torch.tensor([[5, 300, 262355], [7, 127, 128]])
+    labelled = with_labels(_Seq2SeqLM, {"input_ids": ids}, width=128)
+    assert labelled is not None and int(labelled["labels"].max()) < 128
+    assert torch.equal(labelled["labels"], ids % 128)
+    small = torch.tensor([[1, 2, 3]])
+    assert torch.equal(with_labels(_Seq2SeqLM, {"input_ids": small}, width=128)["labels"], small)
+
+    class _LM(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lm_head = torch.nn.Linear(4, 128)
+
+        def get_output_embeddings(self) -> torch.nn.Module:
+            return self.lm_head
+
+    assert _logits_width(_LM()) == 128
+    assert _logits_width(torch.nn.Linear(2, 2)) is None

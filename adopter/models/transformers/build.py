@@ -62,15 +62,17 @@ def subject(
     if isinstance(found, Unbuildable):
         return found
     recipe, fixes, config, inputs = found
-    labelled = with_labels(original_cls, inputs)
-    if cached_step:
-        inputs, labelled = continued_inputs(original_cls, inputs), None
-        if inputs is None:
-            return Unbuildable("its forward takes no past_key_values to continue from")
 
     def build(cls: type, chosen: Any) -> Any:
         torch.manual_seed(settings.seed)
         return cls(chosen).to(torch_dtype(settings.dtype))
+
+    first = build(original_cls, config)
+    labelled = with_labels(original_cls, inputs, _logits_width(first))
+    if cached_step:
+        inputs, labelled = continued_inputs(original_cls, inputs), None
+        if inputs is None:
+            return Unbuildable("its forward takes no past_key_values to continue from")
 
     def quiet() -> tuple[Any, Any]:
         silent = build_config(
@@ -81,7 +83,7 @@ def subject(
     return Subject(
         name,
         recipe.label,
-        lambda: build(original_cls, config),
+        prebuilt_first(first, lambda: build(original_cls, config)),
         lambda: build(patched_cls, config),
         inputs,
         quiet=quiet,
@@ -248,12 +250,26 @@ def refuse_if_too_large(cls: type, config: Any, *, must_size: bool) -> None:
         raise ValueError(f"{size:,} parameters, too many to check within the timeout")
 
 
-def with_labels(cls: type, inputs: Any) -> dict[str, Any] | None:
+def _logits_width(model: Any) -> int | None:
+    """How many classes the model's output head scores (its output embeddings' rows), if it
+    says."""
+    get = getattr(model, "get_output_embeddings", None)
+    try:
+        head = get() if callable(get) else None
+    except (AttributeError, NotImplementedError):
+        return None
+    weight = getattr(head, "weight", None)
+    return int(weight.shape[0]) if getattr(weight, "ndim", 0) == 2 else None
+
+
+def with_labels(cls: type, inputs: Any, width: int | None = None) -> dict[str, Any] | None:
     """The inputs of a training step with labels (a language model's own token ids: the
     decoder's for an encoder-decoder, whose loss is over the decoder's vocabulary and length),
     for a model whose ``forward`` takes ``labels``: the loss a training loop reads is compared
     there, with every gradient (kernels that take over the loss run only when labels are
-    given)."""
+    given). Where the output head scores fewer classes (``width``) than the ids reach (a
+    multimodal model's image token ids beyond its shrunk text head), the labels are the ids
+    modulo that width: a label must name a class the logits have."""
     import inspect
 
     if not isinstance(inputs, dict) or "labels" in inputs:
@@ -267,4 +283,7 @@ def with_labels(cls: type, inputs: Any) -> dict[str, Any] | None:
         return None
     if "labels" not in parameters:
         return None
-    return {**inputs, "labels": targets.clone()}
+    labels = targets.clone()
+    if width is not None and labels.numel() and int(labels.max()) >= width:
+        labels = labels % width
+    return {**inputs, "labels": labels}
