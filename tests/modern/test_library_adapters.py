@@ -120,27 +120,34 @@ def test_verify_on_a_copied_folder_after_apply_write_compares_with_the_installed
     assert len(sites) >= 2 and all(row["status"] == "exercised" for row in sites), sites
 
 
-@pytest.mark.slow
-def test_a_diffusers_model_that_takes_pipeline_inputs_is_verified_through_its_parts(tmp_path):
-    """Krea2's forward needs position ids only its pipeline makes, so the whole model runs on
-    no inputs the adapter makes; its attention and feed-forward modules take plain tensors, and
-    both patched sites are proven in them, each verdict naming the part and its input."""
+def _copied_patched_and_verified(tmp_path: Path, relative: str) -> list[dict]:
+    """A user's copy of the installed diffusers file ``relative``, patched in place with every
+    rule (``apply --write``), then verified by ``adopter verify`` alone: its JSON rows."""
     import diffusers
 
     folder = tmp_path / "my_models"
     folder.mkdir()
     (folder / "__init__.py").write_text("")
-    source = Path(diffusers.__file__).parent / "models" / "transformers" / "transformer_krea2.py"
-    shutil.copy(source, folder / "transformer_krea2.py")
+    target = folder / Path(relative).name
+    shutil.copy(Path(diffusers.__file__).parent / relative, target)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = [sys.executable, "-m", "adopter"]
-    target = str(folder / "transformer_krea2.py")
-    subprocess.run([*run, "apply", "--rule-set", "all", "--write", target], env=env, check=True)
+    subprocess.run(
+        [*run, "apply", "--rule-set", "all", "--write", str(target)], env=env, check=True
+    )
     done = subprocess.run(
-        [*run, "verify", "--rule-set", "all", target, "-f", "json", "--timeout", "600"],
+        [*run, "verify", "--rule-set", "all", str(target), "-f", "json", "--timeout", "600"],
         env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
-    rows = json.loads(done.stdout)
+    return json.loads(done.stdout)
+
+
+@pytest.mark.slow
+def test_a_diffusers_model_that_takes_pipeline_inputs_is_verified_through_its_parts(tmp_path):
+    """Krea2's forward needs position ids only its pipeline makes, so the whole model runs on
+    no inputs the adapter makes; its attention and feed-forward modules take plain tensors, and
+    both patched sites are proven in them, each verdict naming the part and its input."""
+    rows = _copied_patched_and_verified(tmp_path, "models/transformers/transformer_krea2.py")
     (whole,) = [r for r in rows if r["class"].endswith(":Krea2Transformer2DModel")]
     assert whole["status"] == "not checkable"
     parts = {r["class"]: r for r in rows if r["class"].endswith("(part)")}
@@ -156,22 +163,9 @@ def test_a_transformers_model_inside_diffusers_is_verified_through_its_own_class
     """BLIP-Diffusion's Q-Former file defines transformers models (``Blip2VisionModel``) that
     no diffusers model class builds: with no diffusers candidate, the file's own model classes
     are built from their configurations, as a transformers modeling file's are."""
-    import diffusers
-
-    folder = tmp_path / "my_models"
-    folder.mkdir()
-    (folder / "__init__.py").write_text("")
-    package = Path(diffusers.__file__).parent
-    shutil.copy(package / "pipelines/deprecated/blip_diffusion/modeling_blip2.py", folder)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = [sys.executable, "-m", "adopter"]
-    target = str(folder / "modeling_blip2.py")
-    subprocess.run([*run, "apply", "--rule-set", "all", "--write", target], env=env, check=True)
-    done = subprocess.run(
-        [*run, "verify", "--rule-set", "all", target, "-f", "json", "--timeout", "600"],
-        env=env, capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    rows = json.loads(done.stdout)
+    rows = _copied_patched_and_verified(
+        tmp_path, "pipelines/deprecated/blip_diffusion/modeling_blip2.py"
+    )
     checked = {r["class"]: r["status"] for r in rows if r["kind"] == "class"}
     assert checked.get("Blip2VisionModel") == "verified", rows
     assert [r["status"] for r in rows if r["kind"] == "file"] == ["verified"], rows
