@@ -328,3 +328,29 @@ def test_labels_name_classes_the_output_head_has() -> None:
 
     assert _logits_width(_LM()) == 128
     assert _logits_width(torch.nn.Linear(2, 2)) is None
+
+
+def test_a_mapping_the_configuration_leaves_none_is_given_empty() -> None:
+    """Emu3's configuration leaves ``vocabulary_map`` None (a checkpoint's JSON fills it) and
+    its model hands it to a class that calls ``.get`` on it: the entry read from the
+    configuration object becomes an empty mapping; a None elsewhere is left alone."""
+    from adopter.models.transformers.repairs import none_fixes
+
+    class _Mapping:
+        def __init__(self, vocab_map: Any) -> None:
+            self.image = vocab_map.get("<image>")
+
+    def build(config: Any) -> Any:
+        return _Mapping(config.vocabulary_map)
+
+    config = _Config(vocabulary_map=None, hidden_size=8)
+    try:
+        build(config)
+    except AttributeError as exc:
+        assert none_fixes(config, exc) == {"vocabulary_map": {}}
+    other = _Config(vocabulary_map=None)
+    try:
+        _Mapping(None)
+    except AttributeError as exc:
+        assert none_fixes(other, exc) == {}  # no frame read it from the configuration
+    assert none_fixes(config, AttributeError("'int' object has no attribute 'get'")) == {}

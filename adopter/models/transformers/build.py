@@ -26,7 +26,7 @@ from ..interface import (
 from .config import ModelRecipe, build_config, recipes
 from .inputs import continued_inputs, make_inputs
 from .reach import resolve_deferred
-from .repairs import layout_fix, named_parameters, size_fixes, split_fixes
+from .repairs import layout_fix, named_parameters, none_fixes, size_fixes, split_fixes
 from .tokens import token_id_fixes
 
 __all__ = ["MAX_PARAMETERS", "subject", "unrun_subject"]
@@ -227,8 +227,10 @@ def _size_repairs(trial: _Trial, source: str, exc: Exception) -> dict[str, Any]:
         return {}
     # The sections' default may sit in another family's file the model uses.
     texts = [source] if trial.probe is None else module_sources(trial.probe, [source])
-    return size_fixes(trial.config, str(exc)) or split_fixes(
-        trial.config, str(exc), "\n".join(texts)
+    return (
+        size_fixes(trial.config, str(exc))
+        or split_fixes(trial.config, str(exc), "\n".join(texts))
+        or none_fixes(trial.config, exc)
     )
 
 

@@ -19,7 +19,7 @@ import torch
 
 from .inputs import MODALITIES
 
-__all__ = ["layout_fix", "named_parameters", "size_fixes", "split_fixes"]
+__all__ = ["layout_fix", "named_parameters", "none_fixes", "size_fixes", "split_fixes"]
 
 
 _SIZE_PAIRS = (
@@ -238,3 +238,26 @@ def _none_on_failing_line(exc: BaseException) -> str:
     line = linecache.getline(frame.f_code.co_filename, tb.tb_lineno)
     names = dict.fromkeys(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", line))
     return " ".join(n for n in names if n in frame.f_locals and frame.f_locals[n] is None)
+
+
+# A mapping the model reads (``vocab_map.get("<image>")``) that the configuration leaves None.
+_NONE_MAPPING = re.compile(r"'NoneType' object has no attribute '(get|items|keys|values)'")
+
+
+def none_fixes(config: Any, exc: BaseException) -> dict[str, Any]:
+    """An empty mapping for each configuration entry that is ``None`` where a frame of the
+    failing call read it (``config.vocabulary_map`` handed on, then ``.get`` on it): a class
+    whose defaults leave a mapping to a checkpoint's JSON (Emu3's ``vocabulary_map``). Only
+    entries read as ``<name>.<entry>`` from the configuration object itself."""
+    if not isinstance(exc, AttributeError) or _NONE_MAPPING.search(str(exc)) is None:
+        return {}
+    fixes: dict[str, Any] = {}
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        line = linecache.getline(frame.f_code.co_filename, tb.tb_lineno)
+        for base, entry in re.findall(r"\b([A-Za-z_]\w*)\.([A-Za-z_]\w*)\b", line):
+            if frame.f_locals.get(base) is config and getattr(config, entry, 0) is None:
+                fixes[entry] = {}
+        tb = tb.tb_next
+    return fixes
