@@ -13,6 +13,7 @@ import inspect
 import linecache
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -45,7 +46,10 @@ def size_fixes(config: Any, error: str) -> dict[str, Any]:
     """
     groups = _GROUPS_DIVIDE.search(error)
     if groups is not None:
-        return _group_fixes(config.to_dict(), int(groups.group(1)), int(groups.group(2)))
+        channels, count = int(groups.group(1)), int(groups.group(2))
+        return _through_sub_configurations(
+            config.to_dict(), lambda entries: _group_fixes(entries, channels, count)
+        )
     for pattern in _SIZE_PAIRS:
         match = pattern.search(error)
         if match is None:
@@ -67,17 +71,25 @@ def size_fixes(config: Any, error: str) -> dict[str, Any]:
 
 def _group_fixes(entries: dict[str, Any], channels: int, count: int) -> dict[str, Any]:
     """Every width holding the rejected size grows to a multiple of the group count (all of
-    them: equal widths usually have to stay equal; heads, powers of two, still divide), in the
-    configuration and in its sub-configurations (Emu3's VQ-VAE ``vq_config.base_channels``)."""
+    them: equal widths usually have to stay equal; heads, powers of two, still divide)."""
     wider = math.lcm(channels, count)
-    fixes: dict[str, Any] = {
+    return {
         key: wider
         for key, value in entries.items()
         if _is_size(value) and value == channels and _SIZE_NAME.search(key)
     }
+
+
+def _through_sub_configurations(
+    entries: dict[str, Any], fixed: Callable[[dict[str, Any]], dict[str, Any]]
+) -> dict[str, Any]:
+    """``fixed``'s changes to a configuration's ``entries`` and to those of each of its
+    sub-configurations, at any depth (Emu3's VQ-VAE ``vq_config.base_channels``); a changed
+    sub-configuration is given whole, as the fix of its entry."""
+    fixes = fixed(entries)
     for key, value in entries.items():
         if _is_config_dict(value):
-            nested = _group_fixes(value, channels, count)
+            nested = _through_sub_configurations(value, fixed)
             if nested:
                 fixes[key] = {**value, **nested}
     return fixes
@@ -201,14 +213,7 @@ def split_fixes(config: Any, error: str, source: str) -> dict[str, Any]:
                     changes[key] = {**value, **inner}
         return changes
 
-    entries = config.to_dict()
-    fixes = fixed(entries)
-    for key, value in entries.items():
-        if _is_config_dict(value):
-            nested = fixed(value)
-            if nested:
-                fixes[key] = {**value, **nested}
-    return fixes
+    return _through_sub_configurations(config.to_dict(), fixed)
 
 
 def _is_config_dict(value: Any) -> bool:
