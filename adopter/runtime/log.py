@@ -48,13 +48,15 @@ class _Summary(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         outcome = getattr(record, OUTCOME, "")
-        if not outcome or LOGGER.getEffectiveLevel() <= logging.DEBUG:
+        if not outcome:
             return True
         package = str(getattr(record, "adopter_module", "")).partition(".")[0]
         with _LOCK:
             self.counts[package][outcome] += 1
             self.counts[package]["sites"] += int(getattr(record, "adopter_sites", 0))
-        return False
+        # At DEBUG (``-v``) the line is printed too; counted either way, so that the summary
+        # line after it does not say "patched 0 site(s)" of a package whose lines it followed.
+        return LOGGER.getEffectiveLevel() <= logging.DEBUG
 
     def rewritten(self, module: str, milliseconds: int) -> None:
         """Count a module rewritten now (not read from the cache) and the time it took."""
