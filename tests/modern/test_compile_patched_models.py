@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -100,10 +101,18 @@ def _generate(model: transformers.PreTrainedModel, ids: torch.Tensor) -> tuple[t
     return out.sequences, [logits.detach() for logits in out.logits]
 
 
-def _patched(model: torch.nn.Module) -> Iterator[None]:
+@pytest.fixture(scope="module")
+def runtime_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One runtime cache for this file's patches, as one user's machine has (never the user's
+    own): without it each of the six patches rewrote the family's modules and transformers'
+    shared ones afresh, about 5 s of CPU each; with it a family's second patch takes 0.3 s."""
+    return tmp_path_factory.mktemp("runtime-cache")
+
+
+def _patched(model: torch.nn.Module, cache: Path) -> Iterator[None]:
     """``model`` patched in place with every built-in rule, as ``adopter.patch(model)`` does
     for a user, for the body of a ``with``; unpatched after (the modules are shared)."""
-    report = adopter.patch(model, cache=False)
+    report = adopter.patch(model, cache=cache)
     try:
         sites = [site for module in report.modules for site in module.sites]
         for rule in KERNEL_SITES:
@@ -123,11 +132,11 @@ def _model(name: str) -> tuple[transformers.PreTrainedModel, torch.Tensor]:
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_patched_training_step_compiles_without_added_graph_breaks(name: str):
+def test_patched_training_step_compiles_without_added_graph_breaks(name: str, runtime_cache: Path):
     model, ids = _model(name)
     original_breaks, _ = _train_breaks(model, ids)
     original_loss, original_grads = _train_step(model, ids, compiled=False)
-    with patched(model):
+    with patched(model, runtime_cache):
         breaks, reasons = _train_breaks(model, ids)
         assert breaks <= original_breaks, (breaks, original_breaks, sorted(set(reasons)))
         loss, grads = _train_step(model, ids, compiled=True)
@@ -138,11 +147,11 @@ def test_patched_training_step_compiles_without_added_graph_breaks(name: str):
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_patched_model_generates_with_a_fullgraph_compiled_forward(name: str):
+def test_patched_model_generates_with_a_fullgraph_compiled_forward(name: str, runtime_cache: Path):
     model, ids = _model(name)
     original_tokens, original_logits = _generate(model, ids)
     del model._compiled_call  # the patched model compiles its own forward
-    with patched(model):
+    with patched(model, runtime_cache):
         tokens, logits = _generate(model, ids)
     assert torch.equal(tokens, original_tokens)
     assert len(logits) == len(original_logits)
