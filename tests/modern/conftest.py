@@ -21,3 +21,15 @@ def _modern() -> bool:
 # In the main environment these files are not even imported; tests/test_modern_environment.py
 # runs them in their own environment.
 collect_ignore_glob = [] if _modern() else ["test_*.py"]
+
+
+if _modern():
+    import pytest
+
+    @pytest.fixture(scope="session")
+    def runtime_cache(tmp_path_factory: pytest.TempPathFactory):
+        """One runtime cache for every test here that patches installed packages (the examples
+        under ``adopter run``, ``adopter.patch`` of built models), as one user's machine has,
+        never the user's own: the first test to patch a module rewrites it (seconds for a
+        large one), the others read it."""
+        return tmp_path_factory.mktemp("runtime-cache")

@@ -101,14 +101,6 @@ def _generate(model: transformers.PreTrainedModel, ids: torch.Tensor) -> tuple[t
     return out.sequences, [logits.detach() for logits in out.logits]
 
 
-@pytest.fixture(scope="module")
-def runtime_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One runtime cache for this file's patches, as one user's machine has (never the user's
-    own): without it each of the six patches rewrote the family's modules and transformers'
-    shared ones afresh, about 5 s of CPU each; with it a family's second patch takes 0.3 s."""
-    return tmp_path_factory.mktemp("runtime-cache")
-
-
 def _patched(model: torch.nn.Module, cache: Path) -> Iterator[None]:
     """``model`` patched in place with every built-in rule, as ``adopter.patch(model)`` does
     for a user, for the body of a ``with``; unpatched after (the modules are shared)."""
