@@ -39,10 +39,23 @@ from tests.environments import MODERN_RUN, MODERN_TEST_ID
 sys.dont_write_bytecode = False  # this process too (Python read the variable at its start)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest-xdist's --dist loadfile hands files out by their number of tests, most first: the
+    # Ray cluster's file (7 tests, minutes) and the example runs (1 test each) came last, and
+    # one worker ran them while the other had nothing left. Hand them out in the order below.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # The modern test only waits for the background run (below). Wherever pytest-randomly's
-    # shuffle (done before this hook) puts it, the main suite would stop there until the modern
-    # run ends, leaving a core idle: run it last, when the main suite's work is done.
+    # Files holding a test marked slow first (in pytest-randomly's shuffled order, done before
+    # this hook), the quick ones after: the longest work starts first and the short files fill
+    # the end, so the two workers finish together.
+    slow_files = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: the shuffle stays
+    # The modern test only waits for the background run (below). Wherever the order puts it,
+    # the main suite would stop there until the modern run ends, leaving a core idle: run it
+    # last, when the main suite's work is done.
     waiting = [item for item in items if item.nodeid == MODERN_TEST_ID]
     items[:] = [item for item in items if item.nodeid != MODERN_TEST_ID] + waiting
 
