@@ -95,7 +95,9 @@ def summary_line(package: str, counts: Counter[str]) -> str:
             f"rewrote {counts['rewritten']} module(s) in {seconds:.1f} s (cached for later runs)"
         )
     held_back = counts["unpatched"] or counts["partial"]
-    return ", ".join(parts) + (" (adopter run -v says which and why)" if held_back else "")
+    # Under -v (DEBUG) the lines saying which and why were just printed.
+    pointer = held_back and LOGGER.getEffectiveLevel() > logging.DEBUG
+    return ", ".join(parts) + (" (adopter run -v says which and why)" if pointer else "")
 
 
 def rewriting(module: str) -> None:

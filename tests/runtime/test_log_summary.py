@@ -50,8 +50,10 @@ def test_at_debug_every_line_is_printed_and_still_counted(monkeypatch):
     monkeypatch.setattr(log.LOGGER, "level", logging.DEBUG)
     summary = log._Summary()
     assert summary.filter(_record("patched", "timm.layers.mlp", sites=3))
+    assert summary.filter(_record("partial", "timm.layers.norm"))
+    # ... and with no pointer to -v: its lines were just printed
     assert log.summary_line("timm", summary.take()["timm"]) == (
-        "timm: patched 3 site(s) in 1 module(s)"
+        "timm: patched 3 site(s) in 1 module(s), 1 module(s) with sites not patched"
     )
 
 
