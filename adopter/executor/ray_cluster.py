@@ -74,9 +74,18 @@ def _remote_task(function: WorkFunction, payload: Any) -> Iterator[tuple[str, An
 
     node = ray.get_runtime_context().get_node_id()
     yield "started", f"{socket.gethostname()} (node {node[:8]}, pid {os.getpid()})"
-    for value in function([payload], threading.Event()):
-        yield "value", value
-        return
+    results = function([payload], threading.Event())
+    try:
+        for value in results:
+            yield "value", value
+            return
+    finally:
+        # Close it now: its ``finally`` blocks (verify's scratch folder, its contained worker)
+        # ran only when the suspended generator was collected, and a Ray worker that something
+        # kept it alive in, or that was ended first, left /tmp/adopter-verify-* behind.
+        close = getattr(results, "close", None)
+        if close is not None:
+            close()
     raise RuntimeError("the work function yielded no result")
 
 
@@ -207,6 +216,7 @@ class RayExecutor(Executor):
         queued: deque[tuple[int, int]] = deque((index, 1) for index in range(len(tasks)))
         reasons: dict[int, str] = {}
         flying: dict[Any, _Attempt] = {}
+        answered: list[Any] = []  # tasks whose value is here, still ending what they started
         nodes: dict[str, tuple[str, int]] = {}
         busy: set[str] = set()
         refreshed = 0.0
@@ -262,6 +272,7 @@ class RayExecutor(Executor):
                     if attempt.node is not None:
                         busy.discard(attempt.node)
                     if kind == "value":
+                        answered.append(generator)
                         yield result(attempt, data, None)
                     elif kind == "died" and attempt.number <= self.retries:
                         reasons[attempt.index] = str(data)
@@ -281,6 +292,7 @@ class RayExecutor(Executor):
         finally:
             if not finished:
                 self._cancel_all(flying)
+            self._await_endings(answered)
 
     def _next(self, generator: Any, attempt: _Attempt) -> tuple[str, Any]:
         """The next item of a ready task: ``started``, ``value``, ``died`` or ``failed``."""
@@ -328,6 +340,14 @@ class RayExecutor(Executor):
             if now - attempt.started > timeout + self.grace:
                 attempt.timed_out, attempt.cancelled_at = True, now
                 self._ray.cancel(generator, force=True)
+
+    def _await_endings(self, answered: list[Any]) -> None:
+        """Wait (a few seconds at most) for tasks that gave their value to end: each still
+        closes its work function (verify ends its worker and removes its scratch folder), and
+        a job that disconnects first has Ray kill them midway, leaving the folder behind."""
+        if self._ray is not None and answered:
+            ends = [generator.completed() for generator in answered]
+            self._ray.wait(ends, num_returns=len(ends), timeout=_CANCEL_WAIT_SECONDS)
 
     def _cancel_all(self, flying: dict[Any, _Attempt]) -> None:
         """Cancel every task: queued ones are dropped, running ones get ``KeyboardInterrupt``
