@@ -234,13 +234,10 @@ def _none_on_failing_line(exc: BaseException) -> str:
     in a helper that the caller handed ``bbox=None``)."""
     if not isinstance(exc, (TypeError, AttributeError)) or "NoneType" not in str(exc):
         return ""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    if tb is None:
+    frames = _frames_and_lines(exc)
+    if not frames:
         return ""
-    frame = tb.tb_frame
-    line = linecache.getline(frame.f_code.co_filename, tb.tb_lineno)
+    frame, line = frames[-1]
     names = dict.fromkeys(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", line))
     return " ".join(n for n in names if n in frame.f_locals and frame.f_locals[n] is None)
 
@@ -257,12 +254,19 @@ def none_fixes(config: Any, exc: BaseException) -> dict[str, Any]:
     if not isinstance(exc, AttributeError) or _NONE_MAPPING.search(str(exc)) is None:
         return {}
     fixes: dict[str, Any] = {}
-    tb = exc.__traceback__
-    while tb is not None:
-        frame = tb.tb_frame
-        line = linecache.getline(frame.f_code.co_filename, tb.tb_lineno)
+    for frame, line in _frames_and_lines(exc):
         for base, entry in re.findall(r"\b([A-Za-z_]\w*)\.([A-Za-z_]\w*)\b", line):
             if frame.f_locals.get(base) is config and getattr(config, entry, 0) is None:
                 fixes[entry] = {}
-        tb = tb.tb_next
     return fixes
+
+
+def _frames_and_lines(exc: BaseException) -> list[tuple[Any, str]]:
+    """Each frame of ``exc``'s traceback, outermost first, with the source line it was at."""
+    found = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        found.append((frame, linecache.getline(frame.f_code.co_filename, tb.tb_lineno)))
+        tb = tb.tb_next
+    return found
