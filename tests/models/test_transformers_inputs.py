@@ -354,3 +354,34 @@ def test_a_mapping_the_configuration_leaves_none_is_given_empty() -> None:
     except AttributeError as exc:
         assert none_fixes(other, exc) == {}  # no frame read it from the configuration
     assert none_fixes(config, AttributeError("'int' object has no attribute 'get'")) == {}
+
+
+class _UniversalSegmentation(torch.nn.Module):
+    def forward(self, pixel_values: Any, mask_labels: Any = None, class_labels: Any = None) -> Any:
+        return mask_labels, class_labels
+
+
+def test_a_universal_segmentation_model_is_given_masks_and_classes_per_image() -> None:
+    """EoMT, Mask2Former, OneFormer...: the loss, and the Hungarian matcher inside it, run only
+    with ``mask_labels`` and ``class_labels``: one binary mask per segment, of the image's size,
+    and a class the configuration has for each, per image; drawn from the seed alone."""
+    from types import SimpleNamespace
+
+    from adopter.models.transformers.build import with_segment_labels
+
+    pixels = torch.randn(2, 3, 8, 6)
+    config = SimpleNamespace(num_labels=4)
+    labelled = with_segment_labels(_UniversalSegmentation, {"pixel_values": pixels}, config, 0)
+    assert labelled is not None and labelled["pixel_values"] is pixels
+    masks, classes = labelled["mask_labels"], labelled["class_labels"]
+    assert [tuple(m.shape) for m in masks] == [(2, 8, 6), (2, 8, 6)]
+    assert all(set(m.unique().tolist()) <= {0.0, 1.0} and m.dtype == pixels.dtype for m in masks)
+    assert all(c.dtype == torch.long and 0 <= int(c.min()) and int(c.max()) < 4 for c in classes)
+    again = with_segment_labels(_UniversalSegmentation, {"pixel_values": pixels}, config, 0)
+    assert again is not None and all(torch.equal(a, b) for a, b in zip(again["mask_labels"], masks))
+    assert with_segment_labels(_Forward, {"pixel_values": pixels}, config, 0) is None
+    assert with_segment_labels(_UniversalSegmentation, {"input_ids": pixels}, config, 0) is None
+    no_classes = SimpleNamespace()
+    assert (
+        with_segment_labels(_UniversalSegmentation, {"pixel_values": pixels}, no_classes, 0) is None
+    )

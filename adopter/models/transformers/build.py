@@ -69,6 +69,8 @@ def subject(
 
     first = build(original_cls, config)
     labelled = with_labels(original_cls, inputs, _logits_width(first))
+    if labelled is None:
+        labelled = with_segment_labels(original_cls, inputs, first.config, settings.seed)
     if cached_step:
         inputs, labelled = continued_inputs(original_cls, inputs), None
         if inputs is None:
@@ -250,6 +252,39 @@ def refuse_if_too_large(cls: type, config: Any, *, must_size: bool) -> None:
         return
     if size > MAX_PARAMETERS:
         raise ValueError(f"{size:,} parameters, too many to check within the timeout")
+
+
+def with_segment_labels(
+    cls: type, inputs: Any, config: Any, seed: int, segments: int = 2
+) -> dict[str, Any] | None:
+    """The inputs of a training step of a universal-segmentation model (MaskFormer, Mask2Former,
+    OneFormer, EoMT...), whose ``forward`` takes ``mask_labels`` and ``class_labels``: per
+    image, ``segments`` random binary masks of the image's size and a class of
+    ``config.num_labels`` for each. Only with them does the loss run, and with it the
+    Hungarian matcher that pairs predicted and labelled segments (its softmax of the class
+    scores is a site of its own)."""
+    import inspect
+
+    pixels = inputs.get("pixel_values") if isinstance(inputs, dict) else None
+    classes = getattr(config, "num_labels", None)
+    if not isinstance(pixels, torch.Tensor) or pixels.dim() != 4 or not isinstance(classes, int):
+        return None
+    try:
+        parameters = inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    if "mask_labels" not in parameters or "class_labels" not in parameters:
+        return None
+    generator = torch.Generator().manual_seed(seed)
+    batch, _, height, width = pixels.shape
+    masks = [
+        (torch.rand(segments, height, width, generator=generator) > 0.5).to(pixels.dtype)
+        for _ in range(batch)
+    ]
+    labels = [
+        torch.randint(0, max(classes, 1), (segments,), generator=generator) for _ in range(batch)
+    ]
+    return {**inputs, "mask_labels": masks, "class_labels": labels}
 
 
 def _logits_width(model: Any) -> int | None:
