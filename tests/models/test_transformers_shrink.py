@@ -413,6 +413,15 @@ def test_grouped_query_attention_stays_grouped() -> None:
     assert shrink_config_dict(multi_head, tiny)["num_key_value_heads"] == 2
 
 
+def test_an_unset_key_value_head_count_is_the_query_head_count() -> None:
+    """Nemotron's configuration leaves ``num_key_value_heads`` None and its attention divides
+    by it: the shrunk configuration says multi-head, as configurations that fill it in do."""
+    unset = {"hidden_size": 6144, "num_attention_heads": 48, "num_key_value_heads": None}
+    shrunk = shrink_config_dict(unset, TINY)
+    assert shrunk["num_key_value_heads"] == shrunk["num_attention_heads"] == 2
+    assert "num_key_value_heads" not in shrink_config_dict({"num_key_value_heads": None}, TINY)
+
+
 def test_a_flag_per_layer_under_an_index_list_name_keeps_each_kind() -> None:
     tiny = SHRINK_SETTINGS[0]
     assert tiny is not None

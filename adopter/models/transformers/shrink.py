@@ -205,6 +205,7 @@ def shrink_config_dict(defaults: dict[str, Any], setting: ShrinkSetting) -> dict
     _shape_experts(defaults, overrides)
     _keep_expanded_heads(defaults, overrides)
     _keep_query_groups(defaults, overrides)
+    _give_unset_key_value_heads(defaults, overrides)
     _derive_head_dim(defaults, overrides)
     _follow_sub_config_widths(defaults, overrides)
     keep_layer_structures(defaults, overrides)
@@ -708,6 +709,19 @@ def _keep_query_groups(defaults: dict[str, Any], overrides: dict[str, Any]) -> N
             continue
         if default_heads >= 2 * value and default_heads % value == 0:
             overrides[key] = heads // 2
+
+
+def _give_unset_key_value_heads(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """A key/value head count the default configuration leaves ``None`` is set to the query head
+    count: multi-head attention, what ``None`` means in the configurations that fill it in
+    themselves. Nemotron's leaves it unset, and its attention divides by it, so no configuration
+    built from the defaults ran."""
+    heads = overrides.get("num_attention_heads", defaults.get("num_attention_heads"))
+    if not _is_int(heads):
+        return
+    for key, value in defaults.items():
+        if isinstance(key, str) and _KV_HEADS.match(key) and value is None:
+            overrides.setdefault(key, heads)
 
 
 def _per_layer_flags(key: str, value: Any) -> bool:
