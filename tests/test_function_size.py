@@ -27,7 +27,7 @@ EXCEPTIONS = {
     "adopter/models/transformers/config_repair.py repair_overrides": (56, 21),
     "adopter/models/transformers/reach.py reach_attempts": (37, 23),
     "adopter/models/transformers/repairs.py layout_fix": (38, 24),
-    "adopter/models/transformers/shrink.py shrink_config_dict": (48, 24),
+    "adopter/models/transformers/shrink.py shrink_config_dict": (46, 24),
     "adopter/models/transformers/shrink.py _shrink_value": (56, 32),
     "adopter/models/transformers/shrink.py _keep_layer_kinds": (94, 57),
     "adopter/models/transformers/shrink.py _shrink_stage_names": (36, 23),

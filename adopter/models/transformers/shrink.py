@@ -203,10 +203,7 @@ def shrink_config_dict(defaults: dict[str, Any], setting: ShrinkSetting) -> dict
             vocab = new if vocab is None else min(vocab, new)
     _shrink_width_lists(defaults, overrides, setting)
     _shape_experts(defaults, overrides)
-    _keep_expanded_heads(defaults, overrides)
-    _keep_query_groups(defaults, overrides)
-    _give_unset_key_value_heads(defaults, overrides)
-    _derive_head_dim(defaults, overrides)
+    _shape_attention_heads(defaults, overrides)
     _follow_sub_config_widths(defaults, overrides)
     keep_layer_structures(defaults, overrides)
     _shrink_stage_names(defaults, overrides)
@@ -689,6 +686,15 @@ def _keep_layer_kinds(
     for other, (other_old, _) in reduced.items():
         if other_old == old:
             overrides[other] = len(chosen)
+
+
+def _shape_attention_heads(defaults: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """The head counts and sizes, in this order: expanded heads, query groups, unset key/value
+    head counts, then the head size derived from the shrunk width and counts."""
+    _keep_expanded_heads(defaults, overrides)
+    _keep_query_groups(defaults, overrides)
+    _give_unset_key_value_heads(defaults, overrides)
+    _derive_head_dim(defaults, overrides)
 
 
 _KV_HEADS = re.compile(r"^(num_key_value_heads|n_kv_heads|num_kv_heads|n_head_kv)$")
