@@ -263,17 +263,11 @@ def with_segment_labels(
     ``config.num_labels`` for each. Only with them does the loss run, and with it the
     Hungarian matcher that pairs predicted and labelled segments (its softmax of the class
     scores is a site of its own)."""
-    import inspect
-
     pixels = inputs.get("pixel_values") if isinstance(inputs, dict) else None
     classes = getattr(config, "num_labels", None)
     if not isinstance(pixels, torch.Tensor) or pixels.dim() != 4 or not isinstance(classes, int):
         return None
-    try:
-        parameters = inspect.signature(cls.forward).parameters
-    except (TypeError, ValueError):
-        return None
-    if "mask_labels" not in parameters or "class_labels" not in parameters:
+    if not _forward_takes(cls, "mask_labels", "class_labels"):
         return None
     generator = torch.Generator().manual_seed(seed)
     batch, _, height, width = pixels.shape
@@ -285,6 +279,18 @@ def with_segment_labels(
         torch.randint(0, max(classes, 1), (segments,), generator=generator) for _ in range(batch)
     ]
     return {**inputs, "mask_labels": masks, "class_labels": labels}
+
+
+def _forward_takes(cls: type, *names: str) -> bool:
+    """Whether ``cls.forward`` has a parameter of each of ``names`` (no readable signature:
+    no)."""
+    import inspect
+
+    try:
+        parameters = inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return all(name in parameters for name in names)
 
 
 def _logits_width(model: Any) -> int | None:
@@ -307,18 +313,10 @@ def with_labels(cls: type, inputs: Any, width: int | None = None) -> dict[str, A
     given). Where the output head scores fewer classes (``width``) than the ids reach (a
     multimodal model's image token ids beyond its shrunk text head), the labels are the ids
     modulo that width: a label must name a class the logits have."""
-    import inspect
-
     if not isinstance(inputs, dict) or "labels" in inputs:
         return None
     targets = inputs.get("decoder_input_ids", inputs.get("input_ids"))
-    if not hasattr(targets, "clone"):
-        return None
-    try:
-        parameters = inspect.signature(cls.forward).parameters
-    except (TypeError, ValueError):
-        return None
-    if "labels" not in parameters:
+    if not hasattr(targets, "clone") or not _forward_takes(cls, "labels"):
         return None
     labels = targets.clone()
     if width is not None and labels.numel() and int(labels.max()) >= width:
